@@ -1,0 +1,1 @@
+"""Pure core of the tool loop: contracts, tool registry, validation, dispatch planning. No I/O."""

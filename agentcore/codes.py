@@ -1,0 +1,52 @@
+"""Pure: the result codes the model sees and the error types activities raise (one table, one place).
+
+| error type (ApplicationError.type) | raised by            | retryable | workflow reaction                          |
+|------------------------------------|----------------------|-----------|--------------------------------------------|
+| ServiceTemporarilyUnavailable      | tool activity        | yes       | after the retry budget: TEMPORARY_UNAVAILABLE |
+| ModelTemporarilyUnavailable        | model activity       | yes       | after the retry budget: stop, model_error  |
+| ModelRequestRejected               | model activity       | no        | stop, model_error                          |
+| ModelResponseMalformed             | model activity       | no        | stop, model_error                          |
+| ScriptExhausted                    | model activity       | no        | stop, model_error                          |
+| ToolMisconfigured                  | tool activity        | no        | INTERNAL tool result, loop goes on          |
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ResultCode(StrEnum):
+    """Codes of `{"ok": false, "code": ...}` tool results: the contract with the model (DESIGN.md)."""
+
+    UNKNOWN_TOOL = "UNKNOWN_TOOL"
+    BAD_JSON = "BAD_JSON"
+    BAD_ARGUMENTS = "BAD_ARGUMENTS"
+    NOT_AVAILABLE = "NOT_AVAILABLE"
+    FORBIDDEN = "FORBIDDEN"
+    CONFLICT = "CONFLICT"
+    VERSION_CONFLICT = "VERSION_CONFLICT"
+    IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
+    CONFIRMATION_REQUIRED = "CONFIRMATION_REQUIRED"
+    TEMPORARY_UNAVAILABLE = "TEMPORARY_UNAVAILABLE"
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+    LIMIT_REACHED = "LIMIT_REACHED"
+    # Our own fault (a tool executor that broke its contract); never carries details to the model.
+    INTERNAL = "INTERNAL"
+
+
+class ErrorType(StrEnum):
+    """`ApplicationError.type` values; callers branch on these, never on message text."""
+
+    SERVICE_TEMPORARILY_UNAVAILABLE = "ServiceTemporarilyUnavailable"
+    MODEL_TEMPORARILY_UNAVAILABLE = "ModelTemporarilyUnavailable"
+    MODEL_REQUEST_REJECTED = "ModelRequestRejected"
+    MODEL_RESPONSE_MALFORMED = "ModelResponseMalformed"
+    SCRIPT_EXHAUSTED = "ScriptExhausted"
+    TOOL_MISCONFIGURED = "ToolMisconfigured"
+
+
+NON_RETRYABLE_MODEL_ERRORS = (
+    ErrorType.MODEL_REQUEST_REJECTED,
+    ErrorType.MODEL_RESPONSE_MALFORMED,
+    ErrorType.SCRIPT_EXHAUSTED,
+)
