@@ -130,12 +130,11 @@ class ModelTurnInput(BaseModel):
     """One model call. Carries only what is new since the previous turn: the activity rebuilds the
     conversation from earlier turns (its cache, or this workflow's history), so history stays linear."""
 
-    workflow_id: str
-    run_id: str
     turn: int = Field(ge=1)
     new_items: list[ConversationItem]
     provider: ModelProvider
     model_name: str | None = None
+    actor: Actor | None = None
     # Script mode only: this turn's items, or None when the script has run out.
     scripted_output: list[ConversationItem] | None = None
     script_length: int = 0
@@ -165,7 +164,6 @@ class ModelTurnResult(BaseModel):
 
 
 class ToolCallInput(BaseModel):
-    workflow_id: str
     round: int
     call_id: str
     tool: str

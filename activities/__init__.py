@@ -1,0 +1,1 @@
+"""Temporal activities: model turns and tool calls (all I/O lives here)."""

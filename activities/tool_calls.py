@@ -1,0 +1,70 @@
+"""Activity (I/O): run one validated tool call through its registered executor and map the outcome
+to a result code. Definite answers are returned; transient failures raise so Temporal retries them."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from agentcore.codes import ErrorType, ResultCode
+from agentcore.contracts import ToolCallInput, ToolCallResult, error_output
+from agentcore.names import RUN_TOOL_ACTIVITY
+from agentcore.outputs import cap_output
+from agentcore.registry import ToolContext, ToolError, ToolRegistry, ToolTemporaryError
+
+
+class ToolActivities:
+    def __init__(self, registry: ToolRegistry, http: httpx.AsyncClient) -> None:
+        self._registry = registry
+        self._http = http
+
+    @activity.defn(name=RUN_TOOL_ACTIVITY)
+    async def run_tool(self, inp: ToolCallInput) -> ToolCallResult:
+        info = activity.info()
+        spec = self._registry.get(inp.tool)
+        if spec is None:
+            # The model turn validated this name on some worker; this worker lacks the tool.
+            raise ApplicationError(
+                f"tool {inp.tool!r} is not registered on this worker",
+                type=ErrorType.TOOL_MISCONFIGURED,
+                non_retryable=True,
+            )
+        args = spec.arguments.model_validate(inp.arguments)
+        ctx = ToolContext(actor=inp.actor, http=self._http, workflow_id=info.workflow_id, call_id=inp.call_id)
+        started = time.monotonic()
+        output: dict[str, Any]
+        try:
+            data = await spec.execute(ctx, args)
+            output = dict(data) if "ok" in data else {"ok": True, **data}
+        except ToolError as err:
+            output = error_output(err.code, err.message)
+        except ToolTemporaryError as err:
+            delay = timedelta(seconds=err.retry_after_seconds) if err.retry_after_seconds else None
+            raise ApplicationError(
+                err.args[0], type=ErrorType.SERVICE_TEMPORARILY_UNAVAILABLE, next_retry_delay=delay
+            ) from None
+        except Exception:
+            # A broken executor: log the details for operators, give the model only a code.
+            activity.logger.exception("tool executor failed", extra={"tool": inp.tool, "call_id": inp.call_id})
+            output = error_output(ResultCode.INTERNAL, "the tool failed unexpectedly; this is not your fault.")
+        duration_ms = int((time.monotonic() - started) * 1000)
+        activity.logger.info(
+            "tool call done",
+            extra={
+                "call_id": inp.call_id,
+                "tool": inp.tool,
+                "round": inp.round,
+                "ok": output.get("ok"),
+                "code": output.get("code"),
+                "duration_ms": duration_ms,
+                "attempt": info.attempt,
+            },
+        )
+        return ToolCallResult(
+            call_id=inp.call_id, output=cap_output(output, inp.max_output_bytes), duration_ms=duration_ms
+        )

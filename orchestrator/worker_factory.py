@@ -1,0 +1,69 @@
+"""Wiring: build the worker (workflows + activities with their injected clients) for worker.py and tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.model_turn import ModelActivities
+from activities.tool_calls import ToolActivities
+from agentcore.registry import ToolRegistry
+from demotools.tools import build_demo_registry
+from modeladapters.responses_client import ResponsesClient
+from orchestrator.converter import data_converter
+from orchestrator.settings import Settings
+from workflows.agent import AgentWorkflow
+
+
+async def connect(settings: Settings) -> Client:
+    return await Client.connect(
+        settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
+    )
+
+
+def service_http_client(settings: Settings) -> httpx.AsyncClient:
+    # No transport retries: Temporal's retry policy is the only retry loop.
+    return httpx.AsyncClient(
+        base_url=settings.service_url,
+        timeout=httpx.Timeout(10.0, connect=3.0),
+        transport=httpx.AsyncHTTPTransport(retries=0),
+    )
+
+
+@asynccontextmanager
+async def running_worker(
+    client: Client,
+    settings: Settings,
+    *,
+    task_queue: str | None = None,
+    registry: ToolRegistry | None = None,
+    **worker_options: Any,
+) -> AsyncIterator[Worker]:
+    """A started worker, shut down explicitly on exit (an implicit shutdown at interpreter exit can
+    abort the process in temporalio 1.35)."""
+    registry = registry or build_demo_registry()
+    responses = None
+    if settings.openai_api_key is not None:
+        responses = ResponsesClient(
+            api_key=settings.openai_api_key.get_secret_value(),
+            base_url=settings.openai_base_url,
+            model=settings.openai_model,
+        )
+    async with service_http_client(settings) as http:
+        worker = Worker(
+            client,
+            task_queue=task_queue or settings.task_queue,
+            workflows=[AgentWorkflow],
+            activities=[
+                ModelActivities(registry, client, responses).model_turn,
+                ToolActivities(registry, http).run_tool,
+            ],
+            **worker_options,
+        )
+        async with worker:
+            yield worker

@@ -1,0 +1,1 @@
+"""Temporal workflows (deterministic code only)."""

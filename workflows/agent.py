@@ -1,0 +1,249 @@
+"""Workflow (deterministic): one user request = one tool loop. Model turns and tool calls are activities;
+this code only decides what runs, in which order, and when the loop stops."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+
+with workflow.unsafe.imports_passed_through():
+    from agentcore.codes import NON_RETRYABLE_MODEL_ERRORS, ResultCode
+    from agentcore.contracts import (
+        AgentInput,
+        AgentProgress,
+        AgentResult,
+        CallRecord,
+        CheckedCall,
+        ConversationItem,
+        FunctionCallOutputItem,
+        ModelTurnInput,
+        ModelTurnResult,
+        RunStatus,
+        StopReason,
+        ToolCallInput,
+        ToolCallResult,
+        error_output,
+        output_json,
+        user_message,
+    )
+    from agentcore.names import AGENT_WORKFLOW, GET_PROGRESS_QUERY, MODEL_TURN_ACTIVITY, RUN_TOOL_ACTIVITY
+    from agentcore.planning import CallGroup, plan_round
+
+_MIN_TIMEOUT = timedelta(seconds=1)
+
+
+def _failure_message(err: ActivityError) -> str:
+    cause = err.cause
+    if isinstance(cause, ApplicationError):
+        return cause.message
+    if isinstance(cause, TimeoutError):
+        return f"timed out ({cause.type.name.lower() if cause.type else 'timeout'})"
+    return str(cause or err)
+
+
+@workflow.defn(name=AGENT_WORKFLOW)
+class AgentWorkflow:
+    def __init__(self) -> None:
+        self._progress = AgentProgress(phase="starting", round=0)
+
+    @workflow.query(name=GET_PROGRESS_QUERY)
+    def get_progress(self) -> AgentProgress:
+        return self._progress
+
+    def _set_phase(self, phase: str) -> None:
+        self._progress.phase = phase
+        workflow.set_current_details(phase)
+
+    @workflow.run
+    async def run(self, inp: AgentInput) -> AgentResult:
+        limits = inp.limits
+        deadline = workflow.now() + timedelta(seconds=limits.deadline_seconds)
+        new_items: list[ConversationItem] = [user_message(inp.request)]
+        records = self._progress.calls
+        executed = 0
+        rounds = 0
+        final_text: str | None = None
+        error: str | None = None
+        model_label = ""
+        stop: StopReason
+
+        while True:
+            if rounds >= limits.max_rounds:
+                stop = "max_rounds"
+                break
+            if workflow.now() >= deadline:
+                stop = "deadline"
+                break
+            rounds += 1
+            self._progress.round = rounds
+            self._set_phase(f"round {rounds}: waiting for the model")
+            try:
+                turn = await self._model_turn(inp, rounds, new_items, deadline)
+            except ActivityError as err:
+                stop = "deadline" if workflow.now() >= deadline else "model_error"
+                error = f"model turn {rounds} failed: {_failure_message(err)}"
+                break
+            model_label = turn.model_label
+
+            if not turn.calls:
+                if turn.final_text:
+                    final_text = turn.final_text
+                    stop = "final_answer"
+                else:
+                    stop = "no_answer"
+                    error = f"model turn {rounds} returned neither a message nor a tool call"
+                break
+
+            plan = plan_round(turn.calls, limits, executed)
+            results: dict[str, ToolCallResult] = {
+                call_id: ToolCallResult(call_id=call_id, output=output, duration_ms=0)
+                for call_id, output in plan.immediate.items()
+            }
+            for group in plan.groups:
+                for result in await self._run_group(group, inp, rounds, deadline):
+                    results[result.call_id] = result
+            executed += plan.runnable_count
+
+            # Stage 5: one output per call_id, in the model's order.
+            new_items = []
+            for call in turn.calls:
+                result = results[call.call_id]
+                new_items.append(FunctionCallOutputItem(call_id=call.call_id, output=output_json(result.output)))
+                records.append(
+                    CallRecord(
+                        call_id=call.call_id,
+                        tool=call.name,
+                        round=rounds,
+                        ok=bool(result.output.get("ok")),
+                        code=result.output.get("code"),
+                        duration_ms=result.duration_ms,
+                    )
+                )
+            if plan.limit_hit is not None:
+                stop = plan.limit_hit
+                break
+            if workflow.now() >= deadline:
+                stop = "deadline"
+                break
+
+        status: RunStatus = "completed" if stop == "final_answer" else "stopped"
+        if stop in ("model_error", "no_answer"):
+            status = "failed"
+        self._progress.done = True
+        self._set_phase(f"finished: {stop}")
+        return AgentResult(
+            workflow_id=workflow.info().workflow_id,
+            status=status,
+            stop_reason=stop,
+            final_text=final_text,
+            rounds=rounds,
+            calls=list(records),
+            model_label=model_label,
+            error=error,
+        )
+
+    async def _model_turn(
+        self, inp: AgentInput, turn: int, new_items: list[ConversationItem], deadline: datetime
+    ) -> ModelTurnResult:
+        limits = inp.limits
+        script = inp.model.script
+        scripted = None
+        if script is not None and turn <= len(script):
+            scripted = script[turn - 1]
+        return await workflow.execute_activity(
+            MODEL_TURN_ACTIVITY,
+            ModelTurnInput(
+                turn=turn,
+                new_items=new_items,
+                provider=inp.model.provider,
+                model_name=inp.model.name,
+                actor=inp.actor,
+                scripted_output=scripted,
+                script_length=len(script) if script is not None else 0,
+            ),
+            result_type=ModelTurnResult,
+            start_to_close_timeout=timedelta(seconds=limits.model_timeout_seconds),
+            schedule_to_close_timeout=max(deadline - workflow.now(), _MIN_TIMEOUT),
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=1),
+                maximum_interval=timedelta(seconds=30),
+                maximum_attempts=limits.model_max_attempts,
+                non_retryable_error_types=[str(t) for t in NON_RETRYABLE_MODEL_ERRORS],
+            ),
+            summary=f"model turn {turn}",
+        )
+
+    async def _run_group(
+        self, group: CallGroup, inp: AgentInput, turn: int, deadline: datetime
+    ) -> list[ToolCallResult]:
+        if not group.parallel:
+            # Side-effecting calls need the approval and idempotency protocol (DESIGN.md, "the write
+            # protocol"); until it runs here, no side effect is sent at all.
+            return [
+                ToolCallResult(
+                    call_id=call.call_id,
+                    output=error_output(
+                        ResultCode.CONFIRMATION_REQUIRED,
+                        "side-effecting tools need an approval, which this deployment cannot obtain; nothing was sent.",
+                    ),
+                    duration_ms=0,
+                )
+                for call in group.calls
+            ]
+        gate = asyncio.Semaphore(inp.limits.max_parallel_reads)
+
+        async def run_one(call: CheckedCall) -> ToolCallResult:
+            async with gate:
+                return await self._run_tool(call, inp, turn, deadline)
+
+        return list(await asyncio.gather(*(run_one(call) for call in group.calls)))
+
+    async def _run_tool(
+        self, call: CheckedCall, inp: AgentInput, turn: int, deadline: datetime
+    ) -> ToolCallResult:
+        limits = inp.limits
+        assert call.arguments is not None  # the planner only schedules validated calls
+        started = workflow.now()
+        self._progress.running.append(call.summary)
+        self._set_phase(f"round {turn}: running {', '.join(self._progress.running)}")
+        try:
+            return await workflow.execute_activity(
+                RUN_TOOL_ACTIVITY,
+                ToolCallInput(
+                    round=turn,
+                    call_id=call.call_id,
+                    tool=call.name,
+                    arguments=call.arguments,
+                    actor=inp.actor,
+                    max_output_bytes=limits.max_tool_output_bytes,
+                ),
+                result_type=ToolCallResult,
+                start_to_close_timeout=timedelta(seconds=limits.tool_timeout_seconds),
+                schedule_to_close_timeout=max(deadline - workflow.now(), _MIN_TIMEOUT),
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(milliseconds=500),
+                    maximum_interval=timedelta(seconds=5),
+                    maximum_attempts=limits.tool_max_attempts,
+                ),
+                summary=call.summary,
+            )
+        except ActivityError as err:
+            workflow.logger.warning(
+                "tool call gave up", extra={"call_id": call.call_id, "tool": call.name, "why": _failure_message(err)}
+            )
+            if workflow.now() >= deadline:
+                output = error_output(ResultCode.LIMIT_REACHED, "the request's deadline passed before this call ended.")
+            else:
+                output = error_output(
+                    ResultCode.TEMPORARY_UNAVAILABLE, "the service did not answer within the retry budget; try later."
+                )
+            elapsed = workflow.now() - started
+            return ToolCallResult(call_id=call.call_id, output=output, duration_ms=int(elapsed.total_seconds() * 1000))
+        finally:
+            self._progress.running.remove(call.summary)
+            if self._progress.running:
+                self._set_phase(f"round {turn}: running {', '.join(self._progress.running)}")
