@@ -27,7 +27,7 @@ from temporalio.service import RPCError
 
 from agentcore.contracts import Actor, AgentInput, AgentProgress, AgentResult, Limits, ModelSpec
 from agentcore.names import AGENT_WORKFLOW, GET_PROGRESS_QUERY, USER_SEARCH_ATTRIBUTE
-from localstack.stack import LocalStack, StackError
+from devstack.stack import LocalStack, StackError
 from modeladapters.errors import ScriptError
 from modeladapters.script import load_script
 from orchestrator.converter import data_converter

@@ -76,8 +76,9 @@ def user_message(text: str) -> MessageItem:
 
 
 def item_to_wire(item: BaseModel) -> dict[str, Any]:
-    """The item as the Responses API expects it in `input` (no nulls we added ourselves)."""
-    return item.model_dump(mode="json", exclude_none=True)
+    """The item as the Responses API expects it in `input`: every field the provider sent, nulls
+    included (our models add no optional fields of their own)."""
+    return item.model_dump(mode="json")
 
 
 # --- Identity, limits, model choice ------------------------------------------------------------

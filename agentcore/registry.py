@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import re
 import unicodedata
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -105,7 +105,7 @@ class ToolRegistry:
     def get(self, name: str) -> ToolSpec | None:
         return self._tools.get(name)
 
-    def __iter__(self) -> Iterable[ToolSpec]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[ToolSpec]:
         return iter(self._tools.values())
 
     def names(self) -> list[str]:

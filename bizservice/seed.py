@@ -93,7 +93,10 @@ def _orders() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
             (order_id, user_id, tenant_id, status, carrier, tracking, iso_utc(placed), shipped, delivered, total, "EUR")
         )
         if n == 100:
-            items += [(order_id, 1, "SKU-HP-200", "Wireless headphones", 1), (order_id, 2, "SKU-CBL-USB", "USB-C cable", 2)]
+            items += [
+                (order_id, 1, "SKU-HP-200", "Wireless headphones", 1),
+                (order_id, 2, "SKU-CBL-USB", "USB-C cable", 2),
+            ]
         else:
             sku, name = _CATALOG[n % len(_CATALOG)]
             items.append((order_id, 1, sku, name, 1 + n % 3))
@@ -120,27 +123,53 @@ def seed(store: Store) -> bool:
             "INSERT INTO tickets (ticket_id, user_id, tenant_id, subject, status, priority, created_at,"
             " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                ("T1001", "u1", "acme", "Package arrived damaged", "open", "high",
-                 "2026-01-08T10:15:00Z", "2026-01-08T10:20:00Z"),
-                ("T1002", "u2", "acme", "Wrong size delivered", "open", "normal",
-                 "2026-01-09T08:00:00Z", "2026-01-09T08:00:00Z"),
-                ("T1003", "u1", "acme", "Invoice address change", "closed", "low",
-                 "2026-01-02T12:00:00Z", "2026-01-03T09:30:00Z"),
+                (
+                    "T1001",
+                    "u1",
+                    "acme",
+                    "Package arrived damaged",
+                    "open",
+                    "high",
+                    "2026-01-08T10:15:00Z",
+                    "2026-01-08T10:20:00Z",
+                ),
+                (
+                    "T1002",
+                    "u2",
+                    "acme",
+                    "Wrong size delivered",
+                    "open",
+                    "normal",
+                    "2026-01-09T08:00:00Z",
+                    "2026-01-09T08:00:00Z",
+                ),
+                (
+                    "T1003",
+                    "u1",
+                    "acme",
+                    "Invoice address change",
+                    "closed",
+                    "low",
+                    "2026-01-02T12:00:00Z",
+                    "2026-01-03T09:30:00Z",
+                ),
             ],
         )
         conn.executemany(
             "INSERT INTO ticket_notes (note_id, ticket_id, text, author, created_at) VALUES (?, ?, ?, ?, ?)",
             [
-                ("N1", "T1001", "Customer reports a dented box; photos requested.", "support",
-                 "2026-01-08T10:20:00Z"),
+                ("N1", "T1001", "Customer reports a dented box; photos requested.", "support", "2026-01-08T10:20:00Z"),
                 ("N2", "T1002", "Exchange offered.", "support", "2026-01-09T08:00:00Z"),
                 ("N3", "T1003", "Address updated, ticket closed.", "support", "2026-01-03T09:30:00Z"),
             ],
         )
         conn.executemany(
             "INSERT INTO calendars (calendar_id, user_id, tenant_id, name) VALUES (?, ?, ?, ?)",
-            [("cal-u1", "u1", "acme", "Ada's work"), ("cal-u2", "u2", "acme", "Grace's work"),
-             ("cal-u3", "u3", "globex", "Hank's work")],
+            [
+                ("cal-u1", "u1", "acme", "Ada's work"),
+                ("cal-u2", "u2", "acme", "Grace's work"),
+                ("cal-u3", "u3", "globex", "Hank's work"),
+            ],
         )
         conn.executemany(
             "INSERT INTO calendar_events (event_id, calendar_id, title, start_at, end_at) VALUES (?, ?, ?, ?, ?)",

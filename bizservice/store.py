@@ -231,9 +231,7 @@ class Store:
 
     # --- Request log ----------------------------------------------------------------------------
 
-    def log_request_start(
-        self, method: str, path: str, query: str, actor_user: str | None, started_at: float
-    ) -> int:
+    def log_request_start(self, method: str, path: str, query: str, actor_user: str | None, started_at: float) -> int:
         with self.connect() as conn:
             cur = conn.execute(
                 "INSERT INTO request_log (method, path, query, actor_user, started_at) VALUES (?, ?, ?, ?, ?)",
@@ -243,9 +241,7 @@ class Store:
 
     def log_request_end(self, request_id: int, ended_at: float, status: int) -> None:
         with self.connect() as conn:
-            conn.execute(
-                "UPDATE request_log SET ended_at = ?, status = ? WHERE id = ?", (ended_at, status, request_id)
-            )
+            conn.execute("UPDATE request_log SET ended_at = ?, status = ? WHERE id = ?", (ended_at, status, request_id))
 
     def list_requests(self, path_prefix: str = "") -> list[dict[str, Any]]:
         with self.connect() as conn:

@@ -31,7 +31,8 @@ class ModelCallError(Exception):
         self.retry_after_seconds = retry_after_seconds
 
     def __repr__(self) -> str:
-        return f"ModelCallError(kind={self.kind!r}, message={self.message!r}, retry_after_seconds={self.retry_after_seconds!r})"
+        retry = self.retry_after_seconds
+        return f"ModelCallError(kind={self.kind!r}, message={self.message!r}, retry_after_seconds={retry!r})"
 
 
 class ScriptError(ValueError):

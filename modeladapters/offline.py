@@ -35,7 +35,8 @@ HELP_TEXT = (
 _MAX_VALUE_CHARS = 200
 
 _TICKET = re.compile(r"\btickets?\s*#?\s*([A-Za-z]{1,3}-?\d+)\b", re.IGNORECASE)
-_ID = re.compile(r"\b([A-Za-z]{1,3}-?\d{2,})\b")
+# Not after "-" or a word character, so "cal-u1" is never read as an order id.
+_ID = re.compile(r"(?<![-\w])([A-Za-z]{1,3}-?\d+)\b")
 _LIST_ORDERS = re.compile(r"\b(?:my|list|show|all)\s+(?:my\s+)?orders\b", re.IGNORECASE)
 _FREE = re.compile(r"\bfree\s+(?:slots?|time)\b|\bwhen\s+am\s+i\s+free\b", re.IGNORECASE)
 _CALENDAR = re.compile(r"\b(cal-[A-Za-z0-9_-]+)")
@@ -59,6 +60,7 @@ class OfflineDemoModel:
             outputs = {item.call_id: item.output for item in since if isinstance(item, FunctionCallOutputItem)}
             return [_say(_compose(calls, outputs))]
         return _plan(request.text(), actor_user, turn=_model_turns(conversation) + 1)
+
 
 # --- turn 1: which tools to call ---------------------------------------------------------------------
 
@@ -119,13 +121,6 @@ _SERVICE = {
 }
 
 
-_THING = {
-    "get_order_status": "an order {orderId}",
-    "get_ticket": "a ticket {ticketId}",
-    "find_free_slots": "a calendar {calendarId}",
-}
-
-
 def _describe(tool: str, args: dict[str, Any]) -> str:
     if tool == "get_order_status":
         return f"order {_v(args.get('orderId'))}"
@@ -145,7 +140,7 @@ def _failure(tool: str, args: dict[str, Any], result: dict[str, Any]) -> str:
         if tool == "list_my_orders":
             return "Your orders are not available to me."
         # "available to you": the service gives the same answer for missing and for not-yours.
-        return f"I can't find {_THING.get(tool, 'a ' + what).format(**_strings(args))} that is available to you."
+        return f"I can't find {_thing(tool, args)} that is available to you."
     if code == "TEMPORARY_UNAVAILABLE":
         return f"I could not get {what}: {_SERVICE.get(tool, 'the service')} did not answer. Please try again later."
     if code == "FORBIDDEN":
@@ -164,13 +159,14 @@ def _failure(tool: str, args: dict[str, Any], result: dict[str, Any]) -> str:
 
 def _render_order(args: dict[str, Any], result: dict[str, Any]) -> str:
     order = _nested(result, "order")
-    order_id = _first(order, "orderId", "id") or args.get("orderId")
+    order_id = _first(order, "order_id", "orderId", "id") or args.get("orderId")
     facts = _facts(
         order,
         ("status", "status"),
         ("carrier", "carrier"),
         ("tracking", "trackingNumber", "tracking_number", "trackingId", "tracking"),
-        ("estimated delivery", "estimatedDelivery", "eta"),
+        ("shipped at", "shipped_at", "shippedAt"),
+        ("delivered at", "delivered_at", "deliveredAt"),
     )
     return f"Order {_v(order_id)}: {facts}." if facts else _render_generic(args, result, f"Order {_v(order_id)}")
 
@@ -182,12 +178,12 @@ def _render_orders(args: dict[str, Any], result: dict[str, Any]) -> str:
     entries = []
     for order in orders:
         if isinstance(order, dict):
-            order_id, status = _first(order, "orderId", "id"), order.get("status")
+            order_id, status = _first(order, "order_id", "orderId", "id"), order.get("status")
             entries.append(f"{_v(order_id)} ({_v(status)})" if status is not None else _v(order_id))
     count = len(orders)
     text = f"You have {count} order{'s' if count != 1 else ''} on this page"
     text += f": {', '.join(entries)}." if entries else "."
-    total = _first(result, "total", "totalCount")
+    total = _first(result, "total", "totalCount", "total_count")
     if isinstance(total, int) and not isinstance(total, bool):
         text += f" {total} in total."
     more = _first(result, "hasMore", "has_more")
@@ -202,7 +198,7 @@ def _render_orders(args: dict[str, Any], result: dict[str, Any]) -> str:
 
 def _render_ticket(args: dict[str, Any], result: dict[str, Any]) -> str:
     ticket = _nested(result, "ticket")
-    ticket_id = _first(ticket, "ticketId", "id") or args.get("ticketId")
+    ticket_id = _first(ticket, "ticket_id", "ticketId", "id") or args.get("ticketId")
     parts = []
     if ticket.get("subject") is not None:
         parts.append(f'"{_v(ticket["subject"])}"')
@@ -211,13 +207,17 @@ def _render_ticket(args: dict[str, Any], result: dict[str, Any]) -> str:
     notes = ticket.get("notes")
     if isinstance(notes, list):
         parts.append(f"{len(notes)} note{'s' if len(notes) != 1 else ''}")
-    return f"Ticket {_v(ticket_id)}: {', '.join(parts)}." if parts else _render_generic(args, result, f"Ticket {_v(ticket_id)}")
+    return (
+        f"Ticket {_v(ticket_id)}: {', '.join(parts)}."
+        if parts
+        else _render_generic(args, result, f"Ticket {_v(ticket_id)}")
+    )
 
 
 def _render_slots(args: dict[str, Any], result: dict[str, Any]) -> str:
     slots = _first(result, "slots", "freeSlots", "free")
-    where = _v(_first(result, "calendarId") or args.get("calendarId"))
-    span = f"between {_v(args.get('from'))} and {_v(args.get('to'))}"
+    where = _v(_first(result, "calendar_id", "calendarId") or args.get("calendarId"))
+    span = f"between {_v(_first(result, 'from') or args.get('from'))} and {_v(_first(result, 'to') or args.get('to'))}"
     if not isinstance(slots, list):
         return _render_generic(args, result, f"Free slots on {where}")
     if not slots:
@@ -229,7 +229,9 @@ def _render_slots(args: dict[str, Any], result: dict[str, Any]) -> str:
             shown.append(f"{_v(start)} to {_v(end)}")
         else:
             shown.append(_v(slot))
-    return f"Free slots on {where} {span}: {'; '.join(shown)}."
+    # Say so when the service cut the list: "these are all" would be a claim the output does not make.
+    more = " The list was cut short; there may be more." if result.get("truncated") is True else ""
+    return f"Free slots on {where} {span}: {'; '.join(shown)}.{more}"
 
 
 def _render_generic(args: dict[str, Any], result: dict[str, Any], title: str | None = None) -> str:
@@ -239,7 +241,7 @@ def _render_generic(args: dict[str, Any], result: dict[str, Any], title: str | N
     return f"{head}: {', '.join(scalars)}." if scalars else f"{head}: the service answered with no details."
 
 
-_RENDERERS: dict[str, Callable[..., str]] = {
+_RENDERERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], str]] = {
     "get_order_status": _render_order,
     "list_my_orders": _render_orders,
     "get_ticket": _render_ticket,
@@ -310,8 +312,14 @@ def _v(value: Any) -> str:
     return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 3] + "..."
 
 
-def _strings(args: dict[str, Any]) -> dict[str, str]:
-    return {key: _v(value) for key, value in args.items()}
+def _thing(tool: str, args: dict[str, Any]) -> str:
+    if tool == "get_order_status":
+        return f"an order {_v(args.get('orderId'))}"
+    if tool == "get_ticket":
+        return f"a ticket {_v(args.get('ticketId'))}"
+    if tool == "find_free_slots":
+        return f"a calendar {_v(args.get('calendarId'))}"
+    return f"a result for {_describe(tool, args)}"
 
 
 def _found(pattern: re.Pattern[str], text: str, default: str) -> str:

@@ -80,18 +80,21 @@ class ResponsesClient:
         instructions: str,
         conversation: Sequence[ConversationItem],
         tools: list[dict[str, Any]],
+        model: str | None = None,
     ) -> list[ConversationItem]:
-        """One model call: the response's output items, or a ModelCallError."""
+        """One model call: the response's output items, or a ModelCallError. `model` overrides the
+        client's default model for this call (a run may name its own)."""
+        model_name = model or self.model
         body: dict[str, Any] = {
             **self._extra_body,
-            "model": self.model,
+            "model": model_name,
             "instructions": instructions,
             "input": [item_to_wire(item) for item in conversation],
             "tools": tools,
             "parallel_tool_calls": True,
         }
         url = f"{self.base_url}/responses"
-        logger.debug("model request", extra={"url": url, "model": self.model, "input_items": len(conversation)})
+        logger.debug("model request", extra={"url": url, "model": model_name, "input_items": len(conversation)})
         try:
             response = await self._http.post(
                 url,
@@ -125,7 +128,9 @@ class ResponsesClient:
                 retry_after_seconds=_retry_after(response.headers.get("retry-after")),
             )
         if not 200 <= status < 300:
-            raise ModelCallError("rejected", f"model endpoint rejected the request: HTTP {status}{self._error_suffix(response)}")
+            raise ModelCallError(
+                "rejected", f"model endpoint rejected the request: HTTP {status}{self._error_suffix(response)}"
+            )
 
         try:
             data = response.json()
@@ -137,7 +142,9 @@ class ResponsesClient:
             raise ModelCallError("malformed", f"response body is a JSON {json_type(data)}, not an object")
         state = data.get("status")
         if state != "completed":
-            raise ModelCallError("malformed", f"response status is {state!r}{self._why_not_completed(data)}, not 'completed'")
+            raise ModelCallError(
+                "malformed", f"response status is {state!r}{self._why_not_completed(data)}, not 'completed'"
+            )
         output = data.get("output")
         if not isinstance(output, list):
             raise ModelCallError("malformed", f"response 'output' is a JSON {json_type(output)}, not a list")
@@ -207,4 +214,3 @@ def _retry_after(value: str | None) -> float | None:
     if not math.isfinite(seconds):
         return None
     return max(0.0, seconds)
-

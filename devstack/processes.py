@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import errno
+import functools
 import os
 import shutil
 import signal
@@ -47,12 +48,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """True if something listens on host:port, or the port cannot be bound."""
+def port_accepts(port: int, host: str = "127.0.0.1") -> bool:
+    """True if a TCP connection to host:port succeeds."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
-        if sock.connect_ex((host, port)) == 0:
-            return True
+        return sock.connect_ex((host, port)) == 0
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True if something listens on host:port, or the port cannot be bound."""
+    if port_accepts(port, host):
+        return True
     # A socket bound but not listening also blocks us; SO_REUSEADDR ignores harmless TIME_WAIT leftovers.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -93,10 +99,8 @@ def wait_for_port(port: int, timeout: float, proc: ManagedProcess | None = None,
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         _fail_if_exited(proc, what)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.settimeout(0.5)
-            if sock.connect_ex((host, port)) == 0:
-                return
+        if port_accepts(port, host):
+            return
         time.sleep(_POLL_INTERVAL)
     raise _timed_out(proc, what, timeout)
 
@@ -148,11 +152,11 @@ def run_coroutine_blocking(factory: Callable[[], Awaitable[_T]]) -> _T:
         return await factory()
 
     # A private thread with its own loop: asyncio.run would refuse inside an async test or CLI command.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="localstack") as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="devstack") as pool:
         return pool.submit(asyncio.run, _main()).result()
 
 
-async def temporal_ready(address: str, namespace: str = "default", timeout: float = 5.0) -> bool:
+async def temporal_ready(address: str, namespace: str = "default", within: float = 5.0) -> bool:
     """True if a real client connects and the namespace answers (the gRPC port opens before that)."""
     # Imported here: the CLI's `status`/`down` paths should not pay for loading the SDK.
     from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest, GetSystemInfoRequest
@@ -164,7 +168,7 @@ async def temporal_ready(address: str, namespace: str = "default", timeout: floa
         await client.workflow_service.describe_namespace(DescribeNamespaceRequest(namespace=namespace))
 
     try:
-        await asyncio.wait_for(_probe(), timeout)
+        await asyncio.wait_for(_probe(), within)
     except Exception:  # any failure (refused, not ready, RPCError) just means "not ready yet"
         return False
     return True
@@ -178,7 +182,7 @@ def wait_for_temporal(
     while time.monotonic() < deadline:
         _fail_if_exited(proc, what)
         remaining = max(0.5, min(5.0, deadline - time.monotonic()))
-        if run_coroutine_blocking(lambda: temporal_ready(address, namespace, remaining)):
+        if run_coroutine_blocking(functools.partial(temporal_ready, address, namespace, remaining)):
             return
         time.sleep(0.2)
     raise _timed_out(proc, what, timeout)
@@ -200,7 +204,7 @@ def process_cmdline(pid: int) -> list[str] | None:
         if parts and parts[-1] == b"":
             parts.pop()
         return [p.decode("utf-8", errors="surrogateescape") for p in parts] or None
-    # No /proc (macOS): ps gives one string; callers compare it joined, so split on nothing.
+    # No /proc (macOS): ps prints argv joined by spaces, so return it whole; cmdline_matches joins ours too.
     result = subprocess.run(["ps", "-o", "args=", "-p", str(pid)], capture_output=True, text=True, check=False)
     out = result.stdout.strip()
     return [out] if result.returncode == 0 and out else None
@@ -397,7 +401,8 @@ def _wait_temporal_both(port: int, namespace: str, timeout: float, proc: Managed
     wait_for_temporal(f"127.0.0.1:{port}", max(1.0, deadline - time.monotonic()), proc, namespace)
 
 
-def business_service_command(db_file: Path, port: int, admin_token: str) -> list[str]:
+def business_service_command(db_file: Path, port: int) -> list[str]:
+    # The admin token goes in the environment (BIZSERVICE_ADMIN_TOKEN), not argv, so `ps` never shows it.
     return [
         sys.executable,
         "-m",
@@ -408,8 +413,6 @@ def business_service_command(db_file: Path, port: int, admin_token: str) -> list
         "127.0.0.1",
         "--port",
         str(port),
-        "--admin-token",
-        admin_token,
     ]
 
 
@@ -426,9 +429,9 @@ def start_business_service(
     """Start `python -m bizservice` and return once GET /healthz answers {"ok": true}."""
     db_file.parent.mkdir(parents=True, exist_ok=True)
     log = log_path if log_path is not None else db_file.parent / "logs" / "service.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BIZSERVICE_ADMIN_TOKEN": admin_token}
     proc = ManagedProcess.spawn(
-        "service", business_service_command(db_file, port, admin_token), log, env=env, cwd=cwd, detached=detached
+        "service", business_service_command(db_file, port), log, env=env, cwd=cwd, detached=detached
     )
     _ready_or_stop(proc, lambda: wait_for_http_ok(f"http://127.0.0.1:{port}/healthz", timeout, proc))
     return proc

@@ -1,0 +1,56 @@
+"""Entry point: run the business service with uvicorn (`python -m bizservice --db PATH --port N`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+import uvicorn
+
+from bizservice.app import create_app
+
+logger = logging.getLogger("bizservice")
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bizservice", description="The demo business service.")
+    parser.add_argument("--db", required=True, help="SQLite database file (created and seeded if missing)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8701, help="0 picks a free port (the ready line shows it)")
+    parser.add_argument(
+        "--admin-token",
+        default=os.environ.get("BIZSERVICE_ADMIN_TOKEN"),
+        help="enables /admin (default: $BIZSERVICE_ADMIN_TOKEN; without one /admin does not exist)",
+    )
+    return parser.parse_args(argv)
+
+
+async def _serve(server: uvicorn.Server, host: str) -> None:
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            await task  # start-up failed (port taken, ...): surface it
+            return
+        await asyncio.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    # Callers wait for this line; it carries the real port when --port 0 was given.
+    logger.info("bizservice listening on http://%s:%d", host, port)
+    await task
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logger.info("admin token %s", "set" if args.admin_token else "unset")
+    app = create_app(args.db, admin_token=args.admin_token or None)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False)
+    server = uvicorn.Server(config)
+    asyncio.run(_serve(server, args.host))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

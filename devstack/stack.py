@@ -1,0 +1,382 @@
+"""I/O: the CLI's local stack (Temporal dev server, business service, worker) - start or reuse, stop, report."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from orchestrator.settings import Settings
+
+from .processes import (
+    ManagedProcess,
+    ProcessStartError,
+    StackError,
+    business_service_command,
+    cmdline_matches,
+    http_ok,
+    pid_alive,
+    port_accepts,
+    port_in_use,
+    run_coroutine_blocking,
+    start_business_service,
+    start_temporal_dev_server,
+    start_worker,
+    temporal_dev_server_command,
+    temporal_ready,
+    worker_command,
+)
+
+ComponentName = Literal["temporal", "service", "worker"]
+_START_ORDER: tuple[ComponentName, ...] = ("temporal", "service", "worker")
+_LABELS: dict[ComponentName, str] = {
+    "temporal": "Temporal dev server",
+    "service": "business service",
+    "worker": "worker",
+}
+_LOCK_TIMEOUT = 120.0  # another `up` may legitimately take a while on a cold start
+
+
+class _ComponentRecord(BaseModel):
+    pid: int
+    cmd: list[str]
+    log_path: str
+    address: str
+    # Digest of the settings a component was started with that are not visible in its argv (worker env).
+    config_digest: str = ""
+    started_at: float = 0.0
+
+
+class _StateFile(BaseModel):
+    admin_token: str | None = None
+    components: dict[str, _ComponentRecord] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: ComponentName
+    label: str
+    running: bool
+    healthy: bool
+    pid: int | None
+    address: str
+    log_path: Path
+
+
+@dataclass(frozen=True)
+class StackStatus:
+    temporal: ComponentStatus
+    service: ComponentStatus
+    worker: ComponentStatus
+    ui_url: str
+    data_dir: Path
+
+    @property
+    def components(self) -> tuple[ComponentStatus, ...]:
+        return (self.temporal, self.service, self.worker)
+
+    @property
+    def all_running(self) -> bool:
+        return all(c.running for c in self.components)
+
+
+class LocalStack:
+    """Starts, reuses and stops our three processes; state lives in settings.data_dir (relative to repo_root)."""
+
+    def __init__(self, settings: Settings, repo_root: Path) -> None:
+        self._settings = settings
+        self._repo_root = repo_root.resolve()
+        data_dir = settings.data_dir if settings.data_dir.is_absolute() else self._repo_root / settings.data_dir
+        self.data_dir = data_dir.resolve()
+        self.logs_dir = self.data_dir / "logs"
+        self.state_path = self.data_dir / "state.json"
+        self._lock_path = self.data_dir / "stack.lock"
+
+    # -- addresses ------------------------------------------------------------------------------
+
+    @property
+    def temporal_address(self) -> str:
+        return f"127.0.0.1:{self._settings.temporal_port}"
+
+    @property
+    def service_url(self) -> str:
+        return f"http://127.0.0.1:{self._settings.service_port}"
+
+    @property
+    def ui_url(self) -> str:
+        return f"http://127.0.0.1:{self._settings.ui_port}"
+
+    def _address(self, name: ComponentName) -> str:
+        if name == "temporal":
+            return self.temporal_address
+        if name == "service":
+            return self.service_url
+        return f"task queue {self._settings.task_queue!r}"
+
+    def _log_path(self, name: ComponentName) -> Path:
+        return self.logs_dir / f"{name}.log"
+
+    # -- public operations ----------------------------------------------------------------------
+
+    def admin_token(self) -> str:
+        """The service admin token: TOOLLOOP_SERVICE_ADMIN_TOKEN if set, else one generated once and kept."""
+        with self._locked():
+            state = self._load()
+            token = self._ensure_token(state)
+            self._save(state)
+            return token
+
+    def up(self, on_step: Callable[[str], None] | None = None) -> StackStatus:
+        """Reuse each healthy component we started before; start the missing ones (detached)."""
+        step = on_step if on_step is not None else (lambda _msg: None)
+        with self._locked():
+            state = self._load()
+            token = self._ensure_token(state)
+            self._save(state)
+            for name in _START_ORDER:
+                self._ensure_component(name, state, token, step)
+            return self._status_from(state)
+
+    def down(self, on_step: Callable[[str], None] | None = None) -> StackStatus:
+        """Stop our recorded processes, worker first; data files and logs are kept."""
+        step = on_step if on_step is not None else (lambda _msg: None)
+        with self._locked():
+            state = self._load()
+            for name in reversed(_START_ORDER):
+                record = state.components.get(name)
+                if record is None:
+                    continue
+                if self._is_ours(record):
+                    step(f"stopping {_LABELS[name]} (pid {record.pid})...")
+                    self._as_process(name, record).stop()
+                del state.components[name]
+                self._save(state)
+            return self._status_from(state)
+
+    def status(self) -> StackStatus:
+        # No lock: state.json is replaced atomically, and status must not wait behind a slow `up`.
+        return self._status_from(self._load())
+
+    # -- per component --------------------------------------------------------------------------
+
+    def _desired(self, name: ComponentName, token: str) -> tuple[list[str], str]:
+        s = self._settings
+        if name == "temporal":
+            cmd = temporal_dev_server_command(
+                self.data_dir / "temporal.sqlite", s.temporal_port, s.ui_port, namespaces=[s.temporal_namespace]
+            )
+            return cmd, ""
+        if name == "service":
+            cmd = business_service_command(self.data_dir / "service.sqlite", s.service_port)
+            return cmd, _digest({"admin_token": token})
+        return worker_command(self._repo_root), _digest(self._worker_env(token))
+
+    def _ensure_component(
+        self, name: ComponentName, state: _StateFile, token: str, step: Callable[[str], None]
+    ) -> None:
+        label = _LABELS[name]
+        cmd, digest = self._desired(name, token)
+        record = state.components.get(name)
+        if record is not None and self._is_ours(record):
+            if record.cmd == cmd and record.config_digest == digest and self._healthy(name, record, grace=5.0):
+                step(f"reusing {label} (pid {record.pid})")
+                return
+            # Ours but stale (settings changed) or unhealthy: replace it rather than run two.
+            step(f"restarting {label} (pid {record.pid})...")
+            self._as_process(name, record).stop()
+        if record is not None:
+            del state.components[name]
+            self._save(state)
+
+        self._check_ports_free(name)
+        step(f"starting {label} on {self._address(name)}...")
+        proc = self._start(name, token)
+        state.components[name] = _ComponentRecord(
+            pid=proc.pid,
+            cmd=proc.cmd,
+            log_path=str(proc.log_path),
+            address=self._address(name),
+            config_digest=digest,
+            started_at=time.time(),
+        )
+        self._save(state)
+
+    def _start(self, name: ComponentName, token: str) -> ManagedProcess:
+        s = self._settings
+        try:
+            if name == "temporal":
+                return start_temporal_dev_server(
+                    self.data_dir,
+                    s.temporal_port,
+                    s.ui_port,
+                    detached=True,
+                    namespace=s.temporal_namespace,
+                    log_path=self._log_path(name),
+                )
+            if name == "service":
+                return start_business_service(
+                    self.data_dir / "service.sqlite",
+                    s.service_port,
+                    token,
+                    detached=True,
+                    log_path=self._log_path(name),
+                    cwd=self._repo_root,
+                )
+            return start_worker(self._repo_root, self._worker_env(token), self._log_path(name), detached=True)
+        except ProcessStartError as exc:
+            raise StackError(f"could not start the {_LABELS[name]}: {exc}") from exc
+
+    def _worker_env(self, token: str) -> dict[str, str]:
+        s = self._settings
+        env = {
+            "TEMPORAL_ADDRESS": self.temporal_address,
+            "TEMPORAL_NAMESPACE": s.temporal_namespace,
+            "TOOLLOOP_TASK_QUEUE": s.task_queue,
+            "TOOLLOOP_SERVICE_URL": self.service_url,
+            "TOOLLOOP_SERVICE_ADMIN_TOKEN": token,
+            "OPENAI_BASE_URL": s.openai_base_url,
+            "OPENAI_MODEL": s.openai_model,
+        }
+        # Settings may come from more than the environment; the worker must see the same model config.
+        if s.openai_api_key is not None:
+            env["OPENAI_API_KEY"] = s.openai_api_key.get_secret_value()
+        return env
+
+    def _check_ports_free(self, name: ComponentName) -> None:
+        s = self._settings
+        ports: list[tuple[int, str, str]] = []
+        if name == "temporal":
+            ports = [
+                (s.temporal_port, "Temporal gRPC", "TOOLLOOP_TEMPORAL_PORT"),
+                (s.ui_port, "Temporal UI", "TOOLLOOP_UI_PORT"),
+            ]
+        elif name == "service":
+            ports = [(s.service_port, "business service", "TOOLLOOP_SERVICE_PORT")]
+        for port, what, env_var in ports:
+            # Only called once our own process on it is gone, so whoever holds it is someone else.
+            if port_in_use(port):
+                raise StackError(f"port {port} ({what}) is already in use by another program; stop it or set {env_var}")
+
+    def _healthy(self, name: ComponentName, record: _ComponentRecord, grace: float = 0.0) -> bool:
+        deadline = time.monotonic() + grace
+        while True:
+            if name == "temporal":
+                ok = run_coroutine_blocking(
+                    lambda: temporal_ready(self.temporal_address, self._settings.temporal_namespace, 3.0)
+                )
+            elif name == "service":
+                ok = http_ok(f"{self.service_url}/healthz")
+            else:
+                ok = self._is_ours(record)  # a worker has no probe; alive and ours is the best we know
+            if ok or time.monotonic() >= deadline or not self._is_ours(record):
+                return ok
+            time.sleep(0.3)
+
+    @staticmethod
+    def _is_ours(record: _ComponentRecord) -> bool:
+        # A recycled PID runs some other command line, so it is never mistaken for ours.
+        return pid_alive(record.pid) and cmdline_matches(record.pid, record.cmd)
+
+    @staticmethod
+    def _as_process(name: ComponentName, record: _ComponentRecord) -> ManagedProcess:
+        return ManagedProcess(name=name, pid=record.pid, popen=None, log_path=Path(record.log_path), cmd=record.cmd)
+
+    def _status_from(self, state: _StateFile) -> StackStatus:
+        def one(name: ComponentName) -> ComponentStatus:
+            record = state.components.get(name)
+            running = record is not None and self._is_ours(record)
+            if record is None or not running:
+                healthy = False
+            elif name == "temporal":
+                healthy = port_accepts(self._settings.temporal_port)
+            elif name == "service":
+                healthy = http_ok(f"{self.service_url}/healthz", timeout=1.0)
+            else:
+                healthy = True
+            return ComponentStatus(
+                name=name,
+                label=_LABELS[name],
+                running=running,
+                healthy=healthy,
+                pid=record.pid if record is not None and running else None,
+                address=record.address if record is not None else self._address(name),
+                log_path=Path(record.log_path) if record is not None else self._log_path(name),
+            )
+
+        return StackStatus(
+            temporal=one("temporal"),
+            service=one("service"),
+            worker=one("worker"),
+            ui_url=self.ui_url,
+            data_dir=self.data_dir,
+        )
+
+    # -- state and lock -------------------------------------------------------------------------
+
+    def _ensure_token(self, state: _StateFile) -> str:
+        configured = self._settings.service_admin_token
+        if configured is not None:
+            return configured.get_secret_value()
+        if state.admin_token is None:
+            state.admin_token = secrets.token_urlsafe(32)
+        return state.admin_token
+
+    def _load(self) -> _StateFile:
+        try:
+            return _StateFile.model_validate_json(self.state_path.read_bytes())
+        except FileNotFoundError:
+            return _StateFile()
+        except (ValidationError, ValueError) as exc:
+            raise StackError(
+                f"{self.state_path} is unreadable ({exc.__class__.__name__}); "
+                "stop any toolloop processes and delete the file"
+            ) from exc
+
+    def _save(self, state: _StateFile) -> None:
+        self._ensure_dirs()
+        tmp = self.state_path.with_suffix(".json.tmp")
+        # 0600 from creation: the file holds the admin token.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(state.model_dump(mode="json"), fh, indent=2)
+        os.chmod(tmp, 0o600)  # O_CREAT's mode does not apply to a leftover tmp file
+        os.replace(tmp, self.state_path)
+
+    def _ensure_dirs(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One `up`/`down` at a time across processes, so two `ask` commands never start two stacks."""
+        self._ensure_dirs()
+        with self._lock_path.open("a") as fh:
+            deadline = time.monotonic() + _LOCK_TIMEOUT
+            while True:
+                try:
+                    fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise StackError(
+                            f"another toolloop command holds {self._lock_path} for over {_LOCK_TIMEOUT:.0f}s"
+                        ) from None
+                    time.sleep(0.1)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _digest(values: Mapping[str, str]) -> str:
+    return hashlib.sha256(json.dumps(sorted(values.items())).encode()).hexdigest()

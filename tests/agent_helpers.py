@@ -1,0 +1,134 @@
+"""Test helpers: start agent workflows, read their history, build scripted model turns."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+
+from agentcore.contracts import (
+    Actor,
+    AgentInput,
+    AgentResult,
+    ConversationItem,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    Limits,
+    MessageItem,
+    ModelSpec,
+    ModelTurnInput,
+    ModelTurnResult,
+)
+from agentcore.names import AGENT_WORKFLOW, MODEL_TURN_ACTIVITY
+from orchestrator.settings import Settings
+
+
+def call(name: str, arguments: dict[str, Any] | str, call_id: str) -> dict[str, Any]:
+    """A scripted `function_call` item; a str is sent verbatim (malformed JSON included)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"type": "function_call", "name": name, "arguments": args, "call_id": call_id}
+
+
+def say(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
+
+
+def script_spec(*turns: list[dict[str, Any]]) -> ModelSpec:
+    return ModelSpec.model_validate({"provider": "script", "script": [list(t) for t in turns]})
+
+
+async def start_agent(
+    client: Client,
+    settings: Settings,
+    request: str,
+    *,
+    user: str = "u1",
+    tenant: str = "acme",
+    model: ModelSpec | None = None,
+    limits: Limits | None = None,
+) -> WorkflowHandle[Any, AgentResult]:
+    return await client.start_workflow(
+        AGENT_WORKFLOW,
+        AgentInput(
+            request=request,
+            actor=Actor(user_id=user, tenant_id=tenant),
+            model=model or ModelSpec(provider="offline"),
+            limits=limits or Limits(),
+        ),
+        id=f"test-{uuid.uuid4().hex[:12]}",
+        task_queue=settings.task_queue,
+        result_type=AgentResult,
+    )
+
+
+async def run_agent(client: Client, settings: Settings, request: str, **kwargs: Any) -> tuple[AgentResult, WorkflowHandle[Any, AgentResult]]:
+    handle = await start_agent(client, settings, request, **kwargs)
+    return await asyncio.wait_for(handle.result(), timeout=120), handle
+
+
+async def model_turns(handle: WorkflowHandle[Any, Any]) -> list[tuple[ModelTurnInput, ModelTurnResult | None]]:
+    """Every model turn's input and result, decoded from the workflow's history."""
+    converter = handle._client.data_converter
+    inputs: dict[int, ModelTurnInput] = {}
+    results: dict[int, ModelTurnResult] = {}
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name == MODEL_TURN_ACTIVITY:
+                [inputs[event.event_id]] = await converter.decode(attrs.input.payloads, [ModelTurnInput])
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            done = event.activity_task_completed_event_attributes
+            if done.scheduled_event_id in inputs:
+                [results[done.scheduled_event_id]] = await converter.decode(done.result.payloads, [ModelTurnResult])
+    return [(inputs[k], results.get(k)) for k in sorted(inputs)]
+
+
+async def conversation(handle: WorkflowHandle[Any, Any]) -> list[ConversationItem]:
+    items: list[ConversationItem] = []
+    for turn_input, turn_result in await model_turns(handle):
+        items += turn_input.new_items
+        if turn_result is not None:
+            items += turn_result.items
+    return items
+
+
+async def tool_outputs(handle: WorkflowHandle[Any, Any]) -> dict[str, dict[str, Any]]:
+    """call_id -> parsed output, from the outputs the model received; asserts each call_id is answered
+    exactly once (invariant 2) for every call the model made before its last turn."""
+    items = await conversation(handle)
+    calls = [i.call_id for i in items if isinstance(i, FunctionCallItem)]
+    outputs = [i for i in items if isinstance(i, FunctionCallOutputItem)]
+    answered = [o.call_id for o in outputs]
+    assert len(answered) == len(set(answered)), f"a call_id was answered twice: {answered}"
+    assert set(answered) <= set(calls), "an output answers no call"
+    return {o.call_id: json.loads(o.output) for o in outputs}
+
+
+def final_message(items: list[ConversationItem]) -> str:
+    return "".join(i.text() for i in items if isinstance(i, MessageItem) and i.role == "assistant")
+
+
+async def service_requests(admin: httpx.AsyncClient, path_prefix: str = "/") -> list[dict[str, Any]]:
+    response = await admin.get("/admin/requests", params={"path_prefix": path_prefix})
+    response.raise_for_status()
+    return list(response.json()["requests"])
+
+
+async def set_faults(admin: httpx.AsyncClient, *rules: dict[str, Any]) -> None:
+    (await admin.put("/admin/faults", json={"rules": list(rules)})).raise_for_status()
+
+
+async def assert_eventually(check: Callable[[], Awaitable[bool]], timeout: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not true within {timeout} s: {what}")

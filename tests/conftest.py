@@ -1,0 +1,115 @@
+"""Test fixtures: the real Temporal dev server and the real business service as processes on free
+loopback ports (once per session), a fresh task queue and in-process worker per test."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from devstack.processes import ManagedProcess, free_port, start_business_service, start_temporal_dev_server
+from orchestrator.converter import data_converter
+from orchestrator.settings import Settings
+from orchestrator.worker_factory import running_worker
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class TemporalServer:
+    address: str
+    process: ManagedProcess
+
+
+@dataclass(frozen=True)
+class BusinessService:
+    url: str
+    admin_token: str
+    db_file: Path
+    process: ManagedProcess
+
+
+@pytest.fixture(scope="session")
+def stack_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stack")
+
+
+@pytest.fixture(scope="session")
+def temporal_server(stack_dir: Path) -> Iterator[TemporalServer]:
+    port = free_port()
+    proc = start_temporal_dev_server(stack_dir / "temporal", port, ui_port=None)
+    yield TemporalServer(address=f"127.0.0.1:{port}", process=proc)
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def business_service(stack_dir: Path) -> Iterator[BusinessService]:
+    port = free_port()
+    token = secrets.token_urlsafe(16)
+    db_file = stack_dir / "service" / "service.sqlite"
+    proc = start_business_service(db_file, port, token, cwd=REPO_ROOT)
+    yield BusinessService(url=f"http://127.0.0.1:{port}", admin_token=token, db_file=db_file, process=proc)
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+async def client(temporal_server: TemporalServer) -> Client:
+    return await Client.connect(temporal_server.address, data_converter=data_converter())
+
+
+@pytest.fixture
+def settings(temporal_server: TemporalServer, business_service: BusinessService) -> Settings:
+    """Per-test settings: a fresh task queue so no other test's worker takes this test's tasks."""
+    return Settings.model_validate(
+        {
+            "TEMPORAL_ADDRESS": temporal_server.address,
+            "TOOLLOOP_TASK_QUEUE": f"test-{uuid.uuid4().hex[:10]}",
+            "TOOLLOOP_SERVICE_URL": business_service.url,
+        }
+    )
+
+
+@pytest.fixture
+async def admin(business_service: BusinessService) -> AsyncIterator[httpx.AsyncClient]:
+    """The service's admin API (faults, request log), reset before each test."""
+    async with httpx.AsyncClient(
+        base_url=business_service.url, headers={"X-Admin-Token": business_service.admin_token}, timeout=10
+    ) as http:
+        (await http.post("/admin/reset")).raise_for_status()
+        yield http
+        (await http.delete("/admin/faults")).raise_for_status()
+
+
+@pytest.fixture
+async def worker(client: Client, settings: Settings) -> AsyncIterator[Worker]:
+    async with running_worker(client, settings) as w:
+        yield w
+
+
+# --- Process exit -----------------------------------------------------------------------------------
+# temporalio 1.35 on CPython 3.11 can abort at interpreter teardown after a worker stopped
+# ("Fatal Python error: PyGILState_Release"), which would turn a green run into a crash exit code.
+# Every fixture has finished by the time pytest unconfigures, so we leave with pytest's own status.
+
+_exit_status: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _exit_status.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _exit_status and os.environ.get("TOOLLOOP_NO_HARD_EXIT") != "1":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_status[-1])
