@@ -9,7 +9,7 @@ import json
 import sys
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -27,7 +27,8 @@ from temporalio.service import RPCError
 
 from agentcore.contracts import Actor, AgentInput, AgentProgress, AgentResult, Limits, ModelSpec
 from agentcore.names import AGENT_WORKFLOW, GET_PROGRESS_QUERY, USER_SEARCH_ATTRIBUTE
-from devstack.stack import LocalStack, StackError
+from devstack.processes import StackError
+from devstack.stack import LocalStack
 from modeladapters.errors import ScriptError
 from modeladapters.script import load_script
 from orchestrator.converter import data_converter
@@ -37,11 +38,11 @@ REPO_ROOT = Path(__file__).resolve().parent
 USER_KEY = SearchAttributeKey.for_keyword(USER_SEARCH_ATTRIBUTE)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
-def _fail(message: str, code: int = 2) -> None:
-    err_console.print(f"[bold red]error:[/] {message}")
+def _fail(message: str, code: int = 2) -> NoReturn:
+    err_console.print(Text.assemble(("error: ", "bold red"), message))
     raise typer.Exit(code)
 
 
@@ -70,7 +71,6 @@ def _model_spec(model: str | None, settings: Settings) -> ModelSpec:
         except ScriptError as exc:
             _fail(f"model script {path}: {exc}")
     _fail(f"unknown --model {model!r}; use offline, openai[:NAME] or script:FILE")
-    raise AssertionError  # unreachable: _fail raises
 
 
 def _up(settings: Settings, quiet: bool) -> None:
@@ -94,7 +94,9 @@ def _progress_view(progress: AgentProgress | None, workflow_id: str) -> Table:
     table.add_row(Text("phase", style="dim"), Text(progress.phase, style="bold cyan"))
     for call in progress.calls:
         mark = Text("ok", style="green") if call.ok else Text(call.code or "failed", style="yellow")
-        table.add_row(Text(f"round {call.round}", style="dim"), Text.assemble(f"{call.tool} ", mark, f" {call.duration_ms} ms"))
+        table.add_row(
+            Text(f"round {call.round}", style="dim"), Text.assemble(f"{call.tool} ", mark, f" {call.duration_ms} ms")
+        )
     for summary in progress.running:
         table.add_row(Text("running", style="dim"), Text(summary, style="cyan"))
     return table
@@ -140,17 +142,21 @@ async def _ask(
 
 
 def _print_result(result: AgentResult, settings: Settings) -> None:
-    console = Console()
+    console = Console(soft_wrap=True)
     if result.final_text:
-        console.print(result.final_text)
+        # The model's text is data: never interpret it as rich markup ("[offline model]" is not a tag).
+        console.print(result.final_text, markup=False, highlight=False)
     else:
         console.print(f"[yellow]No answer:[/] the request stopped ({result.stop_reason}).")
     if result.error:
-        err_console.print(f"[red]{result.error}[/]")
+        err_console.print(Text(result.error, style="red"))
     calls = ", ".join(f"{c.tool}={'ok' if c.ok else c.code}" for c in result.calls) or "none"
     err_console.print(
-        f"[dim]status {result.status}, stop {result.stop_reason}, rounds {result.rounds}, "
-        f"model {result.model_label}, calls: {calls}[/]"
+        Text(
+            f"status {result.status}, stop {result.stop_reason}, rounds {result.rounds}, "
+            f"model {result.model_label}, calls: {calls}",
+            style="dim",
+        )
     )
     err_console.print(f"Temporal UI: {settings.ui_url(result.workflow_id)}")
 
@@ -161,7 +167,8 @@ def ask(
     user: Annotated[str, typer.Option(help="The session's user (identity comes from here, never the model).")],
     tenant: Annotated[str, typer.Option(help="The session's tenant.")] = "acme",
     model: Annotated[
-        str | None, typer.Option(help="offline | openai[:MODEL] | script:FILE (default: openai if OPENAI_API_KEY is set)")
+        str | None,
+        typer.Option(help="offline | openai[:MODEL] | script:FILE (default: openai if OPENAI_API_KEY is set)"),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
     request_id: Annotated[
@@ -194,17 +201,26 @@ def ask(
     spec = _model_spec(model, settings)
     show = not as_json and sys.stderr.isatty()
     try:
-        result, workflow_id, failure = asyncio.run(
-            _ask(request, actor, spec, limits, settings, request_id, show)
-        )
+        result, workflow_id, failure = asyncio.run(_ask(request, actor, spec, limits, settings, request_id, show))
     except RuntimeError as exc:  # connection problems from the Temporal client
         _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
     if result is None:
         if as_json:
-            print(json.dumps({"workflow_id": workflow_id, "status": "failed", "stop_reason": None,
-                              "final_text": None, "rounds": 0, "calls": [], "error": failure}))
+            print(
+                json.dumps(
+                    {
+                        "workflow_id": workflow_id,
+                        "status": "failed",
+                        "stop_reason": None,
+                        "final_text": None,
+                        "rounds": 0,
+                        "calls": [],
+                        "error": failure,
+                    }
+                )
+            )
         else:
-            err_console.print(f"[red]The workflow failed:[/] {failure}")
+            err_console.print(Text.assemble(("The workflow failed: ", "red"), str(failure)))
             err_console.print(f"Temporal UI: {settings.ui_url(workflow_id)}")
         raise typer.Exit(1)
     if as_json:

@@ -85,7 +85,7 @@ class ModelActivities:
     @activity.defn(name=MODEL_TURN_ACTIVITY)
     async def model_turn(self, inp: ModelTurnInput) -> ModelTurnResult:
         info = activity.info()
-        key = (info.workflow_id, info.workflow_run_id)
+        key = (info.workflow_id or "", info.workflow_run_id or "")
         if inp.provider == "script":
             # The script is the model: it needs no conversation.
             if inp.scripted_output is None:
@@ -120,7 +120,9 @@ class ModelActivities:
             items=items, calls=checked, final_text=final_text, model_label=label, protocol_error=protocol_error
         )
 
-    async def _call_responses(self, conversation: list[ConversationItem], model_name: str | None) -> list[ConversationItem]:
+    async def _call_responses(
+        self, conversation: list[ConversationItem], model_name: str | None
+    ) -> list[ConversationItem]:
         if self._responses is None:
             raise ApplicationError(
                 "this worker has no OpenAI client: set OPENAI_API_KEY for the worker",
@@ -140,7 +142,9 @@ class ModelActivities:
                 raise ApplicationError(
                     err.message, type=ErrorType.MODEL_TEMPORARILY_UNAVAILABLE, next_retry_delay=delay
                 ) from None
-            error_type = ErrorType.MODEL_REQUEST_REJECTED if err.kind == "rejected" else ErrorType.MODEL_RESPONSE_MALFORMED
+            error_type = (
+                ErrorType.MODEL_REQUEST_REJECTED if err.kind == "rejected" else ErrorType.MODEL_RESPONSE_MALFORMED
+            )
             raise ApplicationError(err.message, type=error_type, non_retryable=True) from None
 
     async def _conversation(self, key: tuple[str, str], inp: ModelTurnInput) -> list[ConversationItem]:
@@ -187,4 +191,3 @@ class ModelActivities:
 def _ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
-

@@ -35,7 +35,7 @@ class ToolActivities:
                 non_retryable=True,
             )
         args = spec.arguments.model_validate(inp.arguments)
-        ctx = ToolContext(actor=inp.actor, http=self._http, workflow_id=info.workflow_id, call_id=inp.call_id)
+        ctx = ToolContext(actor=inp.actor, http=self._http, workflow_id=info.workflow_id or "", call_id=inp.call_id)
         started = time.monotonic()
         output: dict[str, Any]
         try:

@@ -1,13 +1,13 @@
 """Pure: the result codes the model sees and the error types activities raise (one table, one place).
 
-| error type (ApplicationError.type) | raised by            | retryable | workflow reaction                          |
-|------------------------------------|----------------------|-----------|--------------------------------------------|
-| ServiceTemporarilyUnavailable      | tool activity        | yes       | after the retry budget: TEMPORARY_UNAVAILABLE |
-| ModelTemporarilyUnavailable        | model activity       | yes       | after the retry budget: stop, model_error  |
-| ModelRequestRejected               | model activity       | no        | stop, model_error                          |
-| ModelResponseMalformed             | model activity       | no        | stop, model_error                          |
-| ScriptExhausted                    | model activity       | no        | stop, model_error                          |
-| ToolMisconfigured                  | tool activity        | no        | INTERNAL tool result, loop goes on          |
+| error type (ApplicationError.type) | raised by      | retryable | workflow reaction                             |
+|------------------------------------|----------------|-----------|-----------------------------------------------|
+| ServiceTemporarilyUnavailable      | tool activity  | yes       | after the budget: TEMPORARY_UNAVAILABLE output |
+| ModelTemporarilyUnavailable        | model activity | yes       | after the budget: stop, model_error           |
+| ModelRequestRejected               | model activity | no        | stop, model_error                             |
+| ModelResponseMalformed             | model activity | no        | stop, model_error                             |
+| ScriptExhausted                    | model activity | no        | stop, model_error                             |
+| ToolMisconfigured                  | tool activity  | no        | INTERNAL output, the loop goes on             |
 """
 
 from __future__ import annotations

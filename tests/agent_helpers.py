@@ -68,7 +68,9 @@ async def start_agent(
     )
 
 
-async def run_agent(client: Client, settings: Settings, request: str, **kwargs: Any) -> tuple[AgentResult, WorkflowHandle[Any, AgentResult]]:
+async def run_agent(
+    client: Client, settings: Settings, request: str, **kwargs: Any
+) -> tuple[AgentResult, WorkflowHandle[Any, AgentResult]]:
     handle = await start_agent(client, settings, request, **kwargs)
     return await asyncio.wait_for(handle.result(), timeout=120), handle
 
@@ -125,10 +127,10 @@ async def set_faults(admin: httpx.AsyncClient, *rules: dict[str, Any]) -> None:
     (await admin.put("/admin/faults", json={"rules": list(rules)})).raise_for_status()
 
 
-async def assert_eventually(check: Callable[[], Awaitable[bool]], timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
+async def assert_eventually(check: Callable[[], Awaitable[bool]], within: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if await check():
             return
         await asyncio.sleep(0.1)
-    raise AssertionError(f"not true within {timeout} s: {what}")
+    raise AssertionError(f"not true within {within} s: {what}")

@@ -106,7 +106,10 @@ async def test_same_tool_twice_results_paired_by_call_id_when_finishing_out_of_o
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
 ) -> None:
     await set_faults(admin, {"method": "GET", "path_regex": "^/orders/A100$", "latency_ms": 800})
-    turn = [call("get_order_status", {"orderId": "A100"}, "slow"), call("get_order_status", {"orderId": "A102"}, "fast")]
+    turn = [
+        call("get_order_status", {"orderId": "A100"}, "slow"),
+        call("get_order_status", {"orderId": "A102"}, "fast"),
+    ]
     result, handle = await run_agent(client, settings, "two orders", model=script_spec(turn, [say("ok")]))
 
     requests = {r["path"]: r for r in await service_requests(admin, "/orders")}
@@ -154,9 +157,7 @@ async def test_round_limit_stops_a_model_that_never_answers(
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
 ) -> None:
     turns = [[call("get_order_status", ORDER_ARGS, f"r{n}")] for n in range(5)]
-    result, handle = await run_agent(
-        client, settings, "loop", model=script_spec(*turns), limits=Limits(max_rounds=3)
-    )
+    result, handle = await run_agent(client, settings, "loop", model=script_spec(*turns), limits=Limits(max_rounds=3))
 
     assert (result.status, result.stop_reason, result.rounds) == ("stopped", "max_rounds", 3)
     assert [c.call_id for c in result.calls] == ["r0", "r1", "r2"]
@@ -186,14 +187,18 @@ async def test_per_round_limit_answers_every_call_and_stops(
 async def test_total_call_limit_spans_rounds(
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
 ) -> None:
-    turns = [[call("get_order_status", ORDER_ARGS, f"t{n}a"), call("get_order_status", ORDER_ARGS, f"t{n}b")] for n in range(3)]
-    result, _ = await run_agent(
-        client, settings, "many", model=script_spec(*turns), limits=Limits(max_total_calls=3)
-    )
+    turns = [
+        [call("get_order_status", ORDER_ARGS, f"t{n}a"), call("get_order_status", ORDER_ARGS, f"t{n}b")]
+        for n in range(3)
+    ]
+    result, _ = await run_agent(client, settings, "many", model=script_spec(*turns), limits=Limits(max_total_calls=3))
 
     assert (result.stop_reason, result.rounds) == ("max_total_calls", 2)
     assert [(c.call_id, c.code) for c in result.calls] == [
-        ("t0a", None), ("t0b", None), ("t1a", None), ("t1b", "LIMIT_REACHED")
+        ("t0a", None),
+        ("t0b", None),
+        ("t1a", None),
+        ("t1b", "LIMIT_REACHED"),
     ]
     assert len(await service_requests(admin, "/orders")) == 3
 
@@ -201,7 +206,9 @@ async def test_total_call_limit_spans_rounds(
 async def test_script_running_out_of_turns_is_a_clear_error(
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
 ) -> None:
-    result, _ = await run_agent(client, settings, "x", model=script_spec([call("get_ticket", {"ticketId": "T1001"}, "c1")]))
+    result, _ = await run_agent(
+        client, settings, "x", model=script_spec([call("get_ticket", {"ticketId": "T1001"}, "c1")])
+    )
 
     assert (result.status, result.stop_reason) == ("failed", "model_error")
     assert result.error is not None and "script has 1 turn" in result.error

@@ -60,7 +60,7 @@ def test_small_output_is_unchanged() -> None:
 
 
 def test_large_output_is_capped_to_valid_json_with_marker() -> None:
-    out = {"ok": True, "text": "é\"<" * 50_000}
+    out = {"ok": True, "text": 'é"<' * 50_000}
     capped = cap_output(out, 2048)
     assert output_size(capped) <= 2048
     assert capped["truncated"] is True and capped["ok"] is True

@@ -115,7 +115,9 @@ def test_unknown_tool_lists_available_ones(registry: ToolRegistry) -> None:
 
 def test_duplicate_call_id_rejects_the_whole_turn_once_per_id(registry: ToolRegistry) -> None:
     ok = '{"itemId": "I01", "title": null, "limit": null}'
-    checked, error = check_turn(registry, [call("lookup", ok, "same"), call("lookup", ok, "same"), call("lookup", ok, "x")])
+    checked, error = check_turn(
+        registry, [call("lookup", ok, "same"), call("lookup", ok, "same"), call("lookup", ok, "x")]
+    )
     assert error is not None and "same" in error
     assert [c.call_id for c in checked] == ["same", "x"]
     assert all(c.rejection is not None and c.arguments is None for c in checked)

@@ -11,7 +11,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from agentcore.codes import NON_RETRYABLE_MODEL_ERRORS, ResultCode
+    from agentcore.codes import NON_RETRYABLE_MODEL_ERRORS, ErrorType, ResultCode
     from agentcore.contracts import (
         AgentInput,
         AgentProgress,
@@ -154,7 +154,7 @@ class AgentWorkflow:
         scripted = None
         if script is not None and turn <= len(script):
             scripted = script[turn - 1]
-        return await workflow.execute_activity(
+        result: ModelTurnResult = await workflow.execute_activity(
             MODEL_TURN_ACTIVITY,
             ModelTurnInput(
                 turn=turn,
@@ -176,6 +176,7 @@ class AgentWorkflow:
             ),
             summary=f"model turn {turn}",
         )
+        return result
 
     async def _run_group(
         self, group: CallGroup, inp: AgentInput, turn: int, deadline: datetime
@@ -202,16 +203,14 @@ class AgentWorkflow:
 
         return list(await asyncio.gather(*(run_one(call) for call in group.calls)))
 
-    async def _run_tool(
-        self, call: CheckedCall, inp: AgentInput, turn: int, deadline: datetime
-    ) -> ToolCallResult:
+    async def _run_tool(self, call: CheckedCall, inp: AgentInput, turn: int, deadline: datetime) -> ToolCallResult:
         limits = inp.limits
         assert call.arguments is not None  # the planner only schedules validated calls
         started = workflow.now()
         self._progress.running.append(call.summary)
         self._set_phase(f"round {turn}: running {', '.join(self._progress.running)}")
         try:
-            return await workflow.execute_activity(
+            result: ToolCallResult = await workflow.execute_activity(
                 RUN_TOOL_ACTIVITY,
                 ToolCallInput(
                     round=turn,
@@ -231,11 +230,15 @@ class AgentWorkflow:
                 ),
                 summary=call.summary,
             )
+            return result
         except ActivityError as err:
             workflow.logger.warning(
                 "tool call gave up", extra={"call_id": call.call_id, "tool": call.name, "why": _failure_message(err)}
             )
-            if workflow.now() >= deadline:
+            cause = err.cause
+            if isinstance(cause, ApplicationError) and cause.type == ErrorType.TOOL_MISCONFIGURED:
+                output = error_output(ResultCode.INTERNAL, "this tool is not available right now.")
+            elif workflow.now() >= deadline:
                 output = error_output(ResultCode.LIMIT_REACHED, "the request's deadline passed before this call ended.")
             else:
                 output = error_output(
