@@ -1,0 +1,30 @@
+# One image for both the worker (default command) and the business service (`python -m bizservice ...`).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /app
+
+# The repo's own files only (named one by one, so a local .venv, .git or .toolloop never enter the image).
+COPY pyproject.toml README.md worker.py starter.py ./
+COPY agentcore ./agentcore
+COPY workflows ./workflows
+COPY activities ./activities
+COPY modeladapters ./modeladapters
+COPY bizservice ./bizservice
+COPY demotools ./demotools
+COPY devstack ./devstack
+COPY orchestrator ./orchestrator
+
+# /data is the business service's volume: created here so a fresh named volume is owned by the app user.
+RUN pip install . \
+    && useradd --system --uid 10001 --create-home --shell /usr/sbin/nologin app \
+    && mkdir /data \
+    && chown app:app /data
+
+USER app
+
+CMD ["python", "worker.py"]
