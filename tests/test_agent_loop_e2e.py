@@ -226,3 +226,44 @@ async def test_large_tool_output_is_capped_with_a_marker(
     output = (await tool_outputs(handle))["big"]
     assert output["truncated"] is True and output["ok"] is True
     assert output["preview"].endswith("...[truncated]") and output["original_bytes"] > 512
+
+
+async def test_read_slower_than_its_timeout_is_retried_and_answered_once(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    await set_faults(admin, {"method": "GET", "path_regex": "^/orders/A100$", "latency_ms": 3000, "times": 1})
+    turn = [call("get_order_status", ORDER_ARGS, "c1")]
+    result, handle = await run_agent(
+        client, settings, "x", model=script_spec(turn, [say("ok")]), limits=Limits(tool_timeout_seconds=1)
+    )
+
+    assert [(c.call_id, c.ok) for c in result.calls] == [("c1", True)]
+    assert (await tool_outputs(handle))["c1"]["order_id"] == "A100"
+    assert len(await service_requests(admin, "/orders/A100")) == 2
+
+
+async def test_service_down_for_every_attempt_gives_temporary_unavailable(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    await set_faults(admin, {"method": "GET", "path_regex": "^/orders/A100$", "status": 503})
+    turn = [call("get_order_status", ORDER_ARGS, "c1")]
+    result, handle = await run_agent(
+        client, settings, "x", model=script_spec(turn, [say("ok")]), limits=Limits(tool_max_attempts=2)
+    )
+
+    assert [(c.call_id, c.code) for c in result.calls] == [("c1", "TEMPORARY_UNAVAILABLE")]
+    assert (await tool_outputs(handle))["c1"]["ok"] is False
+    assert [r["status"] for r in await service_requests(admin, "/orders/A100")] == [503, 503]
+
+
+async def test_overall_deadline_stops_the_request(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    await set_faults(admin, {"method": "GET", "path_regex": "^/orders/A100$", "latency_ms": 5000})
+    turns = [[call("get_order_status", ORDER_ARGS, "c1")], [say("never reached")]]
+    result, _ = await run_agent(
+        client, settings, "x", model=script_spec(*turns), limits=Limits(deadline_seconds=2, tool_timeout_seconds=30)
+    )
+
+    assert (result.status, result.stop_reason, result.rounds) == ("stopped", "deadline", 1)
+    assert [(c.call_id, c.code) for c in result.calls] == [("c1", "LIMIT_REACHED")]
