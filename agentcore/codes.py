@@ -8,6 +8,11 @@
 | ModelResponseMalformed             | model activity | no        | stop, model_error                             |
 | ScriptExhausted                    | model activity | no        | stop, model_error                             |
 | ToolMisconfigured                  | tool activity  | no        | INTERNAL output, the loop goes on             |
+| OperationStatusUnavailable         | status activity| yes       | after the budget: the operation stays unknown |
+| EvidenceNotYetVisible              | read-back      | yes       | after the budget: completed, not verified     |
+
+Write attempts raise nothing: `execute_write` returns what it established (completed, refused, not sent,
+in progress, unknown) and the workflow runs the state machine of DESIGN.md; Temporal never resends a write.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ class ErrorType(StrEnum):
     MODEL_RESPONSE_MALFORMED = "ModelResponseMalformed"
     SCRIPT_EXHAUSTED = "ScriptExhausted"
     TOOL_MISCONFIGURED = "ToolMisconfigured"
+    OPERATION_STATUS_UNAVAILABLE = "OperationStatusUnavailable"
+    EVIDENCE_NOT_YET_VISIBLE = "EvidenceNotYetVisible"
 
 
 NON_RETRYABLE_MODEL_ERRORS = (

@@ -6,9 +6,10 @@ Fields are only ever added with defaults, never renamed or retyped, so stored hi
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 # --- Conversation items (OpenAI Responses shape) -------------------------------------------------
 # Output items keep every field the provider sent (extra="allow"), so reasoning and other items go back
@@ -104,6 +105,30 @@ class Limits(BaseModel):
     model_timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
     model_max_attempts: int = Field(default=5, ge=1, le=20)
     deadline_seconds: float = Field(default=600.0, gt=0, le=86_400)
+    # The write protocol (side-effecting calls).
+    approval_ttl_seconds: float = Field(default=300.0, gt=0, le=86_400)
+    write_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
+    max_write_attempts: int = Field(default=3, ge=1, le=10)
+    status_max_attempts: int = Field(default=4, ge=1, le=20)
+    unknown_resolution_seconds: float = Field(default=60.0, gt=0, le=3600)
+    readback_max_attempts: int = Field(default=3, ge=1, le=20)
+    # Must equal (at most) the business service's retention of idempotency keys.
+    idempotency_retention_seconds: float = Field(default=86_400.0, gt=0)
+
+    @model_validator(mode="after")
+    def _retention_outlives_retries(self) -> Limits:
+        horizon = self.approval_ttl_seconds + self.write_retry_horizon_seconds
+        if self.idempotency_retention_seconds <= horizon:
+            raise ValueError(
+                f"idempotency_retention_seconds ({self.idempotency_retention_seconds:g}) must exceed the longest "
+                f"retry horizon, approval TTL + write attempts + unknown resolution ({horizon:g} s)"
+            )
+        return self
+
+    @property
+    def write_retry_horizon_seconds(self) -> float:
+        """How long after its first send an operation may still be resent (with the same key)."""
+        return self.max_write_attempts * self.write_timeout_seconds + self.unknown_resolution_seconds
 
 
 ModelProvider = Literal["offline", "script", "openai"]
@@ -150,6 +175,8 @@ class CheckedCall(BaseModel):
     summary: str
     arguments: dict[str, Any] | None = None
     rejection: dict[str, Any] | None = None
+    # Argument names to hide in ledgers and receipts (ToolSpec.redact).
+    redact: list[str] = Field(default_factory=list)
 
 
 class ModelTurnResult(BaseModel):
@@ -177,6 +204,101 @@ class ToolCallResult(BaseModel):
     call_id: str
     output: dict[str, Any]
     duration_ms: int
+
+
+# --- Side-effecting calls: the operation ledger --------------------------------------------------
+
+OperationState = Literal[
+    "validated",
+    "awaiting_approval",
+    "approved",
+    "sent",
+    "completed",
+    "verified",
+    "expired",
+    "denied",
+    "failed",
+    "unknown",
+]
+# States in which the operation will not change any more within this request.
+TERMINAL_OPERATION_STATES = ("completed", "verified", "expired", "denied", "failed", "unknown")
+
+
+class ApprovalRecord(BaseModel):
+    decision: Literal["approved", "rejected"]
+    by: str
+    at: datetime
+    expires_at: datetime | None = None
+
+
+class StatusCheck(BaseModel):
+    at: datetime
+    state: Literal["completed", "in_progress", "not_found", "unavailable"]
+
+
+class OperationRecord(BaseModel):
+    """One side-effecting operation as the workflow knows it: the receipt the user is shown."""
+
+    operation_id: str
+    tool: str
+    call_ids: list[str]
+    arguments: dict[str, Any]  # redacted
+    digest: str
+    state: OperationState
+    transitions: list[str] = Field(default_factory=list)
+    approval: ApprovalRecord | None = None
+    approval_expires_at: datetime | None = None  # when waiting for approval stops
+    attempts: int = 0
+    first_sent_at: datetime | None = None
+    status_checks: list[StatusCheck] = Field(default_factory=list)
+    evidence: dict[str, Any] | None = None
+    output: dict[str, Any] | None = None  # what the model was told
+    note: str | None = None
+
+
+class ApprovalDecision(BaseModel):
+    """The trusted channel's answer for one operation (Temporal Update `approve_operation`)."""
+
+    operation_id: str
+    digest: str
+    approve: bool
+    # Signed by the approval channel (agentcore.approvals); required to approve.
+    token: str | None = None
+    by: str = Field(min_length=1, max_length=128)
+
+
+class WriteInput(BaseModel):
+    operation_id: str
+    tool: str
+    arguments: dict[str, Any]
+    actor: Actor
+    approval_token: str
+    attempt: int
+    call_id: str
+
+
+class WriteOutcome(BaseModel):
+    """What one send attempt established (never raised: the workflow decides what follows)."""
+
+    kind: Literal["completed", "refused", "not_sent", "in_progress", "unknown"]
+    output: dict[str, Any] | None = None
+    retry_after_seconds: float | None = None
+    detail: str = ""
+    duration_ms: int = 0
+
+
+class OperationQuery(BaseModel):
+    operation_id: str
+    tool: str
+    actor: Actor
+
+
+class ReadBackInput(BaseModel):
+    operation_id: str
+    tool: str
+    arguments: dict[str, Any]
+    actor: Actor
+    output: dict[str, Any]
 
 
 # --- Workflow result and progress ----------------------------------------------------------------
@@ -211,6 +333,7 @@ class AgentResult(BaseModel):
     calls: list[CallRecord]
     model_label: str = ""
     error: str | None = None
+    operations: list[OperationRecord] = Field(default_factory=list)
 
 
 class AgentProgress(BaseModel):
@@ -219,6 +342,7 @@ class AgentProgress(BaseModel):
     running: list[str] = Field(default_factory=list)
     calls: list[CallRecord] = Field(default_factory=list)
     done: bool = False
+    operations: list[OperationRecord] = Field(default_factory=list)
 
 
 # --- Tool results (the JSON the model reads) -----------------------------------------------------

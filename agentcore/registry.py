@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel
+from pydantic import AfterValidator, BaseModel, Field
 
 from agentcore.codes import ResultCode
 from agentcore.contracts import Actor
@@ -25,12 +25,15 @@ TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What an executor may use: the session's actor (never the model's word) and an HTTP client."""
+    """What an executor may use: the session's actor (never the model's word) and an HTTP client.
+    For a side-effecting call also its operation id (the idempotency key) and approval token."""
 
     actor: Actor
     http: httpx.AsyncClient
     workflow_id: str
     call_id: str
+    operation_id: str | None = None
+    approval_token: str | None = None
 
 
 class ToolError(Exception):
@@ -50,7 +53,48 @@ class ToolTemporaryError(Exception):
         self.retry_after_seconds = retry_after_seconds
 
 
+class WriteNotSent(Exception):
+    """A write that certainly did not reach the service (connection refused, 429): safe to send again
+    with the same key."""
+
+    def __init__(self, message: str, retry_after_seconds: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
+
+
+class WriteOutcomeUnknown(Exception):
+    """A write that may or may not have taken effect (timeout, reset, lost or cut reply, 5xx): the
+    caller must ask the operation's status before anything else."""
+
+
+class WriteInProgress(Exception):
+    """The service is still working on this operation id (another attempt holds it)."""
+
+
+class OperationStatus(BaseModel):
+    """The service's word on an operation id: finished (with its stored outcome), running, or unknown to it."""
+
+    state: Literal["completed", "in_progress", "not_found"]
+    # For completed: the stored outcome, as the executor would have returned it (ok or a definite error).
+    output: dict[str, Any] | None = None
+
+
+class Evidence(BaseModel):
+    """What a read-back found: `verified` only when the final state matches what was approved."""
+
+    verified: bool
+    detail: str
+    checks: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvidenceNotYetVisible(Exception):
+    """The read-back does not see the effect yet (stale read): worth reading again, never re-writing."""
+
+
 Executor = Callable[[ToolContext, Any], Awaitable[Mapping[str, Any]]]
+# Side-effecting tools: status of an operation id, and the read-back of a completed one.
+StatusQuery = Callable[[ToolContext, str], Awaitable[OperationStatus]]
+ReadBack = Callable[[ToolContext, Any, Mapping[str, Any]], Awaitable[Evidence]]
 
 
 @dataclass(frozen=True)
@@ -62,6 +106,11 @@ class ToolSpec:
     execute: Executor
     # A short label for the Temporal UI and progress display, e.g. "get_order_status A100".
     summarize: Callable[[Any], str] | None = None
+    # Required for side-effecting tools (DESIGN.md, "the write protocol").
+    status: StatusQuery | None = None
+    read_back: ReadBack | None = None
+    # Argument names whose values are replaced by "***" in ledgers, logs and the UI.
+    redact: tuple[str, ...] = ()
 
     @property
     def read_only(self) -> bool:
@@ -95,6 +144,8 @@ class ToolRegistry:
             raise ValueError(f"tool name {spec.name!r} must match {TOOL_NAME.pattern}")
         if spec.name in self._tools:
             raise ValueError(f"tool {spec.name!r} is registered twice")
+        if spec.effect == "side_effecting" and (spec.status is None or spec.read_back is None):
+            raise ValueError(f"side-effecting tool {spec.name!r} needs a status query and a read-back")
         if spec.arguments.model_config.get("extra") != "forbid":
             raise ValueError(f"tool {spec.name!r}: its argument model must set extra='forbid'")
         problems = strict_schema_problems(spec.arguments)

@@ -85,6 +85,7 @@ def check_call(registry: ToolRegistry, call: FunctionCallItem) -> CheckedCall:
         read_only=spec.read_only,
         summary=spec.summary(args),
         arguments=args.model_dump(mode="json"),
+        redact=list(spec.redact),
     )
 
 

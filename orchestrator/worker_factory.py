@@ -12,6 +12,7 @@ from temporalio.worker import Worker
 
 from activities.model_turn import ModelActivities
 from activities.tool_calls import ToolActivities
+from activities.write_operations import WriteActivities
 from agentcore.registry import ToolRegistry
 from demotools.tools import build_demo_registry
 from modeladapters.responses_client import ResponsesClient
@@ -55,6 +56,7 @@ async def running_worker(
             model=settings.openai_model,
         )
     async with service_http_client(settings) as http:
+        writes = WriteActivities(registry, http)
         worker = Worker(
             client,
             task_queue=task_queue or settings.task_queue,
@@ -62,6 +64,9 @@ async def running_worker(
             activities=[
                 ModelActivities(registry, client, responses).model_turn,
                 ToolActivities(registry, http).run_tool,
+                writes.execute_write,
+                writes.query_operation_status,
+                writes.read_back_operation,
             ],
             **worker_options,
         )

@@ -8,7 +8,8 @@ from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from agentcore.codes import NON_RETRYABLE_MODEL_ERRORS, ErrorType, ResultCode
@@ -16,12 +17,14 @@ with workflow.unsafe.imports_passed_through():
         AgentInput,
         AgentProgress,
         AgentResult,
+        ApprovalDecision,
         CallRecord,
         CheckedCall,
         ConversationItem,
         FunctionCallOutputItem,
         ModelTurnInput,
         ModelTurnResult,
+        OperationRecord,
         RunStatus,
         StopReason,
         ToolCallInput,
@@ -30,8 +33,17 @@ with workflow.unsafe.imports_passed_through():
         output_json,
         user_message,
     )
-    from agentcore.names import AGENT_WORKFLOW, GET_PROGRESS_QUERY, MODEL_TURN_ACTIVITY, RUN_TOOL_ACTIVITY
+    from agentcore.names import (
+        AGENT_WORKFLOW,
+        APPROVE_OPERATION_UPDATE,
+        GET_LEDGER_QUERY,
+        GET_PROGRESS_QUERY,
+        MODEL_TURN_ACTIVITY,
+        RUN_TOOL_ACTIVITY,
+    )
     from agentcore.planning import CallGroup, plan_round
+
+from workflows.write_protocol import WriteProtocol
 
 _MIN_TIMEOUT = timedelta(seconds=1)
 
@@ -40,19 +52,34 @@ def _failure_message(err: ActivityError) -> str:
     cause = err.cause
     if isinstance(cause, ApplicationError):
         return cause.message
-    if isinstance(cause, TimeoutError):
+    if isinstance(cause, ActivityTimeoutError):
         return f"timed out ({cause.type.name.lower() if cause.type else 'timeout'})"
     return str(cause or err)
 
 
 @workflow.defn(name=AGENT_WORKFLOW)
 class AgentWorkflow:
-    def __init__(self) -> None:
+    @workflow.init
+    def __init__(self, inp: AgentInput) -> None:
         self._progress = AgentProgress(phase="starting", round=0)
+        # Built here, not in run(): an approval update may arrive before run() has started.
+        self._writes = WriteProtocol(inp.actor, inp.limits, self._set_phase)
 
     @workflow.query(name=GET_PROGRESS_QUERY)
     def get_progress(self) -> AgentProgress:
-        return self._progress
+        return self._progress.model_copy(update={"operations": self._writes.snapshot()})
+
+    @workflow.query(name=GET_LEDGER_QUERY)
+    def get_ledger(self) -> list[OperationRecord]:
+        return self._writes.snapshot()
+
+    @workflow.update(name=APPROVE_OPERATION_UPDATE)
+    def approve_operation(self, decision: ApprovalDecision) -> OperationRecord:
+        return self._writes.record_decision(decision).model_copy(deep=True)
+
+    @approve_operation.validator
+    def _check_approval(self, decision: ApprovalDecision) -> None:
+        self._writes.validate_decision(decision)
 
     def _set_phase(self, phase: str) -> None:
         self._progress.phase = phase
@@ -144,6 +171,7 @@ class AgentWorkflow:
             calls=list(records),
             model_label=model_label,
             error=error,
+            operations=self._writes.snapshot(),
         )
 
     async def _model_turn(
@@ -182,19 +210,8 @@ class AgentWorkflow:
         self, group: CallGroup, inp: AgentInput, turn: int, deadline: datetime
     ) -> list[ToolCallResult]:
         if not group.parallel:
-            # Side-effecting calls need the approval and idempotency protocol (DESIGN.md, "the write
-            # protocol"); until it runs here, no side effect is sent at all.
-            return [
-                ToolCallResult(
-                    call_id=call.call_id,
-                    output=error_output(
-                        ResultCode.CONFIRMATION_REQUIRED,
-                        "side-effecting tools need an approval, which this deployment cannot obtain; nothing was sent.",
-                    ),
-                    duration_ms=0,
-                )
-                for call in group.calls
-            ]
+            # A side-effecting call is a barrier: alone, after everything before it, in the model's order.
+            return [await self._writes.run(call, turn) for call in group.calls]
         gate = asyncio.Semaphore(inp.limits.max_parallel_reads)
 
         async def run_one(call: CheckedCall) -> ToolCallResult:

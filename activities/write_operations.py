@@ -1,0 +1,130 @@
+"""Activity (I/O): one send attempt of a side-effecting call, the status query by operation id, and
+the read-back. A send attempt never raises for what it learned: it reports it, and the workflow's
+state machine decides (Temporal must not resend a write on its own)."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from agentcore.codes import ErrorType
+from agentcore.contracts import Actor, OperationQuery, ReadBackInput, WriteInput, WriteOutcome, error_output
+from agentcore.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
+from agentcore.outputs import cap_output
+from agentcore.registry import (
+    Evidence,
+    EvidenceNotYetVisible,
+    OperationStatus,
+    ToolContext,
+    ToolError,
+    ToolRegistry,
+    ToolSpec,
+    ToolTemporaryError,
+    WriteInProgress,
+    WriteNotSent,
+    WriteOutcomeUnknown,
+)
+
+# Stored write outputs are small receipts; this cap only guards history against a misbehaving tool.
+_MAX_WRITE_OUTPUT_BYTES = 16_384
+
+
+class WriteActivities:
+    def __init__(self, registry: ToolRegistry, http: httpx.AsyncClient) -> None:
+        self._registry = registry
+        self._http = http
+
+    def _spec(self, name: str) -> ToolSpec:
+        spec = self._registry.get(name)
+        if spec is None or spec.status is None or spec.read_back is None:
+            raise ApplicationError(
+                f"side-effecting tool {name!r} is not registered on this worker",
+                type=ErrorType.TOOL_MISCONFIGURED,
+                non_retryable=True,
+            )
+        return spec
+
+    def _context(self, actor: Actor, operation_id: str, call_id: str = "", token: str | None = None) -> ToolContext:
+        info = activity.info()
+        return ToolContext(
+            actor=actor,
+            http=self._http,
+            workflow_id=info.workflow_id or "",
+            call_id=call_id,
+            operation_id=operation_id,
+            approval_token=token,
+        )
+
+    @activity.defn(name=EXECUTE_WRITE_ACTIVITY)
+    async def execute_write(self, inp: WriteInput) -> WriteOutcome:
+        spec = self._spec(inp.tool)
+        args = spec.arguments.model_validate(inp.arguments)
+        ctx = self._context(inp.actor, inp.operation_id, inp.call_id, inp.approval_token)
+        started = time.monotonic()
+        outcome: WriteOutcome
+        try:
+            data = await spec.execute(ctx, args)
+            output: dict[str, Any] = dict(data) if "ok" in data else {"ok": True, **data}
+            outcome = WriteOutcome(kind="completed", output=cap_output(output, _MAX_WRITE_OUTPUT_BYTES))
+        except ToolError as err:
+            outcome = WriteOutcome(kind="refused", output=error_output(err.code, err.message), detail=err.code)
+        except WriteNotSent as err:
+            outcome = WriteOutcome(kind="not_sent", retry_after_seconds=err.retry_after_seconds, detail=str(err))
+        except WriteInProgress as err:
+            outcome = WriteOutcome(kind="in_progress", detail=str(err))
+        except WriteOutcomeUnknown as err:
+            outcome = WriteOutcome(kind="unknown", detail=str(err))
+        except Exception:
+            # Whatever broke, the request may have left: unknown, never "not executed".
+            activity.logger.exception(
+                "write executor failed", extra={"tool": inp.tool, "operation_id": inp.operation_id}
+            )
+            outcome = WriteOutcome(kind="unknown", detail="the executor failed unexpectedly")
+        outcome.duration_ms = int((time.monotonic() - started) * 1000)
+        activity.logger.info(
+            "write attempt done",
+            extra={
+                "operation_id": inp.operation_id,
+                "tool": inp.tool,
+                "attempt": inp.attempt,
+                "call_id": inp.call_id,
+                "kind": outcome.kind,
+                "duration_ms": outcome.duration_ms,
+            },
+        )
+        return outcome
+
+    @activity.defn(name=QUERY_OPERATION_STATUS_ACTIVITY)
+    async def query_operation_status(self, inp: OperationQuery) -> OperationStatus:
+        spec = self._spec(inp.tool)
+        assert spec.status is not None
+        try:
+            status = await spec.status(self._context(inp.actor, inp.operation_id), inp.operation_id)
+        except ToolTemporaryError as err:
+            delay = timedelta(seconds=err.retry_after_seconds) if err.retry_after_seconds else None
+            raise ApplicationError(
+                f"status of {inp.operation_id} unavailable: {err}",
+                type=ErrorType.OPERATION_STATUS_UNAVAILABLE,
+                next_retry_delay=delay,
+            ) from None
+        if status.output is not None:
+            status.output = cap_output(status.output, _MAX_WRITE_OUTPUT_BYTES)
+        return status
+
+    @activity.defn(name=READ_BACK_ACTIVITY)
+    async def read_back_operation(self, inp: ReadBackInput) -> Evidence:
+        spec = self._spec(inp.tool)
+        assert spec.read_back is not None
+        args = spec.arguments.model_validate(inp.arguments)
+        try:
+            return await spec.read_back(self._context(inp.actor, inp.operation_id), args, inp.output)
+        except (EvidenceNotYetVisible, ToolTemporaryError) as err:
+            # A stale read is worth reading again; it never leads to writing again.
+            raise ApplicationError(
+                f"read-back of {inp.operation_id}: {err}", type=ErrorType.EVIDENCE_NOT_YET_VISIBLE
+            ) from None

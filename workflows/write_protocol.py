@@ -1,0 +1,321 @@
+"""Workflow (deterministic): the write protocol of DESIGN.md for one request's side-effecting calls.
+
+    validated -> awaiting_approval -> approved -> sent -> completed -> verified
+                      |                            |
+               expired / denied                 unknown -> status -> completed | not_found -> resent (same key)
+                                                                    | unavailable -> stays unknown
+
+Temporal never resends a write on its own (one attempt per activity): every resend is decided here,
+after the service's status said the operation is not there, and always with the same operation id."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from agentcore.approvals import ApprovalInvalid, read_approval_claims
+    from agentcore.codes import ResultCode
+    from agentcore.contracts import (
+        Actor,
+        ApprovalDecision,
+        ApprovalRecord,
+        CheckedCall,
+        Limits,
+        OperationQuery,
+        OperationRecord,
+        OperationState,
+        ReadBackInput,
+        StatusCheck,
+        ToolCallResult,
+        WriteInput,
+        WriteOutcome,
+        error_output,
+    )
+    from agentcore.digests import derive_operation_id, payload_digest
+    from agentcore.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
+    from agentcore.registry import Evidence, OperationStatus
+
+_ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
+
+
+class WriteProtocol:
+    def __init__(self, actor: Actor, limits: Limits, set_phase: Callable[[str], None]) -> None:
+        self._actor = actor
+        self._limits = limits
+        self._set_phase = set_phase
+        self.ledger: dict[str, OperationRecord] = {}
+        # Kept out of the ledger: queries and results never show approval tokens.
+        self._tokens: dict[str, str] = {}
+        self._arguments: dict[str, dict[str, Any]] = {}
+
+    # --- Approval (the Temporal Update's validator and handler) ---------------------------------
+
+    def validate_decision(self, decision: ApprovalDecision) -> None:
+        """Runs before the update is accepted; raising rejects it and nothing is recorded."""
+        op = self.ledger.get(decision.operation_id)
+        if op is None:
+            raise ValueError(f"unknown operation {decision.operation_id!r} in this request")
+        if decision.digest != op.digest:
+            raise ValueError("the approval is for another payload (digest mismatch)")
+        if op.state != "awaiting_approval":
+            if decision.approve and decision.token is not None and self._tokens.get(op.operation_id) == decision.token:
+                return  # the same approval again: accepted, recorded once
+            raise ValueError(f"operation {op.operation_id} is not waiting for approval (state: {op.state})")
+        if not decision.approve:
+            return
+        if decision.token is None:
+            raise ValueError("an approval needs a token from the approval channel")
+        try:
+            claims = read_approval_claims(decision.token)
+        except ApprovalInvalid as exc:
+            raise ValueError(str(exc)) from None
+        if (claims.user_id, claims.tenant_id) != (self._actor.user_id, self._actor.tenant_id):
+            raise ValueError("the approval was given by another user than the one this request acts for")
+        if claims.operation_id != op.operation_id or claims.digest != op.digest:
+            raise ValueError("the approval token is bound to another operation or payload")
+        if claims.expires_at <= workflow.now().timestamp():
+            raise ValueError("the approval has already expired")
+
+    def record_decision(self, decision: ApprovalDecision) -> OperationRecord:
+        op = self.ledger[decision.operation_id]
+        if op.state != "awaiting_approval":
+            return op  # a repeated approval changes nothing
+        if decision.approve:
+            assert decision.token is not None  # checked by the validator
+            claims = read_approval_claims(decision.token)
+            self._tokens[op.operation_id] = decision.token
+            op.approval = ApprovalRecord(
+                decision="approved",
+                by=decision.by,
+                at=workflow.now(),
+                expires_at=datetime.fromtimestamp(claims.expires_at, tz=workflow.now().tzinfo),
+            )
+            self._move(op, "approved")
+        else:
+            op.approval = ApprovalRecord(decision="rejected", by=decision.by, at=workflow.now())
+            self._move(op, "denied")
+        return op
+
+    # --- One side-effecting call ----------------------------------------------------------------
+
+    async def run(self, call: CheckedCall, turn: int) -> ToolCallResult:
+        assert call.arguments is not None  # the planner only schedules validated calls
+        started = workflow.now()
+        operation_id = derive_operation_id(workflow.info().workflow_id, call.name, call.arguments)
+        op = self.ledger.get(operation_id)
+        if op is not None:
+            # The model proposed the same operation again (new call_id): same operation, stored result.
+            op.call_ids.append(call.call_id)
+            output = dict(op.output or {})
+            output["same_operation_as_call"] = op.call_ids[0]
+            return ToolCallResult(call_id=call.call_id, output=output, duration_ms=0)
+
+        op = OperationRecord(
+            operation_id=operation_id,
+            tool=call.name,
+            call_ids=[call.call_id],
+            arguments={k: ("***" if k in call.redact else v) for k, v in call.arguments.items()},
+            digest=payload_digest(call.name, call.arguments),
+            state="validated",
+            transitions=["proposed", "validated"],
+        )
+        self.ledger[operation_id] = op
+        self._arguments[operation_id] = call.arguments
+        output = await self._drive(op, call, turn)
+        op.output = output
+        return ToolCallResult(call_id=call.call_id, output=output, duration_ms=_ms_since(started))
+
+    async def _drive(self, op: OperationRecord, call: CheckedCall, turn: int) -> dict[str, Any]:
+        limits = self._limits
+        ttl = timedelta(seconds=limits.approval_ttl_seconds)
+        op.approval_expires_at = workflow.now() + ttl
+        self._move(op, "awaiting_approval")
+        self._set_phase(f"round {turn}: waiting for approval of {op.operation_id} ({call.summary})")
+        try:
+            await workflow.wait_condition(lambda: op.state != "awaiting_approval", timeout=ttl)
+        except TimeoutError:
+            self._move(op, "expired")
+            return self._refusal(op, f"no approval arrived within {limits.approval_ttl_seconds:g} s; nothing was sent.")
+        if op.state == "denied":
+            return self._refusal(op, "the user declined this operation; nothing was sent.")
+
+        self._set_phase(f"round {turn}: running {call.summary} ({op.operation_id})")
+        outcome = await self._send_until_settled(op, call)
+        if outcome is not None:
+            return outcome
+        return await self._verify(op)
+
+    async def _send_until_settled(self, op: OperationRecord, call: CheckedCall) -> dict[str, Any] | None:
+        """Send, and after any doubt ask the status before anything else. Returns the final output
+        unless the operation completed (None: go on to the read-back)."""
+        limits = self._limits
+        while True:
+            if op.first_sent_at is not None and self._past_retention(op):
+                # The service may have forgotten the key: a resend could be a second effect. Fail closed.
+                return self._unknown(op, "the idempotency record may have expired; the operation was not resent.")
+            if op.attempts >= limits.max_write_attempts:
+                return self._unknown(op, f"no definite answer after {op.attempts} attempt(s) with the same key.")
+            outcome = await self._send(op, call)
+            if outcome.kind == "completed":
+                op.output = outcome.output
+                self._move(op, "completed")
+                return None
+            if outcome.kind == "refused":
+                self._move(op, "failed")
+                return dict(outcome.output or error_output(ResultCode.CONFLICT, "the service refused it."))
+            if outcome.kind == "not_sent":
+                # Certainly not received: the same key again after a pause.
+                await workflow.sleep(timedelta(seconds=outcome.retry_after_seconds or 1.0))
+                continue
+            # unknown or in progress: the service decides what happened.
+            self._move(op, "unknown")
+            status = await self._resolve(op)
+            if status is None:
+                return self._unknown(op, "its status could not be established.")
+            if status.state == "completed":
+                stored = status.output or {}
+                if stored.get("ok"):
+                    op.output = stored
+                    self._move(op, "completed")
+                    return None
+                self._move(op, "failed")
+                return stored
+            if status.state == "in_progress":
+                return self._unknown(op, "the service was still working on it when this request stopped waiting.")
+            # not_found: the attempt did not take effect (yet); a resend with the same key is safe.
+
+    async def _send(self, op: OperationRecord, call: CheckedCall) -> WriteOutcome:
+        op.attempts += 1
+        if op.first_sent_at is None:
+            op.first_sent_at = workflow.now()
+        self._move(op, "sent")
+        try:
+            outcome: WriteOutcome = await workflow.execute_activity(
+                EXECUTE_WRITE_ACTIVITY,
+                WriteInput(
+                    operation_id=op.operation_id,
+                    tool=op.tool,
+                    arguments=self._arguments[op.operation_id],
+                    actor=self._actor,
+                    approval_token=self._tokens[op.operation_id],
+                    attempt=op.attempts,
+                    call_id=call.call_id,
+                ),
+                result_type=WriteOutcome,
+                start_to_close_timeout=timedelta(seconds=self._limits.write_timeout_seconds),
+                retry_policy=_ONE_ATTEMPT,
+                summary=f"{call.summary} attempt {op.attempts}",
+            )
+            return outcome
+        except ActivityError:
+            # A timeout or a lost worker after the request may have left: not "not executed".
+            return WriteOutcome(kind="unknown", detail="the attempt ended without an answer")
+
+    async def _resolve(self, op: OperationRecord) -> OperationStatus | None:
+        """Ask the service until it says completed or not found, or the resolution window ends.
+        None: the status could not be established."""
+        limits = self._limits
+        until = workflow.now() + timedelta(seconds=limits.unknown_resolution_seconds)
+        pause = 0.5
+        while True:
+            try:
+                status: OperationStatus = await workflow.execute_activity(
+                    QUERY_OPERATION_STATUS_ACTIVITY,
+                    OperationQuery(operation_id=op.operation_id, tool=op.tool, actor=self._actor),
+                    result_type=OperationStatus,
+                    start_to_close_timeout=timedelta(seconds=limits.write_timeout_seconds),
+                    schedule_to_close_timeout=max(until - workflow.now(), timedelta(seconds=1)),
+                    retry_policy=RetryPolicy(
+                        initial_interval=timedelta(milliseconds=500),
+                        maximum_interval=timedelta(seconds=5),
+                        maximum_attempts=limits.status_max_attempts,
+                    ),
+                    summary=f"status of {op.operation_id}",
+                )
+            except ActivityError:
+                op.status_checks.append(StatusCheck(at=workflow.now(), state="unavailable"))
+                return None
+            op.status_checks.append(StatusCheck(at=workflow.now(), state=status.state))
+            if status.state != "in_progress" or workflow.now() + timedelta(seconds=pause) >= until:
+                return status
+            await workflow.sleep(timedelta(seconds=pause))
+            pause = min(pause * 2, 5.0)
+
+    async def _verify(self, op: OperationRecord) -> dict[str, Any]:
+        result = dict(op.output or {})
+        try:
+            evidence: Evidence = await workflow.execute_activity(
+                READ_BACK_ACTIVITY,
+                ReadBackInput(
+                    operation_id=op.operation_id,
+                    tool=op.tool,
+                    arguments=self._arguments[op.operation_id],
+                    actor=self._actor,
+                    output=result,
+                ),
+                result_type=Evidence,
+                start_to_close_timeout=timedelta(seconds=self._limits.tool_timeout_seconds),
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(milliseconds=500),
+                    maximum_interval=timedelta(seconds=5),
+                    maximum_attempts=self._limits.readback_max_attempts,
+                ),
+                summary=f"read back {op.operation_id}",
+            )
+        except ActivityError:
+            evidence = Evidence(verified=False, detail="the read-back could not see the effect")
+        op.evidence = evidence.model_dump(mode="json")
+        if evidence.verified:
+            self._move(op, "verified")
+            return {"ok": True, "operation_id": op.operation_id, "state": "verified", "result": result}
+        op.note = evidence.detail
+        return {
+            "ok": True,
+            "operation_id": op.operation_id,
+            "state": "completed",
+            "verified": False,
+            "message": f"the service reports it done, but it is not verified: {evidence.detail}. Do not repeat it.",
+            "result": result,
+        }
+
+    # --- Helpers ------------------------------------------------------------------------------
+
+    def _past_retention(self, op: OperationRecord) -> bool:
+        assert op.first_sent_at is not None
+        elapsed = (workflow.now() - op.first_sent_at).total_seconds()
+        return elapsed >= self._limits.idempotency_retention_seconds
+
+    def _move(self, op: OperationRecord, state: OperationState) -> None:
+        if op.state == state and op.transitions[-1:] == [state]:
+            return
+        op.state = state
+        op.transitions.append(state)
+
+    def _refusal(self, op: OperationRecord, why: str) -> dict[str, Any]:
+        op.note = why
+        output = error_output(ResultCode.CONFIRMATION_REQUIRED, why)
+        output["operation_id"] = op.operation_id
+        return output
+
+    def _unknown(self, op: OperationRecord, why: str) -> dict[str, Any]:
+        self._move(op, "unknown")
+        op.note = why
+        output = error_output(
+            ResultCode.OUTCOME_UNKNOWN,
+            f"it could not be established whether this happened: {why} Do not repeat it; tell the user.",
+        )
+        output["operation_id"] = op.operation_id
+        return output
+
+    def snapshot(self) -> list[OperationRecord]:
+        return [op.model_copy(deep=True) for op in self.ledger.values()]
+
+
+def _ms_since(started: datetime) -> int:
+    return int((workflow.now() - started).total_seconds() * 1000)
