@@ -8,6 +8,7 @@ import asyncio
 import json
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -16,7 +17,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import (
     SearchAttributeKey,
     SearchAttributePair,
@@ -25,12 +26,13 @@ from temporalio.common import (
 )
 from temporalio.service import RPCError
 
-from agentcore.contracts import Actor, AgentInput, AgentProgress, AgentResult, Limits, ModelSpec
+from agentcore.contracts import Actor, AgentInput, AgentProgress, AgentResult, Limits, ModelSpec, OperationRecord
 from agentcore.names import AGENT_WORKFLOW, GET_PROGRESS_QUERY, USER_SEARCH_ATTRIBUTE
 from devstack.processes import StackError
 from devstack.stack import LocalStack
 from modeladapters.errors import ScriptError
 from modeladapters.script import load_script
+from orchestrator.approval_channel import ApprovalRefused, send_decision
 from orchestrator.converter import data_converter
 from orchestrator.settings import Settings
 
@@ -102,23 +104,90 @@ def _progress_view(progress: AgentProgress | None, workflow_id: str) -> Table:
     return table
 
 
-async def _watch(handle: WorkflowHandle[Any, AgentResult], show: bool) -> AgentResult:
+@dataclass
+class ApprovalMode:
+    """How `ask` answers approval requests: automatically (demos, tests), by asking on the terminal,
+    or not at all (another shell runs `starter.py approve`)."""
+
+    auto: bool
+    interactive: bool
+    key: str | None
+    actor: Actor
+
+
+def _show_operation(op: OperationRecord) -> None:
+    err_console.print(Text.assemble(("Approval needed", "bold yellow"), f" for {op.operation_id}"))
+    err_console.print(Text(f"  tool:      {op.tool}"))
+    err_console.print(Text(f"  arguments: {json.dumps(op.arguments, ensure_ascii=False, sort_keys=True)}"))
+    err_console.print(Text(f"  digest:    {op.digest}"))
+    if op.approval_expires_at is not None:
+        err_console.print(Text(f"  waits until {op.approval_expires_at.isoformat()}"))
+
+
+async def _answer_approval(
+    handle: WorkflowHandle[Any, AgentResult], op: OperationRecord, mode: ApprovalMode, live: Live | None
+) -> None:
+    if live is not None:
+        live.stop()
+    _show_operation(op)
+    try:
+        if mode.auto:
+            err_console.print(Text("  --auto-approve: approving without asking (demo/test mode)", style="magenta"))
+            approve = True
+        elif mode.interactive:
+            approve = await asyncio.to_thread(typer.confirm, "  Approve this exact operation?", default=False)
+        else:
+            err_console.print(
+                Text(
+                    f"  approve:  python starter.py approve {handle.id} {op.operation_id}\n"
+                    f"  reject:   python starter.py reject {handle.id} {op.operation_id}",
+                    style="dim",
+                )
+            )
+            return
+        await send_decision(handle, op, approve=approve, approver=mode.actor, key=mode.key)
+        err_console.print(Text(f"  {'approved' if approve else 'rejected'}", style="green" if approve else "yellow"))
+    except (ApprovalRefused, WorkflowUpdateFailedError) as exc:
+        cause = exc.cause if isinstance(exc, WorkflowUpdateFailedError) else exc
+        err_console.print(Text(f"  not recorded: {cause}", style="red"))
+    finally:
+        if live is not None:
+            live.start()
+
+
+async def _watch(handle: WorkflowHandle[Any, AgentResult], show: bool, mode: ApprovalMode) -> AgentResult:
     result_task = asyncio.ensure_future(handle.result())
-    if not show:
-        return await result_task
-    with Live(_progress_view(None, handle.id), console=err_console, transient=True, refresh_per_second=8) as live:
+    asked: set[str] = set()
+    with Live(
+        _progress_view(None, handle.id), console=err_console, transient=True, refresh_per_second=8, auto_refresh=show
+    ) as live:
+        if not show:
+            live.stop()
         while not result_task.done():
             try:
                 progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
-                live.update(_progress_view(progress, handle.id))
             except RPCError:
-                pass  # no worker has picked the workflow up yet; keep waiting
+                progress = None  # no worker has picked the workflow up yet; keep waiting
+            if progress is not None:
+                if show:
+                    live.update(_progress_view(progress, handle.id))
+                for op in progress.operations:
+                    if op.state == "awaiting_approval" and op.operation_id not in asked:
+                        asked.add(op.operation_id)
+                        await _answer_approval(handle, op, mode, live if show else None)
             await asyncio.wait({result_task}, timeout=0.3)
     return await result_task
 
 
 async def _ask(
-    request: str, actor: Actor, spec: ModelSpec, limits: Limits, settings: Settings, request_id: str | None, show: bool
+    request: str,
+    actor: Actor,
+    spec: ModelSpec,
+    limits: Limits,
+    settings: Settings,
+    request_id: str | None,
+    show: bool,
+    mode: ApprovalMode,
 ) -> tuple[AgentResult | None, str, str | None]:
     client = await Client.connect(
         settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
@@ -136,7 +205,7 @@ async def _ask(
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING if request_id else WorkflowIDConflictPolicy.FAIL,
     )
     try:
-        return await _watch(handle, show), workflow_id, None
+        return await _watch(handle, show, mode), workflow_id, None
     except WorkflowFailureError as exc:
         return None, workflow_id, str(exc.cause or exc)
 
@@ -158,7 +227,46 @@ def _print_result(result: AgentResult, settings: Settings) -> None:
             style="dim",
         )
     )
+    if result.operations:
+        _print_receipt(result.operations)
     err_console.print(f"Temporal UI: {settings.ui_url(result.workflow_id)}")
+
+
+_STATE_WORDS = {
+    "verified": ("done, verified by read-back", "green"),
+    "completed": ("done per the service, NOT verified", "yellow"),
+    "unknown": ("UNKNOWN whether it happened", "bold red"),
+    "failed": ("refused by the service, not done", "yellow"),
+    "denied": ("rejected by the user, not sent", "yellow"),
+    "expired": ("no approval in time, not sent", "yellow"),
+}
+
+
+def _print_receipt(operations: list[OperationRecord]) -> None:
+    """What really happened, from the workflow's ledger, whatever the model's text says."""
+    table = Table("operation", "tool", "arguments", "outcome", "approval", "attempts", "status checks", title="Receipt")
+    for op in operations:
+        words, style = _STATE_WORDS.get(op.state, (op.state, "white"))
+        approval = f"{op.approval.decision} by {op.approval.by}" if op.approval else "-"
+        checks = ", ".join(c.state for c in op.status_checks) or "-"
+        table.add_row(
+            op.operation_id,
+            op.tool,
+            Text(json.dumps(op.arguments, ensure_ascii=False, sort_keys=True)),
+            Text(words + (f" ({op.note})" if op.note else ""), style=style),
+            approval,
+            str(op.attempts),
+            checks,
+        )
+    err_console.print(table)
+
+
+def _approval_key(settings: Settings, local_stack: bool) -> str | None:
+    if settings.approval_key is not None:
+        return settings.approval_key.get_secret_value()
+    if local_stack:
+        return LocalStack(settings, REPO_ROOT).approval_key()
+    return None
 
 
 @app.command()
@@ -181,6 +289,12 @@ def ask(
     max_calls_per_round: Annotated[int | None, typer.Option(help="Tool calls per round limit (default 8).")] = None,
     max_total_calls: Annotated[int | None, typer.Option(help="Tool calls per request limit (default 32).")] = None,
     deadline_seconds: Annotated[float | None, typer.Option(help="Overall deadline in seconds (default 600).")] = None,
+    approval_ttl_seconds: Annotated[
+        float | None, typer.Option(help="How long a side effect waits for approval (default 300).")
+    ] = None,
+    auto_approve: Annotated[
+        bool, typer.Option(help="Approve every side effect without asking. For demos and tests only.")
+    ] = False,
 ) -> None:
     """Run one request as a durable workflow and print the answer."""
     settings = Settings()
@@ -192,6 +306,7 @@ def ask(
         "max_calls_per_round": max_calls_per_round,
         "max_total_calls": max_total_calls,
         "deadline_seconds": deadline_seconds,
+        "approval_ttl_seconds": approval_ttl_seconds,
     }
     try:
         limits = Limits(**{k: v for k, v in overrides.items() if v is not None})
@@ -200,8 +315,14 @@ def ask(
         _fail(str(exc))
     spec = _model_spec(model, settings)
     show = not as_json and sys.stderr.isatty()
+    mode = ApprovalMode(
+        auto=auto_approve,
+        interactive=sys.stdin.isatty() and sys.stderr.isatty(),
+        key=_approval_key(settings, local_stack),
+        actor=actor,
+    )
     try:
-        result, workflow_id, failure = asyncio.run(_ask(request, actor, spec, limits, settings, request_id, show))
+        result, workflow_id, failure = asyncio.run(_ask(request, actor, spec, limits, settings, request_id, show, mode))
     except RuntimeError as exc:  # connection problems from the Temporal client
         _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
     if result is None:
@@ -228,6 +349,61 @@ def ask(
     else:
         _print_result(result, settings)
     raise typer.Exit(0 if result.status == "completed" else 1)
+
+
+async def _decide_from_shell(
+    workflow_id: str, operation_id: str, approve: bool, approver: str | None, settings: Settings, key: str | None
+) -> OperationRecord:
+    client = await Client.connect(
+        settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
+    )
+    handle: WorkflowHandle[Any, AgentResult] = client.get_workflow_handle(workflow_id, result_type=AgentResult)
+    progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
+    ops = {op.operation_id: op for op in progress.operations}
+    if operation_id not in ops:
+        _fail(f"workflow {workflow_id} has no operation {operation_id}; it has: {', '.join(ops) or 'none'}")
+    if progress.actor is None:
+        _fail(f"workflow {workflow_id} does not say whom it acts for")
+    op = ops[operation_id]
+    _show_operation(op)
+    who = Actor(user_id=approver or progress.actor.user_id, tenant_id=progress.actor.tenant_id)
+    return await send_decision(handle, op, approve=approve, approver=who, key=key)
+
+
+def _decide(workflow_id: str, operation_id: str, approve: bool, approver: str | None, local_stack: bool) -> None:
+    settings = Settings()
+    if local_stack:
+        settings = _settings_for_local_stack(settings)
+    key = _approval_key(settings, local_stack) if approve else None
+    try:
+        op = asyncio.run(_decide_from_shell(workflow_id, operation_id, approve, approver, settings, key))
+    except WorkflowUpdateFailedError as exc:
+        _fail(f"the workflow refused it: {exc.cause}", code=1)
+    except (ApprovalRefused, RPCError) as exc:
+        _fail(str(exc), code=1)
+    err_console.print(Text(f"{op.operation_id} is now {op.state}", style="green"))
+
+
+@app.command()
+def approve(
+    workflow_id: Annotated[str, typer.Argument(help="The request's workflow id (printed by ask).")],
+    operation_id: Annotated[str, typer.Argument(help="The operation waiting for approval (op_...).")],
+    as_user: Annotated[str | None, typer.Option("--as", help="Who approves (default: the request's user).")] = None,
+    local_stack: Annotated[bool, typer.Option(help="Use the local stack's address and approval key.")] = True,
+) -> None:
+    """Approve one side effect of a running request: shows it, signs exactly it, sends the approval."""
+    _decide(workflow_id, operation_id, True, as_user, local_stack)
+
+
+@app.command()
+def reject(
+    workflow_id: Annotated[str, typer.Argument(help="The request's workflow id (printed by ask).")],
+    operation_id: Annotated[str, typer.Argument(help="The operation waiting for approval (op_...).")],
+    as_user: Annotated[str | None, typer.Option("--as", help="Who rejects (default: the request's user).")] = None,
+    local_stack: Annotated[bool, typer.Option(help="Use the local stack's address.")] = True,
+) -> None:
+    """Reject one side effect of a running request: nothing is sent."""
+    _decide(workflow_id, operation_id, False, as_user, local_stack)
 
 
 @app.command()

@@ -339,6 +339,7 @@ class AgentResult(BaseModel):
 class AgentProgress(BaseModel):
     phase: str
     round: int
+    actor: Actor | None = None
     running: list[str] = Field(default_factory=list)
     calls: list[CallRecord] = Field(default_factory=list)
     done: bool = False

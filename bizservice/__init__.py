@@ -1,4 +1,5 @@
-"""I/O: the demo business service (orders, tickets, calendars) over HTTP with SQLite storage and fault switches."""
+"""I/O: the demo business service (orders, tickets, calendars, refunds) over HTTP with SQLite storage, an
+idempotency ledger for approved writes, and fault switches."""
 
 from bizservice.app import create_app
 

@@ -14,6 +14,8 @@ from bizservice.app import create_app
 
 logger = logging.getLogger("bizservice")
 
+APPROVAL_KEY_ENV = "BIZSERVICE_APPROVAL_KEY"
+
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bizservice", description="The demo business service.")
@@ -24,6 +26,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--admin-token",
         default=os.environ.get("BIZSERVICE_ADMIN_TOKEN"),
         help="enables /admin (default: $BIZSERVICE_ADMIN_TOKEN; without one /admin does not exist)",
+    )
+    parser.add_argument(
+        "--idempotency-retention-seconds",
+        type=float,
+        default=86400.0,
+        help="how long a completed write's idempotency record is kept (default: one day)",
     )
     return parser.parse_args(argv)
 
@@ -44,8 +52,16 @@ async def _serve(server: uvicorn.Server, host: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # The approval key is read from the environment only: argv shows up in `ps` and shell history.
+    approval_key = os.environ.get(APPROVAL_KEY_ENV) or None
     logger.info("admin token %s", "set" if args.admin_token else "unset")
-    app = create_app(args.db, admin_token=args.admin_token or None)
+    logger.info("approval key %s", "set" if approval_key else "unset")
+    app = create_app(
+        args.db,
+        admin_token=args.admin_token or None,
+        approval_key=approval_key,
+        idempotency_retention_seconds=args.idempotency_retention_seconds,
+    )
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False)
     server = uvicorn.Server(config)
     asyncio.run(_serve(server, args.host))

@@ -1,5 +1,5 @@
-"""I/O: the business service's HTTP layer - identity, owner-scoped reads, problem+json errors, request log,
-fault injection and the admin API."""
+"""I/O: the business service's HTTP app - owner-scoped reads and read-backs, request log, before-handler
+fault injection and the admin API; the writes live in bizservice.writes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import AfterValidator, BaseModel, Field
 from pydantic_core import PydanticCustomError
 from starlette.concurrency import run_in_threadpool
@@ -25,77 +25,28 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentcore.codes import ResultCode
 from bizservice import faults
+from bizservice.boundary import FaultBoundary
 from bizservice.seed import seed
-from bizservice.store import Owner, Store, iso_utc
+from bizservice.store import Store, iso_utc
+from bizservice.web import (
+    CALENDAR_ID,
+    ORDER_ID,
+    TICKET_ID,
+    Actor,
+    Problem,
+    describe_errors,
+    not_available,
+    problem_response,
+    status_code_for,
+)
+from bizservice.writes import OPERATION_ID, WriteSettings, add_write_routes
 
 logger = logging.getLogger("bizservice")
 
-PROBLEM_MEDIA_TYPE = "application/problem+json"
-ORDER_ID = r"^A\d{3}$"
-TICKET_ID = r"^T\d{4}$"
-CALENDAR_ID = r"^cal-[a-z0-9-]{1,32}$"
+EVENT_ID = r"^E[A-Za-z0-9-]{0,40}$"
 MAX_SLOT_RANGE = timedelta(days=14)
 MAX_SLOTS = 50
 WORK_START, WORK_END = clock(9, 0), clock(17, 0)
-_MAX_ERRORS_SHOWN = 5
-_PARAM_SOURCES = ("path", "query", "header", "body", "cookie")
-
-
-# --- Problem responses ----------------------------------------------------------------------------
-
-
-class Problem(Exception):
-    """An answer the service means to give: status, machine-readable code and a detail safe to show."""
-
-    def __init__(self, status: int, code: ResultCode, detail: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.code = code
-        self.detail = detail
-        self.headers = headers
-
-
-def problem_response(status: int, code: ResultCode, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {
-        "type": "about:blank",
-        "title": HTTPStatus(status).phrase,
-        "status": status,
-        "code": str(code),
-        "detail": detail,
-    }
-    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_MEDIA_TYPE)
-
-
-def not_available(kind: str, object_id: str) -> Problem:
-    # One answer for "missing" and "someone else's": the detail names only what the caller asked for.
-    return Problem(404, ResultCode.NOT_AVAILABLE, f"{kind} {object_id} is not available")
-
-
-def describe_request_errors(exc: RequestValidationError) -> str:
-    """Field-by-field hints; never the input values (they may be huge, hostile or someone's data)."""
-    parts = []
-    errors = exc.errors()
-    for err in errors[:_MAX_ERRORS_SHOWN]:
-        loc = [str(p) for p in err.get("loc", ())]
-        if loc and loc[0] in _PARAM_SOURCES:
-            loc = loc[1:]
-        msg = "is required" if err.get("type") == "missing" else str(err.get("msg", "is invalid"))
-        parts.append(f"{'.'.join(loc) or 'request'}: {msg}"[:200])
-    if len(errors) > _MAX_ERRORS_SHOWN:
-        parts.append(f"and {len(errors) - _MAX_ERRORS_SHOWN} more")
-    return "; ".join(parts)
-
-
-def _status_code(status: int) -> ResultCode:
-    if status in (401, 403):
-        return ResultCode.FORBIDDEN
-    if status == 404:
-        return ResultCode.NOT_AVAILABLE
-    if status == 409:
-        return ResultCode.CONFLICT
-    if status in (429, 502, 503, 504):
-        return ResultCode.TEMPORARY_UNAVAILABLE
-    return ResultCode.INTERNAL if status >= 500 else ResultCode.BAD_ARGUMENTS
 
 
 # --- Response models (the service's contract) ------------------------------------------------------
@@ -156,6 +107,29 @@ class Ticket(BaseModel):
     notes: list[TicketNote]
 
 
+class CalendarEvent(BaseModel):
+    event_id: str
+    calendar_id: str
+    title: str
+    start: str
+    end: str
+    attendees: list[str]
+
+
+class Refund(BaseModel):
+    refund_id: str
+    amount_cents: int
+    reason: str
+    created_at: str
+
+
+class OrderRefunds(BaseModel):
+    order_id: str
+    refunds: list[Refund]
+    refunded_cents: int
+    total_cents: int
+
+
 class Slot(BaseModel):
     start: str
     end: str
@@ -208,28 +182,18 @@ def _require_offset(value: datetime) -> datetime:
 AwareQueryTime = Annotated[datetime, AfterValidator(_require_offset)]
 
 
-# --- Identity ---------------------------------------------------------------------------------------
-
-
-async def actor(
-    x_actor_user: Annotated[str | None, Header()] = None,
-    x_actor_tenant: Annotated[str | None, Header()] = None,
-) -> Owner:
-    """The caller's identity, set by the orchestrator from the session (never from model arguments)."""
-    if not x_actor_user or not x_actor_tenant:
-        raise Problem(401, ResultCode.FORBIDDEN, "X-Actor-User and X-Actor-Tenant headers are required")
-    return Owner(user_id=x_actor_user, tenant_id=x_actor_tenant)
-
-
-Actor = Annotated[Owner, Depends(actor)]
-
-
 # --- The app ----------------------------------------------------------------------------------------
 
 
-def create_app(db_path: str | Path, admin_token: str | None = None) -> FastAPI:
-    """The service on `db_path` (schema created and demo data seeded if missing). With no `admin_token`
-    the /admin API does not exist."""
+def create_app(
+    db_path: str | Path,
+    admin_token: str | None = None,
+    approval_key: str | None = None,
+    idempotency_retention_seconds: float = 86400.0,
+) -> FaultBoundary:
+    """The service on `db_path` (schema created and demo data seeded if missing), as an ASGI app. With no
+    `admin_token` the /admin API does not exist; with no `approval_key` every write is refused (403).
+    Completed idempotency records are kept `idempotency_retention_seconds`."""
     store = Store(db_path)
     store.init()
     seed(store)
@@ -239,18 +203,18 @@ def create_app(db_path: str | Path, admin_token: str | None = None) -> FastAPI:
 
     @app.exception_handler(Problem)
     async def on_problem(_: Request, exc: Problem) -> Response:
-        return problem_response(exc.status, exc.code, exc.detail, exc.headers)
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_: Request, exc: RequestValidationError) -> Response:
-        return problem_response(422, ResultCode.BAD_ARGUMENTS, describe_request_errors(exc))
+        return problem_response(422, ResultCode.BAD_ARGUMENTS, describe_errors(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(_: Request, exc: StarletteHTTPException) -> Response:
         # Framework errors (unknown route, wrong method): the status decides; the framework's text is not sent.
         status = exc.status_code
         detail = "no such resource" if status == 404 else HTTPStatus(status).phrase.lower()
-        return problem_response(status, _status_code(status), detail)
+        return problem_response(status, status_code_for(status), detail)
 
     @app.middleware("http")
     async def around_request(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -274,7 +238,10 @@ def create_app(db_path: str | Path, admin_token: str | None = None) -> FastAPI:
                 )
                 rule = await run_in_threadpool(faults.claim, store, request.method, path)
                 if rule is not None:
-                    response = await _apply_fault(rule)
+                    if rule.latency_ms:
+                        await asyncio.sleep(rule.latency_ms / 1000)
+                    if rule.status is not None:
+                        response = faults.fault_problem(rule.status).response()
             if response is None:
                 response = await call_next(request)
         except Exception:
@@ -349,6 +316,30 @@ def create_app(db_path: str | Path, admin_token: str | None = None) -> FastAPI:
             truncated=truncated,
         )
 
+    @app.get("/calendars/{calendar_id}/events/{event_id}", response_model=CalendarEvent)
+    def get_calendar_event(
+        owner: Actor,
+        calendar_id: Annotated[str, PathParam(pattern=CALENDAR_ID)],
+        event_id: Annotated[str, PathParam(pattern=EVENT_ID)],
+    ) -> dict[str, Any]:
+        event = store.get_event(owner, calendar_id, event_id)
+        if event is None:
+            raise not_available("event", event_id)
+        return event
+
+    @app.get("/orders/{order_id}/refunds", response_model=OrderRefunds)
+    def list_refunds(owner: Actor, order_id: Annotated[str, PathParam(pattern=ORDER_ID)]) -> dict[str, Any]:
+        refunds = store.list_refunds(owner, order_id)
+        if refunds is None:
+            raise not_available("order", order_id)
+        return refunds
+
+    settings = WriteSettings(
+        approval_key=approval_key.encode() if approval_key else None,
+        retention_seconds=idempotency_retention_seconds,
+    )
+    add_write_routes(app, store, settings)
+
     # --- Admin (test bed controls) ---
 
     admin = [Depends(require_admin)]
@@ -356,6 +347,13 @@ def create_app(db_path: str | Path, admin_token: str | None = None) -> FastAPI:
     @app.get("/admin/requests", dependencies=admin)
     def admin_requests(path_prefix: Annotated[str, Query(max_length=200)] = "") -> dict[str, Any]:
         return {"requests": store.list_requests(path_prefix)}
+
+    @app.get("/admin/effects", dependencies=admin)
+    def admin_effects(
+        operation_id: Annotated[str | None, Query(pattern=OPERATION_ID)] = None,
+    ) -> dict[str, Any]:
+        # The oracle for "at most one effect per operation id", read from the effect tables themselves.
+        return {"effects": store.list_effects(operation_id)}
 
     @app.get("/admin/faults", dependencies=admin)
     def admin_list_faults() -> dict[str, Any]:
@@ -377,17 +375,5 @@ def create_app(db_path: str | Path, admin_token: str | None = None) -> FastAPI:
         store.clear_request_log()
         return {"ok": True}
 
-    return app
-
-
-async def _apply_fault(rule: faults.FaultRule) -> Response | None:
-    """Sleep the rule's latency without blocking the loop; then its status answer, or None to go on."""
-    if rule.latency_ms:
-        await asyncio.sleep(rule.latency_ms / 1000)
-    if rule.status is None:
-        return None
-    headers = {"Retry-After": "1"} if rule.status == 429 else None
-    detail = "too many requests; retry later" if rule.status == 429 else "the service is temporarily unavailable"
-    if rule.status == 500:
-        detail = "the service failed to answer this request"
-    return problem_response(rule.status, faults.FAULT_STATUS_CODES[rule.status], detail, headers)
+    # Outermost: only the callable the server calls can hang up without a reply (after_commit faults).
+    return FaultBoundary(app, store)

@@ -1,9 +1,12 @@
 """I/O: fault-injection rules kept in the service's SQLite database, so every process on one file obeys them.
 
 A rule names a request (method, path regex), a point in the request where it fires (`when`), and what
-it does there (latency, then optionally a status answered instead of the real one). Only
-`before_handler` exists today; write endpoints will later claim rules at their own points
-(e.g. `after_commit` to drop or stall the reply once the effect is stored) with the same `claim()`.
+it does there: latency, then optionally a status answered instead of the real one, or (after commit
+only) an `action` on the reply. Points:
+- `before_handler`: before any endpoint code runs (the middleware);
+- `after_claim`: a write holds its idempotency claim but has not committed (the in-flight window);
+- `after_commit`: a write's effect and ledger record are committed; the rule acts on the reply
+  (stall it, replace it by a status, `drop` it without a byte, or `truncate` it mid-body).
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ import json
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentcore.codes import ResultCode
 from bizservice.store import Store
+from bizservice.web import Problem
 
-FaultPoint = Literal["before_handler"]
+FaultPoint = Literal["before_handler", "after_claim", "after_commit"]
+FaultAction = Literal["drop", "truncate"]
 
 # Statuses a rule may answer with, and the code the problem body carries.
 FAULT_STATUS_CODES: dict[int, ResultCode] = {
@@ -36,7 +41,10 @@ class FaultRule(BaseModel):
     path_regex: str = Field(min_length=1, max_length=500, description="re.search against the request path")
     when: FaultPoint = "before_handler"
     latency_ms: int = Field(default=0, ge=0, le=120_000)
-    status: int | None = Field(default=None, description="answer with this status instead of running the handler")
+    status: int | None = Field(default=None, description="answer with this status instead of the real reply")
+    action: FaultAction | None = Field(
+        default=None, description="after_commit only: drop the reply (no bytes) or truncate its body"
+    )
     times: int | None = Field(default=None, ge=1, description="how many matching requests it applies to; null: all")
 
     @field_validator("path_regex")
@@ -55,6 +63,14 @@ class FaultRule(BaseModel):
             raise ValueError(f"must be one of {sorted(FAULT_STATUS_CODES)} or null")
         return value
 
+    @model_validator(mode="after")
+    def _one_outcome(self) -> FaultRule:
+        if self.action is not None and self.when != "after_commit":
+            raise ValueError("action needs when: after_commit (before it there is no reply to act on)")
+        if self.action is not None and self.status is not None:
+            raise ValueError("give either status or action, not both")
+        return self
+
     def matches(self, method: str, path: str, when: FaultPoint) -> bool:
         return self.when == when and self.method in ("*", method) and re.search(self.path_regex, path) is not None
 
@@ -69,6 +85,15 @@ class StoredFaultRule(FaultRule):
     """A rule as listed by the admin API: `remaining` counts down from `times` (null: unlimited)."""
 
     remaining: int | None = None
+
+
+def fault_problem(status: int) -> Problem:
+    """The answer a rule's `status` gives in place of the real one."""
+    headers = {"Retry-After": "1"} if status == 429 else None
+    detail = "too many requests; retry later" if status == 429 else "the service is temporarily unavailable"
+    if status == 500:
+        detail = "the service failed to answer this request"
+    return Problem(status, FAULT_STATUS_CODES[status], detail, headers)
 
 
 def replace_rules(store: Store, rules: list[FaultRule]) -> None:

@@ -1,4 +1,5 @@
-"""I/O: SQLite storage of the business service - schema, owner-scoped reads and the request log.
+"""I/O: SQLite storage of the business service - schema, owner-scoped reads, the write effects and the
+request log.
 
 Every operation opens its own connection: several service processes may share one database file, so
 nothing that matters lives in memory. Timestamps are stored as ISO 8601 UTC text ending in "Z"
@@ -7,8 +8,10 @@ nothing that matters lives in memory. Timestamps are stored as ISO 8601 UTC text
 
 from __future__ import annotations
 
+import json
 import sqlite3
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -59,12 +62,17 @@ CREATE TABLE IF NOT EXISTS tickets (
     updated_at TEXT NOT NULL,
     version    INTEGER NOT NULL DEFAULT 1
 );
+-- Effect rows (notes, events, refunds) carry the operation id and actor that made them (NULL for seed
+-- data): the test oracle counts effects per operation id from these tables, independently of the ledger.
 CREATE TABLE IF NOT EXISTS ticket_notes (
-    note_id    TEXT PRIMARY KEY,
-    ticket_id  TEXT NOT NULL REFERENCES tickets (ticket_id),
-    text       TEXT NOT NULL,
-    author     TEXT NOT NULL,
-    created_at TEXT NOT NULL
+    note_id      TEXT PRIMARY KEY,
+    ticket_id    TEXT NOT NULL REFERENCES tickets (ticket_id),
+    text         TEXT NOT NULL,
+    author       TEXT NOT NULL,
+    created_at   TEXT NOT NULL,
+    operation_id TEXT,
+    actor_user   TEXT,
+    actor_tenant TEXT
 );
 CREATE INDEX IF NOT EXISTS notes_by_ticket ON ticket_notes (ticket_id, created_at, note_id);
 CREATE TABLE IF NOT EXISTS calendars (
@@ -81,9 +89,45 @@ CREATE TABLE IF NOT EXISTS calendar_events (
     end_at      TEXT NOT NULL,
     attendees   TEXT NOT NULL DEFAULT '[]',
     version     INTEGER NOT NULL DEFAULT 1,
+    operation_id TEXT,
+    actor_user   TEXT,
+    actor_tenant TEXT,
     CHECK (end_at > start_at)
 );
 CREATE INDEX IF NOT EXISTS events_by_calendar ON calendar_events (calendar_id, start_at);
+CREATE TABLE IF NOT EXISTS refunds (
+    refund_id    TEXT PRIMARY KEY,
+    order_id     TEXT NOT NULL REFERENCES orders (order_id),
+    amount_cents INTEGER NOT NULL CHECK (amount_cents > 0),
+    reason       TEXT NOT NULL,
+    created_at   TEXT NOT NULL,
+    operation_id TEXT,
+    actor_user   TEXT,
+    actor_tenant TEXT
+);
+CREATE INDEX IF NOT EXISTS refunds_by_order ON refunds (order_id, created_at, refund_id);
+-- The idempotency ledger: one completed outcome per (actor, operation id), written in the same
+-- transaction as the effect; created_at is time.time() so the retention purge is one comparison.
+CREATE TABLE IF NOT EXISTS idempotency_records (
+    tenant_id    TEXT NOT NULL,
+    user_id      TEXT NOT NULL,
+    operation_id TEXT NOT NULL,
+    digest       TEXT NOT NULL,
+    status       INTEGER NOT NULL,
+    body         TEXT NOT NULL,
+    created_at   REAL NOT NULL,
+    PRIMARY KEY (tenant_id, user_id, operation_id)
+);
+CREATE INDEX IF NOT EXISTS idempotency_records_by_age ON idempotency_records (created_at);
+-- Attempts in flight: the primary key makes the claim atomic; the lease frees the key of a crashed process.
+CREATE TABLE IF NOT EXISTS idempotency_claims (
+    tenant_id    TEXT NOT NULL,
+    user_id      TEXT NOT NULL,
+    operation_id TEXT NOT NULL,
+    claim_id     TEXT NOT NULL,
+    lease_until  REAL NOT NULL,
+    PRIMARY KEY (tenant_id, user_id, operation_id)
+);
 CREATE TABLE IF NOT EXISTS request_log (
     id         INTEGER PRIMARY KEY AUTOINCREMENT,
     method     TEXT NOT NULL,
@@ -102,6 +146,18 @@ CREATE TABLE IF NOT EXISTS fault_rules (
     rule_json  TEXT NOT NULL,
     times_left INTEGER
 );
+"""
+
+# Columns added after the first release: databases created earlier get them by ALTER TABLE.
+_ADDED_COLUMNS = [
+    (table, column, "TEXT")
+    for table in ("ticket_notes", "calendar_events")
+    for column in ("operation_id", "actor_user", "actor_tenant")
+]
+_EFFECT_INDEXES = """
+CREATE INDEX IF NOT EXISTS notes_by_operation ON ticket_notes (operation_id);
+CREATE INDEX IF NOT EXISTS events_by_operation ON calendar_events (operation_id);
+CREATE INDEX IF NOT EXISTS refunds_by_operation ON refunds (operation_id);
 """
 
 
@@ -156,6 +212,14 @@ class Store:
         with self.connect() as conn:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.executescript(SCHEMA)
+        # Check and ALTER in one write transaction: several processes may start on one file at once.
+        with self.transaction() as conn:
+            for table, column, decl in _ADDED_COLUMNS:
+                present = {row["name"] for row in conn.execute(f"PRAGMA table_info({table})")}
+                if column not in present:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        with self.connect() as conn:
+            conn.executescript(_EFFECT_INDEXES)
 
     # --- Orders ---------------------------------------------------------------------------------
 
@@ -229,6 +293,64 @@ class Store:
         intervals = [(parse_utc(r["start_at"]), parse_utc(r["end_at"])) for r in rows]
         return [(s, e) for s, e in intervals if s < end and e > start]
 
+    def get_event(self, owner: Owner, calendar_id: str, event_id: str) -> dict[str, Any] | None:
+        with self.connect() as conn:
+            row = conn.execute(
+                "SELECT e.event_id, e.calendar_id, e.title, e.start_at, e.end_at, e.attendees"
+                " FROM calendar_events e JOIN calendars c ON c.calendar_id = e.calendar_id"
+                " WHERE e.event_id = ? AND e.calendar_id = ? AND c.user_id = ? AND c.tenant_id = ?",
+                (event_id, calendar_id, owner.user_id, owner.tenant_id),
+            ).fetchone()
+        return None if row is None else _event(row)
+
+    # --- Refunds --------------------------------------------------------------------------------
+
+    def list_refunds(self, owner: Owner, order_id: str) -> dict[str, Any] | None:
+        with self.connect() as conn:
+            order = conn.execute(
+                "SELECT total_cents, refunded_cents FROM orders WHERE order_id = ? AND user_id = ? AND tenant_id = ?",
+                (order_id, owner.user_id, owner.tenant_id),
+            ).fetchone()
+            if order is None:
+                return None
+            rows = conn.execute(
+                "SELECT refund_id, amount_cents, reason, created_at FROM refunds"
+                " WHERE order_id = ? ORDER BY created_at, refund_id",
+                (order_id,),
+            ).fetchall()
+        return {
+            "order_id": order_id,
+            "refunds": [dict(r) for r in rows],
+            "refunded_cents": order["refunded_cents"],
+            "total_cents": order["total_cents"],
+        }
+
+    # --- Effects as the test oracle sees them -----------------------------------------------------
+
+    def list_effects(self, operation_id: str | None) -> list[dict[str, Any]]:
+        """Every effect made by a write (seed data has no operation id), optionally of one operation id."""
+        where = "operation_id = ?" if operation_id is not None else "operation_id IS NOT NULL"
+        params = (operation_id,) if operation_id is not None else ()
+        queries = [
+            ("note", "SELECT note_id AS id, ticket_id, text, created_at, {cols} FROM ticket_notes"),
+            (
+                "event",
+                "SELECT event_id AS id, calendar_id, title, start_at AS start, end_at AS end, attendees, {cols}"
+                " FROM calendar_events",
+            ),
+            ("refund", "SELECT refund_id AS id, order_id, amount_cents, reason, created_at, {cols} FROM refunds"),
+        ]
+        effects: list[dict[str, Any]] = []
+        with self.connect() as conn:
+            for kind, query in queries:
+                sql = query.format(cols="operation_id, actor_user, actor_tenant") + f" WHERE {where} ORDER BY rowid"
+                for row in conn.execute(sql, params):
+                    effect = {"kind": kind, **dict(row)}
+                    if kind == "event":
+                        effect["attendees"] = json.loads(effect["attendees"])
+                    effects.append(effect)
+        return effects
+
     # --- Request log ----------------------------------------------------------------------------
 
     def log_request_start(self, method: str, path: str, query: str, actor_user: str | None, started_at: float) -> int:
@@ -256,3 +378,152 @@ class Store:
     def clear_request_log(self) -> None:
         with self.connect() as conn:
             conn.execute("DELETE FROM request_log")
+
+
+def _event(row: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "event_id": row["event_id"],
+        "calendar_id": row["calendar_id"],
+        "title": row["title"],
+        "start": row["start_at"],
+        "end": row["end_at"],
+        "attendees": json.loads(row["attendees"]),
+    }
+
+
+# --- Write effects ----------------------------------------------------------------------------------
+# Each runs on the connection of the ledger's write transaction (BEGIN IMMEDIATE), so its checks, its
+# rows and the ledger record commit together or not at all. A Refusal is raised before anything is written.
+
+
+class Refusal(Exception):
+    """A definite business "no" (not available, stale version, not refundable) decided by an effect."""
+
+
+class NotOwned(Refusal):
+    def __init__(self, kind: str, object_id: str) -> None:
+        super().__init__(f"{kind} {object_id} is not available")
+        self.kind = kind
+        self.object_id = object_id
+
+
+class StaleVersion(Refusal):
+    def __init__(self, current_version: int) -> None:
+        super().__init__(f"the current version is {current_version}")
+        self.current_version = current_version
+
+
+class NotRefundable(Refusal):
+    def __init__(self, refundable_cents: int) -> None:
+        super().__init__(f"at most {refundable_cents} cents are refundable")
+        self.refundable_cents = refundable_cents
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Who made an effect under which operation id: stored on every effect row."""
+
+    owner: Owner
+    operation_id: str
+    at: datetime
+
+    def columns(self) -> tuple[str, str, str]:
+        return (self.operation_id, self.owner.user_id, self.owner.tenant_id)
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+def append_note(
+    conn: sqlite3.Connection, by: Provenance, ticket_id: str, text: str, expected_version: int
+) -> dict[str, Any]:
+    owner = by.owner
+    row = conn.execute(
+        "SELECT version FROM tickets WHERE ticket_id = ? AND user_id = ? AND tenant_id = ?",
+        (ticket_id, owner.user_id, owner.tenant_id),
+    ).fetchone()
+    if row is None:
+        raise NotOwned("ticket", ticket_id)
+    if row["version"] != expected_version:
+        raise StaleVersion(int(row["version"]))
+    note_id, created_at = _new_id("N"), iso_utc(by.at)
+    conn.execute(
+        "INSERT INTO ticket_notes (note_id, ticket_id, text, author, created_at, operation_id, actor_user,"
+        " actor_tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (note_id, ticket_id, text, owner.user_id, created_at, *by.columns()),
+    )
+    conn.execute(
+        "UPDATE tickets SET version = version + 1, updated_at = ? WHERE ticket_id = ?", (created_at, ticket_id)
+    )
+    return {
+        "note_id": note_id,
+        "ticket_id": ticket_id,
+        "text": text,
+        "author": owner.user_id,
+        "created_at": created_at,
+        "ticket_version": expected_version + 1,
+    }
+
+
+def create_event(
+    conn: sqlite3.Connection,
+    by: Provenance,
+    calendar_id: str,
+    title: str,
+    start: datetime,
+    end: datetime,
+    attendees: Sequence[str],
+) -> dict[str, Any]:
+    owned = conn.execute(
+        "SELECT 1 FROM calendars WHERE calendar_id = ? AND user_id = ? AND tenant_id = ?",
+        (calendar_id, by.owner.user_id, by.owner.tenant_id),
+    ).fetchone()
+    if owned is None:
+        raise NotOwned("calendar", calendar_id)
+    event_id = _new_id("E")
+    conn.execute(
+        "INSERT INTO calendar_events (event_id, calendar_id, title, start_at, end_at, attendees, operation_id,"
+        " actor_user, actor_tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (event_id, calendar_id, title, iso_utc(start), iso_utc(end), json.dumps(list(attendees)), *by.columns()),
+    )
+    row = conn.execute(
+        "SELECT event_id, calendar_id, title, start_at, end_at, attendees FROM calendar_events WHERE event_id = ?",
+        (event_id,),
+    ).fetchone()
+    return _event(row)
+
+
+def refund_order(
+    conn: sqlite3.Connection, by: Provenance, order_id: str, amount_cents: int, reason: str
+) -> dict[str, Any]:
+    owner = by.owner
+    order = conn.execute(
+        "SELECT total_cents, refunded_cents FROM orders WHERE order_id = ? AND user_id = ? AND tenant_id = ?",
+        (order_id, owner.user_id, owner.tenant_id),
+    ).fetchone()
+    if order is None:
+        raise NotOwned("order", order_id)
+    refundable = order["total_cents"] - order["refunded_cents"]
+    if amount_cents > refundable:
+        raise NotRefundable(int(refundable))
+    refund_id, created_at = _new_id("R"), iso_utc(by.at)
+    conn.execute(
+        "INSERT INTO refunds (refund_id, order_id, amount_cents, reason, created_at, operation_id, actor_user,"
+        " actor_tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (refund_id, order_id, amount_cents, reason, created_at, *by.columns()),
+    )
+    conn.execute(
+        "UPDATE orders SET refunded_cents = refunded_cents + ?, version = version + 1 WHERE order_id = ?",
+        (amount_cents, order_id),
+    )
+    refunded = order["refunded_cents"] + amount_cents
+    return {
+        "refund_id": refund_id,
+        "order_id": order_id,
+        "amount_cents": amount_cents,
+        "reason": reason,
+        "refunded_cents": refunded,
+        "refundable_cents": order["total_cents"] - refunded,
+        "created_at": created_at,
+    }

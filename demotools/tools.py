@@ -1,55 +1,47 @@
-"""I/O: the demo service's read-only tools, registered through the public plug-in API (agentcore.registry).
+"""I/O: the demo service's read-only tools, and the registry of all demo tools (read-only and, from
+demotools.writes, side-effecting), registered through the public plug-in API (agentcore.registry).
 
 Executors call the business service with the session's actor in headers (never an argument) and turn
-every answer into a tool output or a ToolError / ToolTemporaryError. Outputs are built from known fields
-of a parsed response: a raw body or exception text never reaches the model.
+every answer into a tool output or a ToolError / ToolTemporaryError (demotools.common).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-import httpx
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AwareDatetime, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from agentcore.codes import ResultCode
 from agentcore.contracts import ok_output
-from agentcore.registry import ToolContext, ToolError, ToolRegistry, ToolSpec, ToolTemporaryError
+from agentcore.registry import ToolContext, ToolRegistry, ToolSpec
+from demotools.common import CALENDAR_ID, ORDER_ID, TICKET_ID, Arguments, Response, get, map_response
+from demotools.writes import write_tool_specs
+
+__all__ = ["build_demo_registry", "map_response"]
 
 MAX_SLOT_RANGE = timedelta(days=14)
-_MAX_DETAIL_CHARS = 200
-_MAX_RETRY_AFTER_SECONDS = 300.0
 
 # --- Argument models (what the model sees, camelCase) ----------------------------------------------
 
 
-class _Arguments(BaseModel):
-    # Dumped by alias so the checked arguments (CheckedCall.arguments) validate again unchanged.
-    model_config = ConfigDict(extra="forbid", serialize_by_alias=True)
+class GetOrderStatusArgs(Arguments):
+    order_id: str = Field(alias="orderId", pattern=ORDER_ID, description="Order id, e.g. A100.")
 
 
-class GetOrderStatusArgs(_Arguments):
-    order_id: str = Field(alias="orderId", pattern=r"^A\d{3}$", description="Order id, e.g. A100.")
-
-
-class ListMyOrdersArgs(_Arguments):
+class ListMyOrdersArgs(Arguments):
     page: int | None = Field(default=None, ge=1, le=1000, description="Page number from 1; null for the first page.")
     page_size: int | None = Field(
         default=None, alias="pageSize", ge=1, le=100, description="Orders per page (1-100); null for 20."
     )
 
 
-class GetTicketArgs(_Arguments):
-    ticket_id: str = Field(alias="ticketId", pattern=r"^T\d{4}$", description="Support ticket id, e.g. T1001.")
+class GetTicketArgs(Arguments):
+    ticket_id: str = Field(alias="ticketId", pattern=TICKET_ID, description="Support ticket id, e.g. T1001.")
 
 
-class FindFreeSlotsArgs(_Arguments):
-    calendar_id: str = Field(
-        alias="calendarId", pattern=r"^cal-[a-z0-9-]{1,32}$", description="Calendar id, e.g. cal-u1."
-    )
+class FindFreeSlotsArgs(Arguments):
+    calendar_id: str = Field(alias="calendarId", pattern=CALENDAR_ID, description="Calendar id, e.g. cal-u1.")
     from_: AwareDatetime = Field(
         alias="from", description="Start of the range, ISO 8601 with a UTC offset, e.g. 2026-12-01T00:00:00Z."
     )
@@ -70,17 +62,13 @@ class FindFreeSlotsArgs(_Arguments):
 # --- Response models (the fields a tool passes on; anything else the service sends is dropped) ------
 
 
-class _Response(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class _OrderItem(_Response):
+class _OrderItem(Response):
     sku: str
     name: str
     quantity: int
 
 
-class _Order(_Response):
+class _Order(Response):
     order_id: str
     status: str
     carrier: str | None
@@ -95,7 +83,7 @@ class _Order(_Response):
     version: int
 
 
-class _OrderSummary(_Response):
+class _OrderSummary(Response):
     order_id: str
     status: str
     placed_at: str
@@ -103,7 +91,7 @@ class _OrderSummary(_Response):
     currency: str
 
 
-class _OrderPage(_Response):
+class _OrderPage(Response):
     orders: list[_OrderSummary]
     page: int
     page_size: int
@@ -111,14 +99,14 @@ class _OrderPage(_Response):
     has_more: bool
 
 
-class _TicketNote(_Response):
+class _TicketNote(Response):
     note_id: str
     text: str
     author: str
     created_at: str
 
 
-class _Ticket(_Response):
+class _Ticket(Response):
     ticket_id: str
     subject: str
     status: str
@@ -129,12 +117,12 @@ class _Ticket(_Response):
     notes: list[_TicketNote]
 
 
-class _Slot(_Response):
+class _Slot(Response):
     start: str
     end: str
 
 
-class _FreeSlots(_Response):
+class _FreeSlots(Response):
     calendar_id: str
     from_: str = Field(alias="from")
     to: str
@@ -142,94 +130,24 @@ class _FreeSlots(_Response):
     truncated: bool
 
 
-# --- The one place HTTP answers become tool results ---------------------------------------------------
-
-R = TypeVar("R", bound=BaseModel)
-
-
-def _actor_headers(ctx: ToolContext) -> dict[str, str]:
-    return {"X-Actor-User": ctx.actor.user_id, "X-Actor-Tenant": ctx.actor.tenant_id}
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    """Retry-After in seconds; the HTTP-date form is ignored (the activity's own backoff applies)."""
-    value = response.headers.get("Retry-After", "").strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return min(max(seconds, 0.0), _MAX_RETRY_AFTER_SECONDS)
-
-
-def _problem(response: httpx.Response) -> Mapping[str, Any]:
-    try:
-        body = response.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
-def _safe_detail(value: Any, fallback: str) -> str:
-    # The service writes its 422 details for callers (field names and rules, no input values); still
-    # only a short string is passed on.
-    if not isinstance(value, str) or not value.strip():
-        return fallback
-    return value.strip()[:_MAX_DETAIL_CHARS]
-
-
-async def _get(ctx: ToolContext, path: str, params: Mapping[str, Any] | None = None) -> httpx.Response:
-    try:
-        return await ctx.http.get(path, params=params, headers=_actor_headers(ctx))
-    except httpx.TransportError:
-        # Refused, reset, timed out: for a read, safe to try again.
-        raise ToolTemporaryError("the business service could not be reached") from None
-
-
-def map_response(response: httpx.Response, model: type[R], not_available: str) -> R:
-    """The parsed 200 body, or the matching tool error. `not_available` is the one message for
-    "does not exist" and "not yours", built by the caller from the arguments alone."""
-    status = response.status_code
-    if status == 200:
-        try:
-            return model.model_validate_json(response.content)
-        except ValidationError:
-            raise ToolError(ResultCode.INTERNAL, "the service gave an answer this tool does not understand") from None
-    if status == 404:
-        raise ToolError(ResultCode.NOT_AVAILABLE, not_available)
-    if status in (400, 422):
-        detail = _safe_detail(_problem(response).get("detail"), "the service rejected the arguments")
-        raise ToolError(ResultCode.BAD_ARGUMENTS, detail)
-    if status in (401, 403):
-        raise ToolError(ResultCode.FORBIDDEN, "this request is not allowed for the current user")
-    if status == 409:
-        if _problem(response).get("code") == ResultCode.VERSION_CONFLICT:
-            raise ToolError(ResultCode.VERSION_CONFLICT, "the object has changed; read it again before retrying")
-        raise ToolError(ResultCode.CONFLICT, "the request conflicts with the object's current state; read it again")
-    if status == 429 or status >= 500:
-        raise ToolTemporaryError(
-            f"the business service is temporarily unavailable (HTTP {status})", _retry_after(response)
-        )
-    raise ToolError(ResultCode.INTERNAL, f"the service gave an unexpected answer (HTTP {status})")
-
-
 # --- Executors ----------------------------------------------------------------------------------------
 
 
 async def get_order_status(ctx: ToolContext, args: GetOrderStatusArgs) -> dict[str, Any]:
-    response = await _get(ctx, f"/orders/{args.order_id}")
+    response = await get(ctx, f"/orders/{args.order_id}")
     order = map_response(response, _Order, f"order {args.order_id} is not available")
     return ok_output(**order.model_dump(mode="json"))
 
 
 async def list_my_orders(ctx: ToolContext, args: ListMyOrdersArgs) -> dict[str, Any]:
     params = {"page": args.page or 1, "page_size": args.page_size or 20}
-    response = await _get(ctx, "/orders", params)
+    response = await get(ctx, "/orders", params)
     page = map_response(response, _OrderPage, "the order list is not available")
     return ok_output(**page.model_dump(mode="json"))
 
 
 async def get_ticket(ctx: ToolContext, args: GetTicketArgs) -> dict[str, Any]:
-    response = await _get(ctx, f"/tickets/{args.ticket_id}")
+    response = await get(ctx, f"/tickets/{args.ticket_id}")
     ticket = map_response(response, _Ticket, f"ticket {args.ticket_id} is not available")
     return ok_output(**ticket.model_dump(mode="json"))
 
@@ -237,7 +155,7 @@ async def get_ticket(ctx: ToolContext, args: GetTicketArgs) -> dict[str, Any]:
 async def find_free_slots(ctx: ToolContext, args: FindFreeSlotsArgs) -> dict[str, Any]:
     # httpx percent-encodes "+" in the offset, so the service reads the time unchanged.
     params = {"from": args.from_.isoformat(), "to": args.to.isoformat()}
-    response = await _get(ctx, f"/calendars/{args.calendar_id}/free-slots", params)
+    response = await get(ctx, f"/calendars/{args.calendar_id}/free-slots", params)
     slots = map_response(response, _FreeSlots, f"calendar {args.calendar_id} is not available")
     return ok_output(**slots.model_dump(mode="json", by_alias=True))
 
@@ -292,4 +210,6 @@ def build_demo_registry() -> ToolRegistry:
             summarize=lambda a: f"find_free_slots {a.calendar_id} {a.from_:%Y-%m-%d}",
         )
     )
+    for spec in write_tool_specs():
+        registry.register(spec)
     return registry

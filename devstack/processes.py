@@ -422,6 +422,8 @@ def start_business_service(
     admin_token: str,
     detached: bool = False,
     *,
+    approval_key: str | None = None,
+    retention_seconds: float | None = None,
     log_path: Path | None = None,
     cwd: Path | None = None,
     timeout: float = 30.0,
@@ -430,11 +432,17 @@ def start_business_service(
     db_file.parent.mkdir(parents=True, exist_ok=True)
     log = log_path if log_path is not None else db_file.parent / "logs" / "service.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "BIZSERVICE_ADMIN_TOKEN": admin_token}
-    proc = ManagedProcess.spawn(
-        "service", business_service_command(db_file, port), log, env=env, cwd=cwd, detached=detached
-    )
+    if approval_key is not None:
+        env["BIZSERVICE_APPROVAL_KEY"] = approval_key
+    cmd = business_service_command(db_file, port)
+    if retention_seconds is not None:
+        cmd += ["--idempotency-retention-seconds", str(retention_seconds)]
+    proc = ManagedProcess.spawn("service", cmd, log, env=env, cwd=cwd, detached=detached)
     _ready_or_stop(proc, lambda: wait_for_http_ok(f"http://127.0.0.1:{port}/healthz", timeout, proc))
     return proc
+
+
+_APPROVAL_KEY_VARIABLES = ("TOOLLOOP_APPROVAL_KEY", "BIZSERVICE_APPROVAL_KEY")
 
 
 def worker_command(repo_root: Path) -> list[str]:
@@ -453,6 +461,9 @@ def start_worker(
 ) -> ManagedProcess:
     """Start `python worker.py` in repo_root with env laid over os.environ; return once it logs "worker ready"."""
     full_env = {**(os.environ if inherit_env else {}), **env, "PYTHONUNBUFFERED": "1"}
+    # The worker must never hold the key that signs approvals: the model's side cannot mint them.
+    for name in _APPROVAL_KEY_VARIABLES:
+        full_env.pop(name, None)
     proc = ManagedProcess.spawn(
         "worker", worker_command(repo_root), log_path, env=full_env, cwd=repo_root, detached=detached
     )

@@ -59,7 +59,17 @@ class _ComponentRecord(BaseModel):
 
 class _StateFile(BaseModel):
     admin_token: str | None = None
+    approval_key: str | None = None
     components: dict[str, _ComponentRecord] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StackSecrets:
+    """Generated once per data dir. The approval key signs approvals (CLI) and verifies them (service);
+    the worker never gets it."""
+
+    admin_token: str
+    approval_key: str
 
 
 @dataclass(frozen=True)
@@ -130,11 +140,18 @@ class LocalStack:
 
     def admin_token(self) -> str:
         """The service admin token: TOOLLOOP_SERVICE_ADMIN_TOKEN if set, else one generated once and kept."""
+        return self.secrets().admin_token
+
+    def approval_key(self) -> str:
+        """The approval signing key: TOOLLOOP_APPROVAL_KEY if set, else one generated once and kept."""
+        return self.secrets().approval_key
+
+    def secrets(self) -> StackSecrets:
         with self._locked():
             state = self._load()
-            token = self._ensure_token(state)
+            creds = self._ensure_token(state)
             self._save(state)
-            return token
+            return creds
 
     def up(self, on_step: Callable[[str], None] | None = None) -> StackStatus:
         """Reuse each healthy component we started before; start the missing ones (detached)."""
@@ -169,7 +186,7 @@ class LocalStack:
 
     # -- per component --------------------------------------------------------------------------
 
-    def _desired(self, name: ComponentName, token: str) -> tuple[list[str], str]:
+    def _desired(self, name: ComponentName, token: StackSecrets) -> tuple[list[str], str]:
         s = self._settings
         if name == "temporal":
             cmd = temporal_dev_server_command(
@@ -178,11 +195,11 @@ class LocalStack:
             return cmd, ""
         if name == "service":
             cmd = business_service_command(self.data_dir / "service.sqlite", s.service_port)
-            return cmd, _digest({"admin_token": token})
+            return cmd, _digest({"admin_token": token.admin_token, "approval_key": token.approval_key})
         return worker_command(self._repo_root), _digest(self._worker_env(token))
 
     def _ensure_component(
-        self, name: ComponentName, state: _StateFile, token: str, step: Callable[[str], None]
+        self, name: ComponentName, state: _StateFile, token: StackSecrets, step: Callable[[str], None]
     ) -> None:
         label = _LABELS[name]
         cmd, digest = self._desired(name, token)
@@ -211,7 +228,7 @@ class LocalStack:
         )
         self._save(state)
 
-    def _start(self, name: ComponentName, token: str) -> ManagedProcess:
+    def _start(self, name: ComponentName, token: StackSecrets) -> ManagedProcess:
         s = self._settings
         try:
             if name == "temporal":
@@ -227,8 +244,9 @@ class LocalStack:
                 return start_business_service(
                     self.data_dir / "service.sqlite",
                     s.service_port,
-                    token,
+                    token.admin_token,
                     detached=True,
+                    approval_key=token.approval_key,
                     log_path=self._log_path(name),
                     cwd=self._repo_root,
                 )
@@ -236,14 +254,14 @@ class LocalStack:
         except ProcessStartError as exc:
             raise StackError(f"could not start the {_LABELS[name]}: {exc}") from exc
 
-    def _worker_env(self, token: str) -> dict[str, str]:
+    def _worker_env(self, token: StackSecrets) -> dict[str, str]:
         s = self._settings
         env = {
             "TEMPORAL_ADDRESS": self.temporal_address,
             "TEMPORAL_NAMESPACE": s.temporal_namespace,
             "TOOLLOOP_TASK_QUEUE": s.task_queue,
             "TOOLLOOP_SERVICE_URL": self.service_url,
-            "TOOLLOOP_SERVICE_ADMIN_TOKEN": token,
+            "TOOLLOOP_SERVICE_ADMIN_TOKEN": token.admin_token,
             "OPENAI_BASE_URL": s.openai_base_url,
             "OPENAI_MODEL": s.openai_model,
         }
@@ -323,13 +341,17 @@ class LocalStack:
 
     # -- state and lock -------------------------------------------------------------------------
 
-    def _ensure_token(self, state: _StateFile) -> str:
-        configured = self._settings.service_admin_token
-        if configured is not None:
-            return configured.get_secret_value()
+    def _ensure_token(self, state: _StateFile) -> StackSecrets:
         if state.admin_token is None:
             state.admin_token = secrets.token_urlsafe(32)
-        return state.admin_token
+        if state.approval_key is None:
+            state.approval_key = secrets.token_urlsafe(32)
+        admin = self._settings.service_admin_token
+        approval = self._settings.approval_key
+        return StackSecrets(
+            admin_token=admin.get_secret_value() if admin is not None else state.admin_token,
+            approval_key=approval.get_secret_value() if approval is not None else state.approval_key,
+        )
 
     def _load(self) -> _StateFile:
         try:

@@ -17,6 +17,8 @@ class Settings(BaseSettings):
     task_queue: str = Field(default="toolloop", validation_alias="TOOLLOOP_TASK_QUEUE")
     service_url: str = Field(default="http://127.0.0.1:8701", validation_alias="TOOLLOOP_SERVICE_URL")
     service_admin_token: SecretStr | None = Field(default=None, validation_alias="TOOLLOOP_SERVICE_ADMIN_TOKEN")
+    # Held by the approval channel (the CLI) and the business service only; never by workers.
+    approval_key: SecretStr | None = Field(default=None, validation_alias="TOOLLOOP_APPROVAL_KEY")
 
     openai_api_key: SecretStr | None = Field(default=None, validation_alias="OPENAI_API_KEY")
     openai_base_url: str = Field(default="https://api.openai.com/v1", validation_alias="OPENAI_BASE_URL")

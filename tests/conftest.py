@@ -34,8 +34,22 @@ class TemporalServer:
 class BusinessService:
     url: str
     admin_token: str
+    approval_key: str
     db_file: Path
     process: ManagedProcess
+
+
+def start_service(directory: Path, retention_seconds: float | None = None) -> BusinessService:
+    port = free_port()
+    token = secrets.token_urlsafe(16)
+    key = secrets.token_urlsafe(32)
+    db_file = directory / "service.sqlite"
+    proc = start_business_service(
+        db_file, port, token, approval_key=key, retention_seconds=retention_seconds, cwd=REPO_ROOT
+    )
+    return BusinessService(
+        url=f"http://127.0.0.1:{port}", admin_token=token, approval_key=key, db_file=db_file, process=proc
+    )
 
 
 @pytest.fixture(scope="session")
@@ -53,12 +67,9 @@ def temporal_server(stack_dir: Path) -> Iterator[TemporalServer]:
 
 @pytest.fixture(scope="session")
 def business_service(stack_dir: Path) -> Iterator[BusinessService]:
-    port = free_port()
-    token = secrets.token_urlsafe(16)
-    db_file = stack_dir / "service" / "service.sqlite"
-    proc = start_business_service(db_file, port, token, cwd=REPO_ROOT)
-    yield BusinessService(url=f"http://127.0.0.1:{port}", admin_token=token, db_file=db_file, process=proc)
-    proc.stop()
+    service = start_service(stack_dir / "service")
+    yield service
+    service.process.stop()
 
 
 @pytest.fixture(scope="session")

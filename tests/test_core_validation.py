@@ -9,7 +9,15 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentcore.contracts import FunctionCallItem
-from agentcore.registry import PlainText, ToolContext, ToolRegistry, ToolSpec, strict_json_schema
+from agentcore.registry import (
+    Evidence,
+    OperationStatus,
+    PlainText,
+    ToolContext,
+    ToolRegistry,
+    ToolSpec,
+    strict_json_schema,
+)
 from agentcore.validation import check_call, check_turn
 
 
@@ -29,11 +37,21 @@ async def nothing(ctx: ToolContext, args: Any) -> dict[str, Any]:
     return {}
 
 
+async def no_status(ctx: ToolContext, operation_id: str) -> OperationStatus:
+    return OperationStatus(state="not_found")
+
+
+async def no_evidence(ctx: ToolContext, args: Any, output: Any) -> Evidence:
+    return Evidence(verified=False, detail="test")
+
+
 @pytest.fixture
 def registry() -> ToolRegistry:
     reg = ToolRegistry()
     reg.register(ToolSpec("lookup", "Look an item up.", LookupArgs, "read_only", nothing))
-    reg.register(ToolSpec("note", "Write a note.", NoteArgs, "side_effecting", nothing))
+    reg.register(
+        ToolSpec("note", "Write a note.", NoteArgs, "side_effecting", nothing, status=no_status, read_back=no_evidence)
+    )
     return reg
 
 
@@ -49,7 +67,7 @@ def test_strict_schema_closes_objects_and_keeps_property_named_title() -> None:
     assert "title" not in schema and "default" not in schema["properties"]["limit"]
 
 
-def test_register_refuses_open_or_non_nullable_optional_models() -> None:
+def test_register_refuses_open_models_optional_non_nullable_fields_and_writes_without_status() -> None:
     class Open(BaseModel):
         x: int
 
@@ -58,6 +76,8 @@ def test_register_refuses_open_or_non_nullable_optional_models() -> None:
         x: int = 3
 
     reg = ToolRegistry()
+    with pytest.raises(ValueError, match="needs a status query and a read-back"):
+        reg.register(ToolSpec("write", "d", NoteArgs, "side_effecting", nothing))
     with pytest.raises(ValueError, match="extra='forbid'"):
         reg.register(ToolSpec("open", "d", Open, "read_only", nothing))
     with pytest.raises(ValueError, match="optional but not nullable"):

@@ -61,10 +61,11 @@ def assert_clean(text: str) -> None:
 
 
 def test_every_tool_has_a_strict_schema(registry: ToolRegistry) -> None:
-    assert registry.names() == ["get_order_status", "list_my_orders", "get_ticket", "find_free_slots"]
+    # The side-effecting tools follow the read-only ones (tests/test_demotools_writes.py covers them).
+    assert registry.names()[:4] == ["get_order_status", "list_my_orders", "get_ticket", "find_free_slots"]
     for name in registry.names():
         spec = registry.get(name)
-        assert spec is not None and spec.read_only
+        assert spec is not None and spec.read_only == (name in registry.names()[:4])
         assert strict_schema_problems(spec.arguments) == []
         params = spec.definition()["parameters"]
         assert params["additionalProperties"] is False

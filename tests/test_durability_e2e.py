@@ -153,7 +153,15 @@ async def test_responses_adapter_retries_429_and_sends_every_item_back(
     assert len(sent) == 3  # 429, then the tool call, then the answer
     assert sent[0] == sent[1]  # the retry sent the same request
     tools = {t["name"]: t for t in sent[0]["tools"]}
-    assert set(tools) == {"get_order_status", "list_my_orders", "get_ticket", "find_free_slots"}
+    assert set(tools) == {
+        "get_order_status",
+        "list_my_orders",
+        "get_ticket",
+        "find_free_slots",
+        "append_ticket_note",
+        "create_calendar_event",
+        "refund_order",
+    }
     assert all(t["strict"] is True for t in tools.values())
     second_input = sent[2]["input"]
     assert second_input[0] == {"type": "message", "role": "user", "content": "Where is A100?"}

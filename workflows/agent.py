@@ -61,7 +61,7 @@ def _failure_message(err: ActivityError) -> str:
 class AgentWorkflow:
     @workflow.init
     def __init__(self, inp: AgentInput) -> None:
-        self._progress = AgentProgress(phase="starting", round=0)
+        self._progress = AgentProgress(phase="starting", round=0, actor=inp.actor)
         # Built here, not in run(): an approval update may arrive before run() has started.
         self._writes = WriteProtocol(inp.actor, inp.limits, self._set_phase)
 

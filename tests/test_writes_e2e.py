@@ -1,0 +1,499 @@
+"""End to end: the write protocol (approval, operation ids, unknown outcomes, read-back) against the real
+Temporal dev server and the real business service, with faults injected at the service's boundary.
+Every test counts effects in the service's own tables (GET /admin/effects), not the workflow's word."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.worker import Worker
+
+from agentcore.contracts import Actor, AgentProgress, AgentResult, Limits, OperationRecord
+from agentcore.digests import payload_digest
+from agentcore.names import GET_PROGRESS_QUERY
+from devstack.processes import start_worker
+from orchestrator.approval_channel import mint_for, send_decision
+from orchestrator.settings import Settings
+from tests.agent_helpers import (
+    assert_eventually,
+    call,
+    say,
+    script_spec,
+    service_requests,
+    set_faults,
+    start_agent,
+    tool_outputs,
+)
+from tests.conftest import REPO_ROOT, BusinessService, start_service
+
+pytestmark = pytest.mark.e2e
+
+U1 = Actor(user_id="u1", tenant_id="acme")
+FAST = {"write_timeout_seconds": 2, "unknown_resolution_seconds": 10}
+
+
+async def effects(admin: httpx.AsyncClient, operation_id: str) -> list[dict[str, Any]]:
+    response = await admin.get("/admin/effects", params={"operation_id": operation_id})
+    response.raise_for_status()
+    return list(response.json()["effects"])
+
+
+async def ticket_version(service_url: str, ticket_id: str = "T1001", user: str = "u1") -> int:
+    async with httpx.AsyncClient(base_url=service_url) as http:
+        response = await http.get(f"/tickets/{ticket_id}", headers={"X-Actor-User": user, "X-Actor-Tenant": "acme"})
+        response.raise_for_status()
+        return int(response.json()["version"])
+
+
+async def waiting_operation(handle: WorkflowHandle[Any, Any]) -> OperationRecord:
+    """The first operation waiting for approval, once the workflow has one."""
+    found: list[OperationRecord] = []
+
+    async def check() -> bool:
+        progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
+        found[:] = [op for op in progress.operations if op.state == "awaiting_approval"]
+        return bool(found)
+
+    await assert_eventually(check, what="an operation waits for approval")
+    return found[0]
+
+
+@contextlib.asynccontextmanager
+async def approving(
+    handle: WorkflowHandle[Any, Any], key: str, approver: Actor = U1, ttl: float = 600
+) -> AsyncIterator[list[str]]:
+    """Approve every operation the workflow asks about (what `ask --auto-approve` does)."""
+    approved: list[str] = []
+
+    async def loop() -> None:
+        while True:
+            progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
+            for op in progress.operations:
+                if op.state == "awaiting_approval" and op.operation_id not in approved:
+                    await send_decision(handle, op, approve=True, approver=approver, key=key, ttl_seconds=ttl)
+                    approved.append(op.operation_id)
+            await asyncio.sleep(0.1)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield approved
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def run_approved(
+    client: Client, settings: Settings, service: BusinessService, turns: list[list[dict[str, Any]]], **limits: Any
+) -> tuple[AgentResult, WorkflowHandle[Any, AgentResult]]:
+    handle = await start_agent(client, settings, "write", model=script_spec(*turns), limits=Limits(**limits))
+    async with approving(handle, service.approval_key):
+        result = await asyncio.wait_for(handle.result(), timeout=120)
+    return result, handle
+
+
+def note_call(version: int, text: str, call_id: str) -> dict[str, Any]:
+    return call("append_ticket_note", {"ticketId": "T1001", "text": text, "expectedVersion": version}, call_id)
+
+
+async def test_approved_note_is_written_once_and_verified(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    turns = [[note_call(version, "  Replacement shipped.  ", "w1")], [say("Noted.")]]
+    result, handle = await run_approved(client, settings, business_service, turns)
+
+    [op] = result.operations
+    assert (op.state, op.call_ids, op.attempts) == ("verified", ["w1"], 1)
+    assert op.transitions == ["proposed", "validated", "awaiting_approval", "approved", "sent", "completed", "verified"]
+    assert op.approval is not None and op.approval.decision == "approved" and op.approval.by == "u1 via cli"
+    assert op.arguments["text"] == "Replacement shipped."  # trimmed before it was approved and digested
+    [effect] = await effects(admin, op.operation_id)
+    assert effect["kind"] == "note"
+    output = (await tool_outputs(handle))["w1"]
+    assert output["ok"] is True and output["state"] == "verified" and output["operation_id"] == op.operation_id
+    assert await ticket_version(business_service.url) == version + 1
+
+
+async def test_same_write_proposed_twice_makes_one_effect(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    turns = [[note_call(version, "Twice?", "w1")], [note_call(version, "Twice?", "w2")], [say("done")]]
+    result, handle = await run_approved(client, settings, business_service, turns)
+
+    [op] = result.operations
+    assert op.call_ids == ["w1", "w2"] and op.state == "verified"
+    assert len(await effects(admin, op.operation_id)) == 1
+    outputs = await tool_outputs(handle)
+    assert outputs["w2"]["same_operation_as_call"] == "w1"
+    assert outputs["w2"]["operation_id"] == outputs["w1"]["operation_id"] == op.operation_id
+    assert len([r for r in await service_requests(admin, "/tickets/T1001/notes") if r["method"] == "POST"]) == 1
+
+
+async def test_no_approval_within_ttl_sends_nothing(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    turns = [[note_call(version, "unapproved", "w1")], [say("ok")]]
+    handle = await start_agent(
+        client, settings, "write", model=script_spec(*turns), limits=Limits(approval_ttl_seconds=1)
+    )
+    result = await asyncio.wait_for(handle.result(), timeout=60)
+
+    [op] = result.operations
+    assert (op.state, op.attempts, op.approval) == ("expired", 0, None)
+    assert (await tool_outputs(handle))["w1"]["code"] == "CONFIRMATION_REQUIRED"
+    assert await effects(admin, op.operation_id) == []
+    assert await service_requests(admin, "/tickets/T1001/notes") == []
+
+
+async def test_rejected_operation_sends_nothing(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    handle = await start_agent(
+        client, settings, "w", model=script_spec([note_call(version, "no thanks", "w1")], [say("ok")])
+    )
+    op = await waiting_operation(handle)
+    await send_decision(handle, op, approve=False, approver=U1, key=None)
+    result = await asyncio.wait_for(handle.result(), timeout=60)
+
+    assert result.operations[0].state == "denied"
+    assert (await tool_outputs(handle))["w1"]["code"] == "CONFIRMATION_REQUIRED"
+    assert await effects(admin, op.operation_id) == []
+
+
+@pytest.mark.parametrize("forgery", ["other_user", "other_digest", "expired"])
+async def test_update_validator_refuses_bad_approvals_and_nothing_is_sent(
+    client: Client,
+    settings: Settings,
+    worker: Worker,
+    admin: httpx.AsyncClient,
+    business_service: BusinessService,
+    forgery: str,
+) -> None:
+    version = await ticket_version(business_service.url)
+    handle = await start_agent(
+        client,
+        settings,
+        "w",
+        model=script_spec([note_call(version, "forged?", "w1")], [say("ok")]),
+        limits=Limits(approval_ttl_seconds=3),
+    )
+    op = await waiting_operation(handle)
+    key = business_service.approval_key
+    approver, ttl = U1, 600.0
+    if forgery == "other_user":
+        approver = Actor(user_id="u2", tenant_id="acme")
+    elif forgery == "other_digest":
+        other = op.model_copy(update={"arguments": {**op.arguments, "text": "something else"}})
+        other.digest = payload_digest(other.tool, other.arguments)
+        op = other
+    else:
+        ttl = -1.0
+
+    with pytest.raises(WorkflowUpdateFailedError):
+        await send_decision(handle, op, approve=True, approver=approver, key=key, ttl_seconds=ttl)
+    result = await asyncio.wait_for(handle.result(), timeout=60)
+
+    assert result.operations[0].state == "expired" and result.operations[0].approval is None
+    assert await effects(admin, result.operations[0].operation_id) == []
+
+
+async def test_service_refuses_an_approval_that_expired_before_execution(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    # The token is valid when approved, but the write reaches the service after it expired.
+    await set_faults(admin, {"method": "POST", "path_regex": "^/tickets/T1001/notes$", "latency_ms": 2500})
+    version = await ticket_version(business_service.url)
+    handle = await start_agent(
+        client,
+        settings,
+        "w",
+        model=script_spec([note_call(version, "late", "w1")], [say("ok")]),
+        limits=Limits(write_timeout_seconds=5),
+    )
+    op = await waiting_operation(handle)
+    await send_decision(handle, op, approve=True, approver=U1, key=business_service.approval_key, ttl_seconds=1.5)
+    result = await asyncio.wait_for(handle.result(), timeout=60)
+
+    assert result.operations[0].state == "failed"
+    assert (await tool_outputs(handle))["w1"]["code"] == "CONFIRMATION_REQUIRED"
+    assert await effects(admin, op.operation_id) == []
+
+
+async def test_stale_version_is_a_version_conflict_without_effect(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    result, handle = await run_approved(
+        client, settings, business_service, [[note_call(version + 5, "stale", "w1")], [say("ok")]]
+    )
+
+    assert result.operations[0].state == "failed"
+    assert (await tool_outputs(handle))["w1"]["code"] == "VERSION_CONFLICT"
+    assert await effects(admin, result.operations[0].operation_id) == []
+
+
+async def test_refund_over_refundable_and_without_amount_are_rejected(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    turns = [
+        [
+            call("refund_order", {"orderId": "A103", "amountCents": 10**9, "reason": "too much"}, "over"),
+            call("refund_order", {"orderId": "A103", "reason": "no amount"}, "no_amount"),
+            call("refund_order", {"orderId": "A103", "amountCents": None, "reason": "null amount"}, "null_amount"),
+        ],
+        [say("ok")],
+    ]
+    result, handle = await run_approved(client, settings, business_service, turns)
+
+    outputs = await tool_outputs(handle)
+    assert {k: v["code"] for k, v in outputs.items()} == {
+        "over": "BAD_ARGUMENTS",
+        "no_amount": "BAD_ARGUMENTS",
+        "null_amount": "BAD_ARGUMENTS",
+    }
+    [op] = result.operations  # the calls without an amount never became operations
+    assert op.call_ids == ["over"] and op.state == "failed"
+    assert await effects(admin, op.operation_id) == []
+
+
+async def test_commit_then_dropped_reply_is_resolved_by_status_and_verified(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    await set_faults(
+        admin, {"method": "POST", "path_regex": "^/tickets/T1001/notes$", "when": "after_commit", "action": "drop"}
+    )
+    version = await ticket_version(business_service.url)
+    result, handle = await run_approved(
+        client, settings, business_service, [[note_call(version, "dropped reply", "w1")], [say("ok")]], **FAST
+    )
+
+    [op] = result.operations
+    assert (op.state, op.attempts) == ("verified", 1)
+    assert [c.state for c in op.status_checks] == ["completed"]
+    assert "unknown" in op.transitions
+    assert len(await effects(admin, op.operation_id)) == 1
+
+
+async def test_status_down_after_lost_reply_stays_unknown_and_is_not_resent(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    await set_faults(
+        admin,
+        {"method": "POST", "path_regex": "^/tickets/T1001/notes$", "when": "after_commit", "action": "drop"},
+        {"method": "GET", "path_regex": "^/operations/", "status": 503},
+    )
+    version = await ticket_version(business_service.url)
+    result, handle = await run_approved(
+        client,
+        settings,
+        business_service,
+        [[note_call(version, "unknown fate", "w1")], [say("I could not confirm the note.")]],
+        status_max_attempts=2,
+        **FAST,
+    )
+
+    [op] = result.operations
+    assert (op.state, op.attempts) == ("unknown", 1)
+    assert [c.state for c in op.status_checks] == ["unavailable"]
+    output = (await tool_outputs(handle))["w1"]
+    assert output["ok"] is False and output["code"] == "OUTCOME_UNKNOWN"
+    assert [c.code for c in result.calls] == ["OUTCOME_UNKNOWN"]
+    # It did happen (the service committed), and it was sent exactly once: unknown, never resent.
+    assert len(await effects(admin, op.operation_id)) == 1
+    posts = [r for r in await service_requests(admin, "/tickets/T1001/notes") if r["method"] == "POST"]
+    assert len(posts) == 1
+
+
+async def test_503_before_commit_is_resent_with_the_same_key_once(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    await set_faults(admin, {"method": "POST", "path_regex": "^/tickets/T1001/notes$", "status": 503, "times": 1})
+    version = await ticket_version(business_service.url)
+    result, _ = await run_approved(
+        client, settings, business_service, [[note_call(version, "after a 503", "w1")], [say("ok")]], **FAST
+    )
+
+    [op] = result.operations
+    assert (op.state, op.attempts) == ("verified", 2)
+    assert [c.state for c in op.status_checks] == ["not_found"]
+    assert len(await effects(admin, op.operation_id)) == 1
+    posts = [r for r in await service_requests(admin, "/tickets/T1001/notes") if r["method"] == "POST"]
+    assert [p["status"] for p in posts] == [503, 201]
+
+
+async def test_retry_while_first_attempt_still_in_flight_makes_one_effect(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    # Attempt 1 stalls before the service claims the key; the workflow times out, the status says
+    # not_found, attempt 2 (same key) commits, and then attempt 1 arrives and must not write again.
+    await set_faults(admin, {"method": "POST", "path_regex": "^/tickets/T1001/notes$", "latency_ms": 4000, "times": 1})
+    version = await ticket_version(business_service.url)
+    result, _ = await run_approved(
+        client, settings, business_service, [[note_call(version, "stalled first", "w1")], [say("ok")]], **FAST
+    )
+
+    [op] = result.operations
+    assert op.state == "verified" and op.attempts == 2
+
+    async def both_attempts_answered() -> bool:
+        posts = [r for r in await service_requests(admin, "/tickets/T1001/notes") if r["method"] == "POST"]
+        return len(posts) == 2 and all(p["ended_at"] is not None for p in posts)
+
+    await assert_eventually(both_attempts_answered, what="the stalled first attempt was answered too")
+    assert len(await effects(admin, op.operation_id)) == 1
+
+
+async def test_worker_killed_after_commit_before_reply_recorded_makes_one_effect(
+    client: Client, settings: Settings, admin: httpx.AsyncClient, business_service: BusinessService, tmp_path: Path
+) -> None:
+    await set_faults(
+        admin,
+        {"method": "POST", "path_regex": "^/tickets/T1001/notes$", "when": "after_commit", "latency_ms": 6000},
+    )
+    env = {
+        "TEMPORAL_ADDRESS": settings.temporal_address,
+        "TOOLLOOP_TASK_QUEUE": settings.task_queue,
+        "TOOLLOOP_SERVICE_URL": settings.service_url,
+    }
+    version = await ticket_version(business_service.url)
+    first = await asyncio.to_thread(start_worker, REPO_ROOT, env, tmp_path / "first.log")
+    second = None
+    try:
+        handle = await start_agent(
+            client,
+            settings,
+            "w",
+            model=script_spec([note_call(version, "killed worker", "w1")], [say("ok")]),
+            limits=Limits(write_timeout_seconds=3, unknown_resolution_seconds=10),
+        )
+        async with approving(handle, business_service.approval_key) as approved:
+            await assert_eventually(lambda: _has(approved), what="approved")
+
+            async def committed() -> bool:
+                return len(await effects(admin, approved[0])) == 1
+
+            await assert_eventually(committed, what="the service committed the note")
+            first.kill9()
+            second = await asyncio.to_thread(start_worker, REPO_ROOT, env, tmp_path / "second.log")
+            result = await asyncio.wait_for(handle.result(), timeout=90)
+    finally:
+        first.kill9()
+        if second is not None:
+            second.stop()
+
+    [op] = result.operations
+    assert op.state == "verified" and op.attempts == 1
+    assert [c.state for c in op.status_checks] == ["completed"]
+    assert len(await effects(admin, op.operation_id)) == 1
+
+
+async def _has(items: list[str]) -> bool:
+    return bool(items)
+
+
+async def test_same_key_different_payload_is_refused_by_the_service(
+    admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    op = OperationRecord(
+        operation_id="op_direct_conflict_" + str(version),
+        tool="append_ticket_note",
+        call_ids=["x"],
+        arguments={"ticketId": "T1001", "text": "first text", "expectedVersion": version},
+        digest="",
+        state="awaiting_approval",
+    )
+    headers = {"X-Actor-User": "u1", "X-Actor-Tenant": "acme", "Idempotency-Key": op.operation_id}
+    async with httpx.AsyncClient(base_url=business_service.url) as http:
+        for text, expected_status in [("first text", 201), ("other text", 422)]:
+            op.arguments["text"] = text
+            op.digest = payload_digest(op.tool, op.arguments)
+            token = mint_for(op, U1, business_service.approval_key)
+            response = await http.post(
+                "/tickets/T1001/notes", json=op.arguments, headers={**headers, "X-Approval-Token": token}
+            )
+            assert response.status_code == expected_status
+        assert response.json()["code"] == "IDEMPOTENCY_CONFLICT"
+    [effect] = await effects(admin, op.operation_id)
+    assert effect["kind"] == "note"
+
+
+# --- Retention: a late retry past the idempotency window fails closed ------------------------------
+
+
+RETENTION_SECONDS = 10
+
+
+@pytest.fixture
+def short_retention_service(tmp_path: Path) -> Iterator[BusinessService]:
+    service = start_service(tmp_path / "short", retention_seconds=RETENTION_SECONDS)
+    yield service
+    service.process.stop()
+
+
+async def test_late_retry_past_retention_is_not_resent_and_stays_unknown(
+    client: Client, settings: Settings, short_retention_service: BusinessService, tmp_path: Path
+) -> None:
+    # The worker dies right after the service committed; it comes back only after the service has
+    # forgotten the key. The status then says not_found, and a resend would be a second effect.
+    service = short_retention_service
+    limits = Limits(
+        approval_ttl_seconds=2,
+        write_timeout_seconds=3,
+        max_write_attempts=2,
+        unknown_resolution_seconds=1,
+        idempotency_retention_seconds=RETENTION_SECONDS,
+    )
+    env = {
+        "TEMPORAL_ADDRESS": settings.temporal_address,
+        "TOOLLOOP_TASK_QUEUE": settings.task_queue,
+        "TOOLLOOP_SERVICE_URL": service.url,
+    }
+    version = await ticket_version(service.url)
+    async with httpx.AsyncClient(base_url=service.url, headers={"X-Admin-Token": service.admin_token}) as svc_admin:
+        await set_faults(
+            svc_admin,
+            {"method": "POST", "path_regex": "^/tickets/T1001/notes$", "when": "after_commit", "latency_ms": 3000},
+        )
+        first = await asyncio.to_thread(start_worker, REPO_ROOT, env, tmp_path / "first.log")
+        second = None
+        try:
+            handle = await start_agent(
+                client, settings, "w", model=script_spec([note_call(version, "late", "w1")], [say("ok")]), limits=limits
+            )
+            async with approving(handle, service.approval_key) as approved:
+                await assert_eventually(lambda: _has(approved), what="approved")
+
+                async def committed() -> bool:
+                    return len(await effects(svc_admin, approved[0])) == 1
+
+                await assert_eventually(committed, within=10, what="the service committed the note")
+                first.kill9()
+            await asyncio.sleep(RETENTION_SECONDS + 0.5)
+            second = await asyncio.to_thread(start_worker, REPO_ROOT, env, tmp_path / "second.log")
+            result = await asyncio.wait_for(handle.result(), timeout=60)
+        finally:
+            first.kill9()
+            if second is not None:
+                second.stop()
+
+        [op] = result.operations
+        assert (op.state, op.attempts) == ("unknown", 1)
+        assert [c.state for c in op.status_checks] == ["not_found"]
+        assert op.note is not None and "expired" in op.note
+        assert (await tool_outputs(handle))["w1"]["code"] == "OUTCOME_UNKNOWN"
+        posts = [r for r in await service_requests(svc_admin, "/tickets/T1001/notes") if r["method"] == "POST"]
+        assert len(posts) == 1
+        response = await svc_admin.get("/admin/effects", params={"operation_id": op.operation_id})
+        assert len(response.json()["effects"]) == 1
