@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import uuid
 from dataclasses import dataclass
@@ -434,5 +435,18 @@ def status() -> None:
     Console().print(f"Temporal UI: {settings.ui_url()}")
 
 
+def main() -> None:
+    try:
+        app()  # typer/click always end with SystemExit
+        code: int = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # temporalio 1.35 can abort during interpreter teardown ("PyGILState_Release") once a client has
+    # run; everything is done and flushed here, so leave with the command's own exit code.
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from devstack.processes import free_port, pid_alive
@@ -139,3 +140,85 @@ def test_up_reports_a_taken_port_clearly(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert str(taken) in done.stderr and "in use" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
+
+
+def admin_effects(env: dict[str, str], operation_id: str) -> list[dict[str, Any]]:
+    state = json.loads((Path(env["TOOLLOOP_DATA_DIR"]) / "state.json").read_text())
+    response = httpx.get(
+        f"http://127.0.0.1:{env['TOOLLOOP_SERVICE_PORT']}/admin/effects",
+        params={"operation_id": operation_id},
+        headers={"X-Admin-Token": state["admin_token"]},
+    )
+    response.raise_for_status()
+    return list(response.json()["effects"])
+
+
+def write_script(path: Path, item: dict[str, Any]) -> Path:
+    path.write_text(json.dumps({"turns": [[item], [{"type": "message", "content": "done"}]]}))
+    return path
+
+
+def test_ask_auto_approve_writes_once_and_reports_the_ledger(cli_env: dict[str, str], tmp_path: Path) -> None:
+    note = {"ticketId": "T1003", "text": "closing remark", "expectedVersion": 1}
+    script = write_script(
+        tmp_path / "note.json",
+        {"type": "function_call", "name": "append_ticket_note", "arguments": json.dumps(note), "call_id": "w1"},
+    )
+    done = run_cli(cli_env, "ask", "--user", "u1", "--json", "--auto-approve", "--model", f"script:{script}", "note")
+
+    assert done.returncode == 0, done.stderr
+    assert "--auto-approve" in done.stderr and "append_ticket_note" in done.stderr
+    [op] = json.loads(done.stdout)["operations"]
+    assert (op["state"], op["call_ids"], op["attempts"]) == ("verified", ["w1"], 1)
+    assert op["approval"]["by"] == "u1 via cli" and op["digest"].startswith("sha256:")
+    assert len(admin_effects(cli_env, op["operation_id"])) == 1
+
+
+def test_approve_from_another_shell_only_as_the_requests_user(cli_env: dict[str, str], tmp_path: Path) -> None:
+    refund = {"orderId": "A102", "amountCents": 150, "reason": "late delivery"}
+    script = write_script(
+        tmp_path / "refund.json",
+        {"type": "function_call", "name": "refund_order", "arguments": json.dumps(refund), "call_id": "r1"},
+    )
+    ask = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO_ROOT / "starter.py"),
+            "ask",
+            "--user",
+            "u1",
+            "--json",
+            "--model",
+            f"script:{script}",
+            "refund",
+        ],
+        env=cli_env,
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert ask.stderr is not None
+        hint = next(line for line in ask.stderr if "starter.py approve" in line)
+        workflow_id, operation_id = hint.split()[-2:]
+
+        foreign = run_cli(cli_env, "approve", workflow_id, operation_id, "--as", "u2")
+        assert foreign.returncode == 1 and "another user" in foreign.stderr
+        assert admin_effects(cli_env, operation_id) == []
+
+        approved = run_cli(cli_env, "approve", workflow_id, operation_id)
+        assert approved.returncode == 0, approved.stderr
+        stdout, _ = ask.communicate(timeout=120)
+    finally:
+        if ask.poll() is None:
+            ask.kill()
+            ask.wait()
+
+    assert ask.returncode == 0
+    [op] = json.loads(stdout)["operations"]
+    assert op["operation_id"] == operation_id and op["state"] == "verified"
+    assert op["arguments"] == refund
+    [effect] = admin_effects(cli_env, operation_id)
+    assert effect["kind"] == "refund"
