@@ -245,7 +245,10 @@ _STATE_WORDS = {
 
 def _print_receipt(operations: list[OperationRecord]) -> None:
     """What really happened, from the workflow's ledger, whatever the model's text says."""
-    table = Table("operation", "tool", "arguments", "outcome", "approval", "attempts", "status checks", title="Receipt")
+    table = Table(title="Receipt")
+    table.add_column("operation", overflow="fold")
+    for name in ("tool", "arguments", "outcome", "approval", "attempts", "status checks"):
+        table.add_column(name)
     for op in operations:
         words, style = _STATE_WORDS.get(op.state, (op.state, "white"))
         approval = f"{op.approval.decision} by {op.approval.by}" if op.approval else "-"

@@ -40,7 +40,7 @@ def test_bizservice_env_names_are_read_by_the_service() -> None:
     source = (REPO / "bizservice" / "__main__.py").read_text()
     names = set(_env("bizservice"))
     assert names
-    assert all(f'os.environ.get("{name}")' in source for name in names)
+    assert all(f'"{name}"' in source and "os.environ" in source for name in names)
 
 
 def test_worker_and_image_commands_run_existing_files() -> None:
@@ -98,3 +98,8 @@ def test_admin_tools_register_the_search_attribute_the_code_uses() -> None:
     script = " ".join(SERVICES["temporal-admin-tools"]["command"])
     assert f"search-attribute create --namespace default --name {USER_SEARCH_ATTRIBUTE} --type Keyword" in script
     assert "--address temporal:7233" in script
+
+
+def test_only_the_service_holds_the_approval_key() -> None:
+    holders = {name for name, svc in SERVICES.items() if any("APPROVAL_KEY" in k for k in svc.get("environment", {}))}
+    assert holders == {"bizservice"}
