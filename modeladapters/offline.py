@@ -3,6 +3,12 @@
 It reads the latest user message, asks for the matching read-only tools in its first turn, and in its
 second turn answers from the `function_call_output` items it received and from nothing else. It never
 calls tools twice for one request, so it cannot loop. Every text it writes starts with "[offline model] ".
+
+Two write requests show the write protocol; a write request wins over any read in the same message:
+- a ticket note: get_ticket, then append_ticket_note with the version it read, then the answer;
+- a refund: refund_order (only with an explicit amount, never a default), then the answer.
+The answer to a write is worded from the write's output alone: "done" only when it says verified, unknown
+stays unknown (and is not retried), and a refusal says it was not done and why. At most two call turns.
 """
 
 from __future__ import annotations
@@ -10,7 +16,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import date, timedelta
+from decimal import Decimal
 from typing import Any
 
 from agentcore.contracts import (
@@ -28,7 +36,9 @@ DEFAULT_DATE = date(2026, 12, 1)
 HELP_TEXT = (
     "I am the offline demo model, not a language model. I understand: the status of an order "
     '("Where is my order A100?"), a list of your orders ("list my orders"), a ticket ("ticket T1001") and '
-    'free calendar time ("free slots on cal-u1 on 2026-12-01").'
+    'free calendar time ("free slots on cal-u1 on 2026-12-01"). With your approval I can also add a note '
+    '("Add a note to ticket T1001: called the customer") and refund an order '
+    '("Refund 5.00 EUR on order A100 because it arrived broken").'
 )
 
 # Values copied from tool outputs are cut so one huge field cannot swamp the answer.
@@ -41,6 +51,42 @@ _LIST_ORDERS = re.compile(r"\b(?:my|list|show|all)\s+(?:my\s+)?orders\b", re.IGN
 _FREE = re.compile(r"\bfree\s+(?:slots?|time)\b|\bwhen\s+am\s+i\s+free\b", re.IGNORECASE)
 _CALENDAR = re.compile(r"\b(cal-[A-Za-z0-9_-]+)")
 _DATE = re.compile(r"\b(\d{4}-\d{2}-\d{2})\b")
+
+# Writes. A note's text follows the first ":" or "saying"; what comes before it (the head) names the ticket.
+_NOTE_TEXT_START = re.compile(r":|\bsaying\b\s*:?", re.IGNORECASE)
+_NOTE_VERB = re.compile(r"\b(?:add|append|write|leave|put|post|attach)\b.*?\bnotes?\b", re.IGNORECASE)
+_NOTE_WORD = re.compile(r"\bnotes?\b", re.IGNORECASE)
+# "refund" as a request: at a sentence start or after please / you / to ("could you refund", "want to refund").
+_REFUND = re.compile(r"(?:^|[.!?;:]\s*|\b(?:please|you|to)\s+)refund\b", re.IGNORECASE)
+_BECAUSE = re.compile(r"\bbecause\b", re.IGNORECASE)
+_ORDER = re.compile(r"\border\s*#?\s*([A-Za-z]{1,3}-?\d+)\b", re.IGNORECASE)
+_CENTS = re.compile(r"(?<![\d.,])(\d{1,15})\s*(?:cents?|ct)\b", re.IGNORECASE)
+_DECIMAL = r"(\d{1,13}(?:[.,]\d{1,2})?)(?![\d.,]*\d)"
+_EUROS = re.compile(rf"(?:€|\bEUR\b)\s*{_DECIMAL}|(?<![\d.,]){_DECIMAL}\s*(?:€|\bEUR\b|\beuros?\b)", re.IGNORECASE)
+_QUOTED = re.compile(r"^([\"'“‘`])(.*)([\"'”’`])[.!]?$", re.DOTALL)
+_QUOTE_PAIRS = {'"': '"', "'": "'", "“": "”", "‘": "’", "`": "`"}
+DEFAULT_REFUND_REASON = "requested by customer"
+NOTE_TOOL = "append_ticket_note"
+REFUND_TOOL = "refund_order"
+NOTE_EXAMPLE = '"Add a note to ticket T1001: called the customer"'
+REFUND_EXAMPLE = '"Refund 5.00 EUR on order A100 because it arrived broken" or "refund 500 cents for order A100"'
+
+
+@dataclass(frozen=True)
+class _NoteRequest:
+    ticket: str
+    text: str
+
+
+@dataclass(frozen=True)
+class _RefundRequest:
+    order: str
+    cents: int
+    reason: str
+
+
+# A parsed write request, or the question to ask back when it lacks something (no call is made then).
+_WriteRequest = _NoteRequest | _RefundRequest | str
 
 
 class OfflineDemoModel:
@@ -55,11 +101,15 @@ class OfflineDemoModel:
         start, request = found
         since = conversation[start + 1 :]
         calls = [item for item in since if isinstance(item, FunctionCallItem)]
+        outputs = {item.call_id: item.output for item in since if isinstance(item, FunctionCallOutputItem)}
+        turn = _model_turns(conversation) + 1
+        write = _write_request(request.text())
+        if write is not None:
+            return _write_turn(write, calls, outputs, turn)
         if calls:
             # Second turn for this request: always answer, whatever arrived, so the loop ends here.
-            outputs = {item.call_id: item.output for item in since if isinstance(item, FunctionCallOutputItem)}
             return [_say(_compose(calls, outputs))]
-        return _plan(request.text(), actor_user, turn=_model_turns(conversation) + 1)
+        return _plan(request.text(), actor_user, turn=turn)
 
 
 # --- turn 1: which tools to call ---------------------------------------------------------------------
@@ -86,6 +136,10 @@ def _plan(text: str, actor_user: str, turn: int) -> list[ConversationItem]:
         wanted.append(("find_free_slots", {"calendarId": calendar, **span}))
     if not wanted:
         return [_say(HELP_TEXT)]
+    return _calls(wanted, turn)
+
+
+def _calls(wanted: list[tuple[str, dict[str, Any]]], turn: int) -> list[ConversationItem]:
     return [
         FunctionCallItem(call_id=f"call_{turn}_{index}", name=name, arguments=json.dumps(args, separators=(",", ":")))
         for index, (name, args) in enumerate(wanted, start=1)
@@ -96,21 +150,20 @@ def _plan(text: str, actor_user: str, turn: int) -> list[ConversationItem]:
 
 
 def _compose(calls: list[FunctionCallItem], outputs: dict[str, str]) -> str:
-    sentences = []
-    for call in calls:
-        args = _json_object(call.arguments) or {}
-        raw = outputs.get(call.call_id)
-        if raw is None:
-            sentences.append(f"No result arrived for {_describe(call.name, args)}.")
-            continue
-        result = _json_object(raw)
-        if result is None:
-            sentences.append(f"The result for {_describe(call.name, args)} could not be read.")
-        elif result.get("ok") is False:
-            sentences.append(_failure(call.name, args, result))
-        else:
-            sentences.append(_RENDERERS.get(call.name, _render_generic)(args, result))
-    return " ".join(sentences)
+    return " ".join(_sentence(call, outputs) for call in calls)
+
+
+def _sentence(call: FunctionCallItem, outputs: dict[str, str]) -> str:
+    args = _json_object(call.arguments) or {}
+    raw = outputs.get(call.call_id)
+    if raw is None:
+        return f"No result arrived for {_describe(call.name, args)}."
+    result = _json_object(raw)
+    if result is None:
+        return f"The result for {_describe(call.name, args)} could not be read."
+    if result.get("ok") is False:
+        return _failure(call.name, args, result)
+    return _RENDERERS.get(call.name, _render_generic)(args, result)
 
 
 _SERVICE = {
@@ -247,6 +300,199 @@ _RENDERERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], str]] = {
     "get_ticket": _render_ticket,
     "find_free_slots": _render_slots,
 }
+
+
+# --- writes: parsing the request ------------------------------------------------------------------------
+
+
+def _write_request(text: str) -> _WriteRequest | None:
+    """The write this message asks for, if any; when both kinds are named, the one named first wins."""
+    marker = _NOTE_TEXT_START.search(text)
+    head = text[: marker.start()] if marker else text
+    note = _NOTE_VERB.search(head)
+    if note is None and marker is not None and marker.group(0).lower().startswith("saying"):
+        note = _NOTE_WORD.search(head)  # "note on ticket T1001 saying ..."
+    refund = _REFUND.search(text)
+    if note is not None and (refund is None or note.start() <= refund.start()):
+        return _note_request(head, text[marker.end() :] if marker else None)
+    if refund is not None:
+        return _refund_request(text)
+    return None
+
+
+def _note_request(head: str, body: str | None) -> _WriteRequest:
+    tickets = _unique(m.upper() for m in _TICKET.findall(head))
+    if not tickets:
+        return f"Which ticket should the note go on? Please write it like {NOTE_EXAMPLE}."
+    if len(tickets) > 1:
+        return f"I add a note to one ticket at a time; please name just one of {', '.join(tickets)}."
+    text = _unquote(body.lstrip(":") if body else "")
+    if not text:
+        return f"What should the note on ticket {tickets[0]} say? Please write it like {NOTE_EXAMPLE}."
+    return _NoteRequest(ticket=tickets[0], text=text)
+
+
+def _refund_request(text: str) -> _WriteRequest:
+    because = _BECAUSE.search(text)
+    head = text[: because.start()] if because else text
+    reason = _unquote(text[because.end() :]).rstrip(".!").strip() if because else ""
+    orders = _unique(m.upper() for m in _ORDER.findall(head))
+    if not orders:
+        return f"Which order should I refund? Please write it like {REFUND_EXAMPLE}."
+    if len(orders) > 1:
+        return f"I refund one order at a time; please name just one of {', '.join(orders)}."
+    amounts = _unique([str(int(c)) for c in _CENTS.findall(head)] + [str(_euro_cents(e)) for e in _euros(head)])
+    if not amounts:
+        return (
+            f"How much should I refund on order {orders[0]}? I never refund the full amount by default; "
+            f"please give the amount, like {REFUND_EXAMPLE}."
+        )
+    if len(amounts) > 1:
+        return f"I found more than one amount ({', '.join(a + ' cents' for a in amounts)}); please give just one."
+    cents = int(amounts[0])
+    if cents < 1:
+        return f"A refund must be more than zero; how much should I refund on order {orders[0]}?"
+    return _RefundRequest(order=orders[0], cents=cents, reason=reason or DEFAULT_REFUND_REASON)
+
+
+def _euros(text: str) -> list[str]:
+    return [before or after for before, after in _EUROS.findall(text)]
+
+
+def _euro_cents(amount: str) -> int:
+    return int(Decimal(amount.replace(",", ".")) * 100)
+
+
+def _unquote(text: str) -> str:
+    text = text.strip()
+    quoted = _QUOTED.match(text)
+    if quoted and _QUOTE_PAIRS[quoted.group(1)] == quoted.group(3):
+        text = quoted.group(2).strip()
+    return text
+
+
+# --- writes: the turns and the answer --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _WriteWords:
+    """How one kind of write is reported; every sentence is chosen by the write output alone."""
+
+    done: str  # after a verified read-back
+    unverified: str  # the service says done, the read-back could not confirm it
+    unknown: str  # nobody knows whether it happened
+    not_done: str  # "The note was not added" / "The refund ... was not made"
+    thing: str  # what a version conflict is about
+    service: str
+
+
+def _note_words(request: _NoteRequest) -> _WriteWords:
+    ticket = _v(request.ticket)
+    return _WriteWords(
+        done=f"I added the note to ticket {ticket} (verified by reading the ticket back).",
+        unverified=(
+            f"The ticket service reported the note on ticket {ticket} as added, but I could not confirm it by"
+            " reading the ticket back{op}. I did not repeat it."
+        ),
+        unknown=f"I could not establish whether the note was added to ticket {ticket}{{op}}. I did not retry it.",
+        not_done="The note was not added",
+        thing=f"ticket {ticket}",
+        service="the ticket service",
+    )
+
+
+def _refund_words(request: _RefundRequest) -> _WriteWords:
+    what = f"{request.cents} cents on order {_v(request.order)}"
+    return _WriteWords(
+        done=f"I refunded {what} (verified by reading the order's refunds back).",
+        unverified=(
+            f"The order service reported the refund of {what} as made, but I could not confirm it by"
+            " reading the order's refunds back{op}. I did not repeat it."
+        ),
+        unknown=f"I could not establish whether the refund of {what} was made{{op}}. I did not retry it.",
+        not_done="The refund was not made",
+        thing=f"order {_v(request.order)}",
+        service="the order service",
+    )
+
+
+def _write_turn(
+    request: _WriteRequest, calls: list[FunctionCallItem], outputs: dict[str, str], turn: int
+) -> list[ConversationItem]:
+    if isinstance(request, str):
+        return [_say(request)]
+    if isinstance(request, _RefundRequest):
+        refund = _last_call(calls, REFUND_TOOL)
+        if refund is not None:
+            return [_say(_write_answer(refund, outputs, _refund_words(request)))]
+        if calls:
+            return [_say(_compose(calls, outputs))]
+        args = {"orderId": request.order, "amountCents": request.cents, "reason": request.reason}
+        return _calls([(REFUND_TOOL, args)], turn)
+    append = _last_call(calls, NOTE_TOOL)
+    if append is not None:
+        return [_say(_write_answer(append, outputs, _note_words(request)))]
+    read = _last_call(calls, "get_ticket")
+    if read is None:
+        if calls:
+            return [_say(_compose(calls, outputs))]
+        return _calls([("get_ticket", {"ticketId": request.ticket})], turn)
+    # Second turn: write only on a readable ticket, with the version just read.
+    raw = outputs.get(read.call_id)
+    result = _json_object(raw) if raw is not None else None
+    if result is None or result.get("ok") is not True:
+        return [_say(f"{_sentence(read, outputs)} I did not add the note.")]
+    version = _nested(result, "ticket").get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        return [_say(f"I could not read the version of ticket {_v(request.ticket)}, so I did not add the note.")]
+    args = {"ticketId": request.ticket, "text": request.text, "expectedVersion": version}
+    return _calls([(NOTE_TOOL, args)], turn)
+
+
+def _write_answer(call: FunctionCallItem, outputs: dict[str, str], words: _WriteWords) -> str:
+    raw = outputs.get(call.call_id)
+    result = _json_object(raw) if raw is not None else None
+    if result is None:
+        # No readable answer is no evidence either way: unknown, never "done" and never "not done".
+        return words.unknown.replace("{op}", "")
+    operation = result.get("operation_id")
+    op = f" (operation {_v(operation)})" if isinstance(operation, str) and operation else ""
+    if result.get("ok") is True:
+        if result.get("state") == "verified" and result.get("verified") is not False:
+            return words.done
+        return words.unverified.replace("{op}", op)
+    code = str(result.get("code", "unknown"))
+    if code == "OUTCOME_UNKNOWN" or result.get("ok") is not False:
+        return words.unknown.replace("{op}", op)
+    if code == "CONFIRMATION_REQUIRED":
+        return f"{words.not_done}: it was not approved."
+    return f"{words.not_done}: {_write_refusal(code, result, words)}."
+
+
+def _write_refusal(code: str, result: dict[str, Any], words: _WriteWords) -> str:
+    if code == "VERSION_CONFLICT":
+        return f"{words.thing} changed since I read it ({code}); ask again and I will read it afresh"
+    if code == "CONFLICT":
+        return f"it conflicts with the current state of {words.thing} ({code})"
+    if code == "NOT_AVAILABLE":
+        return f"{words.thing} is not available to you ({code})"
+    if code == "FORBIDDEN":
+        return f"I am not allowed to do that ({code})"
+    if code == "IDEMPOTENCY_CONFLICT":
+        return f"the same operation was already requested with different details ({code})"
+    if code == "TEMPORARY_UNAVAILABLE":
+        return f"{words.service} was not available ({code}); please try again later"
+    if code == "LIMIT_REACHED":
+        return f"a limit on tool calls was reached ({code})"
+    if code in ("BAD_ARGUMENTS", "BAD_JSON"):
+        hint = result.get("message")
+        return f"the request was not valid ({code}" + (f": {_v(hint)})" if isinstance(hint, str) and hint else ")")
+    return f"{words.service} refused it ({_v(code)})"
+
+
+def _last_call(calls: list[FunctionCallItem], name: str) -> FunctionCallItem | None:
+    found = [call for call in calls if call.name == name]
+    return found[-1] if found else None
 
 
 # --- helpers -------------------------------------------------------------------------------------------

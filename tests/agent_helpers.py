@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ from temporalio.client import Client, WorkflowHandle
 from agentcore.contracts import (
     Actor,
     AgentInput,
+    AgentProgress,
     AgentResult,
     ConversationItem,
     FunctionCallItem,
@@ -25,9 +27,51 @@ from agentcore.contracts import (
     ModelSpec,
     ModelTurnInput,
     ModelTurnResult,
+    OperationRecord,
 )
-from agentcore.names import AGENT_WORKFLOW, MODEL_TURN_ACTIVITY
+from agentcore.names import AGENT_WORKFLOW, GET_PROGRESS_QUERY, MODEL_TURN_ACTIVITY
+from orchestrator.approval_channel import send_decision
 from orchestrator.settings import Settings
+
+U1 = Actor(user_id="u1", tenant_id="acme")
+
+
+async def waiting_operation(handle: WorkflowHandle[Any, Any]) -> OperationRecord:
+    """The first operation waiting for approval, once the workflow has one."""
+    found: list[OperationRecord] = []
+
+    async def check() -> bool:
+        progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
+        found[:] = [op for op in progress.operations if op.state == "awaiting_approval"]
+        return bool(found)
+
+    await assert_eventually(check, what="an operation waits for approval")
+    return found[0]
+
+
+@contextlib.asynccontextmanager
+async def approving(
+    handle: WorkflowHandle[Any, Any], key: str, approver: Actor = U1, ttl: float = 600
+) -> AsyncIterator[list[str]]:
+    """Approve every operation the workflow asks about (what `ask --auto-approve` does)."""
+    approved: list[str] = []
+
+    async def loop() -> None:
+        while True:
+            progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
+            for op in progress.operations:
+                if op.state == "awaiting_approval" and op.operation_id not in approved:
+                    await send_decision(handle, op, approve=True, approver=approver, key=key, ttl_seconds=ttl)
+                    approved.append(op.operation_id)
+            await asyncio.sleep(0.1)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield approved
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def call(name: str, arguments: dict[str, Any] | str, call_id: str) -> dict[str, Any]:
@@ -134,3 +178,10 @@ async def assert_eventually(check: Callable[[], Awaitable[bool]], within: float 
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"not true within {within} s: {what}")
+
+
+async def effects(admin: httpx.AsyncClient, operation_id: str) -> list[dict[str, Any]]:
+    """The service's own effect rows made under one operation id."""
+    response = await admin.get("/admin/effects", params={"operation_id": operation_id})
+    response.raise_for_status()
+    return list(response.json()["effects"])

@@ -222,3 +222,24 @@ def test_approve_from_another_shell_only_as_the_requests_user(cli_env: dict[str,
     assert op["arguments"] == refund
     [effect] = admin_effects(cli_env, operation_id)
     assert effect["kind"] == "refund"
+
+
+def test_offline_model_adds_a_note_with_auto_approve_and_says_verified(cli_env: dict[str, str]) -> None:
+    done = run_cli(
+        cli_env, "ask", "--user", "u1", "--json", "--auto-approve", "Add a note to ticket T1002: should not be mine"
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    # T1002 is u2's: the read says not available and the model writes nothing.
+    assert result["operations"] == [] and "did not add the note" in result["final_text"]
+
+    done = run_cli(
+        cli_env, "ask", "--user", "u1", "--json", "--auto-approve", "Add a note to ticket T1001: Customer called"
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    [op] = result["operations"]
+    assert op["state"] == "verified" and op["arguments"]["text"] == "Customer called"
+    assert "verified" in result["final_text"] and result["final_text"].startswith("[offline model]")
+    assert [c["tool"] for c in result["calls"]] == ["get_ticket", "append_ticket_note"]
+    assert len(admin_effects(cli_env, op["operation_id"])) == 1

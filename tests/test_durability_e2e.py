@@ -21,6 +21,7 @@ from orchestrator.converter import data_converter
 from orchestrator.settings import Settings
 from orchestrator.worker_factory import running_worker
 from tests.agent_helpers import (
+    approving,
     assert_eventually,
     call,
     conversation,
@@ -32,7 +33,7 @@ from tests.agent_helpers import (
     start_agent,
     tool_outputs,
 )
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, BusinessService
 from tests.fake_responses_server import (
     FakeResponsesServer,
     completed_response,
@@ -85,10 +86,28 @@ async def test_worker_killed_mid_request_new_worker_finishes_with_every_call_ans
 
 
 async def test_stored_histories_replay_deterministically(
-    client: Client, settings: Settings, admin: httpx.AsyncClient
+    client: Client, settings: Settings, admin: httpx.AsyncClient, business_service: BusinessService
 ) -> None:
     handles = []
     async with running_worker(client, settings, max_cached_workflows=0):
+        # A write with an approval Update, a lost reply and a status query, then a repeat of it.
+        await set_faults(
+            admin, {"method": "POST", "path_regex": "^/orders/A104/refunds$", "when": "after_commit", "action": "drop"}
+        )
+        refund = call("refund_order", {"orderId": "A104", "amountCents": 10, "reason": "replay"}, "w1")
+        again = {**refund, "call_id": "w2"}
+        handle = await start_agent(
+            client,
+            settings,
+            "w",
+            model=script_spec([refund], [again], [say("ok")]),
+            limits=Limits(write_timeout_seconds=3),
+        )
+        async with approving(handle, business_service.approval_key):
+            result = await asyncio.wait_for(handle.result(), timeout=60)
+        assert [op.state for op in result.operations] == ["verified"]
+        handles.append(handle)
+
         await set_faults(admin, {"method": "GET", "path_regex": "^/orders/A100$", "latency_ms": 300})
         turn = [
             call("get_order_status", {"orderId": "A100"}, "slow"),

@@ -240,6 +240,363 @@ def test_no_user_message_gets_help() -> None:
     only_text(MODEL.respond([], "u1"))
 
 
+# --- writes: a ticket note (get_ticket, then append_ticket_note, then the answer) -----------------------
+
+TICKET_OUTPUT: dict[str, Any] = {
+    "ok": True,
+    "ticket_id": "T1001",
+    "subject": "Broken lid",
+    "status": "open",
+    "priority": "normal",
+    "created_at": "2026-11-01T10:00:00Z",
+    "updated_at": "2026-11-02T10:00:00Z",
+    "version": 7,
+    "notes": [{"note_id": "n1", "text": "first", "author": "u1", "created_at": "2026-11-01T10:00:00Z"}],
+}
+NOTE_RESULT = {
+    "note_id": "n2",
+    "ticket_id": "T1001",
+    "text": "called the customer",
+    "author": "u1",
+    "created_at": "2026-12-01T10:00:00Z",
+    "ticket_version": 8,
+}
+
+
+def call_item(call_id: str, name: str, args: dict[str, Any]) -> FunctionCallItem:
+    return FunctionCallItem(call_id=call_id, name=name, arguments=json.dumps(args, separators=(",", ":")))
+
+
+def output_item(call_id: str, output: dict[str, Any]) -> FunctionCallOutputItem:
+    return FunctionCallOutputItem(call_id=call_id, output=json.dumps(output))
+
+
+def note_conversation(
+    ticket_output: dict[str, Any], note_output: dict[str, Any] | None = None, request: str | None = None
+) -> list[ConversationItem]:
+    """A hand-made note conversation up to the ticket output, or to the note output when one is given."""
+    conversation: list[ConversationItem] = [
+        user_message(request or "Add a note to ticket T1001: called the customer"),
+        call_item("call_1_1", "get_ticket", {"ticketId": "T1001"}),
+        output_item("call_1_1", ticket_output),
+    ]
+    if note_output is not None:
+        args = {"ticketId": "T1001", "text": "called the customer", "expectedVersion": 7}
+        conversation += [call_item("call_2_1", "append_ticket_note", args), output_item("call_2_1", note_output)]
+    return conversation
+
+
+@pytest.mark.parametrize(
+    ("request_text", "text"),
+    [
+        ("Add a note to ticket T1001: called the customer", "called the customer"),
+        ('add a note to ticket t1001: "Called the customer."', "Called the customer."),
+        ("Please put a note on ticket T1001 saying the lid was replaced", "the lid was replaced"),
+        ("note on ticket T1001 saying 'call back on Monday'", "call back on Monday"),
+        ("Add a note to ticket T1001: see order A100: it says: ok", "see order A100: it says: ok"),
+        ("Where is order A100? Also add a note to ticket T1001: checked", "checked"),
+    ],
+)
+def test_note_turn_one_reads_the_ticket_only(request_text: str, text: str) -> None:
+    calls = calls_of(MODEL.respond([user_message(request_text)], "u1"))
+    assert calls == [("get_ticket", {"ticketId": "T1001"}, "call_1_1")]
+
+    conversation = note_conversation(TICKET_OUTPUT, request=request_text)
+    (append,) = calls_of(MODEL.respond(conversation, "u1"))
+    assert append == (
+        "append_ticket_note",
+        {"ticketId": "T1001", "text": text, "expectedVersion": 7},
+        "call_2_1",
+    )
+
+
+def test_note_turn_two_uses_the_version_from_the_ticket_output() -> None:
+    conversation = note_conversation({**TICKET_OUTPUT, "version": 42})
+    ((name, args, call_id),) = calls_of(MODEL.respond(conversation, "u1"))
+    assert (name, args["expectedVersion"], call_id) == ("append_ticket_note", 42, "call_2_1")
+
+    nested = note_conversation({"ok": True, "ticket": {"ticket_id": "T1001", "version": 3}})
+    ((_, args, _),) = calls_of(MODEL.respond(nested, "u1"))
+    assert args["expectedVersion"] == 3
+
+
+@pytest.mark.parametrize(
+    ("ticket_output", "expected"),
+    [
+        (
+            {"ok": False, "code": "NOT_AVAILABLE", "message": "no such ticket"},
+            "I can't find a ticket T1001 that is available to you. I did not add the note.",
+        ),
+        (
+            {"ok": False, "code": "TEMPORARY_UNAVAILABLE", "message": "later"},
+            "I could not get ticket T1001: the ticket service did not answer. Please try again later."
+            " I did not add the note.",
+        ),
+        (
+            {"ok": True, "ticket_id": "T1001", "notes": []},
+            "I could not read the version of ticket T1001, so I did not add the note.",
+        ),
+        (
+            {"ok": True, "ticket_id": "T1001", "version": "7"},
+            "I could not read the version of ticket T1001, so I did not add the note.",
+        ),
+    ],
+)
+def test_note_is_not_written_when_the_ticket_read_fails(ticket_output: dict[str, Any], expected: str) -> None:
+    assert only_text(MODEL.respond(note_conversation(ticket_output), "u1")) == "[offline model] " + expected
+
+
+def test_note_is_not_written_when_the_ticket_output_is_missing() -> None:
+    conversation: list[ConversationItem] = [
+        user_message("Add a note to ticket T1001: called the customer"),
+        call_item("call_1_1", "get_ticket", {"ticketId": "T1001"}),
+    ]
+    text = only_text(MODEL.respond(conversation, "u1"))
+    assert text == "[offline model] No result arrived for ticket T1001. I did not add the note."
+
+
+@pytest.mark.parametrize(
+    ("note_output", "expected"),
+    [
+        (
+            {"ok": True, "operation_id": "op-1", "state": "verified", "result": NOTE_RESULT},
+            "I added the note to ticket T1001 (verified by reading the ticket back).",
+        ),
+        (
+            {
+                "ok": True,
+                "operation_id": "op-1",
+                "state": "completed",
+                "verified": False,
+                "message": "the service reports it done, but it is not verified: x. Do not repeat it.",
+                "result": NOTE_RESULT,
+            },
+            "The ticket service reported the note on ticket T1001 as added, but I could not confirm it by reading"
+            " the ticket back (operation op-1). I did not repeat it.",
+        ),
+        (
+            {"ok": False, "code": "OUTCOME_UNKNOWN", "operation_id": "op-1", "message": "could not establish"},
+            "I could not establish whether the note was added to ticket T1001 (operation op-1). I did not retry it.",
+        ),
+        (
+            {"ok": False, "code": "CONFIRMATION_REQUIRED", "operation_id": "op-1", "message": "denied"},
+            "The note was not added: it was not approved.",
+        ),
+        (
+            {"ok": False, "code": "VERSION_CONFLICT", "message": "the ticket changed"},
+            "The note was not added: ticket T1001 changed since I read it (VERSION_CONFLICT); ask again and I will"
+            " read it afresh.",
+        ),
+        (
+            {"ok": False, "code": "BAD_ARGUMENTS", "message": "text: too long"},
+            "The note was not added: the request was not valid (BAD_ARGUMENTS: text: too long).",
+        ),
+        (
+            {"ok": False, "code": "FORBIDDEN", "message": "no"},
+            "The note was not added: I am not allowed to do that (FORBIDDEN).",
+        ),
+        (
+            {"ok": False, "code": "SOMETHING_NEW", "message": "?"},
+            "The note was not added: the ticket service refused it (SOMETHING_NEW).",
+        ),
+    ],
+)
+def test_note_answer_follows_the_write_output_only(note_output: dict[str, Any], expected: str) -> None:
+    text = only_text(MODEL.respond(note_conversation(TICKET_OUTPUT, note_output), "u1"))
+    assert text == "[offline model] " + expected
+
+
+@pytest.mark.parametrize(
+    "note_output",
+    [
+        # "verified" only counts when the output says so without a contradiction.
+        {"ok": True, "operation_id": "op-1", "state": "verified", "verified": False},
+        {"ok": True, "operation_id": "op-1", "state": "completed"},
+    ],
+)
+def test_note_without_verification_is_never_reported_done(note_output: dict[str, Any]) -> None:
+    text = only_text(MODEL.respond(note_conversation(TICKET_OUTPUT, note_output), "u1"))
+    assert "I added" not in text and "could not confirm" in text
+
+
+def test_note_answer_with_a_missing_or_unreadable_output_is_unknown() -> None:
+    conversation = note_conversation(TICKET_OUTPUT, {"ok": True})
+    conversation[-1] = FunctionCallOutputItem(call_id="call_2_1", output="not json")
+    unreadable = only_text(MODEL.respond(conversation, "u1"))
+    missing = only_text(MODEL.respond(conversation[:-1], "u1"))
+    expected = "[offline model] I could not establish whether the note was added to ticket T1001. I did not retry it."
+    assert unreadable == missing == expected
+
+
+@pytest.mark.parametrize(
+    ("request_text", "expected"),
+    [
+        ("Add a note to ticket T1001", 'What should the note on ticket T1001 say? Please write it like "Add a note'),
+        ('Add a note to ticket T1001: ""', "What should the note on ticket T1001 say?"),
+        ("Add a note: called the customer", "Which ticket should the note go on?"),
+        ("Add a note to ticket T1 and ticket T2: hello", "I add a note to one ticket at a time; please name just one"),
+    ],
+)
+def test_incomplete_note_request_asks_and_calls_nothing(request_text: str, expected: str) -> None:
+    assert only_text(MODEL.respond([user_message(request_text)], "u1")).startswith("[offline model] " + expected)
+
+
+def test_note_reads_stay_reads() -> None:
+    calls = calls_of(MODEL.respond([user_message("What is the latest note on ticket T1001?")], "u1"))
+    assert calls == [("get_ticket", {"ticketId": "T1001"}, "call_1_1")]
+    conversation: list[ConversationItem] = [
+        user_message("What is the latest note on ticket T1001?"),
+        call_item("call_1_1", "get_ticket", {"ticketId": "T1001"}),
+        output_item("call_1_1", TICKET_OUTPUT),
+    ]
+    assert (
+        only_text(MODEL.respond(conversation, "u1"))
+        == '[offline model] Ticket T1001: "Broken lid", status open, 1 note.'
+    )
+
+
+def test_note_call_ids_follow_earlier_requests() -> None:
+    conversation: list[ConversationItem] = [
+        user_message("Where is my order A100?"),
+        call_item("call_1_1", "get_order_status", {"orderId": "A100"}),
+        output_item("call_1_1", {"ok": True, "status": "shipped"}),
+        MessageItem(role="assistant", content=[{"type": "output_text", "text": "[offline model] Order A100."}]),
+        user_message("Add a note to ticket T1001: called the customer"),
+    ]
+    ((_, _, first),) = calls_of(MODEL.respond(conversation, "u1"))
+    conversation += [call_item(first, "get_ticket", {"ticketId": "T1001"}), output_item(first, TICKET_OUTPUT)]
+    ((_, _, second),) = calls_of(MODEL.respond(conversation, "u1"))
+    assert (first, second) == ("call_3_1", "call_4_1")
+
+
+# --- writes: a refund (refund_order, then the answer) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("request_text", "args"),
+    [
+        (
+            "Refund 5.00 EUR on order A100 because the lid was broken.",
+            {"orderId": "A100", "amountCents": 500, "reason": "the lid was broken"},
+        ),
+        ("refund 500 cents for order A100", {"orderId": "A100", "amountCents": 500, "reason": "requested by customer"}),
+        (
+            "Please refund €5.5 on order a100",
+            {"orderId": "A100", "amountCents": 550, "reason": "requested by customer"},
+        ),
+        (
+            "Could you refund 5 EUR for order A100?",
+            {"orderId": "A100", "amountCents": 500, "reason": "requested by customer"},
+        ),
+        (
+            "refund 12,34 euros on order A100",
+            {"orderId": "A100", "amountCents": 1234, "reason": "requested by customer"},
+        ),
+        (
+            "Refund 1 cent on order A100 because 'order A200 was 3 EUR cheaper'",
+            {"orderId": "A100", "amountCents": 1, "reason": "order A200 was 3 EUR cheaper"},
+        ),
+        (
+            "Refund 5 EUR on order A100 and check ticket T1001",
+            {"orderId": "A100", "amountCents": 500, "reason": "requested by customer"},
+        ),
+    ],
+)
+def test_refund_turn_one_calls_refund_order(request_text: str, args: dict[str, Any]) -> None:
+    assert calls_of(MODEL.respond([user_message(request_text)], "u1")) == [("refund_order", args, "call_1_1")]
+
+
+@pytest.mark.parametrize(
+    ("request_text", "expected"),
+    [
+        ("Refund order A100", "How much should I refund on order A100? I never refund the full amount by default"),
+        ("Refund order A100 because it was 5 EUR too much", "How much should I refund on order A100?"),
+        ("refund 0 cents on order A100", "A refund must be more than zero"),
+        ("refund 5 EUR and 700 cents on order A100", "I found more than one amount (700 cents, 500 cents)"),
+        ("refund 5 EUR", "Which order should I refund?"),
+        ("refund 5 EUR on order A100 and order A200", "I refund one order at a time"),
+        ("refund 1,000 EUR on order A100", "How much should I refund on order A100?"),
+    ],
+)
+def test_refund_without_a_clear_amount_or_order_asks_and_calls_nothing(request_text: str, expected: str) -> None:
+    assert only_text(MODEL.respond([user_message(request_text)], "u1")).startswith("[offline model] " + expected)
+
+
+def refund_answer(output: dict[str, Any] | None) -> str:
+    conversation: list[ConversationItem] = [
+        user_message("Refund 5.00 EUR on order A100 because it arrived broken"),
+        call_item("call_1_1", "refund_order", {"orderId": "A100", "amountCents": 500, "reason": "it arrived broken"}),
+    ]
+    if output is not None:
+        conversation.append(output_item("call_1_1", output))
+    return only_text(MODEL.respond(conversation, "u1"))
+
+
+@pytest.mark.parametrize(
+    ("refund_output", "expected"),
+    [
+        (
+            {
+                "ok": True,
+                "operation_id": "op-9",
+                "state": "verified",
+                "result": {"refund_id": "R1", "amount_cents": 500},
+            },
+            "I refunded 500 cents on order A100 (verified by reading the order's refunds back).",
+        ),
+        (
+            {"ok": True, "operation_id": "op-9", "state": "completed", "verified": False, "message": "not seen"},
+            "The order service reported the refund of 500 cents on order A100 as made, but I could not confirm it by"
+            " reading the order's refunds back (operation op-9). I did not repeat it.",
+        ),
+        (
+            {"ok": False, "code": "OUTCOME_UNKNOWN", "operation_id": "op-9", "message": "lost reply"},
+            "I could not establish whether the refund of 500 cents on order A100 was made (operation op-9)."
+            " I did not retry it.",
+        ),
+        (
+            {"ok": False, "code": "CONFIRMATION_REQUIRED", "operation_id": "op-9", "message": "no approval in time"},
+            "The refund was not made: it was not approved.",
+        ),
+        (
+            {"ok": False, "code": "BAD_ARGUMENTS", "message": "amountCents: at most 300 cents are refundable"},
+            "The refund was not made: the request was not valid"
+            " (BAD_ARGUMENTS: amountCents: at most 300 cents are refundable).",
+        ),
+        (
+            {"ok": False, "code": "NOT_AVAILABLE", "message": "no such order"},
+            "The refund was not made: order A100 is not available to you (NOT_AVAILABLE).",
+        ),
+        (
+            {"ok": False, "code": "IDEMPOTENCY_CONFLICT", "message": "key reused"},
+            "The refund was not made: the same operation was already requested with different details"
+            " (IDEMPOTENCY_CONFLICT).",
+        ),
+        (
+            {"ok": False, "code": "TEMPORARY_UNAVAILABLE", "message": "busy"},
+            "The refund was not made: the order service was not available (TEMPORARY_UNAVAILABLE);"
+            " please try again later.",
+        ),
+        (
+            {"ok": False, "code": "CONFLICT", "message": "order cancelled"},
+            "The refund was not made: it conflicts with the current state of order A100 (CONFLICT).",
+        ),
+        (None, "I could not establish whether the refund of 500 cents on order A100 was made. I did not retry it."),
+    ],
+)
+def test_refund_answer_follows_the_write_output_only(refund_output: dict[str, Any] | None, expected: str) -> None:
+    assert refund_answer(refund_output) == "[offline model] " + expected
+
+
+def test_write_requests_never_call_more_than_twice() -> None:
+    """After the write's output the model always answers, so a write request cannot loop."""
+    conversation = note_conversation(TICKET_OUTPUT, {"ok": False, "code": "VERSION_CONFLICT", "message": "x"})
+    assert isinstance(MODEL.respond(conversation, "u1")[0], MessageItem)
+    conversation = note_conversation(TICKET_OUTPUT, {"ok": True, "state": "verified"})
+    runs = [[item_to_wire(i) for i in MODEL.respond(conversation, "u1")] for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
 # --- script loader -------------------------------------------------------------------------------------
 
 

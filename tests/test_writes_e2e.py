@@ -5,8 +5,7 @@ Every test counts effects in the service's own tables (GET /admin/effects), not 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,34 +14,30 @@ import pytest
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
-from agentcore.contracts import Actor, AgentProgress, AgentResult, Limits, OperationRecord
+from agentcore.contracts import Actor, AgentResult, Limits, OperationRecord
 from agentcore.digests import payload_digest
-from agentcore.names import GET_PROGRESS_QUERY
 from devstack.processes import start_worker
 from orchestrator.approval_channel import mint_for, send_decision
 from orchestrator.settings import Settings
 from tests.agent_helpers import (
+    U1,
+    approving,
     assert_eventually,
     call,
+    effects,
     say,
     script_spec,
     service_requests,
     set_faults,
     start_agent,
     tool_outputs,
+    waiting_operation,
 )
 from tests.conftest import REPO_ROOT, BusinessService, start_service
 
 pytestmark = pytest.mark.e2e
 
-U1 = Actor(user_id="u1", tenant_id="acme")
 FAST = {"write_timeout_seconds": 2, "unknown_resolution_seconds": 10}
-
-
-async def effects(admin: httpx.AsyncClient, operation_id: str) -> list[dict[str, Any]]:
-    response = await admin.get("/admin/effects", params={"operation_id": operation_id})
-    response.raise_for_status()
-    return list(response.json()["effects"])
 
 
 async def ticket_version(service_url: str, ticket_id: str = "T1001", user: str = "u1") -> int:
@@ -50,44 +45,6 @@ async def ticket_version(service_url: str, ticket_id: str = "T1001", user: str =
         response = await http.get(f"/tickets/{ticket_id}", headers={"X-Actor-User": user, "X-Actor-Tenant": "acme"})
         response.raise_for_status()
         return int(response.json()["version"])
-
-
-async def waiting_operation(handle: WorkflowHandle[Any, Any]) -> OperationRecord:
-    """The first operation waiting for approval, once the workflow has one."""
-    found: list[OperationRecord] = []
-
-    async def check() -> bool:
-        progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
-        found[:] = [op for op in progress.operations if op.state == "awaiting_approval"]
-        return bool(found)
-
-    await assert_eventually(check, what="an operation waits for approval")
-    return found[0]
-
-
-@contextlib.asynccontextmanager
-async def approving(
-    handle: WorkflowHandle[Any, Any], key: str, approver: Actor = U1, ttl: float = 600
-) -> AsyncIterator[list[str]]:
-    """Approve every operation the workflow asks about (what `ask --auto-approve` does)."""
-    approved: list[str] = []
-
-    async def loop() -> None:
-        while True:
-            progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
-            for op in progress.operations:
-                if op.state == "awaiting_approval" and op.operation_id not in approved:
-                    await send_decision(handle, op, approve=True, approver=approver, key=key, ttl_seconds=ttl)
-                    approved.append(op.operation_id)
-            await asyncio.sleep(0.1)
-
-    task = asyncio.create_task(loop())
-    try:
-        yield approved
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def run_approved(
