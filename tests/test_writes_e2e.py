@@ -16,9 +16,10 @@ from temporalio.worker import Worker
 
 from agentcore.contracts import Actor, AgentResult, Limits, OperationRecord
 from agentcore.digests import payload_digest
-from devstack.processes import start_worker
+from devstack.processes import free_port, start_worker
 from orchestrator.approval_channel import mint_for, send_decision
 from orchestrator.settings import Settings
+from orchestrator.worker_factory import running_worker
 from tests.agent_helpers import (
     U1,
     approving,
@@ -454,3 +455,18 @@ async def test_late_retry_past_retention_is_not_resent_and_stays_unknown(
         assert len(posts) == 1
         response = await svc_admin.get("/admin/effects", params={"operation_id": op.operation_id})
         assert len(response.json()["effects"]) == 1
+
+
+async def test_unreachable_service_is_retried_with_the_same_key_then_not_done(
+    client: Client, settings: Settings, business_service: BusinessService
+) -> None:
+    # Nothing listens on this port: every attempt is refused before anything is sent.
+    unreachable = settings.model_copy(update={"service_url": f"http://127.0.0.1:{free_port()}"})
+    turns = [[note_call(1, "nobody home", "w1")], [say("ok")]]
+    async with running_worker(client, unreachable):
+        result, handle = await run_approved(client, unreachable, business_service, turns, max_write_attempts=2)
+
+    [op] = result.operations
+    assert (op.state, op.attempts, op.status_checks) == ("failed", 2, [])
+    output = (await tool_outputs(handle))["w1"]
+    assert output["code"] == "TEMPORARY_UNAVAILABLE" and output["operation_id"] == op.operation_id

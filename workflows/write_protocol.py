@@ -155,11 +155,19 @@ class WriteProtocol:
         """Send, and after any doubt ask the status before anything else. Returns the final output
         unless the operation completed (None: go on to the read-back)."""
         limits = self._limits
+        # Stays False while every attempt certainly never reached the service (refused connection, 429).
+        maybe_received = False
         while True:
             if op.first_sent_at is not None and self._past_retention(op):
                 # The service may have forgotten the key: a resend could be a second effect. Fail closed.
                 return self._unknown(op, "the idempotency record may have expired; the operation was not resent.")
             if op.attempts >= limits.max_write_attempts:
+                if not maybe_received:
+                    self._move(op, "failed")
+                    op.note = f"the service could not be reached in {op.attempts} attempt(s); nothing was received"
+                    output = error_output(ResultCode.TEMPORARY_UNAVAILABLE, op.note + "; it was not done.")
+                    output["operation_id"] = op.operation_id
+                    return output
                 return self._unknown(op, f"no definite answer after {op.attempts} attempt(s) with the same key.")
             outcome = await self._send(op, call)
             if outcome.kind == "completed":
@@ -171,8 +179,10 @@ class WriteProtocol:
                 return dict(outcome.output or error_output(ResultCode.CONFLICT, "the service refused it."))
             if outcome.kind == "not_sent":
                 # Certainly not received: the same key again after a pause.
-                await workflow.sleep(timedelta(seconds=outcome.retry_after_seconds or 1.0))
+                if op.attempts < limits.max_write_attempts:
+                    await workflow.sleep(timedelta(seconds=outcome.retry_after_seconds or 1.0))
                 continue
+            maybe_received = True
             # unknown or in progress: the service decides what happened.
             self._move(op, "unknown")
             status = await self._resolve(op)
