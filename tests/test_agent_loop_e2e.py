@@ -123,7 +123,7 @@ async def test_same_tool_twice_results_paired_by_call_id_when_finishing_out_of_o
 async def test_read_only_calls_overlap_in_time_at_the_service(
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
 ) -> None:
-    await set_faults(admin, {"method": "GET", "path_regex": "^/(orders|tickets)/", "latency_ms": 600})
+    await set_faults(admin, {"method": "GET", "path_regex": "^/(orders|tickets)/", "latency_ms": 1200})
     turn = [
         call("get_order_status", {"orderId": "A100"}, "c1"),
         call("get_order_status", {"orderId": "A102"}, "c2"),
@@ -141,7 +141,7 @@ async def test_read_only_calls_overlap_in_time_at_the_service(
 async def test_parallel_reads_are_bounded(
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
 ) -> None:
-    await set_faults(admin, {"method": "GET", "path_regex": "^/orders/", "latency_ms": 400})
+    await set_faults(admin, {"method": "GET", "path_regex": "^/orders/", "latency_ms": 800})
     turn = [call("get_order_status", {"orderId": f"A1{i:02d}"}, f"c{i}") for i in range(4)]
     await run_agent(
         client, settings, "four reads", model=script_spec(turn, [say("ok")]), limits=Limits(max_parallel_reads=2)
