@@ -352,7 +352,20 @@ def ask(
         print(json.dumps(result.model_dump(mode="json")))
     else:
         _print_result(result, settings)
-    raise typer.Exit(0 if result.status == "completed" else 1)
+    raise typer.Exit(_exit_code(result))
+
+
+# Exit codes of `ask`: 0 answered with every side effect settled; 1 stopped or failed; 3 answered, but a
+# side effect's outcome is unknown or unverified (the model's text may say "done"; the receipt does not).
+EXIT_UNSETTLED = 3
+
+
+def _exit_code(result: AgentResult) -> int:
+    if result.status != "completed":
+        return 1
+    if any(op.state in ("unknown", "completed") for op in result.operations):
+        return EXIT_UNSETTLED
+    return 0
 
 
 async def _decide_from_shell(

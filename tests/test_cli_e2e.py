@@ -243,3 +243,46 @@ def test_offline_model_adds_a_note_with_auto_approve_and_says_verified(cli_env: 
     assert "verified" in result["final_text"] and result["final_text"].startswith("[offline model]")
     assert [c["tool"] for c in result["calls"]] == ["get_ticket", "append_ticket_note"]
     assert len(admin_effects(cli_env, op["operation_id"])) == 1
+
+
+def test_ask_exits_3_when_a_side_effect_is_unknown_whatever_the_model_says(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    assert run_cli(cli_env, "up").returncode == 0
+    state = json.loads((Path(cli_env["TOOLLOOP_DATA_DIR"]) / "state.json").read_text())
+    faults = [
+        {"method": "POST", "path_regex": "^/orders/A105/refunds$", "when": "after_commit", "action": "drop"},
+        {"method": "GET", "path_regex": "^/operations/", "status": 503},
+    ]
+    admin = httpx.Client(
+        base_url=f"http://127.0.0.1:{cli_env['TOOLLOOP_SERVICE_PORT']}", headers={"X-Admin-Token": state["admin_token"]}
+    )
+    with admin:
+        admin.put("/admin/faults", json={"rules": faults}).raise_for_status()
+        refund = {"orderId": "A105", "amountCents": 100, "reason": "damaged"}
+        script = tmp_path / "refund.json"
+        script.write_text(
+            json.dumps(
+                {
+                    "turns": [
+                        [
+                            {
+                                "type": "function_call",
+                                "name": "refund_order",
+                                "arguments": json.dumps(refund),
+                                "call_id": "r",
+                            }
+                        ],
+                        [{"type": "message", "content": "Refund done!"}],
+                    ]
+                }
+            )
+        )
+        try:
+            done = run_cli(cli_env, "ask", "--user", "u1", "--auto-approve", "--model", f"script:{script}", "refund")
+        finally:
+            admin.delete("/admin/faults").raise_for_status()
+
+    assert done.returncode == 3, done.stderr
+    assert "Refund done!" in done.stdout  # the model's claim is printed as its text ...
+    assert "UNKNOWN" in done.stderr  # ... and the receipt says what is known
