@@ -76,6 +76,8 @@ class ModelActivities:
         instructions: str = DEFAULT_INSTRUCTIONS,
     ) -> None:
         self._registry = registry
+        # Generated once: the schemas cannot change while the worker runs.
+        self._tool_definitions = registry.definitions()
         self._temporal = temporal
         self._responses = responses
         self._instructions = instructions
@@ -133,7 +135,7 @@ class ModelActivities:
             return await self._responses.respond(
                 instructions=self._instructions,
                 conversation=conversation,
-                tools=self._registry.definitions(),
+                tools=self._tool_definitions,
                 model=model_name,
             )
         except ModelCallError as err:

@@ -220,8 +220,6 @@ OperationState = Literal[
     "failed",
     "unknown",
 ]
-# States in which the operation will not change any more within this request.
-TERMINAL_OPERATION_STATES = ("completed", "verified", "expired", "denied", "failed", "unknown")
 
 
 class ApprovalRecord(BaseModel):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import httpx
@@ -48,14 +48,17 @@ async def running_worker(
     """A started worker, shut down explicitly on exit (an implicit shutdown at interpreter exit can
     abort the process in temporalio 1.35)."""
     registry = registry or build_demo_registry()
-    responses = None
-    if settings.openai_api_key is not None:
-        responses = ResponsesClient(
-            api_key=settings.openai_api_key.get_secret_value(),
-            base_url=settings.openai_base_url,
-            model=settings.openai_model,
-        )
-    async with service_http_client(settings) as http:
+    async with AsyncExitStack() as clients:
+        http = await clients.enter_async_context(service_http_client(settings))
+        responses = None
+        if settings.openai_api_key is not None:
+            responses = await clients.enter_async_context(
+                ResponsesClient(
+                    api_key=settings.openai_api_key.get_secret_value(),
+                    base_url=settings.openai_base_url,
+                    model=settings.openai_model,
+                )
+            )
         writes = WriteActivities(registry, http)
         worker = Worker(
             client,

@@ -23,7 +23,6 @@ from agentcore.contracts import (
     FunctionCallItem,
     FunctionCallOutputItem,
     Limits,
-    MessageItem,
     ModelSpec,
     ModelTurnInput,
     ModelTurnResult,
@@ -157,10 +156,6 @@ async def tool_outputs(handle: WorkflowHandle[Any, Any]) -> dict[str, dict[str, 
     return {o.call_id: json.loads(o.output) for o in outputs}
 
 
-def final_message(items: list[ConversationItem]) -> str:
-    return "".join(i.text() for i in items if isinstance(i, MessageItem) and i.role == "assistant")
-
-
 async def service_requests(admin: httpx.AsyncClient, path_prefix: str = "/") -> list[dict[str, Any]]:
     response = await admin.get("/admin/requests", params={"path_prefix": path_prefix})
     response.raise_for_status()
@@ -185,3 +180,12 @@ async def effects(admin: httpx.AsyncClient, operation_id: str) -> list[dict[str,
     response = await admin.get("/admin/effects", params={"operation_id": operation_id})
     response.raise_for_status()
     return list(response.json()["effects"])
+
+
+def worker_env(settings: Settings, service_url: str | None = None) -> dict[str, str]:
+    """The environment of a `python worker.py` process serving this test's task queue."""
+    return {
+        "TEMPORAL_ADDRESS": settings.temporal_address,
+        "TOOLLOOP_TASK_QUEUE": settings.task_queue,
+        "TOOLLOOP_SERVICE_URL": service_url or settings.service_url,
+    }

@@ -68,15 +68,15 @@ def test_ask_starts_the_stack_and_prints_the_stable_json_shape(cli_env: dict[str
 
 
 def test_ask_reuses_the_running_stack_and_prints_the_ui_link(cli_env: dict[str, str]) -> None:
-    pids_before = recorded_pids(cli_env) if (Path(cli_env["TOOLLOOP_DATA_DIR"]) / "state.json").exists() else []
+    assert run_cli(cli_env, "up").returncode == 0
+    pids_before = recorded_pids(cli_env)
     done = run_cli(cli_env, "ask", "--user", "u2", "Where is my order A100?")
 
     assert done.returncode == 0, done.stderr
     assert "[offline model]" in done.stdout and "A100" in done.stdout and "DHL" not in done.stdout
     ui = f"http://127.0.0.1:{cli_env['TOOLLOOP_UI_PORT']}/namespaces/default/workflows/ask-u2-"
     assert ui in done.stderr
-    if pids_before:
-        assert recorded_pids(cli_env) == pids_before
+    assert recorded_pids(cli_env) == pids_before
 
 
 def test_ask_with_a_script_file_and_a_broken_script(cli_env: dict[str, str], tmp_path: Path) -> None:

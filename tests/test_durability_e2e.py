@@ -32,6 +32,7 @@ from tests.agent_helpers import (
     set_faults,
     start_agent,
     tool_outputs,
+    worker_env,
 )
 from tests.conftest import REPO_ROOT, BusinessService
 from tests.fake_responses_server import (
@@ -51,11 +52,7 @@ async def test_worker_killed_mid_request_new_worker_finishes_with_every_call_ans
 ) -> None:
     # The first read hangs at the service, so the worker dies while the call is in flight.
     await set_faults(admin, {"method": "GET", "path_regex": "^/orders/A100$", "latency_ms": 5000, "times": 1})
-    env = {
-        "TEMPORAL_ADDRESS": settings.temporal_address,
-        "TOOLLOOP_TASK_QUEUE": settings.task_queue,
-        "TOOLLOOP_SERVICE_URL": settings.service_url,
-    }
+    env = worker_env(settings)
     first = await asyncio.to_thread(start_worker, REPO_ROOT, env, tmp_path / "first.log")
     second = None
     try:

@@ -33,6 +33,7 @@ from tests.agent_helpers import (
     start_agent,
     tool_outputs,
     waiting_operation,
+    worker_env,
 )
 from tests.conftest import REPO_ROOT, BusinessService, start_service
 
@@ -319,11 +320,7 @@ async def test_worker_killed_after_commit_before_reply_recorded_makes_one_effect
         admin,
         {"method": "POST", "path_regex": "^/tickets/T1001/notes$", "when": "after_commit", "latency_ms": 6000},
     )
-    env = {
-        "TEMPORAL_ADDRESS": settings.temporal_address,
-        "TOOLLOOP_TASK_QUEUE": settings.task_queue,
-        "TOOLLOOP_SERVICE_URL": settings.service_url,
-    }
+    env = worker_env(settings)
     version = await ticket_version(business_service.url)
     first = await asyncio.to_thread(start_worker, REPO_ROOT, env, tmp_path / "first.log")
     second = None
@@ -413,11 +410,7 @@ async def test_late_retry_past_retention_is_not_resent_and_stays_unknown(
         unknown_resolution_seconds=1,
         idempotency_retention_seconds=RETENTION_SECONDS,
     )
-    env = {
-        "TEMPORAL_ADDRESS": settings.temporal_address,
-        "TOOLLOOP_TASK_QUEUE": settings.task_queue,
-        "TOOLLOOP_SERVICE_URL": service.url,
-    }
+    env = worker_env(settings, service.url)
     version = await ticket_version(service.url)
     async with httpx.AsyncClient(base_url=service.url, headers={"X-Admin-Token": service.admin_token}) as svc_admin:
         await set_faults(

@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from agentcore.planning import CallGroup, plan_round
 
+from workflows.retries import io_retry_policy
 from workflows.write_protocol import WriteProtocol
 
 _MIN_TIMEOUT = timedelta(seconds=1)
@@ -240,11 +241,7 @@ class AgentWorkflow:
                 result_type=ToolCallResult,
                 start_to_close_timeout=timedelta(seconds=limits.tool_timeout_seconds),
                 schedule_to_close_timeout=max(deadline - workflow.now(), _MIN_TIMEOUT),
-                retry_policy=RetryPolicy(
-                    initial_interval=timedelta(milliseconds=500),
-                    maximum_interval=timedelta(seconds=5),
-                    maximum_attempts=limits.tool_max_attempts,
-                ),
+                retry_policy=io_retry_policy(limits.tool_max_attempts),
                 summary=call.summary,
             )
             return result

@@ -41,6 +41,8 @@ with workflow.unsafe.imports_passed_through():
     from agentcore.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
     from agentcore.registry import Evidence, OperationStatus
 
+from workflows.retries import io_retry_policy
+
 _ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
 
 
@@ -146,37 +148,34 @@ class WriteProtocol:
             return self._refusal(op, "the user declined this operation; nothing was sent.")
 
         self._set_phase(f"round {turn}: running {call.summary} ({op.operation_id})")
-        outcome = await self._send_until_settled(op, call)
-        if outcome is not None:
-            return outcome
-        return await self._verify(op)
+        completed, payload = await self._send_until_settled(op, call)
+        if not completed:
+            return payload
+        return await self._verify(op, payload)
 
-    async def _send_until_settled(self, op: OperationRecord, call: CheckedCall) -> dict[str, Any] | None:
-        """Send, and after any doubt ask the status before anything else. Returns the final output
-        unless the operation completed (None: go on to the read-back)."""
+    async def _send_until_settled(self, op: OperationRecord, call: CheckedCall) -> tuple[bool, dict[str, Any]]:
+        """Send, and after any doubt ask the status before anything else. Returns (True, the service's
+        result) once the operation completed, else (False, the final output for the model)."""
         limits = self._limits
         # Stays False while every attempt certainly never reached the service (refused connection, 429).
         maybe_received = False
         while True:
             if op.first_sent_at is not None and self._past_retention(op):
                 # The service may have forgotten the key: a resend could be a second effect. Fail closed.
-                return self._unknown(op, "the idempotency record may have expired; the operation was not resent.")
+                return False, self._unknown(op, "the idempotency record may have expired; it was not resent.")
             if op.attempts >= limits.max_write_attempts:
                 if not maybe_received:
                     self._move(op, "failed")
-                    op.note = f"the service could not be reached in {op.attempts} attempt(s); nothing was received"
-                    output = error_output(ResultCode.TEMPORARY_UNAVAILABLE, op.note + "; it was not done.")
-                    output["operation_id"] = op.operation_id
-                    return output
-                return self._unknown(op, f"no definite answer after {op.attempts} attempt(s) with the same key.")
+                    why = f"the service could not be reached in {op.attempts} attempt(s); it was not done."
+                    return False, self._op_error(op, ResultCode.TEMPORARY_UNAVAILABLE, why)
+                return False, self._unknown(op, f"no definite answer after {op.attempts} attempt(s) with the same key.")
             outcome = await self._send(op, call)
             if outcome.kind == "completed":
-                op.output = outcome.output
                 self._move(op, "completed")
-                return None
+                return True, dict(outcome.output or {})
             if outcome.kind == "refused":
                 self._move(op, "failed")
-                return dict(outcome.output or error_output(ResultCode.CONFLICT, "the service refused it."))
+                return False, dict(outcome.output or error_output(ResultCode.CONFLICT, "the service refused it."))
             if outcome.kind == "not_sent":
                 # Certainly not received: the same key again after a pause.
                 if op.attempts < limits.max_write_attempts:
@@ -187,17 +186,13 @@ class WriteProtocol:
             self._move(op, "unknown")
             status = await self._resolve(op)
             if status is None:
-                return self._unknown(op, "its status could not be established.")
+                return False, self._unknown(op, "its status could not be established.")
             if status.state == "completed":
-                stored = status.output or {}
-                if stored.get("ok"):
-                    op.output = stored
-                    self._move(op, "completed")
-                    return None
-                self._move(op, "failed")
-                return stored
+                stored = dict(status.output or {})
+                self._move(op, "completed" if stored.get("ok") else "failed")
+                return bool(stored.get("ok")), stored
             if status.state == "in_progress":
-                return self._unknown(op, "the service was still working on it when this request stopped waiting.")
+                return False, self._unknown(op, "the service was still working on it when this request stopped.")
             # not_found: the attempt did not take effect (yet); a resend with the same key is safe.
 
     async def _send(self, op: OperationRecord, call: CheckedCall) -> WriteOutcome:
@@ -241,11 +236,7 @@ class WriteProtocol:
                     result_type=OperationStatus,
                     start_to_close_timeout=timedelta(seconds=limits.write_timeout_seconds),
                     schedule_to_close_timeout=max(until - workflow.now(), timedelta(seconds=1)),
-                    retry_policy=RetryPolicy(
-                        initial_interval=timedelta(milliseconds=500),
-                        maximum_interval=timedelta(seconds=5),
-                        maximum_attempts=limits.status_max_attempts,
-                    ),
+                    retry_policy=io_retry_policy(limits.status_max_attempts),
                     summary=f"status of {op.operation_id}",
                 )
             except ActivityError:
@@ -257,8 +248,7 @@ class WriteProtocol:
             await workflow.sleep(timedelta(seconds=pause))
             pause = min(pause * 2, 5.0)
 
-    async def _verify(self, op: OperationRecord) -> dict[str, Any]:
-        result = dict(op.output or {})
+    async def _verify(self, op: OperationRecord, result: dict[str, Any]) -> dict[str, Any]:
         try:
             evidence: Evidence = await workflow.execute_activity(
                 READ_BACK_ACTIVITY,
@@ -271,11 +261,7 @@ class WriteProtocol:
                 ),
                 result_type=Evidence,
                 start_to_close_timeout=timedelta(seconds=self._limits.tool_timeout_seconds),
-                retry_policy=RetryPolicy(
-                    initial_interval=timedelta(milliseconds=500),
-                    maximum_interval=timedelta(seconds=5),
-                    maximum_attempts=self._limits.readback_max_attempts,
-                ),
+                retry_policy=io_retry_policy(self._limits.readback_max_attempts),
                 summary=f"read back {op.operation_id}",
             )
         except ActivityError:
@@ -307,21 +293,20 @@ class WriteProtocol:
         op.state = state
         op.transitions.append(state)
 
-    def _refusal(self, op: OperationRecord, why: str) -> dict[str, Any]:
+    def _op_error(self, op: OperationRecord, code: ResultCode, why: str, message: str | None = None) -> dict[str, Any]:
+        """Record why on the operation and tell the model (message defaults to why)."""
         op.note = why
-        output = error_output(ResultCode.CONFIRMATION_REQUIRED, why)
+        output = error_output(code, message or why)
         output["operation_id"] = op.operation_id
         return output
 
+    def _refusal(self, op: OperationRecord, why: str) -> dict[str, Any]:
+        return self._op_error(op, ResultCode.CONFIRMATION_REQUIRED, why)
+
     def _unknown(self, op: OperationRecord, why: str) -> dict[str, Any]:
         self._move(op, "unknown")
-        op.note = why
-        output = error_output(
-            ResultCode.OUTCOME_UNKNOWN,
-            f"it could not be established whether this happened: {why} Do not repeat it; tell the user.",
-        )
-        output["operation_id"] = op.operation_id
-        return output
+        message = f"it could not be established whether this happened: {why} Do not repeat it; tell the user."
+        return self._op_error(op, ResultCode.OUTCOME_UNKNOWN, why, message)
 
     def snapshot(self) -> list[OperationRecord]:
         return [op.model_copy(deep=True) for op in self.ledger.values()]
