@@ -1,52 +1,117 @@
 """Entry point: the CLI. `ask` runs one request as a workflow (starting or reusing the local stack),
-shows live progress, and prints the answer with its link in the Temporal UI; `up`/`down`/`status`
-manage the local stack."""
+shows live progress, asks for approvals, and prints the answer with a receipt and its link in the
+Temporal UI; `approve`/`reject` decide from another shell; `up`/`down`/`status` manage the local stack."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import re
+import shlex
 import sys
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
+import httpx
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import (
+    Client,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import (
     SearchAttributeKey,
     SearchAttributePair,
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
 )
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from agentcore.contracts import Actor, AgentInput, AgentProgress, AgentResult, Limits, ModelSpec, OperationRecord
-from agentcore.names import AGENT_WORKFLOW, GET_PROGRESS_QUERY, USER_SEARCH_ATTRIBUTE
+# typer carries its own copy of click; its usage errors are these (pyproject pins the typer range).
+from typer._click.exceptions import UsageError
+
+from agentcore.approvals import generate_signing_key, verify_key_for
+from agentcore.contracts import (
+    Actor,
+    AgentInput,
+    AgentProgress,
+    AgentResult,
+    ApprovalRequest,
+    Limits,
+    ModelSpec,
+    OperationRecord,
+)
+from agentcore.names import AGENT_WORKFLOW, GET_LEDGER_QUERY, GET_PROGRESS_QUERY, USER_SEARCH_ATTRIBUTE
 from devstack.processes import StackError
-from devstack.stack import LocalStack
+from devstack.stack import LocalStack, StackStatus
 from modeladapters.errors import ScriptError
 from modeladapters.script import load_script
-from orchestrator.approval_channel import ApprovalRefused, send_decision
+from orchestrator.approval_channel import (
+    ApprovalRefused,
+    check_shown_payload,
+    fetch_approval_request,
+    send_decision,
+)
 from orchestrator.converter import data_converter
 from orchestrator.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent
 USER_KEY = SearchAttributeKey.for_keyword(USER_SEARCH_ATTRIBUTE)
+REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-err_console = Console(stderr=True, soft_wrap=True)
+# Exit codes of `ask` (README, "Exit codes"). An unknown or unverified side effect outranks everything.
+EXIT_OK = 0  # answered; every side effect (if any) done and verified by read-back
+EXIT_STOPPED = 1  # stopped at a limit or the deadline, or failed (model error, no answer)
+EXIT_USAGE = 2  # bad input (one line on stderr), or no such request for this user
+EXIT_UNSETTLED = 3  # a side effect's outcome is unknown or it is done but not verified
+EXIT_NOT_DONE = 4  # answered, but a requested write was not done (rejected, expired, refused)
+EXIT_INTERRUPTED = 130  # Ctrl-C: the request keeps running (and waiting for any approval) in the background
+
+_DONE_STATES = frozenset({"verified"})
+_NOT_DONE_STATES = frozenset({"failed", "denied", "expired"})
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
+err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
-def _fail(message: str, code: int = 2) -> NoReturn:
+def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     err_console.print(Text.assemble(("error: ", "bold red"), message))
     raise typer.Exit(code)
+
+
+def _one_line(exc: ValidationError, options: Mapping[str, str]) -> str:
+    """The first problem of a pydantic error, named by its CLI option, on one line."""
+    err = exc.errors(include_url=False, include_input=False, include_context=False)[0]
+    field_name = str(err["loc"][0]) if err["loc"] else ""
+    message = str(err["msg"])
+    if err["type"] == "string_pattern_mismatch":
+        message = "use only ASCII letters, digits and _ . @ - (starting with a letter or digit)"
+    elif err["type"] == "string_too_short":
+        message = "must not be empty"
+    return f"{options.get(field_name, field_name)}: {message}"
+
+
+def _cli_command() -> str:
+    """How to run this CLI again from a plain shell: the installed console script, else this venv's
+    python with this file (both absolute, so neither PATH nor the current directory matters)."""
+    script = Path(sys.executable).parent / "toolloop"
+    if script.is_file() and os.access(script, os.X_OK):
+        return shlex.quote(str(script))
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(REPO_ROOT / 'starter.py'))}"
 
 
 def _settings_for_local_stack(settings: Settings) -> Settings:
@@ -57,6 +122,15 @@ def _settings_for_local_stack(settings: Settings) -> Settings:
             "service_url": f"http://127.0.0.1:{settings.service_port}",
         }
     )
+
+
+def _actor(user: str | None, tenant: str) -> Actor:
+    if user is None:
+        _fail("--user is required: whom this session acts for")
+    try:
+        return Actor(user_id=user, tenant_id=tenant)
+    except ValidationError as exc:
+        _fail(_one_line(exc, {"user_id": "--user", "tenant_id": "--tenant"}))
 
 
 def _model_spec(model: str | None, settings: Settings) -> ModelSpec:
@@ -76,16 +150,252 @@ def _model_spec(model: str | None, settings: Settings) -> ModelSpec:
     _fail(f"unknown --model {model!r}; use offline, openai[:NAME] or script:FILE")
 
 
-def _up(settings: Settings, quiet: bool) -> None:
+def _up(settings: Settings, quiet: bool) -> StackStatus:
     stack = LocalStack(settings, REPO_ROOT)
     try:
         if quiet:
-            stack.up()
-        else:
-            with err_console.status("starting the local stack...") as status:
-                stack.up(on_step=lambda step: status.update(step))
+            return stack.up()
+        with err_console.status("starting the local stack...") as status:
+            return stack.up(on_step=lambda step: status.update(step))
     except StackError as exc:
         _fail(str(exc))
+
+
+def _check_user(settings: Settings, actor: Actor) -> None:
+    """The session's user must exist. The demo's users live in the business service (GET /me)."""
+    try:
+        response = httpx.get(
+            f"{settings.service_url}/me",
+            headers={"X-Actor-User": actor.user_id, "X-Actor-Tenant": actor.tenant_id},
+            timeout=5.0,
+            trust_env=False,
+        )
+    except httpx.HTTPError:
+        _fail(f"cannot check the user: the business service at {settings.service_url} does not answer")
+    if response.status_code in (401, 403):
+        _fail(f"unknown user {actor.user_id!r} in tenant {actor.tenant_id!r}")
+    if response.status_code != 200:
+        _fail(f"cannot check the user: the business service answered HTTP {response.status_code}")
+
+
+def _approval_key(settings: Settings, local_stack: bool) -> str | None:
+    if settings.approval_key is not None:
+        return settings.approval_key.get_secret_value()
+    if local_stack:
+        return LocalStack(settings, REPO_ROOT).approval_key()
+    return None
+
+
+def _verify_key(settings: Settings, signing_key: str | None) -> str | None:
+    if settings.approval_verify_key is not None:
+        return settings.approval_verify_key
+    if signing_key is None:
+        return None
+    try:
+        return verify_key_for(signing_key)
+    except ValueError as exc:
+        _fail(f"TOOLLOOP_APPROVAL_KEY: {exc}")
+
+
+def request_workflow_id(actor: Actor, request_id: str) -> str:
+    """The workflow id of a user's request id: readable, and scoped by tenant and user (the hash covers the
+    exact triple, so no other user or tenant can ever name the same workflow)."""
+    scope = hashlib.sha256(json.dumps([actor.tenant_id, actor.user_id, request_id]).encode()).hexdigest()[:12]
+    return f"ask-{actor.tenant_id}-{actor.user_id}-{request_id}-{scope}"
+
+
+async def _acts_for(handle: WorkflowHandle[Any, Any]) -> Actor | None:
+    """Whom an existing workflow acts for, read from its own start event (not from anything a caller
+    says); None when there is no such workflow or it is not one of ours."""
+    try:
+        async for event in handle.fetch_history_events():
+            if event.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+                return None
+            attrs = event.workflow_execution_started_event_attributes
+            if attrs.workflow_type.name != AGENT_WORKFLOW:
+                return None
+            [inp] = await handle._client.data_converter.decode(attrs.input.payloads, [AgentInput])
+            return inp.actor if isinstance(inp, AgentInput) else None
+    except (RPCError, ValidationError, ValueError):
+        return None
+    return None
+
+
+def _not_found(workflow_id: str, actor: Actor) -> NoReturn:
+    # The same words whether the request is missing or belongs to someone else.
+    _fail(f"no request {workflow_id} for user {actor.user_id!r} in tenant {actor.tenant_id!r}")
+
+
+# --- Approvals --------------------------------------------------------------------------------------
+
+
+class _StdinLines:
+    """Lines from stdin read without blocking the event loop, so a prompt can be abandoned the moment its
+    operation is decided elsewhere, and Ctrl-C is never swallowed by a thread blocked in input()."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._fd = sys.stdin.fileno()
+        self._buffer = b""
+        self._lines: asyncio.Queue[str | None] = asyncio.Queue()
+        self._loop.add_reader(self._fd, self._on_readable)
+
+    def _on_readable(self) -> None:
+        chunk = os.read(self._fd, 4096)
+        if not chunk:
+            self._loop.remove_reader(self._fd)
+            self._lines.put_nowait(None)
+            return
+        self._buffer += chunk
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            self._lines.put_nowait(line.decode("utf-8", errors="replace"))
+
+    def discard_typed_ahead(self) -> None:
+        # A "y" typed before the prompt appeared must not approve what it shows.
+        while not self._lines.empty():
+            if self._lines.get_nowait() is None:
+                self._lines.put_nowait(None)
+                return
+
+    async def readline(self) -> str | None:
+        """The next line; None at end of input."""
+        return await self._lines.get()
+
+    def close(self) -> None:
+        self._loop.remove_reader(self._fd)
+
+
+@dataclass
+class ApprovalMode:
+    """How `ask` answers approval requests: automatically (demos, tests), by asking on the terminal, or
+    not at all (another shell runs `approve`/`reject`)."""
+
+    auto: bool
+    interactive: bool
+    key: str | None
+    actor: Actor
+    stdin: _StdinLines | None = None
+
+
+@dataclass
+class _Session:
+    """What a Ctrl-C needs to say: which request keeps running, and what waits for approval."""
+
+    workflow_id: str | None = None
+    pending: set[str] = field(default_factory=set)
+
+
+def _decide_commands(workflow_id: str, operation_id: str, actor: Actor) -> tuple[str, str]:
+    tail = f"{workflow_id} {operation_id} --user {actor.user_id} --tenant {actor.tenant_id}"
+    cli = _cli_command()
+    return f"{cli} approve {tail}", f"{cli} reject {tail}"
+
+
+def _show_request(request: ApprovalRequest, workflow_id: str, actor: Actor) -> None:
+    err_console.print(Text.assemble(("Approval needed", "bold yellow"), f" in request {workflow_id}"))
+    err_console.print(Text(f"  operation: {request.operation_id}"))
+    err_console.print(Text(f"  tool:      {request.tool}"))
+    err_console.print(Text(f"  arguments: {json.dumps(request.arguments, ensure_ascii=False, sort_keys=True)}"))
+    err_console.print(Text(f"  digest:    {request.digest}"))
+    if request.approval_expires_at is not None:
+        err_console.print(Text(f"  waits until {request.approval_expires_at.isoformat()}"))
+    approve, reject = _decide_commands(workflow_id, request.operation_id, actor)
+    # Unstyled: these lines are meant to be copied into another shell as they are.
+    err_console.print(Text(f"  approve:   {approve}\n  reject:    {reject}"))
+
+
+_DECIDED_ELSEWHERE = {
+    "approved": "approved",
+    "denied": "rejected",
+    "expired": "not approved in time (expired); nothing was sent",
+}
+
+
+def _decided_elsewhere(request: ApprovalRequest | None) -> str:
+    if request is None:
+        return "no longer part of the request"
+    return _DECIDED_ELSEWHERE.get(request.state, "approved")
+
+
+async def _prompt_until_decided(
+    handle: WorkflowHandle[Any, Any], operation_id: str, stdin: _StdinLines
+) -> bool | str | None:
+    """y/N on the terminal, abandoned at once when the operation is decided elsewhere. True/False: the
+    answer; a str: what happened elsewhere; None: end of input (nothing decided here)."""
+    stdin.discard_typed_ahead()
+    err_console.print(Text("  Approve this exact operation? [y/N] "), end="")
+    answer = asyncio.ensure_future(stdin.readline())
+    try:
+        while True:
+            done, _ = await asyncio.wait({answer}, timeout=0.3)
+            if answer in done:
+                line = answer.result()
+                return None if line is None else line.strip().lower() in ("y", "yes")
+            request = await fetch_approval_request(handle, operation_id)
+            if request is None or request.state != "awaiting_approval":
+                err_console.print()
+                return _decided_elsewhere(request)
+    finally:
+        answer.cancel()
+
+
+async def _answer_approval(
+    handle: WorkflowHandle[Any, Any], operation_id: str, mode: ApprovalMode, live: Live | None, session: _Session
+) -> None:
+    request = await fetch_approval_request(handle, operation_id)
+    if request is None or request.state != "awaiting_approval":
+        return
+    if live is not None:
+        live.stop()
+    session.pending.add(operation_id)
+    try:
+        await _decide_shown(handle, request, mode)
+    except asyncio.CancelledError:
+        raise  # Ctrl-C: it keeps waiting, and the interrupt's message says how to decide it later
+    session.pending.discard(operation_id)
+    if live is not None:
+        live.start()
+
+
+async def _decide_shown(handle: WorkflowHandle[Any, Any], request: ApprovalRequest, mode: ApprovalMode) -> None:
+    operation_id = request.operation_id
+    _show_request(request, handle.id, mode.actor)
+    try:
+        check_shown_payload(request)
+    except ApprovalRefused as exc:
+        err_console.print(Text(f"  refused to sign: {exc}", style="red"))
+        return
+    if mode.auto:
+        err_console.print(Text("  --auto-approve: approving without asking (demo/test mode)", style="magenta"))
+        approve = True
+    elif mode.interactive and mode.stdin is not None:
+        answer = await _prompt_until_decided(handle, operation_id, mode.stdin)
+        if answer is None:
+            err_console.print(Text("  no answer: it keeps waiting; use the commands above", style="yellow"))
+            return
+        if isinstance(answer, str):
+            err_console.print(Text(f"  {operation_id} was {answer} elsewhere", style="yellow"))
+            return
+        approve = answer
+    else:
+        return
+    try:
+        await send_decision(handle, request, approve=approve, decider=mode.actor, key=mode.key)
+    except WorkflowUpdateFailedError as exc:
+        now = await fetch_approval_request(handle, operation_id)
+        if now is not None and now.state != "awaiting_approval":
+            err_console.print(Text(f"  {operation_id} was {_decided_elsewhere(now)} elsewhere", style="yellow"))
+        else:
+            err_console.print(Text(f"  not recorded: {exc.cause}", style="red"))
+        return
+    except (ApprovalRefused, RPCError) as exc:
+        err_console.print(Text(f"  not recorded: {exc}", style="red"))
+        return
+    err_console.print(Text(f"  {'approved' if approve else 'rejected'}", style="green" if approve else "yellow"))
+
+
+# --- ask ----------------------------------------------------------------------------------------------
 
 
 def _progress_view(progress: AgentProgress | None, workflow_id: str) -> Table:
@@ -105,79 +415,51 @@ def _progress_view(progress: AgentProgress | None, workflow_id: str) -> Table:
     return table
 
 
-@dataclass
-class ApprovalMode:
-    """How `ask` answers approval requests: automatically (demos, tests), by asking on the terminal,
-    or not at all (another shell runs `starter.py approve`)."""
-
-    auto: bool
-    interactive: bool
-    key: str | None
-    actor: Actor
-
-
-def _show_operation(op: OperationRecord) -> None:
-    err_console.print(Text.assemble(("Approval needed", "bold yellow"), f" for {op.operation_id}"))
-    err_console.print(Text(f"  tool:      {op.tool}"))
-    err_console.print(Text(f"  arguments: {json.dumps(op.arguments, ensure_ascii=False, sort_keys=True)}"))
-    err_console.print(Text(f"  digest:    {op.digest}"))
-    if op.approval_expires_at is not None:
-        err_console.print(Text(f"  waits until {op.approval_expires_at.isoformat()}"))
-
-
-async def _answer_approval(
-    handle: WorkflowHandle[Any, AgentResult], op: OperationRecord, mode: ApprovalMode, live: Live | None
-) -> None:
-    if live is not None:
-        live.stop()
-    _show_operation(op)
-    try:
-        if mode.auto:
-            err_console.print(Text("  --auto-approve: approving without asking (demo/test mode)", style="magenta"))
-            approve = True
-        elif mode.interactive:
-            approve = await asyncio.to_thread(typer.confirm, "  Approve this exact operation?", default=False)
-        else:
-            err_console.print(
-                Text(
-                    f"  approve:  python starter.py approve {handle.id} {op.operation_id}\n"
-                    f"  reject:   python starter.py reject {handle.id} {op.operation_id}",
-                    style="dim",
-                )
-            )
-            return
-        await send_decision(handle, op, approve=approve, approver=mode.actor, key=mode.key)
-        err_console.print(Text(f"  {'approved' if approve else 'rejected'}", style="green" if approve else "yellow"))
-    except (ApprovalRefused, WorkflowUpdateFailedError) as exc:
-        cause = exc.cause if isinstance(exc, WorkflowUpdateFailedError) else exc
-        err_console.print(Text(f"  not recorded: {cause}", style="red"))
-    finally:
-        if live is not None:
-            live.start()
-
-
-async def _watch(handle: WorkflowHandle[Any, AgentResult], show: bool, mode: ApprovalMode) -> AgentResult:
+async def _watch(
+    handle: WorkflowHandle[Any, AgentResult], show: bool, mode: ApprovalMode, session: _Session
+) -> AgentResult:
     result_task = asyncio.ensure_future(handle.result())
     asked: set[str] = set()
-    with Live(
-        _progress_view(None, handle.id), console=err_console, transient=True, refresh_per_second=8, auto_refresh=show
-    ) as live:
-        if not show:
-            live.stop()
-        while not result_task.done():
-            try:
-                progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
-            except RPCError:
-                progress = None  # no worker has picked the workflow up yet; keep waiting
-            if progress is not None:
-                if show:
-                    live.update(_progress_view(progress, handle.id))
-                for op in progress.operations:
-                    if op.state == "awaiting_approval" and op.operation_id not in asked:
-                        asked.add(op.operation_id)
-                        await _answer_approval(handle, op, mode, live if show else None)
-            await asyncio.wait({result_task}, timeout=0.3)
-    return await result_task
+    if mode.interactive and not mode.auto:
+        mode.stdin = _StdinLines()
+    try:
+        with Live(
+            _progress_view(None, handle.id),
+            console=err_console,
+            transient=True,
+            refresh_per_second=8,
+            auto_refresh=show,
+        ) as live:
+            if not show:
+                live.stop()
+            while not result_task.done():
+                try:
+                    progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
+                except RPCError:
+                    progress = None  # no worker has picked the workflow up yet; keep waiting
+                if progress is not None:
+                    if show:
+                        live.update(_progress_view(progress, handle.id))
+                    for op in progress.operations:
+                        if op.state == "awaiting_approval" and op.operation_id not in asked:
+                            asked.add(op.operation_id)
+                            await _answer_approval(handle, op.operation_id, mode, live if show else None, session)
+                await asyncio.wait({result_task}, timeout=0.3)
+        return await result_task
+    finally:
+        result_task.cancel()
+        if mode.stdin is not None:
+            mode.stdin.close()
+
+
+@dataclass
+class _Outcome:
+    workflow_id: str
+    result: AgentResult | None = None
+    failure: str | None = None
+    # For a workflow that failed: its ledger, as far as it can still be read.
+    operations: list[OperationRecord] = field(default_factory=list)
+    attached: bool = False
 
 
 async def _ask(
@@ -189,26 +471,56 @@ async def _ask(
     request_id: str | None,
     show: bool,
     mode: ApprovalMode,
-) -> tuple[AgentResult | None, str, str | None]:
+    verify_key: str | None,
+    session: _Session,
+) -> _Outcome:
     client = await Client.connect(
         settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
     )
-    workflow_id = f"ask-{actor.user_id}-{request_id or uuid.uuid4().hex[:12]}"
-    handle: WorkflowHandle[Any, AgentResult] = await client.start_workflow(
-        AGENT_WORKFLOW,
-        AgentInput(request=request, actor=actor, model=spec, limits=limits),
-        id=workflow_id,
-        task_queue=settings.task_queue,
-        result_type=AgentResult,
-        search_attributes=TypedSearchAttributes([SearchAttributePair(USER_KEY, actor.user_id)]),
-        static_summary=f"{actor.user_id}: {request[:80]}",
-        # With an explicit request id, submitting the same request again attaches to the first run.
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING if request_id else WorkflowIDConflictPolicy.FAIL,
-    )
+    workflow_id = request_workflow_id(actor, request_id or uuid.uuid4().hex[:12])
+    session.workflow_id = workflow_id
+    outcome = _Outcome(workflow_id)
     try:
-        return await _watch(handle, show, mode), workflow_id, None
+        # A request id is never used twice: while its history is kept, the same id gives back its run.
+        handle: WorkflowHandle[Any, AgentResult] = await client.start_workflow(
+            AGENT_WORKFLOW,
+            AgentInput(request=request, actor=actor, model=spec, limits=limits, approval_verify_key=verify_key),
+            id=workflow_id,
+            task_queue=settings.task_queue,
+            result_type=AgentResult,
+            search_attributes=TypedSearchAttributes([SearchAttributePair(USER_KEY, actor.user_id)]),
+            static_summary=f"{actor.user_id}: {request[:80]}",
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        )
+    except WorkflowAlreadyStartedError:
+        handle = client.get_workflow_handle(workflow_id, result_type=AgentResult)
+        if await _acts_for(handle) != actor:
+            _not_found(workflow_id, actor)
+        outcome.attached = True
+        err_console.print(
+            Text(f"request {request_id} exists already: showing its run (the question given now is not asked)")
+        )
+    try:
+        outcome.result = await _watch(handle, show, mode, session)
     except WorkflowFailureError as exc:
-        return None, workflow_id, str(exc.cause or exc)
+        outcome.failure = str(exc.cause or exc)
+        try:
+            outcome.operations = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
+        except RPCError:
+            outcome.operations = []
+    return outcome
+
+
+def _exit_code(status: str, operations: list[OperationRecord]) -> int:
+    """The table in the README: unknown or unverified side effects outrank every other outcome."""
+    if any(op.state not in _DONE_STATES | _NOT_DONE_STATES for op in operations):
+        return EXIT_UNSETTLED
+    if status != "completed":
+        return EXIT_STOPPED
+    if any(op.state in _NOT_DONE_STATES for op in operations):
+        return EXIT_NOT_DONE
+    return EXIT_OK
 
 
 def _print_result(result: AgentResult, settings: Settings) -> None:
@@ -216,6 +528,11 @@ def _print_result(result: AgentResult, settings: Settings) -> None:
     if result.final_text:
         # The model's text is data: never interpret it as rich markup ("[offline model]" is not a tag).
         console.print(result.final_text, markup=False, highlight=False)
+    elif any(op.state not in _NOT_DONE_STATES for op in result.operations):
+        console.print(
+            f"[yellow]No answer:[/] the request stopped ({result.stop_reason}) after side effects were made or "
+            "attempted: see the receipt."
+        )
     else:
         console.print(f"[yellow]No answer:[/] the request stopped ({result.stop_reason}).")
     if result.error:
@@ -237,40 +554,47 @@ _STATE_WORDS = {
     "verified": ("done, verified by read-back", "green"),
     "completed": ("done per the service, NOT verified", "yellow"),
     "unknown": ("UNKNOWN whether it happened", "bold red"),
-    "failed": ("refused by the service, not done", "yellow"),
+    "failed": ("not done (refused, or the service could not be reached)", "yellow"),
     "denied": ("rejected by the user, not sent", "yellow"),
     "expired": ("no approval in time, not sent", "yellow"),
 }
 
 
 def _print_receipt(operations: list[OperationRecord]) -> None:
-    """What really happened, from the workflow's ledger, whatever the model's text says."""
-    table = Table(title="Receipt")
-    table.add_column("operation", overflow="fold")
-    for name in ("tool", "arguments", "outcome", "approval", "attempts", "status checks"):
-        table.add_column(name)
+    """What really happened, from the workflow's ledger, whatever the model's text says. Plain lines,
+    never a table: piped or logged, every tool name, argument and state is kept whole."""
+    err_console.print(Text("Receipt", style="bold"))
     for op in operations:
-        words, style = _STATE_WORDS.get(op.state, (op.state, "white"))
-        approval = f"{op.approval.decision} by {op.approval.by}" if op.approval else "-"
-        checks = ", ".join(c.state for c in op.status_checks) or "-"
-        table.add_row(
-            op.operation_id,
-            op.tool,
-            Text(json.dumps(op.arguments, ensure_ascii=False, sort_keys=True)),
-            Text(words + (f" ({op.note})" if op.note else ""), style=style),
-            approval,
-            str(op.attempts),
-            checks,
-        )
-    err_console.print(table)
+        words, style = _STATE_WORDS.get(op.state, (f"{op.state} (not settled)", "bold red"))
+        err_console.print(Text.assemble("  ", (op.tool, "bold"), f" {op.operation_id}: ", (words, style)))
+        err_console.print(Text(f"    arguments: {json.dumps(op.arguments, ensure_ascii=False, sort_keys=True)}"))
+        if op.note:
+            err_console.print(Text(f"    note: {op.note}"))
+        approval = f"{op.approval.decision} by {op.approval.by}" if op.approval else "none"
+        checks = ", ".join(c.state for c in op.status_checks) or "none"
+        err_console.print(Text(f"    approval: {approval}; attempts: {op.attempts}; status checks: {checks}"))
 
 
-def _approval_key(settings: Settings, local_stack: bool) -> str | None:
-    if settings.approval_key is not None:
-        return settings.approval_key.get_secret_value()
-    if local_stack:
-        return LocalStack(settings, REPO_ROOT).approval_key()
-    return None
+def _interrupted(session: _Session, actor: Actor) -> NoReturn:
+    err_console.print()
+    if session.workflow_id is None:
+        err_console.print("interrupted before the request started")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    message = f"interrupted: request {session.workflow_id} keeps running in the background"
+    for operation_id in sorted(session.pending):
+        approve, reject = _decide_commands(session.workflow_id, operation_id, actor)
+        message += f"; it waits for approval of {operation_id}: approve with `{approve}`, reject with `{reject}`"
+    err_console.print(message)
+    raise typer.Exit(EXIT_INTERRUPTED)
+
+
+_LIMIT_OPTIONS = {
+    "max_rounds": "--max-rounds",
+    "max_calls_per_round": "--max-calls-per-round",
+    "max_total_calls": "--max-total-calls",
+    "deadline_seconds": "--deadline-seconds",
+    "approval_ttl_seconds": "--approval-ttl-seconds",
+}
 
 
 @app.command()
@@ -284,7 +608,11 @@ def ask(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
     request_id: Annotated[
-        str | None, typer.Option(help="Idempotent request id: the same id never starts a second workflow.")
+        str | None,
+        typer.Option(
+            help="Idempotent request id, scoped to this user and tenant: the same id never starts a "
+            "second run and gives back the first run's result."
+        ),
     ] = None,
     local_stack: Annotated[
         bool, typer.Option(help="Start or reuse the local stack; --no-local-stack uses TEMPORAL_ADDRESS as is.")
@@ -301,10 +629,11 @@ def ask(
     ] = False,
 ) -> None:
     """Run one request as a durable workflow and print the answer."""
-    settings = Settings()
-    if local_stack:
-        settings = _settings_for_local_stack(settings)
-        _up(settings, quiet=as_json)
+    # Every input is checked before anything starts: bad input is one line and exit 2.
+    request = request.strip()
+    if not request:
+        _fail("the question is empty")
+    actor = _actor(user, tenant)
     overrides = {
         "max_rounds": max_rounds,
         "max_calls_per_round": max_calls_per_round,
@@ -314,113 +643,151 @@ def ask(
     }
     try:
         limits = Limits(**{k: v for k, v in overrides.items() if v is not None})
-        actor = Actor(user_id=user, tenant_id=tenant)
-    except ValueError as exc:
-        _fail(str(exc))
+        AgentInput(request=request, actor=actor)
+    except ValidationError as exc:
+        _fail(_one_line(exc, {**_LIMIT_OPTIONS, "request": "the question"}))
+    if request_id is not None and not REQUEST_ID.fullmatch(request_id):
+        _fail("--request-id: use 1-64 ASCII letters, digits and _ . - (starting with a letter or digit)")
+    settings = Settings()
     spec = _model_spec(model, settings)
+    if not local_stack and auto_approve and settings.approval_key is None:
+        _fail("--auto-approve needs the approval channel's key: set TOOLLOOP_APPROVAL_KEY, or use the local stack")
+
+    status: StackStatus | None = None
+    if local_stack:
+        settings = _settings_for_local_stack(settings)
+        status = _up(settings, quiet=as_json)
+    key = _approval_key(settings, local_stack)
+    verify_key = _verify_key(settings, key)
+    _check_user(settings, actor)
     show = not as_json and sys.stderr.isatty()
     mode = ApprovalMode(
         auto=auto_approve,
         interactive=sys.stdin.isatty() and sys.stderr.isatty(),
-        key=_approval_key(settings, local_stack),
+        key=key,
         actor=actor,
     )
+    session = _Session()
     try:
-        result, workflow_id, failure = asyncio.run(_ask(request, actor, spec, limits, settings, request_id, show, mode))
+        outcome = asyncio.run(_ask(request, actor, spec, limits, settings, request_id, show, mode, verify_key, session))
+    except KeyboardInterrupt:
+        _interrupted(session, actor)
+    except typer.Exit:
+        raise
     except RuntimeError as exc:  # connection problems from the Temporal client
         _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
-    if result is None:
+    if outcome.result is None:
         if as_json:
-            print(
-                json.dumps(
-                    {
-                        "workflow_id": workflow_id,
-                        "status": "failed",
-                        "stop_reason": None,
-                        "final_text": None,
-                        "rounds": 0,
-                        "calls": [],
-                        "error": failure,
-                    }
-                )
-            )
+            failed = {
+                "workflow_id": outcome.workflow_id,
+                "status": "failed",
+                "stop_reason": None,
+                "final_text": None,
+                "rounds": 0,
+                "calls": [],
+                "error": outcome.failure,
+                "operations": [op.model_dump(mode="json") for op in outcome.operations],
+            }
+            print(json.dumps(failed))
         else:
-            err_console.print(Text.assemble(("The workflow failed: ", "red"), str(failure)))
-            err_console.print(f"Temporal UI: {settings.ui_url(workflow_id)}")
-        raise typer.Exit(1)
-    if as_json:
-        print(json.dumps(result.model_dump(mode="json")))
+            err_console.print(Text.assemble(("The workflow failed: ", "red"), str(outcome.failure)))
+            if outcome.operations:
+                _print_receipt(outcome.operations)
+            err_console.print(f"Temporal UI: {settings.ui_url(outcome.workflow_id)}")
+        code = _exit_code("failed", outcome.operations)
     else:
-        _print_result(result, settings)
-    raise typer.Exit(_exit_code(result))
+        if as_json:
+            print(json.dumps(outcome.result.model_dump(mode="json")))
+        else:
+            _print_result(outcome.result, settings)
+        code = _exit_code(outcome.result.status, outcome.result.operations)
+    if status is not None and status.started:
+        err_console.print(
+            f"The local stack keeps running in the background (Temporal UI: {settings.ui_url()}). "
+            f"Stop it with: {_cli_command()} down"
+        )
+    raise typer.Exit(code)
 
 
-# Exit codes of `ask`: 0 answered with every side effect settled; 1 stopped or failed; 3 answered, but a
-# side effect's outcome is unknown or unverified (the model's text may say "done"; the receipt does not).
-EXIT_UNSETTLED = 3
-
-
-def _exit_code(result: AgentResult) -> int:
-    if result.status != "completed":
-        return 1
-    if any(op.state in ("unknown", "completed") for op in result.operations):
-        return EXIT_UNSETTLED
-    return 0
+# --- approve / reject ------------------------------------------------------------------------------
 
 
 async def _decide_from_shell(
-    workflow_id: str, operation_id: str, approve: bool, approver: str | None, settings: Settings, key: str | None
+    workflow_id: str, operation_id: str, approve: bool, actor: Actor, settings: Settings, key: str
 ) -> OperationRecord:
     client = await Client.connect(
         settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
     )
     handle: WorkflowHandle[Any, AgentResult] = client.get_workflow_handle(workflow_id, result_type=AgentResult)
-    progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
-    ops = {op.operation_id: op for op in progress.operations}
-    if operation_id not in ops:
-        _fail(f"workflow {workflow_id} has no operation {operation_id}; it has: {', '.join(ops) or 'none'}")
-    if progress.actor is None:
-        _fail(f"workflow {workflow_id} does not say whom it acts for")
-    op = ops[operation_id]
-    _show_operation(op)
-    who = Actor(user_id=approver or progress.actor.user_id, tenant_id=progress.actor.tenant_id)
-    return await send_decision(handle, op, approve=approve, approver=who, key=key)
+    # Whose request it is comes from the workflow's own start event, checked before anything is shown.
+    if await _acts_for(handle) != actor:
+        _not_found(workflow_id, actor)
+    request = await fetch_approval_request(handle, operation_id)
+    if request is None:
+        ledger = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
+        names = ", ".join(op.operation_id for op in ledger) or "none"
+        _fail(f"request {workflow_id} has no operation {operation_id}; it has: {names}")
+    _show_request(request, workflow_id, actor)
+    return await send_decision(handle, request, approve=approve, decider=actor, key=key)
 
 
-def _decide(workflow_id: str, operation_id: str, approve: bool, approver: str | None, local_stack: bool) -> None:
+def _decide(
+    workflow_id: str, operation_id: str, approve: bool, user: str | None, tenant: str, local_stack: bool
+) -> None:
+    actor = _actor(user, tenant)
     settings = Settings()
     if local_stack:
         settings = _settings_for_local_stack(settings)
-    key = _approval_key(settings, local_stack) if approve else None
+    key = _approval_key(settings, local_stack)
+    if key is None:
+        _fail("no approval key: set TOOLLOOP_APPROVAL_KEY, or use the local stack")
+    _check_user(settings, actor)
     try:
-        op = asyncio.run(_decide_from_shell(workflow_id, operation_id, approve, approver, settings, key))
+        op = asyncio.run(_decide_from_shell(workflow_id, operation_id, approve, actor, settings, key))
     except WorkflowUpdateFailedError as exc:
         _fail(f"the workflow refused it: {exc.cause}", code=1)
-    except (ApprovalRefused, RPCError) as exc:
+    except ApprovalRefused as exc:
         _fail(str(exc), code=1)
+    except RPCError as exc:
+        _fail(f"Temporal refused it: {exc}", code=1)
+    except typer.Exit:
+        raise
+    except RuntimeError as exc:
+        _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
     err_console.print(Text(f"{op.operation_id} is now {op.state}", style="green"))
+
+
+_DecideUser = Annotated[
+    str | None, typer.Option("--user", "--as", help="The session's user: only the request's own user decides.")
+]
+_DecideTenant = Annotated[str, typer.Option(help="The session's tenant.")]
 
 
 @app.command()
 def approve(
     workflow_id: Annotated[str, typer.Argument(help="The request's workflow id (printed by ask).")],
     operation_id: Annotated[str, typer.Argument(help="The operation waiting for approval (op_...).")],
-    as_user: Annotated[str | None, typer.Option("--as", help="Who approves (default: the request's user).")] = None,
+    user: _DecideUser = None,
+    tenant: _DecideTenant = "acme",
     local_stack: Annotated[bool, typer.Option(help="Use the local stack's address and approval key.")] = True,
 ) -> None:
-    """Approve one side effect of a running request: shows it, signs exactly it, sends the approval."""
-    _decide(workflow_id, operation_id, True, as_user, local_stack)
+    """Approve one side effect of your running request: shows it whole, signs exactly it, sends it."""
+    _decide(workflow_id, operation_id, True, user, tenant, local_stack)
 
 
 @app.command()
 def reject(
     workflow_id: Annotated[str, typer.Argument(help="The request's workflow id (printed by ask).")],
     operation_id: Annotated[str, typer.Argument(help="The operation waiting for approval (op_...).")],
-    as_user: Annotated[str | None, typer.Option("--as", help="Who rejects (default: the request's user).")] = None,
-    local_stack: Annotated[bool, typer.Option(help="Use the local stack's address.")] = True,
+    user: _DecideUser = None,
+    tenant: _DecideTenant = "acme",
+    local_stack: Annotated[bool, typer.Option(help="Use the local stack's address and approval key.")] = True,
 ) -> None:
-    """Reject one side effect of a running request: nothing is sent."""
-    _decide(workflow_id, operation_id, False, as_user, local_stack)
+    """Reject one side effect of your running request (signed like an approval): nothing is sent."""
+    _decide(workflow_id, operation_id, False, user, tenant, local_stack)
+
+
+# --- the local stack -----------------------------------------------------------------------------------
 
 
 @app.command()
@@ -451,12 +818,28 @@ def status() -> None:
     Console().print(f"Temporal UI: {settings.ui_url()}")
 
 
+@app.command()
+def keygen() -> None:
+    """Print a new approval key pair for a deployment: the private key for the approval channel only
+    (TOOLLOOP_APPROVAL_KEY), the public one for the business service and starters."""
+    signing = generate_signing_key()
+    print(f"TOOLLOOP_APPROVAL_KEY={signing}")
+    print(f"TOOLLOOP_APPROVAL_VERIFY_KEY={verify_key_for(signing)}")
+
+
 def main() -> None:
     try:
-        app()  # typer/click always end with SystemExit
-        code: int = 0
+        result = app(standalone_mode=False)
+        code = result if isinstance(result, int) else 0
+    except UsageError as exc:
+        # Usage mistakes get one line too, not a framed help screen.
+        err_console.print(Text.assemble(("error: ", "bold red"), exc.format_message(), " (see --help)"))
+        code = EXIT_USAGE
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt:
+        err_console.print("\ninterrupted")
+        code = EXIT_INTERRUPTED
     sys.stdout.flush()
     sys.stderr.flush()
     # temporalio 1.35 can abort during interpreter teardown ("PyGILState_Release") once a client has

@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -34,7 +35,16 @@ class ToolActivities:
                 type=ErrorType.TOOL_MISCONFIGURED,
                 non_retryable=True,
             )
-        args = spec.arguments.model_validate(inp.arguments)
+        try:
+            args = spec.arguments.model_validate(inp.arguments)
+        except ValidationError:
+            # Validated once already by the model turn: failing again is this tool's bug, not the model's,
+            # and retrying cannot fix it.
+            raise ApplicationError(
+                f"tool {inp.tool!r}: its checked arguments do not validate again",
+                type=ErrorType.TOOL_MISCONFIGURED,
+                non_retryable=True,
+            ) from None
         ctx = ToolContext(actor=inp.actor, http=self._http, workflow_id=info.workflow_id or "", call_id=inp.call_id)
         started = time.monotonic()
         output: dict[str, Any]

@@ -9,10 +9,11 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from agentcore.codes import ErrorType
+from agentcore.codes import ErrorType, ResultCode
 from agentcore.contracts import Actor, OperationQuery, ReadBackInput, WriteInput, WriteOutcome, error_output
 from agentcore.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
 from agentcore.outputs import cap_output
@@ -35,9 +36,11 @@ _MAX_WRITE_OUTPUT_BYTES = 16_384
 
 
 class WriteActivities:
-    def __init__(self, registry: ToolRegistry, http: httpx.AsyncClient) -> None:
+    def __init__(self, registry: ToolRegistry, http: httpx.AsyncClient, retention_seconds: float | None = None) -> None:
         self._registry = registry
         self._http = http
+        # The worker's configured key retention, for services that do not declare theirs.
+        self._retention_seconds = retention_seconds
 
     def _spec(self, name: str) -> ToolSpec:
         spec = self._registry.get(name)
@@ -63,7 +66,13 @@ class WriteActivities:
     @activity.defn(name=EXECUTE_WRITE_ACTIVITY)
     async def execute_write(self, inp: WriteInput) -> WriteOutcome:
         spec = self._spec(inp.tool)
-        args = spec.arguments.model_validate(inp.arguments)
+        try:
+            args = spec.arguments.model_validate(inp.arguments)
+        except ValidationError:
+            # Nothing was sent: a tool whose checked arguments do not validate again is misconfigured.
+            activity.logger.error("write arguments do not validate again", extra={"tool": inp.tool})
+            message = "this tool is misconfigured; nothing was sent."
+            return WriteOutcome(kind="refused", output=error_output(ResultCode.INTERNAL, message), detail=message)
         ctx = self._context(inp.actor, inp.operation_id, inp.call_id, inp.approval_token)
         started = time.monotonic()
         outcome: WriteOutcome
@@ -78,7 +87,7 @@ class WriteActivities:
         except WriteInProgress as err:
             outcome = WriteOutcome(kind="in_progress", detail=str(err))
         except WriteOutcomeUnknown as err:
-            outcome = WriteOutcome(kind="unknown", detail=str(err))
+            outcome = WriteOutcome(kind="unknown", retry_after_seconds=err.retry_after_seconds, detail=str(err))
         except Exception:
             # Whatever broke, the request may have left: unknown, never "not executed".
             activity.logger.exception(
@@ -114,13 +123,18 @@ class WriteActivities:
             ) from None
         if status.output is not None:
             status.output = cap_output(status.output, _MAX_WRITE_OUTPUT_BYTES)
+        if status.retention_seconds is None:
+            status.retention_seconds = self._retention_seconds
         return status
 
     @activity.defn(name=READ_BACK_ACTIVITY)
     async def read_back_operation(self, inp: ReadBackInput) -> Evidence:
         spec = self._spec(inp.tool)
         assert spec.read_back is not None
-        args = spec.arguments.model_validate(inp.arguments)
+        try:
+            args = spec.arguments.model_validate(inp.arguments)
+        except ValidationError:
+            return Evidence(verified=False, detail="this tool is misconfigured; its read-back could not run")
         try:
             return await spec.read_back(self._context(inp.actor, inp.operation_id), args, inp.output)
         except (EvidenceNotYetVisible, ToolTemporaryError) as err:

@@ -9,7 +9,7 @@ import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 # --- Conversation items (OpenAI Responses shape) -------------------------------------------------
 # Output items keep every field the provider sent (extra="allow"), so reasoning and other items go back
@@ -85,13 +85,17 @@ def item_to_wire(item: BaseModel) -> dict[str, Any]:
 # --- Identity, limits, model choice ------------------------------------------------------------
 
 
+# ASCII only: an identity is never spelled with look-alike or invisible characters.
+ACTOR_ID = r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$"
+
+
 class Actor(BaseModel):
     """Who the request acts for. Set by the starter from the session; tools never take it from arguments."""
 
     model_config = ConfigDict(frozen=True)
 
-    user_id: str = Field(min_length=1, max_length=64)
-    tenant_id: str = Field(default="acme", min_length=1, max_length=64)
+    user_id: str = Field(min_length=1, max_length=64, pattern=ACTOR_ID)
+    tenant_id: str = Field(default="acme", min_length=1, max_length=64, pattern=ACTOR_ID)
 
 
 class Limits(BaseModel):
@@ -112,23 +116,12 @@ class Limits(BaseModel):
     status_max_attempts: int = Field(default=4, ge=1, le=20)
     unknown_resolution_seconds: float = Field(default=60.0, gt=0, le=3600)
     readback_max_attempts: int = Field(default=3, ge=1, le=20)
-    # Must equal (at most) the business service's retention of idempotency keys.
+    # Ignored: kept only so stored inputs still decode. How long the service keeps operation ids is a fact
+    # the service declares (its status answer) or the worker's configuration, never a per-request setting.
     idempotency_retention_seconds: float = Field(default=86_400.0, gt=0)
-
-    @model_validator(mode="after")
-    def _retention_outlives_retries(self) -> Limits:
-        horizon = self.approval_ttl_seconds + self.write_retry_horizon_seconds
-        if self.idempotency_retention_seconds <= horizon:
-            raise ValueError(
-                f"idempotency_retention_seconds ({self.idempotency_retention_seconds:g}) must exceed the longest "
-                f"retry horizon, approval TTL + write attempts + unknown resolution ({horizon:g} s)"
-            )
-        return self
-
-    @property
-    def write_retry_horizon_seconds(self) -> float:
-        """How long after its first send an operation may still be resent (with the same key)."""
-        return self.max_write_attempts * self.write_timeout_seconds + self.unknown_resolution_seconds
+    # After the deadline nothing is sent; a write already in flight is still settled (status queries,
+    # read-back) for at most this long before the run reports.
+    settle_seconds: float = Field(default=30.0, gt=0, le=600)
 
 
 ModelProvider = Literal["offline", "script", "openai"]
@@ -147,6 +140,9 @@ class AgentInput(BaseModel):
     actor: Actor
     model: ModelSpec = Field(default_factory=ModelSpec)
     limits: Limits = Field(default_factory=Limits)
+    # The approval channel's public key (agentcore.approvals), set by the trusted starter: the Update
+    # validator accepts only decisions it signed. None: this request accepts no decisions.
+    approval_verify_key: str | None = None
 
 
 # --- Model turn activity ------------------------------------------------------------------------
@@ -252,6 +248,25 @@ class OperationRecord(BaseModel):
     evidence: dict[str, Any] | None = None
     output: dict[str, Any] | None = None  # what the model was told
     note: str | None = None
+    # Added later (defaults keep stored histories decoding):
+    # nothing may be committed after this instant (the request's deadline); approvals expire by then.
+    deadline: datetime | None = None
+    # How long the service keeps this operation id, as it declared in its last status answer.
+    retention_seconds: float | None = None
+
+
+class ApprovalRequest(BaseModel):
+    """What the approval channel shows a human and signs: the whole payload the digest covers (unredacted;
+    redaction is for logs and history, never for the approver). Answer of the `get_approval_request` query."""
+
+    operation_id: str
+    tool: str
+    arguments: dict[str, Any]
+    digest: str
+    state: OperationState
+    actor: Actor
+    approval_expires_at: datetime | None = None
+    deadline: datetime | None = None
 
 
 class ApprovalDecision(BaseModel):
@@ -260,9 +275,10 @@ class ApprovalDecision(BaseModel):
     operation_id: str
     digest: str
     approve: bool
-    # Signed by the approval channel (agentcore.approvals); required to approve.
+    # Signed by the approval channel (agentcore.approvals); required to approve and to reject. Who
+    # decided is read from its verified claims, never from `by`.
     token: str | None = None
-    by: str = Field(min_length=1, max_length=128)
+    by: str = Field(default="", max_length=128)  # informational only
 
 
 class WriteInput(BaseModel):

@@ -84,7 +84,7 @@ def check_call(registry: ToolRegistry, call: FunctionCallItem) -> CheckedCall:
         name=spec.name,
         read_only=spec.read_only,
         summary=spec.summary(args),
-        arguments=args.model_dump(mode="json"),
+        arguments=spec.canonical_arguments(args),
         redact=list(spec.redact),
     )
 

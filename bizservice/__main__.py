@@ -10,11 +10,12 @@ import sys
 
 import uvicorn
 
+from agentcore.approvals import check_verify_key
 from bizservice.app import create_app
 
 logger = logging.getLogger("bizservice")
 
-APPROVAL_KEY_ENV = "BIZSERVICE_APPROVAL_KEY"
+APPROVAL_VERIFY_KEY_ENV = "BIZSERVICE_APPROVAL_VERIFY_KEY"
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -52,14 +53,20 @@ async def _serve(server: uvicorn.Server, host: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    # The approval key is read from the environment only: argv shows up in `ps` and shell history.
-    approval_key = os.environ.get(APPROVAL_KEY_ENV) or None
+    # The approval channel's public key: the service verifies approvals with it and can sign none.
+    verify_key = os.environ.get(APPROVAL_VERIFY_KEY_ENV) or None
+    if verify_key is not None:
+        try:
+            check_verify_key(verify_key)
+        except ValueError as exc:
+            print(f"error: {APPROVAL_VERIFY_KEY_ENV}: {exc}", file=sys.stderr)
+            return 2
     logger.info("admin token %s", "set" if args.admin_token else "unset")
-    logger.info("approval key %s", "set" if approval_key else "unset")
+    logger.info("approval verify key %s", "set" if verify_key else "unset: every write is refused")
     app = create_app(
         args.db,
         admin_token=args.admin_token or None,
-        approval_key=approval_key,
+        approval_verify_key=verify_key,
         idempotency_retention_seconds=args.idempotency_retention_seconds,
     )
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False)

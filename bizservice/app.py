@@ -27,7 +27,7 @@ from agentcore.codes import ResultCode
 from bizservice import faults
 from bizservice.boundary import FaultBoundary
 from bizservice.seed import seed
-from bizservice.store import Store, iso_utc
+from bizservice.store import Owner, Store, iso_utc
 from bizservice.web import (
     CALENDAR_ID,
     ORDER_ID,
@@ -50,6 +50,12 @@ WORK_START, WORK_END = clock(9, 0), clock(17, 0)
 
 
 # --- Response models (the service's contract) ------------------------------------------------------
+
+
+class User(BaseModel):
+    user_id: str
+    tenant_id: str
+    name: str
 
 
 class OrderItem(BaseModel):
@@ -188,11 +194,12 @@ AwareQueryTime = Annotated[datetime, AfterValidator(_require_offset)]
 def create_app(
     db_path: str | Path,
     admin_token: str | None = None,
-    approval_key: str | None = None,
+    approval_verify_key: str | None = None,
     idempotency_retention_seconds: float = 86400.0,
 ) -> FaultBoundary:
     """The service on `db_path` (schema created and demo data seeded if missing), as an ASGI app. With no
-    `admin_token` the /admin API does not exist; with no `approval_key` every write is refused (403).
+    `admin_token` the /admin API does not exist; with no `approval_verify_key` (the approval channel's public
+    key) every write is refused (403).
     Completed idempotency records are kept `idempotency_retention_seconds`."""
     store = Store(db_path)
     store.init()
@@ -236,6 +243,11 @@ def create_app(
                     request.headers.get("x-actor-user"),
                     started_at,
                 )
+                user, tenant = request.headers.get("x-actor-user"), request.headers.get("x-actor-tenant")
+                if user and tenant and not await run_in_threadpool(store.user_exists, Owner(user, tenant)):
+                    # Not "empty results": a caller the service does not know is told so.
+                    response = problem_response(401, ResultCode.FORBIDDEN, "unknown user or tenant")
+            if logged and response is None:
                 rule = await run_in_threadpool(faults.claim, store, request.method, path)
                 if rule is not None:
                     if rule.latency_ms:
@@ -260,6 +272,14 @@ def create_app(
     @app.get("/healthz")
     async def healthz() -> dict[str, bool]:
         return {"ok": True}
+
+    @app.get("/me", response_model=User)
+    def me(owner: Actor) -> dict[str, Any]:
+        """Who the caller is (the middleware has already refused an unknown one)."""
+        user = store.get_user(owner)
+        if user is None:  # removed since the middleware looked
+            raise Problem(401, ResultCode.FORBIDDEN, "unknown user or tenant")
+        return user
 
     # Business endpoints are plain `def`: FastAPI runs them in a thread, so blocking SQLite calls never
     # hold up other requests (or their injected latency).
@@ -335,7 +355,7 @@ def create_app(
         return refunds
 
     settings = WriteSettings(
-        approval_key=approval_key.encode() if approval_key else None,
+        approval_verify_key=approval_verify_key,
         retention_seconds=idempotency_retention_seconds,
     )
     add_write_routes(app, store, settings)

@@ -8,8 +8,9 @@ from typing import Any, Final
 from bizservice.store import Store, iso_utc
 
 SEED_FACTS: Final[dict[str, Any]] = {
-    # Who exists: tenant -> users.
-    "tenants": {"acme": ["u1", "u2"], "globex": ["u3"]},
+    # Who exists: tenant -> users. "u1" exists in both tenants as two different people (and owns nothing
+    # in globex): identity is always the (tenant, user) pair.
+    "tenants": {"acme": ["u1", "u2"], "globex": ["u3", "u1"]},
     "order_a100": {
         "order_id": "A100",
         "owner": ("u1", "acme"),
@@ -49,7 +50,12 @@ SEED_FACTS: Final[dict[str, Any]] = {
     ],
 }
 
-_USERS = [("u1", "acme", "Ada Lovelace"), ("u2", "acme", "Grace Hopper"), ("u3", "globex", "Hank Scorpio")]
+_USERS = [
+    ("u1", "acme", "Ada Lovelace"),
+    ("u2", "acme", "Grace Hopper"),
+    ("u3", "globex", "Hank Scorpio"),
+    ("u1", "globex", "Ulla Eins"),
+]
 _BASE = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 _STATUS_CYCLE = ("delivered", "shipped", "placed", "cancelled")
 _CATALOG = [

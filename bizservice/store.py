@@ -221,6 +221,19 @@ class Store:
         with self.connect() as conn:
             conn.executescript(_EFFECT_INDEXES)
 
+    # --- Users ----------------------------------------------------------------------------------
+
+    def get_user(self, owner: Owner) -> dict[str, Any] | None:
+        with self.connect() as conn:
+            row = conn.execute(
+                "SELECT user_id, tenant_id, name FROM users WHERE user_id = ? AND tenant_id = ?",
+                (owner.user_id, owner.tenant_id),
+            ).fetchone()
+        return None if row is None else dict(row)
+
+    def user_exists(self, owner: Owner) -> bool:
+        return self.get_user(owner) is not None
+
     # --- Orders ---------------------------------------------------------------------------------
 
     def get_order(self, owner: Owner, order_id: str) -> dict[str, Any] | None:

@@ -14,8 +14,8 @@ from agentcore.codes import ResultCode
 from bizservice.store import Owner
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
-ORDER_ID = r"^A\d{3}$"
-TICKET_ID = r"^T\d{4}$"
+ORDER_ID = r"^A[0-9]{3}$"
+TICKET_ID = r"^T[0-9]{4}$"
 CALENDAR_ID = r"^cal-[a-z0-9-]{1,32}$"
 _MAX_ERRORS_SHOWN = 5
 _PARAM_SOURCES = ("path", "query", "header", "body", "cookie")

@@ -21,6 +21,7 @@ from fastapi import Depends, FastAPI, Header, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, Response
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
@@ -33,10 +34,10 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from starlette.concurrency import run_in_threadpool
 
-from agentcore.approvals import ApprovalInvalid, verify_approval_token
+from agentcore.approvals import ApprovalClaims, ApprovalInvalid, verify_approval_token
 from agentcore.codes import ResultCode
 from agentcore.digests import payload_digest
-from agentcore.registry import PlainText
+from agentcore.registry import PlainText, sorted_unique
 from bizservice import faults, ledger, store
 from bizservice.boundary import mark_committed
 from bizservice.ledger import OperationKey, Record
@@ -64,7 +65,8 @@ EMAIL = r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}$"
 
 @dataclass(frozen=True)
 class WriteSettings:
-    approval_key: bytes | None
+    # The approval channel's public key: the service verifies approvals, it cannot sign them.
+    approval_verify_key: str | None
     retention_seconds: float
     claim_lease_seconds: float = CLAIM_LEASE_SECONDS
 
@@ -91,7 +93,8 @@ class EventBody(_Body):
     title: PlainText = Field(min_length=1, max_length=200)
     start: AwareDatetime
     end: AwareDatetime
-    attendees: list[Email] = Field(default_factory=list, max_length=20)
+    # A set: stored sorted, as the orchestrator sends it.
+    attendees: Annotated[list[Email], AfterValidator(sorted_unique)] = Field(default_factory=list, max_length=20)
 
     @field_validator("start", "end")
     @classmethod
@@ -123,6 +126,8 @@ class OperationState(BaseModel):
     state: Literal["completed", "in_progress", "not_found"]
     status_code: int | None
     body: dict[str, Any] | None
+    # Declared on every answer: after this long a "not_found" no longer proves the key was never used.
+    retention_seconds: float
 
 
 B = TypeVar("B", bound=_Body)
@@ -251,7 +256,7 @@ class WriteProtocol:
             return _replay(found, write.digest)
         if found == "in_progress":
             raise _in_progress()
-        self._check_approval(write, now)
+        approval = self._check_approval(write, now)
         try:
             claimed = ledger.claim(self.store, write.key, now, not_before, self.settings.claim_lease_seconds)
         except ledger.ClaimTaken:
@@ -260,9 +265,8 @@ class WriteProtocol:
             return _replay(claimed, write.digest)
         try:
             self._after_claim_fault(write)
-            record, made = ledger.complete(
-                self.store, write.key, write.digest, self._outcome(write, effect), time.time(), not_before
-            )
+            outcome = self._outcome(write, effect, approval.expires_at)
+            record, made = ledger.complete(self.store, write.key, write.digest, outcome, time.time(), not_before)
         finally:
             ledger.release(self.store, write.key, claimed)
         return Reply(record.status, record.body, committed=True) if made else _replay(record, write.digest)
@@ -272,21 +276,34 @@ class WriteProtocol:
         found = ledger.lookup(self.store, key, now, self._not_before(now))
         if isinstance(found, Record):
             return OperationState(
-                operation_id=key.operation_id, state="completed", status_code=found.status, body=found.body
+                operation_id=key.operation_id,
+                state="completed",
+                status_code=found.status,
+                body=found.body,
+                retention_seconds=self.settings.retention_seconds,
             )
-        return OperationState(operation_id=key.operation_id, state=found, status_code=None, body=None)
+        return OperationState(
+            operation_id=key.operation_id,
+            state=found,
+            status_code=None,
+            body=None,
+            retention_seconds=self.settings.retention_seconds,
+        )
 
-    def _check_approval(self, write: Write, now: float) -> None:
-        if self.settings.approval_key is None:
+    def _check_approval(self, write: Write, now: float) -> ApprovalClaims:
+        if self.settings.approval_verify_key is None:
             raise Problem(403, ResultCode.CONFIRMATION_REQUIRED, "this service has no approval key configured")
         expected = {
             "user_id": write.owner.user_id,
             "tenant_id": write.owner.tenant_id,
             "operation_id": write.key.operation_id,
             "digest": write.digest,
+            "decision": "approve",
         }
         try:
-            verify_approval_token(self.settings.approval_key, write.approval_token, now=now, expected=expected)
+            return verify_approval_token(
+                self.settings.approval_verify_key, write.approval_token, now=now, expected=expected
+            )
         except ApprovalInvalid as exc:
             # The reasons are our own short sentences ("the approval has expired", ...).
             raise Problem(403, ResultCode.CONFIRMATION_REQUIRED, str(exc)) from None
@@ -300,10 +317,19 @@ class WriteProtocol:
             raise faults.fault_problem(rule.status)
 
     @staticmethod
-    def _outcome(write: Write, effect: Effect) -> Callable[[sqlite3.Connection], tuple[int, dict[str, Any]]]:
+    def _outcome(
+        write: Write, effect: Effect, approval_expires_at: float
+    ) -> Callable[[sqlite3.Connection], tuple[int, dict[str, Any]]]:
         """The effect as the ledger stores it: 201 and the created object, or a definite refusal."""
 
         def run(conn: sqlite3.Connection) -> tuple[int, dict[str, Any]]:
+            # Checked again here, inside the commit's transaction: an attempt that stalled with the request
+            # in hand (after the claim, say) must not commit once its approval, and so the request's
+            # deadline, has passed. Raising rolls back; nothing is recorded for the key.
+            if time.time() >= approval_expires_at:
+                raise Problem(
+                    403, ResultCode.CONFIRMATION_REQUIRED, "the approval expired before the write could be committed"
+                )
             by = Provenance(owner=write.owner, operation_id=write.key.operation_id, at=datetime.now(UTC))
             try:
                 return 201, effect(conn, by)

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from agentcore.codes import ResultCode
 from agentcore.registry import ToolContext, ToolError, ToolTemporaryError
 
-ORDER_ID = r"^A\d{3}$"
-TICKET_ID = r"^T\d{4}$"
+ORDER_ID = r"^A[0-9]{3}$"
+TICKET_ID = r"^T[0-9]{4}$"
 CALENDAR_ID = r"^cal-[a-z0-9-]{1,32}$"
 _MAX_DETAIL_CHARS = 200
 _MAX_RETRY_AFTER_SECONDS = 300.0

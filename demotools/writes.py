@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import httpx
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     ConfigDict,
     Field,
@@ -30,6 +31,7 @@ from agentcore.contracts import error_output, ok_output
 from agentcore.registry import (
     Evidence,
     EvidenceNotYetVisible,
+    Instant,
     OperationStatus,
     PlainText,
     ToolContext,
@@ -39,6 +41,7 @@ from agentcore.registry import (
     WriteInProgress,
     WriteNotSent,
     WriteOutcomeUnknown,
+    sorted_unique,
 )
 from demotools.common import (
     CALENDAR_ID,
@@ -86,10 +89,12 @@ Email = Annotated[str, StringConstraints(max_length=254, pattern=EMAIL)]
 class CreateCalendarEventArgs(_WriteArguments):
     calendar_id: str = Field(alias="calendarId", pattern=CALENDAR_ID, description="Calendar id, e.g. cal-u1.")
     title: PlainText = Field(min_length=1, max_length=200, description="Event title, plain text (1-200 characters).")
-    start: AwareDatetime = Field(description="Start, ISO 8601 with a UTC offset and whole seconds.")
-    end: AwareDatetime = Field(description="End, ISO 8601 with a UTC offset; after start, at most 8 hours later.")
-    attendees: Annotated[list[Email], Field(max_length=20)] | None = Field(
-        default=None, description="Up to 20 attendee email addresses; null for none."
+    # Instants are kept in UTC and attendees as a sorted set: one intended event, one operation id.
+    start: Instant = Field(description="Start, ISO 8601 with a UTC offset and whole seconds.")
+    end: Instant = Field(description="End, ISO 8601 with a UTC offset; after start, at most 8 hours later.")
+    attendees: Annotated[list[Email], Field(max_length=20), AfterValidator(sorted_unique)] | None = Field(
+        default=None,
+        description="Up to 20 attendee email addresses (a set: order and repeats do not matter); null for none.",
     )
 
     @field_validator("start", "end")
@@ -182,6 +187,8 @@ class _OperationState(Response):
     state: Literal["completed", "in_progress", "not_found"]
     status_code: int | None
     body: Any
+    # How long the service keeps operation ids (it declares it on every status answer).
+    retention_seconds: float | None = Field(default=None, gt=0)
 
 
 R = TypeVar("R", bound=Response)
@@ -201,12 +208,12 @@ def write_output(
             raise WriteOutcomeUnknown("the reply to this write could not be read") from None
     if status == 409 and isinstance(body, dict) and body.get("code") == "IN_PROGRESS":
         raise WriteInProgress("another attempt of this operation is still running")
-    if status == 429:
-        raise WriteNotSent("the business service is busy; nothing was done", retry_after_seconds)
+    # Only a definite refusal (400, 401, 403, 404, 409, 422) says nothing was done. A 429, a 5xx or
+    # anything else may come after the service committed: the workflow asks the status before any resend.
     error = definite_error(status, body)
     if error is not None:
         raise error
-    raise WriteOutcomeUnknown(f"the business service gave no definite answer (HTTP {status})")
+    raise WriteOutcomeUnknown(f"the business service gave no definite answer (HTTP {status})", retry_after_seconds)
 
 
 async def _send(ctx: ToolContext, path: str, args: Arguments, result: type[Response]) -> dict[str, Any]:
@@ -252,8 +259,10 @@ async def operation_status(ctx: ToolContext, operation_id: str, *, result: type[
         found = _OperationState.model_validate_json(response.content)
     except ValidationError:
         raise ToolTemporaryError("the operation status could not be read") from None
+    retention = found.retention_seconds
     if found.state != "completed" or found.status_code is None:
-        return OperationStatus(state="in_progress" if found.state == "in_progress" else "not_found")
+        state: Literal["in_progress", "not_found"] = "in_progress" if found.state == "in_progress" else "not_found"
+        return OperationStatus(state=state, retention_seconds=retention)
     try:
         output = write_output(found.status_code, found.body, result)
     except ToolError as refusal:
@@ -261,7 +270,7 @@ async def operation_status(ctx: ToolContext, operation_id: str, *, result: type[
     except (WriteInProgress, WriteNotSent, WriteOutcomeUnknown):
         # A stored outcome is always an object or a definite refusal; anything else is not trusted.
         raise ToolTemporaryError("the stored outcome could not be read") from None
-    return OperationStatus(state="completed", output=output)
+    return OperationStatus(state="completed", output=output, retention_seconds=retention)
 
 
 # --- Read-backs ---------------------------------------------------------------------------------------------

@@ -422,7 +422,7 @@ def start_business_service(
     admin_token: str,
     detached: bool = False,
     *,
-    approval_key: str | None = None,
+    approval_verify_key: str | None = None,
     retention_seconds: float | None = None,
     log_path: Path | None = None,
     cwd: Path | None = None,
@@ -432,8 +432,8 @@ def start_business_service(
     db_file.parent.mkdir(parents=True, exist_ok=True)
     log = log_path if log_path is not None else db_file.parent / "logs" / "service.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "BIZSERVICE_ADMIN_TOKEN": admin_token}
-    if approval_key is not None:
-        env["BIZSERVICE_APPROVAL_KEY"] = approval_key
+    if approval_verify_key is not None:
+        env["BIZSERVICE_APPROVAL_VERIFY_KEY"] = approval_verify_key
     cmd = business_service_command(db_file, port)
     if retention_seconds is not None:
         cmd += ["--idempotency-retention-seconds", str(retention_seconds)]
@@ -442,7 +442,8 @@ def start_business_service(
     return proc
 
 
-_APPROVAL_KEY_VARIABLES = ("TOOLLOOP_APPROVAL_KEY", "BIZSERVICE_APPROVAL_KEY")
+# Private keys that sign approvals: only the approval channel holds them.
+_APPROVAL_KEY_VARIABLES = ("TOOLLOOP_APPROVAL_KEY",)
 
 
 def worker_command(repo_root: Path) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -16,6 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from agentcore.approvals import generate_signing_key, verify_key_for
 from orchestrator.settings import Settings
 
 from .processes import (
@@ -65,11 +67,15 @@ class _StateFile(BaseModel):
 
 @dataclass(frozen=True)
 class StackSecrets:
-    """Generated once per data dir. The approval key signs approvals (CLI) and verifies them (service);
-    the worker never gets it."""
+    """Generated once per data dir. The approval key is the approval channel's private key (the CLI signs
+    decisions with it); the service and the workflows get only its public half, the worker nothing."""
 
     admin_token: str
     approval_key: str
+
+    @property
+    def approval_verify_key(self) -> str:
+        return verify_key_for(self.approval_key)
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,8 @@ class StackStatus:
     worker: ComponentStatus
     ui_url: str
     data_dir: Path
+    # The components the `up` call that produced this status started (the others were reused).
+    started: tuple[ComponentName, ...] = ()
 
     @property
     def components(self) -> tuple[ComponentStatus, ...]:
@@ -154,15 +162,27 @@ class LocalStack:
             return creds
 
     def up(self, on_step: Callable[[str], None] | None = None) -> StackStatus:
-        """Reuse each healthy component we started before; start the missing ones (detached)."""
+        """Reuse each healthy component we started before; start the missing ones (detached). If one
+        cannot start, the ones this call started are stopped again: a failed `up` leaves nothing behind."""
         step = on_step if on_step is not None else (lambda _msg: None)
         with self._locked():
             state = self._load()
             token = self._ensure_token(state)
             self._save(state)
-            for name in _START_ORDER:
-                self._ensure_component(name, state, token, step)
-            return self._status_from(state)
+            started: list[ComponentName] = []
+            try:
+                for name in _START_ORDER:
+                    if self._ensure_component(name, state, token, step):
+                        started.append(name)
+            except StackError:
+                for name in reversed(started):
+                    record = state.components.pop(name, None)
+                    if record is not None and self._is_ours(record):
+                        step(f"stopping {_LABELS[name]} (pid {record.pid}) again...")
+                        self._as_process(name, record).stop()
+                self._save(state)
+                raise
+            return dataclasses.replace(self._status_from(state), started=tuple(started))
 
     def down(self, on_step: Callable[[str], None] | None = None) -> StackStatus:
         """Stop our recorded processes, worker first; data files and logs are kept."""
@@ -195,19 +215,20 @@ class LocalStack:
             return cmd, ""
         if name == "service":
             cmd = business_service_command(self.data_dir / "service.sqlite", s.service_port)
-            return cmd, _digest({"admin_token": token.admin_token, "approval_key": token.approval_key})
+            return cmd, _digest({"admin_token": token.admin_token, "approval_key": token.approval_verify_key})
         return worker_command(self._repo_root), _digest(self._worker_env(token))
 
     def _ensure_component(
         self, name: ComponentName, state: _StateFile, token: StackSecrets, step: Callable[[str], None]
-    ) -> None:
+    ) -> bool:
+        """Make `name` run; True when a process was started for it (not reused)."""
         label = _LABELS[name]
         cmd, digest = self._desired(name, token)
         record = state.components.get(name)
         if record is not None and self._is_ours(record):
             if record.cmd == cmd and record.config_digest == digest and self._healthy(name, record, grace=5.0):
                 step(f"reusing {label} (pid {record.pid})")
-                return
+                return False
             # Ours but stale (settings changed) or unhealthy: replace it rather than run two.
             step(f"restarting {label} (pid {record.pid})...")
             self._as_process(name, record).stop()
@@ -227,6 +248,7 @@ class LocalStack:
             started_at=time.time(),
         )
         self._save(state)
+        return True
 
     def _start(self, name: ComponentName, token: StackSecrets) -> ManagedProcess:
         s = self._settings
@@ -246,7 +268,7 @@ class LocalStack:
                     s.service_port,
                     token.admin_token,
                     detached=True,
-                    approval_key=token.approval_key,
+                    approval_verify_key=token.approval_verify_key,
                     log_path=self._log_path(name),
                     cwd=self._repo_root,
                 )
@@ -345,7 +367,7 @@ class LocalStack:
         if state.admin_token is None:
             state.admin_token = secrets.token_urlsafe(32)
         if state.approval_key is None:
-            state.approval_key = secrets.token_urlsafe(32)
+            state.approval_key = generate_signing_key()
         admin = self._settings.service_admin_token
         approval = self._settings.approval_key
         return StackSecrets(

@@ -9,6 +9,9 @@ Two write requests show the write protocol; a write request wins over any read i
 - a refund: refund_order (only with an explicit amount, never a default), then the answer.
 The answer to a write is worded from the write's output alone: "done" only when it says verified, unknown
 stays unknown (and is not retried), and a refusal says it was not done and why. At most two call turns.
+
+A request for an action it has no tool for ("cancel my order A100", "please delete ticket T1001") is refused
+as a whole, naming the action, with no tool call, even when other parts of the message could be served.
 """
 
 from __future__ import annotations
@@ -103,7 +106,11 @@ class OfflineDemoModel:
         calls = [item for item in since if isinstance(item, FunctionCallItem)]
         outputs = {item.call_id: item.output for item in since if isinstance(item, FunctionCallOutputItem)}
         turn = _model_turns(conversation) + 1
-        write = _write_request(request.text())
+        text = request.text()
+        refusal = _refusal(text)
+        if refusal is not None:
+            return [_say(refusal)]
+        write = _write_request(text)
         if write is not None:
             return _write_turn(write, calls, outputs, turn)
         if calls:
@@ -144,6 +151,170 @@ def _calls(wanted: list[tuple[str, dict[str, Any]]], turn: int) -> list[Conversa
         FunctionCallItem(call_id=f"call_{turn}_{index}", name=name, arguments=json.dumps(args, separators=(",", ":")))
         for index, (name, args) in enumerate(wanted, start=1)
     ]
+
+
+# --- requests it has no tool for: refused whole, before any call ---------------------------------------
+
+CAN_TEXT = (
+    "I can look up the status of an order, list your orders, show a ticket and find free calendar time, and with "
+    "your approval add a note to a ticket or refund an amount on an order."
+)
+# Verbs that are (almost) never nouns: a request wherever they stand in a request position.
+_ACTION_VERBS = (
+    r"cancel|delete|remove|modify|reschedule|reopen|postpone|rebook|re-?order|erase|withdraw|escalate|reassign"
+    r"|unassign|unsubscribe|undo|revoke|void|resend|rename|resolve|pay|buy"
+)
+# Verbs that are nouns too ("update on order A100?", "return status"): a request only when an object follows.
+_OBJECT_VERBS = (
+    r"change|update|edit|amend|close|return|exchange|replace|move|ship|book|schedule|add|create|set|mark|place"
+    r"|purchase|approve|reject|decline|accept|transfer|split|merge|upgrade|downgrade|renew|submit|switch|assign"
+    r"|archive|delay"
+)
+# What an action applies to, by the start of the word, and how the refusal names it.
+_THINGS = {
+    "order": "orders",
+    "ticket": "tickets",
+    "note": "notes",
+    "refund": "refunds",
+    "meeting": "meetings",
+    "event": "events",
+    "appointment": "appointments",
+    "booking": "bookings",
+    "reservation": "reservations",
+    "calendar": "calendar events",
+    "cal-": "calendar events",
+    "slot": "calendar slots",
+    "payment": "payments",
+    "subscription": "subscriptions",
+    "account": "accounts",
+    "address": "addresses",
+    "shipping": "shipping",
+    "deliver": "deliveries",
+    "item": "items",
+    "product": "products",
+    "invoice": "invoices",
+}
+_THING_WORD = (
+    r"(?:(?:orders?|tickets?|notes?|refunds?|meetings?|events?|appointments?|bookings?|reservations?|calendars?"
+    r"|slots?|payments?|subscriptions?|accounts?|address(?:es)?|shipping|deliver(?:y|ies)|items?|products?"
+    r"|invoices?)\b|cal-[A-Za-z0-9_-]+)"
+)
+_THING = re.compile(rf"(?<![-\w]){_THING_WORD}", re.IGNORECASE)
+_ID_WORD = r"#?[A-Za-z]{1,3}-?\d+\b"
+_OBJECT_AFTER = (
+    r"\s+(?:(?:my|the|this|that|these|those|it|them|our|your|his|her|their|all|both|every|each|a|an|another|some"
+    rf"|one|two|three)\b|{_THING_WORD}|{_ID_WORD})"
+)
+_NEW_ORDER_AFTER = r"\s+(?:a|an|another|some|more|new|something|one|two|three|again|the\s+same)\b"
+_VERB = rf"\b(?P<verb>(?:{_ACTION_VERBS})\b|(?:{_OBJECT_VERBS})(?={_OBJECT_AFTER})|order(?={_NEW_ORDER_AFTER}))"
+_POLITE = r"(?:(?:please|pls|plz|kindly|just|also|now|then|first|quickly|simply|go\s+ahead\s+and)\s+)*"
+_CLAUSE_START = r"(?:^|[.!?;:,(]|\b(?:and|then|also|but|or|so|now|first|next|finally|plus|instead)\b)\s*"
+# Request positions: a command ("cancel ...", "... and cancel ...", "please cancel ..."), a question to the model
+# ("can you cancel ..."), a question about doing it ("can I cancel ...", "how do I cancel ..."), a wish ("I want to
+# cancel ...", "help me cancel ...") or a wish for a result ("I want my order A100 cancelled").
+_COMMAND = re.compile(rf"(?:{_CLAUSE_START}|\b(?:please|pls|plz|kindly)\s+){_POLITE}{_VERB}", re.IGNORECASE)
+_ASK_YOU = re.compile(rf"\b(?:can|could|would|will)\s+(?:you|u)\s+{_POLITE}{_VERB}", re.IGNORECASE)
+_ASK_I = re.compile(rf"\b(?:can|could|may|might|should|shall|do|must)\s+(?:i|we)\s+{_POLITE}{_VERB}", re.IGNORECASE)
+_WISH = re.compile(
+    r"\b(?:(?:want|like|love|need|wish|try|trying|hoping|hope|planning|plan|ready|able|allowed|possible|how|way"
+    rf"|you|me|us)\s+to|wanna|help\s+me|let\s+me|let's|lets|let\s+us)\s+{_POLITE}{_VERB}",
+    re.IGNORECASE,
+)
+_DONE = {
+    "cancelled": "cancel",
+    "canceled": "cancel",
+    "deleted": "delete",
+    "removed": "remove",
+    "changed": "change",
+    "modified": "modify",
+    "updated": "update",
+    "edited": "edit",
+    "closed": "close",
+    "reopened": "reopen",
+    "returned": "return",
+    "exchanged": "exchange",
+    "replaced": "replace",
+    "rescheduled": "reschedule",
+    "moved": "move",
+    "postponed": "postpone",
+    "resolved": "resolve",
+    "escalated": "escalate",
+}
+_WISH_DONE = re.compile(
+    r"\b(?:want|wanna|need|like)\s+(?:(?:my|the|this|that|these|those|it|them|our|both|all|and|on|in|of|for"
+    rf"|{_THING_WORD}|{_ID_WORD})\s+){{1,6}}(?P<verb>{'|'.join(_DONE)})\b",
+    re.IGNORECASE,
+)
+# A clause ends at a sentence mark, a ":" or "," before a space (not "10:00" or "1,000"), or "and" / "but" / "then".
+_CLAUSE_END = re.compile(r"[!?;]|[.:,](?=\s|$)|\b(?:and|but|then)\b", re.IGNORECASE)
+# Before the verb in its clause: a negation or someone else's wish is not a request ("I don't want to cancel",
+# "the customer wants to return it"); a question word makes "will you ship" a question ("when will you ship?").
+_NOT_ASKED = re.compile(r"\b(?:not|never|no|without|customer|client|he|she|they|someone|somebody)\b|n't\b", re.I)
+_QUESTION_WORD = re.compile(r"\b(?:when|why|where|whether|what|which|who)\b", re.IGNORECASE)
+# In a write request only commands count: its wording ("the customer wants to cancel") is not one.
+_REQUEST_FORMS = ((_COMMAND, False), (_ASK_YOU, True), (_ASK_I, False), (_WISH, False), (_WISH_DONE, False))
+_WRITE_FORMS = ((_COMMAND, False), (_ASK_YOU, True))
+
+
+def _refusal(text: str) -> str | None:
+    """What the message asks for that no tool can do, as the whole answer; None when it asks for nothing like that.
+
+    A recognised write is judged by its instruction alone (a note's text and a refund's reason are not requests).
+    """
+    text = text.replace("\u2019", "'")
+    write = _write_kind(text)
+    actions = _unsupported(text, _REQUEST_FORMS) if write is None else _unsupported(write[1], _WRITE_FORMS)
+    if not actions:
+        return None
+    return f"I can't {_either(actions)}, so I did nothing with this request. {CAN_TEXT}"
+
+
+def _unsupported(text: str, forms: tuple[tuple[re.Pattern[str], bool], ...]) -> list[str]:
+    found: dict[int, str] = {}
+    for pattern, question_ends_it in forms:
+        for match in pattern.finditer(text):
+            start, end = match.span("verb")
+            ends = [m.end() for m in _CLAUSE_END.finditer(text, 0, start)]
+            before = text[ends[-1] if ends else 0 : start]
+            if _NOT_ASKED.search(before) or (question_ends_it and _QUESTION_WORD.search(before)):
+                continue
+            word = match.group("verb").lower()
+            verb = _DONE.get(word, word)
+            if word in _DONE:  # "I want my order A100 cancelled": the object stands between the wish and the verb
+                thing = _object_of(match.group(0), text[: match.start()])
+            else:
+                stop = _CLAUSE_END.search(text, end)
+                thing = _object_of(text[end : stop.start() if stop else len(text)], text[:start])
+            if verb == "add" and thing == "notes":
+                continue  # a note request, worded differently from the ones it understands: not a refusal
+            found.setdefault(start, _action(verb, thing))
+    return _unique(found[start] for start in sorted(found))
+
+
+def _object_of(after: str, before: str) -> str | None:
+    """What a verb applies to: named in its clause after it, else the last thing named before it, else an id."""
+    named = _THING.search(after) or next(reversed(list(_THING.finditer(before))), None)
+    if named is not None:
+        word = named.group(0).lower()
+        return next((plural for stem, plural in _THINGS.items() if word.startswith(stem)), word)
+    ident = _ID.search(after)
+    return ident.group(1).upper() if ident else None
+
+
+def _action(verb: str, thing: str | None) -> str:
+    if verb in ("order", "reorder", "re-order"):
+        return "place new orders"
+    if verb in ("buy", "purchase"):
+        return f"{verb} anything"
+    if verb == "pay":
+        return f"pay for {thing}" if thing else "make payments"
+    if verb in ("set", "mark"):  # "set ticket T1001 to closed"
+        verb = "change"
+    return f"{verb} {thing or 'that'}"
+
+
+def _either(actions: list[str]) -> str:
+    return actions[0] if len(actions) == 1 else f"{', '.join(actions[:-1])} or {actions[-1]}"
 
 
 # --- turn 2: the answer, composed only from the outputs ------------------------------------------------
@@ -307,6 +478,15 @@ _RENDERERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], str]] = {
 
 def _write_request(text: str) -> _WriteRequest | None:
     """The write this message asks for, if any; when both kinds are named, the one named first wins."""
+    found = _write_kind(text)
+    if found is None:
+        return None
+    kind, head, body = found
+    return _note_request(head, body) if kind == "note" else _refund_request(text)
+
+
+def _write_kind(text: str) -> tuple[str, str, str | None] | None:
+    """("note", head, note text) or ("refund", text before "because", None): which write the message names."""
     marker = _NOTE_TEXT_START.search(text)
     head = text[: marker.start()] if marker else text
     note = _NOTE_VERB.search(head)
@@ -314,9 +494,10 @@ def _write_request(text: str) -> _WriteRequest | None:
         note = _NOTE_WORD.search(head)  # "note on ticket T1001 saying ..."
     refund = _REFUND.search(text)
     if note is not None and (refund is None or note.start() <= refund.start()):
-        return _note_request(head, text[marker.end() :] if marker else None)
+        return "note", head, text[marker.end() :] if marker else None
     if refund is not None:
-        return _refund_request(text)
+        because = _BECAUSE.search(text)
+        return "refund", text[: because.start()] if because else text, None
     return None
 
 

@@ -1,5 +1,7 @@
-"""I/O: the trusted approval channel. It holds the approval key, shows a human the exact operation,
-mints a token bound to (user, operation id, payload digest, expiry) and sends it by Temporal Update."""
+"""I/O: the trusted approval channel. It holds the approval signing key, fetches the whole payload of an
+operation from the workflow (redaction is for logs and history, never for the person who decides), checks
+that the digest it would sign is the digest of what it shows, and sends a signed decision (approve or
+reject) by Temporal Update. Whoever decides is the channel's session, never a name from the workflow."""
 
 from __future__ import annotations
 
@@ -9,62 +11,87 @@ from typing import Any
 from temporalio.client import WorkflowHandle
 
 from agentcore.approvals import ApprovalClaims, mint_approval_token
-from agentcore.contracts import Actor, ApprovalDecision, OperationRecord
+from agentcore.contracts import Actor, ApprovalDecision, ApprovalRequest, OperationRecord
 from agentcore.digests import payload_digest
-from agentcore.names import APPROVE_OPERATION_UPDATE
+from agentcore.names import APPROVE_OPERATION_UPDATE, GET_APPROVAL_REQUEST_QUERY
 
 DEFAULT_APPROVAL_TTL_SECONDS = 600.0
 
 
 class ApprovalRefused(Exception):
-    """The channel will not sign this operation (what it would show differs from what it would sign)."""
+    """The channel will not sign this decision (what it would show differs from what it would sign, the
+    request's deadline has passed, or it holds no key)."""
 
 
-def check_shown_payload(op: OperationRecord) -> None:
-    """The digest the workflow asks us to sign must be the digest of the arguments we show the human."""
-    if "***" in op.arguments.values():
-        return  # redacted values cannot be re-digested here; the service still checks the digest
-    if payload_digest(op.tool, op.arguments) != op.digest:
-        raise ApprovalRefused(f"operation {op.operation_id}: its digest does not match the arguments shown")
+def check_shown_payload(request: ApprovalRequest) -> None:
+    """The digest the workflow asks us to sign must be the digest of the arguments we show the human;
+    a payload we cannot re-digest (a value hidden from us) is never signed."""
+    if payload_digest(request.tool, request.arguments) != request.digest:
+        raise ApprovalRefused(f"operation {request.operation_id}: its digest does not match the arguments shown")
 
 
-def mint_for(op: OperationRecord, approver: Actor, key: str, ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS) -> str:
-    check_shown_payload(op)
+def sign_decision(
+    request: ApprovalRequest,
+    decider: Actor,
+    signing_key: str,
+    *,
+    approve: bool,
+    channel: str = "cli",
+    ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
+) -> str:
+    """A token for `decider`'s decision on exactly this payload. It never outlives the request's deadline,
+    so nothing can be committed after it."""
+    check_shown_payload(request)
     now = time.time()
+    expires_at = now + ttl_seconds
+    if request.deadline is not None:
+        expires_at = min(expires_at, request.deadline.timestamp())
+    if expires_at <= now:
+        raise ApprovalRefused(f"operation {request.operation_id}: the request's deadline has passed")
     claims = ApprovalClaims(
-        user_id=approver.user_id,
-        tenant_id=approver.tenant_id,
-        operation_id=op.operation_id,
-        digest=op.digest,
-        approved_by=approver.user_id,
+        user_id=decider.user_id,
+        tenant_id=decider.tenant_id,
+        operation_id=request.operation_id,
+        digest=request.digest,
+        approved_by=decider.user_id,
         approved_at=now,
-        expires_at=now + ttl_seconds,
+        expires_at=expires_at,
+        decision="approve" if approve else "reject",
+        channel=channel,
     )
-    return mint_approval_token(key.encode("utf-8"), claims)
+    return mint_approval_token(signing_key, claims)
+
+
+async def fetch_approval_request(handle: WorkflowHandle[Any, Any], operation_id: str) -> ApprovalRequest | None:
+    """The operation's whole payload as the workflow holds it; None if the request has no such operation."""
+    request: ApprovalRequest | None = await handle.query(
+        GET_APPROVAL_REQUEST_QUERY,
+        operation_id,
+        result_type=ApprovalRequest | None,  # type: ignore[arg-type]
+    )
+    return request
 
 
 async def send_decision(
     handle: WorkflowHandle[Any, Any],
-    op: OperationRecord,
+    request: ApprovalRequest,
     *,
     approve: bool,
-    approver: Actor,
+    decider: Actor,
     key: str | None,
     channel: str = "cli",
     ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
 ) -> OperationRecord:
     """Approve or reject; raises temporalio's WorkflowUpdateFailedError if the workflow refuses it."""
-    token = None
-    if approve:
-        if key is None:
-            raise ApprovalRefused("no approval key: set TOOLLOOP_APPROVAL_KEY or use the local stack")
-        token = mint_for(op, approver, key, ttl_seconds)
+    if key is None:
+        raise ApprovalRefused("no approval key: set TOOLLOOP_APPROVAL_KEY or use the local stack")
+    token = sign_decision(request, decider, key, approve=approve, channel=channel, ttl_seconds=ttl_seconds)
     decision = ApprovalDecision(
-        operation_id=op.operation_id,
-        digest=op.digest,
+        operation_id=request.operation_id,
+        digest=request.digest,
         approve=approve,
         token=token,
-        by=f"{approver.user_id} via {channel}",
+        by=f"{decider.user_id} via {channel}",
     )
     result: OperationRecord = await handle.execute_update(
         APPROVE_OPERATION_UPDATE, decision, result_type=OperationRecord

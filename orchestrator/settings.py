@@ -17,8 +17,17 @@ class Settings(BaseSettings):
     task_queue: str = Field(default="toolloop", validation_alias="TOOLLOOP_TASK_QUEUE")
     service_url: str = Field(default="http://127.0.0.1:8701", validation_alias="TOOLLOOP_SERVICE_URL")
     service_admin_token: SecretStr | None = Field(default=None, validation_alias="TOOLLOOP_SERVICE_ADMIN_TOKEN")
-    # Held by the approval channel (the CLI) and the business service only; never by workers.
+    # The approval channel's private key (agentcore.approvals): held by the CLI and the API only, never
+    # by workers or the service. The public half is derived from it, or given alone by
+    # TOOLLOOP_APPROVAL_VERIFY_KEY where this process only starts requests.
     approval_key: SecretStr | None = Field(default=None, validation_alias="TOOLLOOP_APPROVAL_KEY")
+    approval_verify_key: str | None = Field(default=None, validation_alias="TOOLLOOP_APPROVAL_VERIFY_KEY")
+
+    # How long the business service keeps operation ids, for a service that does not declare it on its
+    # status answers. Unknown (unset and undeclared) means a resend after a doubtful attempt fails closed.
+    idempotency_retention_seconds: float | None = Field(
+        default=None, gt=0, validation_alias="TOOLLOOP_IDEMPOTENCY_RETENTION_SECONDS"
+    )
 
     openai_api_key: SecretStr | None = Field(default=None, validation_alias="OPENAI_API_KEY")
     openai_base_url: str = Field(default="https://api.openai.com/v1", validation_alias="OPENAI_BASE_URL")

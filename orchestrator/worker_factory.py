@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 from temporalio.client import Client
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.model_turn import ModelActivities
 from activities.tool_calls import ToolActivities
@@ -25,6 +26,13 @@ async def connect(settings: Settings) -> Client:
     return await Client.connect(
         settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
     )
+
+
+def workflow_runner() -> SandboxedWorkflowRunner:
+    """The sandbox AgentWorkflow runs in, for workers and replayers alike. `cryptography` is passed through:
+    the approval validator verifies Ed25519 signatures, and cryptography imports its OpenSSL backend lazily,
+    on first use; inside the sandbox that import would run again and be refused (it creates a lock)."""
+    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("cryptography"))
 
 
 def service_http_client(settings: Settings) -> httpx.AsyncClient:
@@ -59,11 +67,12 @@ async def running_worker(
                     model=settings.openai_model,
                 )
             )
-        writes = WriteActivities(registry, http)
+        writes = WriteActivities(registry, http, settings.idempotency_retention_seconds)
         worker = Worker(
             client,
             task_queue=task_queue or settings.task_queue,
             workflows=[AgentWorkflow],
+            workflow_runner=workflow_runner(),
             activities=[
                 ModelActivities(registry, client, responses).model_turn,
                 ToolActivities(registry, http).run_tool,

@@ -29,8 +29,9 @@ from agentcore.contracts import (
     OperationRecord,
 )
 from agentcore.names import AGENT_WORKFLOW, GET_PROGRESS_QUERY, MODEL_TURN_ACTIVITY
-from orchestrator.approval_channel import send_decision
+from orchestrator.approval_channel import fetch_approval_request, send_decision
 from orchestrator.settings import Settings
+from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY
 
 U1 = Actor(user_id="u1", tenant_id="acme")
 
@@ -48,9 +49,24 @@ async def waiting_operation(handle: WorkflowHandle[Any, Any]) -> OperationRecord
     return found[0]
 
 
+async def decide(
+    handle: WorkflowHandle[Any, Any],
+    operation_id: str,
+    *,
+    approve: bool = True,
+    decider: Actor = U1,
+    key: str = APPROVAL_KEY,
+    ttl: float = 600,
+) -> OperationRecord:
+    """What the approval channel does: fetch the whole payload, sign the decision, send it."""
+    request = await fetch_approval_request(handle, operation_id)
+    assert request is not None, f"no operation {operation_id}"
+    return await send_decision(handle, request, approve=approve, decider=decider, key=key, ttl_seconds=ttl)
+
+
 @contextlib.asynccontextmanager
 async def approving(
-    handle: WorkflowHandle[Any, Any], key: str, approver: Actor = U1, ttl: float = 600
+    handle: WorkflowHandle[Any, Any], key: str = APPROVAL_KEY, approver: Actor = U1, ttl: float = 600
 ) -> AsyncIterator[list[str]]:
     """Approve every operation the workflow asks about (what `ask --auto-approve` does)."""
     approved: list[str] = []
@@ -60,7 +76,7 @@ async def approving(
             progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
             for op in progress.operations:
                 if op.state == "awaiting_approval" and op.operation_id not in approved:
-                    await send_decision(handle, op, approve=True, approver=approver, key=key, ttl_seconds=ttl)
+                    await decide(handle, op.operation_id, decider=approver, key=key, ttl=ttl)
                     approved.append(op.operation_id)
             await asyncio.sleep(0.1)
 
@@ -96,6 +112,7 @@ async def start_agent(
     tenant: str = "acme",
     model: ModelSpec | None = None,
     limits: Limits | None = None,
+    verify_key: str | None = APPROVAL_VERIFY_KEY,
 ) -> WorkflowHandle[Any, AgentResult]:
     return await client.start_workflow(
         AGENT_WORKFLOW,
@@ -104,6 +121,7 @@ async def start_agent(
             actor=Actor(user_id=user, tenant_id=tenant),
             model=model or ModelSpec(provider="offline"),
             limits=limits or Limits(),
+            approval_verify_key=verify_key,
         ),
         id=f"test-{uuid.uuid4().hex[:12]}",
         task_queue=settings.task_queue,
@@ -144,15 +162,33 @@ async def conversation(handle: WorkflowHandle[Any, Any]) -> list[ConversationIte
     return items
 
 
-async def tool_outputs(handle: WorkflowHandle[Any, Any]) -> dict[str, dict[str, Any]]:
-    """call_id -> parsed output, from the outputs the model received; asserts each call_id is answered
-    exactly once (invariant 2) for every call the model made before its last turn."""
-    items = await conversation(handle)
-    calls = [i.call_id for i in items if isinstance(i, FunctionCallItem)]
-    outputs = [i for i in items if isinstance(i, FunctionCallOutputItem)]
+async def tool_outputs(handle: WorkflowHandle[Any, AgentResult]) -> dict[str, dict[str, Any]]:
+    """call_id -> parsed output, from the outputs the model received. Asserts invariant 2 on the whole
+    run: every function_call is answered exactly once. Calls followed by another model turn must be
+    answered in that turn's input; the calls of the last turn (a limit stopped the loop before the
+    model saw their outputs) must each have exactly one record in the result."""
+    turns = await model_turns(handle)
+    result = await handle.result()
+    outputs: list[FunctionCallOutputItem] = []
+    calls: list[str] = []
+    for turn_input, _ in turns:
+        outputs += [i for i in turn_input.new_items if isinstance(i, FunctionCallOutputItem)]
+    for number, (_, turn_result) in enumerate(turns):
+        if turn_result is None:
+            continue
+        turn_calls = [i.call_id for i in turn_result.items if isinstance(i, FunctionCallItem)]
+        calls += turn_calls
+        if number + 1 < len(turns):
+            answered = [o.call_id for o in turns[number + 1][0].new_items if isinstance(o, FunctionCallOutputItem)]
+            assert sorted(answered) == sorted(set(turn_calls)), (
+                f"turn {number + 1}: calls {turn_calls}, outputs {answered}"
+            )
     answered = [o.call_id for o in outputs]
     assert len(answered) == len(set(answered)), f"a call_id was answered twice: {answered}"
     assert set(answered) <= set(calls), "an output answers no call"
+    recorded = [c.call_id for c in result.calls]
+    assert len(recorded) == len(set(recorded)), f"a call_id was recorded twice: {recorded}"
+    assert set(recorded) == set(calls), f"calls {calls} but records {recorded}"
     return {o.call_id: json.loads(o.output) for o in outputs}
 
 

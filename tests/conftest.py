@@ -16,12 +16,18 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from agentcore.approvals import verify_key_for
 from devstack.processes import ManagedProcess, free_port, start_business_service, start_temporal_dev_server
 from orchestrator.converter import data_converter
 from orchestrator.settings import Settings
 from orchestrator.worker_factory import running_worker
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# One approval key pair for every test: the tests act as the approval channel (private key); services and
+# workflows get the public key. A constant, because this module is imported twice (as conftest by pytest
+# and as tests.conftest by the test modules) and both must hold the same key. For tests only.
+APPROVAL_KEY = "FJFlXXTbPLQFyj5oPPLRjlHDRrP3kAZIYc6uBscc8Bo"
+APPROVAL_VERIFY_KEY = verify_key_for(APPROVAL_KEY)
 
 
 @dataclass(frozen=True)
@@ -42,13 +48,17 @@ class BusinessService:
 def start_service(directory: Path, retention_seconds: float | None = None) -> BusinessService:
     port = free_port()
     token = secrets.token_urlsafe(16)
-    key = secrets.token_urlsafe(32)
     db_file = directory / "service.sqlite"
     proc = start_business_service(
-        db_file, port, token, approval_key=key, retention_seconds=retention_seconds, cwd=REPO_ROOT
+        db_file,
+        port,
+        token,
+        approval_verify_key=APPROVAL_VERIFY_KEY,
+        retention_seconds=retention_seconds,
+        cwd=REPO_ROOT,
     )
     return BusinessService(
-        url=f"http://127.0.0.1:{port}", admin_token=token, approval_key=key, db_file=db_file, process=proc
+        url=f"http://127.0.0.1:{port}", admin_token=token, approval_key=APPROVAL_KEY, db_file=db_file, process=proc
     )
 
 

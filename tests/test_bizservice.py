@@ -20,7 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 ADMIN = {"X-Admin-Token": "t"}
 U1 = {"X-Actor-User": "u1", "X-Actor-Tenant": "acme"}
 U2 = {"X-Actor-User": "u2", "X-Actor-Tenant": "acme"}
-U1_OTHER_TENANT = {"X-Actor-User": "u1", "X-Actor-Tenant": "globex"}
+U3_OTHER_TENANT = {"X-Actor-User": "u3", "X-Actor-Tenant": "globex"}
+UNKNOWN = {"X-Actor-User": "u2", "X-Actor-Tenant": "globex"}
+U1_GLOBEX = {"X-Actor-User": "u1", "X-Actor-Tenant": "globex"}
 LEAK_MARKERS = ("Traceback", "sqlite", "SELECT", 'File "', ".py", str(REPO), "/tmp", "bizservice/")
 
 
@@ -93,7 +95,7 @@ async def test_get_order_returns_owner_order(client: httpx.AsyncClient) -> None:
 async def test_order_of_another_user_is_answered_like_a_missing_one(client: httpx.AsyncClient) -> None:
     missing = await client.get("/orders/A999", headers=U1)
     not_yours = await client.get("/orders/A100", headers=U2)
-    other_tenant = await client.get("/orders/A100", headers=U1_OTHER_TENANT)
+    other_tenant = await client.get("/orders/A100", headers=U3_OTHER_TENANT)
     body = assert_problem(missing, 404, "NOT_AVAILABLE")
     assert body["detail"] == "order A999 is not available"
     for r in (not_yours, other_tenant):
@@ -399,3 +401,18 @@ async def test_module_runs_as_a_server_and_never_prints_the_token(tmp_path: Path
         _, rest = await asyncio.wait_for(proc.communicate(), timeout=20)
     output = "".join(lines) + rest.decode()
     assert secret not in output
+
+
+async def test_an_unknown_user_or_tenant_is_told_so_not_given_empty_results(client: httpx.AsyncClient) -> None:
+    for headers in (UNKNOWN, {"X-Actor-User": "nobody", "X-Actor-Tenant": "acme"}):
+        for path in ("/me", "/orders", "/orders/A100", "/operations/op-1"):
+            body = assert_problem(await client.get(path, headers=headers), 401, "FORBIDDEN")
+            assert body["detail"] == "unknown user or tenant"
+    me = await client.get("/me", headers=U3_OTHER_TENANT)
+    assert me.status_code == 200 and me.json() == {"user_id": "u3", "tenant_id": "globex", "name": "Hank Scorpio"}
+
+
+async def test_the_same_user_id_in_another_tenant_is_another_person(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/me", headers=U1_GLOBEX)).json()["name"] == "Ulla Eins"
+    assert_problem(await client.get("/orders/A100", headers=U1_GLOBEX), 404, "NOT_AVAILABLE")
+    assert (await client.get("/orders", headers=U1_GLOBEX)).json()["total"] == 0

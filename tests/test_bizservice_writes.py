@@ -12,12 +12,12 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
 
-from agentcore.approvals import ApprovalClaims, mint_approval_token
+from agentcore.approvals import ApprovalClaims, generate_signing_key, mint_approval_token, verify_key_for
 from agentcore.digests import payload_digest
 from bizservice.app import create_app
 from bizservice.seed import SEED_FACTS
@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 ADMIN = {"X-Admin-Token": "t"}
 U1 = {"X-Actor-User": "u1", "X-Actor-Tenant": "acme"}
 U2 = {"X-Actor-User": "u2", "X-Actor-Tenant": "acme"}
-APPROVAL_KEY = "approval-key-for-tests"
+APPROVAL_KEY = generate_signing_key()
+APPROVAL_VERIFY_KEY = verify_key_for(APPROVAL_KEY)
 LEAK_MARKERS = ("Traceback", "sqlite", "SELECT", 'File "', ".py", "/tmp", APPROVAL_KEY)
 
 NOTE = {"ticketId": "T1001", "text": "Replacement shipped.", "expectedVersion": 1}
@@ -57,6 +58,7 @@ def approval(
     tenant: str = "acme",
     expires_in: float = 300.0,
     key: str = APPROVAL_KEY,
+    decision: Literal["approve", "reject"] = "approve",
 ) -> str:
     now = time.time()
     claims = ApprovalClaims(
@@ -67,8 +69,9 @@ def approval(
         approved_by="tester",
         approved_at=now,
         expires_at=now + expires_in,
+        decision=decision,
     )
-    return mint_approval_token(key.encode(), claims)
+    return mint_approval_token(key, claims)
 
 
 def write_headers(operation_id: str | None, token: str | None, actor: Mapping[str, str] = U1) -> dict[str, str]:
@@ -109,7 +112,7 @@ async def status_of(client: httpx.AsyncClient, operation_id: str, actor: Mapping
     r = await client.get(f"/operations/{operation_id}", headers=actor)
     assert r.status_code == 200
     body: dict[str, Any] = r.json()
-    assert set(body) == {"operation_id", "state", "status_code", "body"}
+    assert set(body) == {"operation_id", "state", "status_code", "body", "retention_seconds"}
     return body
 
 
@@ -129,7 +132,7 @@ def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str
 
 
 def asgi_client(db: Path, **options: Any) -> httpx.AsyncClient:
-    options.setdefault("approval_key", APPROVAL_KEY)
+    options.setdefault("approval_verify_key", APPROVAL_VERIFY_KEY)
     app = create_app(db, admin_token="t", **options)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://svc")
 
@@ -151,7 +154,7 @@ async def client(db: Path) -> AsyncIterator[httpx.AsyncClient]:
 @asynccontextmanager
 async def service_process(db: Path, *args: str) -> AsyncIterator[tuple[str, list[str]]]:
     """`python -m bizservice` on `db` (approval key in the environment); yields its URL and its log lines."""
-    env = {**os.environ, "BIZSERVICE_APPROVAL_KEY": APPROVAL_KEY}
+    env = {**os.environ, "BIZSERVICE_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY}
     proc = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "bizservice", "--db", str(db), "--port", "0", "--admin-token", "t", *args),
         cwd=REPO,
@@ -289,7 +292,8 @@ def _bad_tokens() -> dict[str, str | None]:
         "missing": None,
         "garbage": "not-a-token",
         "expired": approval("op-z", "append_ticket_note", NOTE, expires_in=-1),
-        "forged": approval("op-z", "append_ticket_note", NOTE, key="someone-elses-key"),
+        "forged": approval("op-z", "append_ticket_note", NOTE, key=generate_signing_key()),
+        "a rejection": approval("op-z", "append_ticket_note", NOTE, decision="reject"),
         "other actor": approval("op-z", "append_ticket_note", NOTE, user="u2"),
         "other tenant": approval("op-z", "append_ticket_note", NOTE, tenant="globex"),
         "other digest": other_digest,
@@ -309,7 +313,7 @@ async def test_without_a_valid_approval_nothing_happens(client: httpx.AsyncClien
 
 
 async def test_without_an_approval_key_every_write_is_refused(db: Path) -> None:
-    async with asgi_client(db, approval_key=None) as c:
+    async with asgi_client(db, approval_verify_key=None) as c:
         for tool, body in [("append_ticket_note", NOTE), ("create_calendar_event", EVENT), ("refund_order", REFUND)]:
             r = await write(c, tool, body, f"op-{tool}")
             assert assert_problem(r, 403, "CONFIRMATION_REQUIRED")["detail"] == (
@@ -448,6 +452,7 @@ async def test_status_reports_completed_and_not_found_per_actor(client: httpx.As
         "state": "not_found",
         "status_code": None,
         "body": None,
+        "retention_seconds": 86400.0,
     }
     created = await write(client, "refund_order", REFUND, "op-s")
     done = await status_of(client, "op-s")
@@ -617,10 +622,50 @@ async def test_two_processes_racing_on_one_key_make_one_effect(tmp_path: Path, i
             assert (await status_of(b, "op-race"))["body"] == created[0].json()
 
 
-async def test_the_approval_key_comes_from_the_environment_and_is_never_logged(tmp_path: Path) -> None:
+async def test_the_approval_verify_key_comes_from_the_environment_and_no_key_is_logged(tmp_path: Path) -> None:
     async with service_process(tmp_path / "p.db", "--idempotency-retention-seconds", "60") as (url, lines):
         async with httpx.AsyncClient(base_url=url, timeout=10) as c:
             assert (await write(c, "refund_order", REFUND, "op-env")).status_code == 201
     output = "".join(lines)
-    assert "approval key set" in output
+    assert "approval verify key set" in output
     assert APPROVAL_KEY not in output
+
+
+# --- Issue 6: expiry at commit, ASCII ids, NFC text, declared retention ------------------------------------
+
+
+async def test_an_approval_that_expires_while_the_service_stalls_after_the_claim_commits_nothing(
+    client: httpx.AsyncClient,
+) -> None:
+    # Valid when the request arrives; the service holds the claim past the token's expiry before committing.
+    await set_faults(client, {"method": "POST", "path_regex": "/notes$", "when": "after_claim", "latency_ms": 1500})
+    token = approval("op-late", "append_ticket_note", NOTE, expires_in=1.0)
+    r = await write(client, "append_ticket_note", NOTE, "op-late", token=token)
+    body = assert_problem(r, 403, "CONFIRMATION_REQUIRED")
+    assert body["detail"] == "the approval expired before the write could be committed"
+    assert await effects(client) == []
+    # Nothing was recorded for the key and its claim is gone: the status says not there.
+    assert (await status_of(client, "op-late"))["state"] == "not_found"
+    assert (await client.get("/tickets/T1001", headers=U1)).json()["version"] == 1
+
+
+@pytest.mark.parametrize("order_id", ["A\u0661\u0660\u0660", "A\uff11\uff10\uff10", "\u0410100"])
+async def test_ids_with_non_ascii_digits_or_letters_are_rejected(client: httpx.AsyncClient, order_id: str) -> None:
+    assert_problem(await client.get(f"/orders/{order_id}", headers=U1), 422, "BAD_ARGUMENTS")
+    r = await write(
+        client, "refund_order", {**REFUND, "orderId": order_id}, "op-ascii", path=f"/orders/{order_id}/refunds"
+    )
+    assert_problem(r, 422, "BAD_ARGUMENTS")
+    assert await effects(client) == []
+
+
+async def test_text_is_stored_in_nfc(client: httpx.AsyncClient) -> None:
+    decomposed = {**NOTE, "text": "Cafe\u0301 called"}
+    assert (await write(client, "append_ticket_note", decomposed, "op-nfc")).status_code == 201
+    [effect] = await effects(client, "op-nfc")
+    assert effect["text"] == "Caf\u00e9 called"
+
+
+async def test_the_status_declares_the_configured_retention(db: Path) -> None:
+    async with asgi_client(db, idempotency_retention_seconds=123.0) as c:
+        assert (await status_of(c, "op-any"))["retention_seconds"] == 123.0

@@ -13,9 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pexpect
 import pytest
+from temporalio.client import Client
 
-from devstack.processes import free_port, pid_alive
+from agentcore.contracts import OperationRecord
+from agentcore.names import GET_LEDGER_QUERY
+from devstack.processes import free_port, pid_alive, port_accepts, run_coroutine_blocking
+from orchestrator.converter import data_converter
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
@@ -65,6 +70,8 @@ def test_ask_starts_the_stack_and_prints_the_stable_json_shape(cli_env: dict[str
     assert {"call_id", "tool", "ok", "code", "duration_ms"} <= set(record)
     assert (record["tool"], record["ok"], record["code"]) == ("get_order_status", True, None)
     assert len(recorded_pids(cli_env)) == 3
+    # The first ask started the stack, and says that it keeps running and how to stop it.
+    assert "keeps running in the background" in done.stderr and " down" in done.stderr
 
 
 def test_ask_reuses_the_running_stack_and_prints_the_ui_link(cli_env: dict[str, str]) -> None:
@@ -74,9 +81,10 @@ def test_ask_reuses_the_running_stack_and_prints_the_ui_link(cli_env: dict[str, 
 
     assert done.returncode == 0, done.stderr
     assert "[offline model]" in done.stdout and "A100" in done.stdout and "DHL" not in done.stdout
-    ui = f"http://127.0.0.1:{cli_env['TOOLLOOP_UI_PORT']}/namespaces/default/workflows/ask-u2-"
+    ui = f"http://127.0.0.1:{cli_env['TOOLLOOP_UI_PORT']}/namespaces/default/workflows/ask-acme-u2-"
     assert ui in done.stderr
     assert recorded_pids(cli_env) == pids_before
+    assert "keeps running in the background" not in done.stderr  # it started nothing
 
 
 def test_ask_with_a_script_file_and_a_broken_script(cli_env: dict[str, str], tmp_path: Path) -> None:
@@ -142,6 +150,31 @@ def test_up_reports_a_taken_port_clearly(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr + done.stdout
 
 
+def test_a_failed_up_leaves_nothing_running(tmp_path: Path) -> None:
+    # Temporal starts fine; the service's port is taken, so `up` fails after Temporal is up.
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        taken = blocker.getsockname()[1]
+        temporal_port = free_port()
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("TOOLLOOP_", "TEMPORAL_"))},
+            "TOOLLOOP_DATA_DIR": str(tmp_path / "data"),
+            "TOOLLOOP_TEMPORAL_PORT": str(temporal_port),
+            "TOOLLOOP_UI_PORT": str(free_port()),
+            "TOOLLOOP_SERVICE_PORT": str(taken),
+        }
+        done = run_cli(env, "up", timeout=120)
+
+    assert done.returncode == 2, done.stderr
+    assert str(taken) in done.stderr and "in use" in done.stderr
+    state = json.loads((tmp_path / "data" / "state.json").read_text())
+    assert state["components"] == {}
+    assert not port_accepts(temporal_port)  # the dev server it started was stopped again
+    processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    assert str(tmp_path) not in processes  # nothing of this data dir runs any more
+
+
 def admin_effects(env: dict[str, str], operation_id: str) -> list[dict[str, Any]]:
     state = json.loads((Path(env["TOOLLOOP_DATA_DIR"]) / "state.json").read_text())
     response = httpx.get(
@@ -201,15 +234,21 @@ def test_approve_from_another_shell_only_as_the_requests_user(cli_env: dict[str,
     )
     try:
         assert ask.stderr is not None
-        hint = next(line for line in ask.stderr if "starter.py approve" in line)
-        workflow_id, operation_id = hint.split()[-2:]
+        hint = next(line for line in ask.stderr if " approve " in line)
+        workflow_id, operation_id = hint.split(" approve ")[1].split()[:2]
 
-        foreign = run_cli(cli_env, "approve", workflow_id, operation_id, "--as", "u2")
-        assert foreign.returncode == 1 and "another user" in foreign.stderr
+        # Another user, or the same user id in another tenant, is told what a missing request gets.
+        for who in (["--user", "u2"], ["--user", "u1", "--tenant", "globex"]):
+            missing = run_cli(cli_env, "approve", "ask-acme-u1-nope-0", operation_id, *who)
+            foreign = run_cli(cli_env, "approve", workflow_id, operation_id, *who)
+            assert foreign.returncode == missing.returncode == 2
+            assert foreign.stderr.replace(workflow_id, "X") == missing.stderr.replace("ask-acme-u1-nope-0", "X")
+            assert "refund_order" not in foreign.stderr and "A102" not in foreign.stderr  # nothing shown
         assert admin_effects(cli_env, operation_id) == []
 
-        approved = run_cli(cli_env, "approve", workflow_id, operation_id)
+        approved = run_cli(cli_env, "approve", workflow_id, operation_id, "--user", "u1")
         assert approved.returncode == 0, approved.stderr
+        assert json.dumps(refund, sort_keys=True) in approved.stderr  # the whole payload was shown
         stdout, _ = ask.communicate(timeout=120)
     finally:
         if ask.poll() is None:
@@ -220,6 +259,7 @@ def test_approve_from_another_shell_only_as_the_requests_user(cli_env: dict[str,
     [op] = json.loads(stdout)["operations"]
     assert op["operation_id"] == operation_id and op["state"] == "verified"
     assert op["arguments"] == refund
+    assert op["approval"]["by"] == "u1 via cli"
     [effect] = admin_effects(cli_env, operation_id)
     assert effect["kind"] == "refund"
 
@@ -245,44 +285,259 @@ def test_offline_model_adds_a_note_with_auto_approve_and_says_verified(cli_env: 
     assert len(admin_effects(cli_env, op["operation_id"])) == 1
 
 
-def test_ask_exits_3_when_a_side_effect_is_unknown_whatever_the_model_says(
-    cli_env: dict[str, str], tmp_path: Path
+def service_admin(env: dict[str, str]) -> httpx.Client:
+    state = json.loads((Path(env["TOOLLOOP_DATA_DIR"]) / "state.json").read_text())
+    return httpx.Client(
+        base_url=f"http://127.0.0.1:{env['TOOLLOOP_SERVICE_PORT']}", headers={"X-Admin-Token": state["admin_token"]}
+    )
+
+
+def refund_script(path: Path, refund: dict[str, Any], answer: str = "Refund done!") -> Path:
+    item = {"type": "function_call", "name": "refund_order", "arguments": json.dumps(refund), "call_id": "r"}
+    path.write_text(json.dumps({"turns": [[item], [{"type": "message", "content": answer}]]}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("faults", "state"),
+    [
+        (
+            [
+                {"method": "POST", "path_regex": "^/orders/A105/refunds$", "when": "after_commit", "action": "drop"},
+                {"method": "GET", "path_regex": "^/operations/", "status": 503},
+            ],
+            "unknown",
+        ),
+        # The read-back cannot see the refund: done per the service, not verified (issue 11, bug 1).
+        ([{"method": "GET", "path_regex": "^/orders/A105/refunds$", "status": 503}], "completed"),
+    ],
+    ids=["unknown", "unverified"],
+)
+def test_ask_exits_3_when_a_side_effect_is_unknown_or_unverified_whatever_the_model_says(
+    cli_env: dict[str, str], tmp_path: Path, faults: list[dict[str, Any]], state: str
 ) -> None:
     assert run_cli(cli_env, "up").returncode == 0
-    state = json.loads((Path(cli_env["TOOLLOOP_DATA_DIR"]) / "state.json").read_text())
-    faults = [
-        {"method": "POST", "path_regex": "^/orders/A105/refunds$", "when": "after_commit", "action": "drop"},
-        {"method": "GET", "path_regex": "^/operations/", "status": 503},
-    ]
-    admin = httpx.Client(
-        base_url=f"http://127.0.0.1:{cli_env['TOOLLOOP_SERVICE_PORT']}", headers={"X-Admin-Token": state["admin_token"]}
-    )
-    with admin:
+    with service_admin(cli_env) as admin:
         admin.put("/admin/faults", json={"rules": faults}).raise_for_status()
-        refund = {"orderId": "A105", "amountCents": 100, "reason": "damaged"}
-        script = tmp_path / "refund.json"
-        script.write_text(
-            json.dumps(
-                {
-                    "turns": [
-                        [
-                            {
-                                "type": "function_call",
-                                "name": "refund_order",
-                                "arguments": json.dumps(refund),
-                                "call_id": "r",
-                            }
-                        ],
-                        [{"type": "message", "content": "Refund done!"}],
-                    ]
-                }
-            )
-        )
+        script = refund_script(tmp_path / "refund.json", {"orderId": "A105", "amountCents": 100, "reason": "damaged"})
         try:
             done = run_cli(cli_env, "ask", "--user", "u1", "--auto-approve", "--model", f"script:{script}", "refund")
+            as_json = run_cli(
+                cli_env,
+                "ask",
+                "--user",
+                "u1",
+                "--json",
+                "--request-id",
+                f"exit3-{state}",
+                "--auto-approve",
+                "--model",
+                f"script:{script}",
+                "refund",
+            )
         finally:
             admin.delete("/admin/faults").raise_for_status()
 
     assert done.returncode == 3, done.stderr
     assert "Refund done!" in done.stdout  # the model's claim is printed as its text ...
-    assert "UNKNOWN" in done.stderr  # ... and the receipt says what is known
+    words = {"unknown": "UNKNOWN whether it happened", "completed": "done per the service, NOT verified"}[state]
+    assert words in done.stderr  # ... and the receipt says what is known
+    assert as_json.returncode == 3, as_json.stderr
+    [op] = json.loads(as_json.stdout)["operations"]
+    assert op["state"] == state and op["attempts"] == 1
+    assert len(admin_effects(cli_env, op["operation_id"])) == 1  # it did happen, exactly once
+
+
+def test_ask_exits_4_when_it_answered_but_the_write_was_not_done(cli_env: dict[str, str], tmp_path: Path) -> None:
+    script = refund_script(tmp_path / "refund.json", {"orderId": "A106", "amountCents": 100, "reason": "x"}, "OK.")
+    done = run_cli(
+        cli_env, "ask", "--user", "u1", "--json", "--approval-ttl-seconds", "1", "--model", f"script:{script}", "r"
+    )
+    assert done.returncode == 4, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["status"], [op["state"] for op in result["operations"]]) == ("completed", ["expired"])
+    assert admin_effects(cli_env, result["operations"][0]["operation_id"]) == []
+
+
+def test_the_receipt_keeps_the_exact_payload_when_piped(cli_env: dict[str, str], tmp_path: Path) -> None:
+    reason = "the parcel arrived soaked through and the customer asked twice already " * 2
+    refund = {"orderId": "A107", "amountCents": 321, "reason": reason.strip()}
+    script = refund_script(tmp_path / "refund.json", refund)
+    done = run_cli(cli_env, "ask", "--user", "u1", "--auto-approve", "--model", f"script:{script}", "refund")
+
+    assert done.returncode == 0, done.stderr
+    receipt = done.stderr[done.stderr.index("Receipt") :]
+    assert json.dumps(refund, ensure_ascii=False, sort_keys=True) in receipt
+    assert "refund_order op_" in receipt and "done, verified by read-back" in receipt
+    assert "…" not in receipt
+
+
+def test_a_request_id_is_scoped_by_tenant_and_user_and_never_runs_twice(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    script = refund_script(tmp_path / "refund.json", {"orderId": "A108", "amountCents": 200, "reason": "once"})
+    args = ["--json", "--request-id", "same-id", "--auto-approve", "--model", f"script:{script}"]
+    first = run_cli(cli_env, "ask", "--user", "u1", *args, "refund A108")
+    assert first.returncode == 0, first.stderr
+    one = json.loads(first.stdout)
+    [op] = one["operations"]
+
+    # The same id again, even after the run completed, gives back the first run: no second approval.
+    again = run_cli(cli_env, "ask", "--user", "u1", *args, "refund it again")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == one
+    assert "--auto-approve" not in again.stderr  # nothing was asked
+    assert len(admin_effects(cli_env, op["operation_id"])) == 1
+
+    # The same user id in another tenant is another person: their own request, never the first one.
+    other = run_cli(
+        cli_env,
+        "ask",
+        "--user",
+        "u1",
+        "--tenant",
+        "globex",
+        "--json",
+        "--request-id",
+        "same-id",
+        "--auto-approve",
+        "--model",
+        f"script:{script}",
+        "refund A108",
+    )
+    theirs = json.loads(other.stdout)
+    assert theirs["workflow_id"] != one["workflow_id"] and "globex" in theirs["workflow_id"]
+    assert theirs["final_text"] == one["final_text"]  # the script's words, but ...
+    assert [o["state"] for o in theirs["operations"]] == ["failed"]  # ... A108 is not theirs: nothing was done
+    assert theirs["operations"][0]["operation_id"] != op["operation_id"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["ask", "--user", "u1", "   "], "the question is empty"),
+        (["ask", "--user", "", "hi"], "--user: must not be empty"),
+        (["ask", "--user", "u1", "--max-rounds", "0", "hi"], "--max-rounds"),
+        (["ask", "--user", "u1", "--deadline-seconds", "-5", "hi"], "--deadline-seconds"),
+        (["ask", "--user", "ghost", "hi"], "unknown user 'ghost' in tenant 'acme'"),
+        (["ask", "--user", "u2", "--tenant", "globex", "hi"], "unknown user 'u2' in tenant 'globex'"),
+        (["ask", "--user", "u\u0131", "hi"], "--user"),
+        (["ask", "--user", "u1", "--request-id", "a b", "hi"], "--request-id"),
+        (["ask", "hi"], "--user"),
+        (["ask", "--user", "u1", "--no-local-stack", "--auto-approve", "hi"], "--auto-approve needs"),
+        (["approve", "wf", "op"], "--user is required"),
+        (["reject", "wf", "op", "--user", "u1", "--no-local-stack"], "no approval key"),
+        (["nonsense"], "No such command"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(cli_env: dict[str, str], args: list[str], message: str) -> None:
+    env = {k: v for k, v in cli_env.items() if k != "TOOLLOOP_APPROVAL_KEY"}
+    args = [a.encode().decode("unicode_escape") for a in args]
+    done = run_cli(env, *args, timeout=60)  # never the approval TTL: refused at once
+
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], done.stderr
+    assert "Traceback" not in done.stderr and "validation error" not in done.stderr and done.stdout == ""
+
+
+# --- The approval prompt on a terminal (a real pty) ------------------------------------------------------
+
+
+def spawn_ask(env: dict[str, str], *args: str) -> pexpect.spawn:
+    child = pexpect.spawn(
+        sys.executable,
+        [str(REPO_ROOT / "starter.py"), "ask", *args],
+        env=env,
+        cwd=str(REPO_ROOT),
+        encoding="utf-8",
+        timeout=90,
+        dimensions=(50, 250),
+    )
+    return child
+
+
+def shown_commands(child: pexpect.spawn) -> tuple[str, str]:
+    """The approve and reject commands printed before the prompt (the prompt must come after them)."""
+    child.expect(r"approve:\s+(\S.*? approve \S+ \S+ --user \S+ --tenant [A-Za-z0-9_.@-]+)")
+    approve = child.match.group(1)
+    child.expect(r"reject:\s+(\S.*? reject \S+ \S+ --user \S+ --tenant [A-Za-z0-9_.@-]+)")
+    reject = child.match.group(1)
+    child.expect(r"Approve this exact operation\? \[y/N\]")
+    return approve, reject
+
+
+def plain_shell(env: dict[str, str], command: str) -> subprocess.CompletedProcess[str]:
+    """Run a printed command as a user would from a new shell: no venv on PATH, another directory."""
+    plain = {k: v for k, v in env.items() if k.startswith("TOOLLOOP_")} | {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}
+    return subprocess.run(
+        command, shell=True, env=plain, cwd="/", capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def ledger_of(env: dict[str, str], workflow_id: str) -> list[dict[str, Any]]:
+    """The request's operations as the workflow holds them (its get_ledger query)."""
+
+    async def query() -> list[dict[str, Any]]:
+        client = await Client.connect(f"127.0.0.1:{env['TOOLLOOP_TEMPORAL_PORT']}", data_converter=data_converter())
+        ops = await client.get_workflow_handle(workflow_id).query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
+        return [op.model_dump(mode="json") for op in ops]
+
+    return run_coroutine_blocking(query)
+
+
+def test_the_prompt_ends_at_once_when_approved_from_a_plain_shell(cli_env: dict[str, str], tmp_path: Path) -> None:
+    script = refund_script(tmp_path / "r.json", {"orderId": "A109", "amountCents": 110, "reason": "prompt"}, "Done.")
+    child = spawn_ask(cli_env, "--user", "u1", "--model", f"script:{script}", "refund")
+    try:
+        approve, _ = shown_commands(child)
+        assert " approve ask-acme-u1-" in approve
+        elsewhere = plain_shell(cli_env, approve)
+        assert elsewhere.returncode == 0, elsewhere.stderr
+        child.expect(r"was approved elsewhere")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, child.before
+    operation_id = approve.split()[-5]
+    assert len(admin_effects(cli_env, operation_id)) == 1
+    assert "Traceback" not in (child.before or "")
+
+
+def test_the_prompt_ends_at_once_when_the_approval_expires(cli_env: dict[str, str], tmp_path: Path) -> None:
+    script = refund_script(tmp_path / "r.json", {"orderId": "A110", "amountCents": 111, "reason": "slow"}, "OK.")
+    child = spawn_ask(cli_env, "--user", "u1", "--approval-ttl-seconds", "2", "--model", f"script:{script}", "r")
+    try:
+        approve, _ = shown_commands(child)
+        child.expect(r"was not approved in time \(expired\); nothing was sent elsewhere|expired")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 4  # answered, but the write was not done
+    assert admin_effects(cli_env, approve.split()[-5]) == []
+
+
+def test_ctrl_c_at_the_prompt_leaves_the_request_waiting_and_says_how_to_decide(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    script = refund_script(tmp_path / "r.json", {"orderId": "A111", "amountCents": 112, "reason": "later"}, "OK.")
+    child = spawn_ask(cli_env, "--user", "u1", "--model", f"script:{script}", "refund")
+    try:
+        approve, reject = shown_commands(child)
+        child.sendintr()
+        child.expect(r"interrupted: request (\S+) keeps running in the background[^\r\n]*\r\n")
+        line = child.match.group(0)
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 130
+    assert approve in line and reject in line
+    workflow_id, operation_id = approve.split()[-6:-4]
+    [op] = ledger_of(cli_env, workflow_id)
+    assert op["state"] == "awaiting_approval"  # still waiting, nothing decided by the interrupt
+
+    rejected = plain_shell(cli_env, reject)
+    assert rejected.returncode == 0, rejected.stderr
+    [op] = ledger_of(cli_env, workflow_id)
+    assert op["state"] == "denied" and op["approval"]["by"] == "u1 via cli"
+    assert admin_effects(cli_env, operation_id) == []

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from agentcore.contracts import FunctionCallItem
+from agentcore.digests import derive_operation_id, payload_digest
 from agentcore.registry import (
     Evidence,
+    Instant,
     OperationStatus,
     PlainText,
     ToolContext,
     ToolRegistry,
     ToolSpec,
+    sorted_unique,
     strict_json_schema,
 )
 from agentcore.validation import check_call, check_turn
@@ -23,7 +27,7 @@ from agentcore.validation import check_call, check_turn
 
 class LookupArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    itemId: str = Field(pattern=r"^I\d{2}$", description="item id")
+    itemId: str = Field(pattern=r"^I[0-9]{2}$", description="item id")
     title: str | None = Field(default=None, max_length=20, description="a property named like a keyword")
     limit: int | None = Field(default=None, ge=1, le=50, description="max rows")
 
@@ -141,3 +145,100 @@ def test_duplicate_call_id_rejects_the_whole_turn_once_per_id(registry: ToolRegi
     assert error is not None and "same" in error
     assert [c.call_id for c in checked] == ["same", "x"]
     assert all(c.rejection is not None and c.arguments is None for c in checked)
+
+
+# --- Registration refuses what strict mode or the activity cannot honour (issue 6, item 9) -------------
+
+
+class AliasedArgs(BaseModel):
+    # Aliases without serialize_by_alias: the checked arguments must still come out under the aliases.
+    model_config = ConfigDict(extra="forbid")
+    item_id: str = Field(alias="itemId", pattern=r"^I[0-9]{2}$", description="item id")
+
+
+def test_aliased_arguments_are_checked_under_the_names_the_model_sees_and_validate_again() -> None:
+    reg = ToolRegistry()
+    reg.register(ToolSpec("aliased", "d", AliasedArgs, "read_only", nothing))
+    checked = check_call(reg, call("aliased", '{"itemId": "I07"}'))
+    assert checked.arguments == {"itemId": "I07"}
+    # What the activity does with them: validate again, unchanged.
+    assert AliasedArgs.model_validate(checked.arguments).item_id == "I07"
+
+
+def test_register_refuses_a_field_read_and_written_under_different_names() -> None:
+    class Split(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        item_id: str = Field(validation_alias="itemId", serialization_alias="item", description="x")
+
+    with pytest.raises(ValueError, match="read as 'itemId' but written as 'item'"):
+        ToolRegistry().register(ToolSpec("split", "d", Split, "read_only", nothing))
+
+
+def test_register_refuses_a_free_form_map_that_strict_mode_would_close() -> None:
+    class WithMap(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        counts: dict[str, int] = Field(description="x")
+
+    # Made strict, {"additionalProperties": {"type": "integer"}} would accept only {}.
+    with pytest.raises(ValueError, match="free-form map"):
+        ToolRegistry().register(ToolSpec("map", "d", WithMap, "read_only", nothing))
+
+
+def test_register_inspects_the_schema_actually_sent_to_the_model() -> None:
+    @dataclass(frozen=True)
+    class LooseSpec(ToolSpec):
+        def definition(self) -> dict[str, Any]:
+            sent = super().definition()
+            sent["parameters"]["additionalProperties"] = True
+            return sent
+
+    with pytest.raises(ValueError, match="additionalProperties is not false"):
+        ToolRegistry().register(LooseSpec("loose", "d", LookupArgs, "read_only", nothing))
+
+
+@pytest.mark.parametrize("pattern", [r"^I\d{2}$", r"^\w+$"])
+def test_register_refuses_patterns_that_match_non_ascii_digits_or_letters(pattern: str) -> None:
+    class Unicodey(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        item: str = Field(pattern=pattern, description="x")
+
+    with pytest.raises(ValueError, match="non-ASCII"):
+        ToolRegistry().register(ToolSpec("uni", "d", Unicodey, "read_only", nothing))
+
+
+@pytest.mark.parametrize("item", ["I\u0660\u0661", "I\uff10\uff11", "\u0406\u0030\u0031", "I01\n", "I0\u200b1"])
+def test_identifiers_with_non_ascii_or_confusable_characters_are_bad_arguments(
+    registry: ToolRegistry, item: str
+) -> None:
+    checked = check_call(registry, call("lookup", json.dumps({"itemId": item, "title": None, "limit": None})))
+    assert checked.arguments is None and checked.rejection is not None
+    assert checked.rejection["code"] == "BAD_ARGUMENTS" and "itemId" in checked.rejection["message"]
+
+
+# --- Canonical forms: two spellings of one intended call are one payload (item 6) ----------------------
+
+
+class EventArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    title: PlainText = Field(description="x")
+    start: Instant = Field(description="x")
+    guests: Annotated[list[str], AfterValidator(sorted_unique)] = Field(description="x")
+
+
+def test_equivalent_spellings_give_one_digest_and_one_operation_id() -> None:
+    reg = ToolRegistry()
+    reg.register(ToolSpec("event", "d", EventArgs, "side_effecting", nothing, status=no_status, read_back=no_evidence))
+    spellings = [
+        {"title": "Caf\u00e9", "start": "2026-12-03T10:00:00Z", "guests": ["b@x.io", "a@x.io"]},
+        {"title": "Cafe\u0301", "start": "2026-12-03T12:00:00+02:00", "guests": ["a@x.io", "b@x.io", "a@x.io"]},
+        {"title": "Caf\u00e9", "start": "2026-12-03T05:00:00-05:00", "guests": ["b@x.io", "a@x.io", "b@x.io"]},
+    ]
+    checked = [check_call(reg, call("event", json.dumps(s))).arguments for s in spellings]
+    assert checked[0] == {"title": "Caf\u00e9", "start": "2026-12-03T10:00:00Z", "guests": ["a@x.io", "b@x.io"]}
+    assert all(c == checked[0] for c in checked)
+    assert {payload_digest("event", c) for c in checked if c is not None} == {payload_digest("event", checked[0])}
+    ids = {derive_operation_id("wf-1", "event", c) for c in checked if c is not None}
+    assert len(ids) == 1
+    # A real difference is still another operation.
+    other = check_call(reg, call("event", json.dumps({**spellings[0], "start": "2026-12-03T10:00:01Z"})))
+    assert other.arguments is not None and derive_operation_id("wf-1", "event", other.arguments) not in ids

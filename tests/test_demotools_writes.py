@@ -14,7 +14,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from agentcore.approvals import ApprovalClaims, mint_approval_token
+from agentcore.approvals import ApprovalClaims, generate_signing_key, mint_approval_token, verify_key_for
 from agentcore.codes import ResultCode
 from agentcore.contracts import Actor, FunctionCallItem, error_output
 from agentcore.digests import payload_digest
@@ -37,7 +37,7 @@ from bizservice.seed import SEED_FACTS
 from demotools.tools import build_demo_registry
 
 ADMIN = {"X-Admin-Token": "t"}
-APPROVAL_KEY = "tools-test-approval-key"
+APPROVAL_KEY = generate_signing_key()
 LEAK_MARKERS = ("Traceback", "sqlite", "SELECT", ".py", "/tmp", "/work", "secret")
 WRITE_TOOLS = ["append_ticket_note", "create_calendar_event", "refund_order"]
 
@@ -59,7 +59,7 @@ def registry() -> ToolRegistry:
 
 @pytest.fixture
 async def service(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(tmp_path / "biz.db", admin_token="t", approval_key=APPROVAL_KEY)
+    app = create_app(tmp_path / "biz.db", admin_token="t", approval_verify_key=verify_key_for(APPROVAL_KEY))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://svc") as client:
         yield client
 
@@ -107,7 +107,7 @@ def approve(name: str, digested: dict[str, Any], operation_id: str, *, expires_i
         approved_at=now,
         expires_at=now + expires_in,
     )
-    return mint_approval_token(APPROVAL_KEY.encode(), claims)
+    return mint_approval_token(APPROVAL_KEY, claims)
 
 
 async def run_write(
@@ -200,7 +200,7 @@ def test_checked_arguments_are_trimmed_and_attendees_normalized(registry: ToolRe
     assert note == NOTE
     _, event = checked(registry, "create_calendar_event", {**EVENT, "attendees": None})
     assert event["attendees"] == []
-    assert event["start"] == "2026-12-03T12:00:00+02:00"  # the offset as given: this is what gets digested
+    assert event["start"] == "2026-12-03T10:00:00Z"  # in UTC: this is what gets digested and sent
     # The checked arguments validate again unchanged (the workflow re-parses them for the activity).
     args, again = checked(registry, "create_calendar_event", event)
     assert again == event == args.model_dump(mode="json", by_alias=True)
@@ -237,7 +237,7 @@ async def test_event_and_refund_outputs(registry: ToolRegistry, service: httpx.A
         "2026-12-03T10:00:00Z",
         "2026-12-03T11:00:00Z",
     )
-    assert event["attendees"] == EVENT["attendees"]
+    assert event["attendees"] == sorted(EVENT["attendees"])  # a set, stored in one order
     _, refund = await run_write(registry, service, "refund_order", REFUND, "op-r")
     total = SEED_FACTS["order_a100"]["total_cents"]
     assert (refund["amount_cents"], refund["refunded_cents"], refund["refundable_cents"]) == (500, 500, total - 500)
@@ -314,9 +314,11 @@ async def test_in_flight_retry_is_write_in_progress(registry: ToolRegistry, serv
 @pytest.mark.parametrize(
     ("rule", "expected"),
     [
-        ({"status": 429}, WriteNotSent),
+        ({"status": 429}, WriteOutcomeUnknown),
         ({"status": 503}, WriteOutcomeUnknown),
         ({"when": "after_commit", "status": 500}, WriteOutcomeUnknown),
+        # A "busy" answer may come after the commit too: never "not sent", the status must be asked.
+        ({"when": "after_commit", "status": 429}, WriteOutcomeUnknown),
     ],
 )
 async def test_service_faults_are_sorted(
@@ -325,8 +327,8 @@ async def test_service_faults_are_sorted(
     await service.put("/admin/faults", json={"rules": [{"path_regex": "/refunds$", "times": 1, **rule}]}, headers=ADMIN)
     with pytest.raises(expected) as info:
         await run_write(registry, service, "refund_order", REFUND, "op-fault")
-    if isinstance(info.value, WriteNotSent):
-        assert info.value.retry_after_seconds == 1.0
+    if rule["status"] == 429:
+        assert isinstance(info.value, WriteOutcomeUnknown) and info.value.retry_after_seconds == 1.0
     assert_clean(str(info.value))
     committed = rule.get("when") == "after_commit"
     assert await effect_count(service, "op-fault") == (1 if committed else 0)
@@ -363,9 +365,11 @@ async def test_executor_sends_the_digested_arguments_with_key_and_approval(regis
         await spec_of(registry, "create_calendar_event").execute(write_ctx(http, "op-1", "tok-1", "u3", "globex"), args)
     request = seen[0]
     assert (request.method, request.url.path) == ("POST", "/calendars/cal-u1/events")
-    assert json.loads(request.content) == digested == {**EVENT, "attendees": [], "title": "Call"}
-    assert payload_digest("create_calendar_event", json.loads(request.content)) == payload_digest(
-        "create_calendar_event", digested
+    # The body is exactly the canonical arguments the approval's digest was taken over.
+    assert (
+        json.loads(request.content)
+        == digested
+        == {**EVENT, "start": "2026-12-03T10:00:00Z", "attendees": [], "title": "Call"}
     )
     headers = request.headers
     assert (headers["idempotency-key"], headers["x-approval-token"]) == ("op-1", "tok-1")
@@ -407,7 +411,7 @@ async def test_transport_failures_are_not_sent_or_unknown(
         (problem(409, "IN_PROGRESS"), (WriteInProgress, None)),
         (problem(422, "IDEMPOTENCY_CONFLICT"), (ToolError, ResultCode.IDEMPOTENCY_CONFLICT)),
         (problem(422, "BAD_ARGUMENTS", "amountCents: at most 1 cents are refundable"), (ToolError, "BAD_ARGUMENTS")),
-        (problem(429, "TEMPORARY_UNAVAILABLE"), (WriteNotSent, None)),
+        (problem(429, "TEMPORARY_UNAVAILABLE"), (WriteOutcomeUnknown, None)),
         (httpx.Response(500, text="Traceback sqlite secret"), (WriteOutcomeUnknown, None)),
         (httpx.Response(502, text="bad gateway"), (WriteOutcomeUnknown, None)),
         (problem(503, "TEMPORARY_UNAVAILABLE"), (WriteOutcomeUnknown, None)),
@@ -426,8 +430,8 @@ async def test_answers_are_sorted_without_passing_raw_bodies(
     if code is not None:
         assert isinstance(info.value, ToolError) and info.value.code == code
     assert_clean(str(info.value))
-    if isinstance(info.value, WriteNotSent):
-        assert info.value.retry_after_seconds == 4.0
+    if response.status_code == 429:
+        assert isinstance(info.value, WriteOutcomeUnknown) and info.value.retry_after_seconds == 4.0
 
 
 # --- Status -------------------------------------------------------------------------------------------------
@@ -439,9 +443,10 @@ async def test_status_gives_the_executor_output_or_the_stored_refusal(
     ctx = write_ctx(service, None, None)
     status = spec_of(registry, "append_ticket_note").status
     assert status is not None
-    assert (await status(ctx, "op-s")).model_dump() == {"state": "not_found", "output": None}
+    retention = {"retention_seconds": 86400.0}  # what the service declares
+    assert (await status(ctx, "op-s")).model_dump() == {"state": "not_found", "output": None, **retention}
     _, out = await run_write(registry, service, "append_ticket_note", NOTE, "op-s")
-    assert (await status(ctx, "op-s")).model_dump() == {"state": "completed", "output": out}
+    assert (await status(ctx, "op-s")).model_dump() == {"state": "completed", "output": out, **retention}
     with pytest.raises(ToolError) as refused:
         await run_write(registry, service, "append_ticket_note", {**NOTE, "text": "late"}, "op-stale")
     stored = await status(ctx, "op-stale")

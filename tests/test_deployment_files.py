@@ -100,6 +100,9 @@ def test_admin_tools_register_the_search_attribute_the_code_uses() -> None:
     assert "--address temporal:7233" in script
 
 
-def test_only_the_service_holds_the_approval_key() -> None:
-    holders = {name for name, svc in SERVICES.items() if any("APPROVAL_KEY" in k for k in svc.get("environment", {}))}
-    assert holders == {"bizservice"}
+def test_no_container_holds_the_approval_signing_key_and_the_service_verifies() -> None:
+    # The private key signs approvals: only the approval channel (on the host) has it.
+    signers = {name for name in SERVICES if any(k.endswith("APPROVAL_KEY") for k in _env(name))}
+    assert signers == set()
+    verifiers = {name for name in SERVICES if any(k.endswith("APPROVAL_VERIFY_KEY") for k in _env(name))}
+    assert verifiers == {"bizservice"}

@@ -19,7 +19,7 @@ from agentcore.contracts import FunctionCallOutputItem, Limits, ModelSpec, Other
 from devstack.processes import start_worker
 from orchestrator.converter import data_converter
 from orchestrator.settings import Settings
-from orchestrator.worker_factory import running_worker
+from orchestrator.worker_factory import running_worker, workflow_runner
 from tests.agent_helpers import (
     approving,
     assert_eventually,
@@ -118,7 +118,7 @@ async def test_stored_histories_replay_deterministically(
         ]:
             _, handle = await run_agent(client, settings, request, **kwargs)
             handles.append(handle)
-    replayer = Replayer(workflows=[AgentWorkflow], data_converter=data_converter())
+    replayer = Replayer(workflows=[AgentWorkflow], data_converter=data_converter(), workflow_runner=workflow_runner())
     for handle in handles:
         await replayer.replay_workflow(await handle.fetch_history())
 

@@ -18,6 +18,7 @@ from agentcore.contracts import (
     user_message,
 )
 from modeladapters import OFFLINE_LABEL, OfflineDemoModel, ScriptError, load_script, parse_script
+from modeladapters.offline import CAN_TEXT
 
 MODEL = OfflineDemoModel()
 
@@ -595,6 +596,126 @@ def test_write_requests_never_call_more_than_twice() -> None:
     conversation = note_conversation(TICKET_OUTPUT, {"ok": True, "state": "verified"})
     runs = [[item_to_wire(i) for i in MODEL.respond(conversation, "u1")] for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+# --- requests it has no tool for: refused whole, no call ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("request_text", "action"),
+    [
+        ("cancel my order A100", "cancel orders"),
+        ("please delete ticket T1001", "delete tickets"),
+        ("change my order A101 to express shipping", "change orders"),
+        ("reschedule my meeting on cal-u1", "reschedule meetings"),
+        ("Can you close ticket T1001?", "close tickets"),
+        ("How do I cancel my order A100?", "cancel orders"),
+        ("I want to return my order A100", "return orders"),
+        ("I’d like to change order A100", "change orders"),
+        ("I want my order A100 cancelled", "cancel orders"),
+        ("Help me move my 10:00 meeting on cal-u1", "move meetings"),
+        ("remove an item from order A100", "remove items"),
+        ("pay for order A100", "pay for orders"),
+        ("order a new lamp like order A100", "place new orders"),
+        ("Book a meeting on cal-u1 when I am free", "book meetings"),
+    ],
+)
+def test_unsupported_action_is_refused_without_calling_tools(request_text: str, action: str) -> None:
+    text = only_text(MODEL.respond([user_message(request_text)], "u1"))
+    assert text == f"[offline model] I can't {action}, so I did nothing with this request. {CAN_TEXT}"
+
+
+@pytest.mark.parametrize(
+    ("request_text", "action"),
+    [
+        ("cancel order A100 and show ticket T1001", "cancel orders"),
+        ("Show ticket T1001 and cancel order A100", "cancel orders"),
+        ("Show ticket T1001, then delete it", "delete tickets"),
+        ("Where is order A100? I'd like to return it.", "return orders"),
+        ("free slots on cal-u1, and cancel my 3pm appointment", "cancel appointments"),
+        ("cancel order A100 and delete ticket T1001", "cancel orders or delete tickets"),
+    ],
+)
+def test_mixed_request_is_refused_whole_when_one_part_is_unsupported(request_text: str, action: str) -> None:
+    text = only_text(MODEL.respond([user_message(request_text)], "u1"))
+    assert text.startswith(f"[offline model] I can't {action}, so I did nothing with this request.")
+
+
+@pytest.mark.parametrize(
+    ("request_text", "orders"),
+    [
+        ("Where is my order A100?", ["A100"]),
+        ("status of order A100", ["A100"]),
+        ("What about orders A100 and A101?", ["A100", "A101"]),
+        ("Why was my order A100 cancelled?", ["A100"]),
+        ("Is order A100 cancelled?", ["A100"]),
+        ("Did you cancel my order A100?", ["A100"]),
+        ("Was order A100 returned?", ["A100"]),
+        ("When will order A100 ship?", ["A100"]),
+        ("When will you ship order A100?", ["A100"]),
+        ("Any update on my order A100?", ["A100"]),
+        ("Update on order A100?", ["A100"]),
+        ("Return status of order A100", ["A100"]),
+        ("I need to know why order A100 was cancelled", ["A100"]),
+        ("I don't want to cancel order A100, where is it?", ["A100"]),
+        ("The customer wants to cancel, where is order A100?", ["A100"]),
+    ],
+)
+def test_status_question_reads_the_order_when_it_only_mentions_an_action(request_text: str, orders: list[str]) -> None:
+    calls = calls_of(MODEL.respond([user_message(request_text)], "u1"))
+    assert [(name, args) for name, args, _ in calls] == [("get_order_status", {"orderId": o}) for o in orders]
+
+
+def test_ticket_question_reads_the_ticket_when_it_asks_about_a_past_action() -> None:
+    calls = calls_of(MODEL.respond([user_message("Has ticket T1001 been closed?")], "u1"))
+    assert calls == [("get_ticket", {"ticketId": "T1001"}, "call_1_1")]
+
+
+@pytest.mark.parametrize(
+    ("request_text", "expected"),
+    [
+        ("Add a note to ticket T1001: customer wants to cancel", ("get_ticket", {"ticketId": "T1001"})),
+        ("Add a note to ticket T1001 saying please cancel order A100", ("get_ticket", {"ticketId": "T1001"})),
+        (
+            "Refund 5 EUR on order A100 because the customer wants to cancel",
+            ("refund_order", {"orderId": "A100", "amountCents": 500, "reason": "the customer wants to cancel"}),
+        ),
+        (
+            "Please refund 5 EUR on order A100, the customer wants to return it",
+            ("refund_order", {"orderId": "A100", "amountCents": 500, "reason": "requested by customer"}),
+        ),
+    ],
+)
+def test_write_request_wins_when_its_text_or_reason_names_an_unsupported_action(
+    request_text: str, expected: tuple[str, dict[str, Any]]
+) -> None:
+    calls = calls_of(MODEL.respond([user_message(request_text)], "u1"))
+    assert [(name, args) for name, args, _ in calls] == [expected]
+
+
+def test_note_text_naming_an_unsupported_action_is_written_as_given() -> None:
+    request = "Add a note to ticket T1001: customer wants to cancel"
+    (append,) = calls_of(MODEL.respond(note_conversation(TICKET_OUTPUT, request=request), "u1"))
+    assert append == (
+        "append_ticket_note",
+        {"ticketId": "T1001", "text": "customer wants to cancel", "expectedVersion": 7},
+        "call_2_1",
+    )
+
+
+@pytest.mark.parametrize(
+    ("request_text", "action"),
+    [
+        ("Refund 5 EUR on order A100 and cancel order A101", "cancel orders"),
+        ("Cancel order A100 and refund 5 EUR on order A100", "cancel orders"),
+        ("Add a note to ticket T1001 and close it: called the customer", "close tickets"),
+    ],
+)
+def test_write_request_is_refused_whole_when_it_also_asks_for_an_unsupported_action(
+    request_text: str, action: str
+) -> None:
+    text = only_text(MODEL.respond([user_message(request_text)], "u1"))
+    assert text.startswith(f"[offline model] I can't {action}, so I did nothing with this request.")
 
 
 # --- script loader -------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ Every test counts effects in the service's own tables (GET /admin/effects), not 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,17 +15,19 @@ import pytest
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
-from agentcore.contracts import Actor, AgentResult, Limits, OperationRecord
+from agentcore.approvals import ApprovalClaims, generate_signing_key, mint_approval_token
+from agentcore.contracts import Actor, AgentResult, ApprovalDecision, ApprovalRequest, Limits
 from agentcore.digests import payload_digest
+from agentcore.names import APPROVE_OPERATION_UPDATE
 from devstack.processes import free_port, start_worker
-from orchestrator.approval_channel import mint_for, send_decision
+from orchestrator.approval_channel import ApprovalRefused, fetch_approval_request
 from orchestrator.settings import Settings
 from orchestrator.worker_factory import running_worker
 from tests.agent_helpers import (
-    U1,
     approving,
     assert_eventually,
     call,
+    decide,
     effects,
     say,
     script_spec,
@@ -35,7 +38,7 @@ from tests.agent_helpers import (
     waiting_operation,
     worker_env,
 )
-from tests.conftest import REPO_ROOT, BusinessService, start_service
+from tests.conftest import APPROVAL_KEY, REPO_ROOT, BusinessService, start_service
 
 pytestmark = pytest.mark.e2e
 
@@ -114,6 +117,10 @@ async def test_no_approval_within_ttl_sends_nothing(
     assert await service_requests(admin, "/tickets/T1001/notes") == []
 
 
+async def note_posts(admin: httpx.AsyncClient) -> list[dict[str, Any]]:
+    return [r for r in await service_requests(admin, "/tickets/T1001/notes") if r["method"] == "POST"]
+
+
 async def test_rejected_operation_sends_nothing(
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
 ) -> None:
@@ -122,49 +129,127 @@ async def test_rejected_operation_sends_nothing(
         client, settings, "w", model=script_spec([note_call(version, "no thanks", "w1")], [say("ok")])
     )
     op = await waiting_operation(handle)
-    await send_decision(handle, op, approve=False, approver=U1, key=None)
+    await decide(handle, op.operation_id, approve=False)
     result = await asyncio.wait_for(handle.result(), timeout=60)
 
-    assert result.operations[0].state == "denied"
+    [done] = result.operations
+    assert done.state == "denied" and done.approval is not None
+    # Who decided is read from the signed token, not from the caller's words.
+    assert (done.approval.decision, done.approval.by) == ("rejected", "u1 via cli")
     assert (await tool_outputs(handle))["w1"]["code"] == "CONFIRMATION_REQUIRED"
     assert await effects(admin, op.operation_id) == []
+    assert await note_posts(admin) == []
 
 
-@pytest.mark.parametrize("forgery", ["other_user", "other_digest", "expired"])
-async def test_update_validator_refuses_bad_approvals_and_nothing_is_sent(
+def forged_token(
+    request: ApprovalRequest, *, approve: bool, user: str = "u1", key: str = APPROVAL_KEY, expires_in: float = 60
+) -> str:
+    """A decision token made by hand, to try what the approval channel never signs."""
+    now = time.time()
+    claims = ApprovalClaims(
+        user_id=user,
+        tenant_id="acme",
+        operation_id=request.operation_id,
+        digest=request.digest,
+        approved_by=user,
+        approved_at=now,
+        expires_at=now + expires_in,
+        decision="approve" if approve else "reject",
+        channel="cli",
+    )
+    return mint_approval_token(key, claims)
+
+
+DECISION_FORGERIES = [
+    "other_user",
+    "other_digest",
+    "expired",
+    "unsigned",
+    "no_token",
+    "decision_swapped",
+    "outlives_deadline",
+]
+
+
+@pytest.mark.parametrize("approve", [True, False], ids=["approve", "reject"])
+@pytest.mark.parametrize("forgery", DECISION_FORGERIES)
+async def test_update_validator_refuses_bad_decisions_and_nothing_is_sent(
     client: Client,
     settings: Settings,
     worker: Worker,
     admin: httpx.AsyncClient,
     business_service: BusinessService,
     forgery: str,
+    approve: bool,
 ) -> None:
+    # An approval and a rejection are checked alike: only the request's own user, through the channel.
     version = await ticket_version(business_service.url)
     handle = await start_agent(
         client,
         settings,
         "w",
         model=script_spec([note_call(version, "forged?", "w1")], [say("ok")]),
-        limits=Limits(approval_ttl_seconds=3),
+        limits=Limits(approval_ttl_seconds=3, deadline_seconds=120),
     )
     op = await waiting_operation(handle)
-    key = business_service.approval_key
-    approver, ttl = U1, 600.0
+    request = await fetch_approval_request(handle, op.operation_id)
+    assert request is not None
+    digest = request.digest
+    token: str | None = forged_token(request, approve=approve)
     if forgery == "other_user":
-        approver = Actor(user_id="u2", tenant_id="acme")
+        token = forged_token(request, approve=approve, user="u2")
     elif forgery == "other_digest":
-        other = op.model_copy(update={"arguments": {**op.arguments, "text": "something else"}})
-        other.digest = payload_digest(other.tool, other.arguments)
-        op = other
-    else:
-        ttl = -1.0
+        other = request.model_copy(update={"arguments": {**request.arguments, "text": "something else"}})
+        other.digest = digest = payload_digest(other.tool, other.arguments)
+        token = forged_token(other, approve=approve)
+    elif forgery == "expired":
+        token = forged_token(request, approve=approve, expires_in=-1)
+    elif forgery == "unsigned":
+        token = forged_token(request, approve=approve, key=generate_signing_key())
+    elif forgery == "no_token":
+        token = None
+    elif forgery == "decision_swapped":
+        token = forged_token(request, approve=not approve)
+    elif forgery == "outlives_deadline":
+        if not approve:
+            pytest.skip("a rejection commits nothing; only an approval must expire by the deadline")
+        token = forged_token(request, approve=approve, expires_in=3600)
+    decision = ApprovalDecision(operation_id=op.operation_id, digest=digest, approve=approve, token=token, by="u1")
 
     with pytest.raises(WorkflowUpdateFailedError):
-        await send_decision(handle, op, approve=True, approver=approver, key=key, ttl_seconds=ttl)
+        await handle.execute_update(APPROVE_OPERATION_UPDATE, decision)
     result = await asyncio.wait_for(handle.result(), timeout=60)
 
-    assert result.operations[0].state == "expired" and result.operations[0].approval is None
-    assert await effects(admin, result.operations[0].operation_id) == []
+    [done] = result.operations
+    assert (done.state, done.approval) == ("expired", None)
+    assert await effects(admin, done.operation_id) == []
+    assert await note_posts(admin) == []
+
+
+async def test_the_requests_own_user_rejects_through_the_channel_and_the_receipt_names_them(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    # A second write keeps the request open (waiting for its approval) while the first one is tried again.
+    turns = [[note_call(version, "reject me", "w1")], [note_call(version, "and me", "w2")], [say("ok")]]
+    handle = await start_agent(client, settings, "w", model=script_spec(*turns))
+    op = await waiting_operation(handle)
+    with pytest.raises(WorkflowUpdateFailedError) as foreign:
+        await decide(handle, op.operation_id, approve=False, decider=Actor(user_id="u2", tenant_id="acme"))
+    assert "another user" in str(foreign.value.cause)
+    await decide(handle, op.operation_id, approve=False)
+    # An approval after the rejection is refused.
+    with pytest.raises(WorkflowUpdateFailedError) as late:
+        await decide(handle, op.operation_id, approve=True)
+    assert "not waiting" in str(late.value.cause)
+    second = await waiting_operation(handle)
+    await decide(handle, second.operation_id, approve=False)
+    result = await asyncio.wait_for(handle.result(), timeout=60)
+
+    done = result.operations[0]
+    assert done.state == "denied" and done.approval is not None and done.approval.by == "u1 via cli"
+    assert done.transitions.count("denied") == 1
+    assert await note_posts(admin) == []
 
 
 async def test_service_refuses_an_approval_that_expired_before_execution(
@@ -181,12 +266,84 @@ async def test_service_refuses_an_approval_that_expired_before_execution(
         limits=Limits(write_timeout_seconds=5),
     )
     op = await waiting_operation(handle)
-    await send_decision(handle, op, approve=True, approver=U1, key=business_service.approval_key, ttl_seconds=1.5)
+    await decide(handle, op.operation_id, ttl=1.5)
     result = await asyncio.wait_for(handle.result(), timeout=60)
 
-    assert result.operations[0].state == "failed"
+    [done] = result.operations
+    # The attempt was cut off when the approval ran out; the service's status (asked after that) decides.
+    assert done.state == "failed" and done.attempts == 1
+    assert [c.state for c in done.status_checks][-1] == "not_found"
     assert (await tool_outputs(handle))["w1"]["code"] == "CONFIRMATION_REQUIRED"
+
+    async def refused_on_arrival() -> bool:
+        return [p["status"] for p in await note_posts(admin)] == [403]
+
+    await assert_eventually(refused_on_arrival, what="the late attempt was refused by the service")
     assert await effects(admin, op.operation_id) == []
+
+
+async def test_the_deadline_ends_the_approval_wait_and_nothing_is_sent(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    handle = await start_agent(
+        client,
+        settings,
+        "w",
+        model=script_spec([note_call(version, "too late", "w1")], [say("ok")]),
+        limits=Limits(deadline_seconds=3, approval_ttl_seconds=300),
+    )
+    op = await waiting_operation(handle)
+    # The approval TTL is 300 s, but the request's deadline comes first.
+    result = await asyncio.wait_for(handle.result(), timeout=30)
+
+    [done] = result.operations
+    assert (done.state, done.attempts, done.approval) == ("expired", 0, None)
+    assert done.approval_expires_at == done.deadline
+    assert done.note is not None and "deadline" in done.note
+    assert result.stop_reason == "deadline"
+    # An approval that comes after the deadline is not signed, and nothing is sent.
+    with pytest.raises(ApprovalRefused, match="deadline"):
+        await decide(handle, op.operation_id)
+    assert await effects(admin, op.operation_id) == []
+    assert await note_posts(admin) == []
+
+
+async def test_a_write_stalled_at_the_service_past_the_deadline_is_never_committed_and_is_resolved(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    # The service claims the key and then stalls with the request in hand until after the deadline. The
+    # approval expires at the deadline and the service checks that at commit: nothing may be written.
+    await set_faults(
+        admin, {"method": "POST", "path_regex": "^/tickets/T1001/notes$", "when": "after_claim", "latency_ms": 7000}
+    )
+    version = await ticket_version(business_service.url)
+    handle = await start_agent(
+        client,
+        settings,
+        "w",
+        model=script_spec([note_call(version, "stalled past the deadline", "w1")], [say("ok")]),
+        limits=Limits(deadline_seconds=5, settle_seconds=20, write_timeout_seconds=10),
+    )
+    async with approving(handle):
+        result = await asyncio.wait_for(handle.result(), timeout=60)
+
+    [done] = result.operations
+    assert done.deadline is not None
+    # Resolved by status queries before the run reported: in progress while the service held the key,
+    # then not there; and "not done" is said only after the approval had expired.
+    checks = [c.state for c in done.status_checks]
+    assert checks[0] == "in_progress" and checks[-1] == "not_found"
+    assert all(c.at >= done.deadline for c in done.status_checks if c.state == "not_found")
+    assert (done.state, done.attempts) == ("failed", 1)
+    assert result.stop_reason == "deadline"
+    # The loop stopped at the deadline, so the model never read this output; the ledger keeps what it says.
+    assert await tool_outputs(handle) == {}
+    assert done.output is not None and done.output["code"] == "LIMIT_REACHED"
+    [post] = await note_posts(admin)
+    assert post["status"] == 403  # refused at commit: its approval had expired
+    assert await effects(admin, done.operation_id) == []
+    assert await ticket_version(business_service.url) == version
 
 
 async def test_stale_version_is_a_version_conflict_without_effect(
@@ -274,6 +431,32 @@ async def test_status_down_after_lost_reply_stays_unknown_and_is_not_resent(
     assert len(posts) == 1
 
 
+async def test_a_429_after_commit_is_never_reported_not_done(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    # The service commits, then answers 429. With no attempt left to resend, only the status can tell.
+    await set_faults(
+        admin,
+        {"method": "POST", "path_regex": "^/tickets/T1001/notes$", "when": "after_commit", "status": 429, "times": 1},
+    )
+    version = await ticket_version(business_service.url)
+    result, handle = await run_approved(
+        client,
+        settings,
+        business_service,
+        [[note_call(version, "busy after commit", "w1")], [say("ok")]],
+        max_write_attempts=1,
+        **FAST,
+    )
+
+    [op] = result.operations
+    assert (op.state, op.attempts) == ("verified", 1)
+    assert [c.state for c in op.status_checks] == ["completed"]
+    assert (await tool_outputs(handle))["w1"]["state"] == "verified"
+    assert len(await note_posts(admin)) == 1  # never resent: the status said it was done
+    assert len(await effects(admin, op.operation_id)) == 1
+
+
 async def test_503_before_commit_is_resent_with_the_same_key_once(
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
 ) -> None:
@@ -357,33 +540,6 @@ async def _has(items: list[str]) -> bool:
     return bool(items)
 
 
-async def test_same_key_different_payload_is_refused_by_the_service(
-    admin: httpx.AsyncClient, business_service: BusinessService
-) -> None:
-    version = await ticket_version(business_service.url)
-    op = OperationRecord(
-        operation_id="op_direct_conflict_" + str(version),
-        tool="append_ticket_note",
-        call_ids=["x"],
-        arguments={"ticketId": "T1001", "text": "first text", "expectedVersion": version},
-        digest="",
-        state="awaiting_approval",
-    )
-    headers = {"X-Actor-User": "u1", "X-Actor-Tenant": "acme", "Idempotency-Key": op.operation_id}
-    async with httpx.AsyncClient(base_url=business_service.url) as http:
-        for text, expected_status in [("first text", 201), ("other text", 422)]:
-            op.arguments["text"] = text
-            op.digest = payload_digest(op.tool, op.arguments)
-            token = mint_for(op, U1, business_service.approval_key)
-            response = await http.post(
-                "/tickets/T1001/notes", json=op.arguments, headers={**headers, "X-Approval-Token": token}
-            )
-            assert response.status_code == expected_status
-        assert response.json()["code"] == "IDEMPOTENCY_CONFLICT"
-    [effect] = await effects(admin, op.operation_id)
-    assert effect["kind"] == "note"
-
-
 # --- Retention: a late retry past the idempotency window fails closed ------------------------------
 
 
@@ -408,7 +564,8 @@ async def test_late_retry_past_retention_is_not_resent_and_stays_unknown(
         write_timeout_seconds=3,
         max_write_attempts=2,
         unknown_resolution_seconds=1,
-        idempotency_retention_seconds=RETENTION_SECONDS,
+        # A caller cannot raise the retention: the service declares its own (10 s) on its status answers.
+        idempotency_retention_seconds=10**6,
     )
     env = worker_env(settings, service.url)
     version = await ticket_version(service.url)
@@ -450,7 +607,7 @@ async def test_late_retry_past_retention_is_not_resent_and_stays_unknown(
         assert len(response.json()["effects"]) == 1
 
 
-async def test_unreachable_service_is_retried_with_the_same_key_then_not_done(
+async def test_unreachable_service_is_retried_then_not_done(
     client: Client, settings: Settings, business_service: BusinessService
 ) -> None:
     # Nothing listens on this port: every attempt is refused before anything is sent.

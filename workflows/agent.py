@@ -18,6 +18,7 @@ with workflow.unsafe.imports_passed_through():
         AgentProgress,
         AgentResult,
         ApprovalDecision,
+        ApprovalRequest,
         CallRecord,
         CheckedCall,
         ConversationItem,
@@ -36,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
     from agentcore.names import (
         AGENT_WORKFLOW,
         APPROVE_OPERATION_UPDATE,
+        GET_APPROVAL_REQUEST_QUERY,
         GET_LEDGER_QUERY,
         GET_PROGRESS_QUERY,
         MODEL_TURN_ACTIVITY,
@@ -63,8 +65,9 @@ class AgentWorkflow:
     @workflow.init
     def __init__(self, inp: AgentInput) -> None:
         self._progress = AgentProgress(phase="starting", round=0, actor=inp.actor)
+        self._deadline = workflow.now() + timedelta(seconds=inp.limits.deadline_seconds)
         # Built here, not in run(): an approval update may arrive before run() has started.
-        self._writes = WriteProtocol(inp.actor, inp.limits, self._set_phase)
+        self._writes = WriteProtocol(inp.actor, inp.limits, self._deadline, inp.approval_verify_key, self._set_phase)
 
     @workflow.query(name=GET_PROGRESS_QUERY)
     def get_progress(self) -> AgentProgress:
@@ -73,6 +76,11 @@ class AgentWorkflow:
     @workflow.query(name=GET_LEDGER_QUERY)
     def get_ledger(self) -> list[OperationRecord]:
         return self._writes.snapshot()
+
+    @workflow.query(name=GET_APPROVAL_REQUEST_QUERY)
+    def get_approval_request(self, operation_id: str) -> ApprovalRequest | None:
+        """The whole payload of one operation, for the approval channel to show and sign."""
+        return self._writes.approval_request(operation_id)
 
     @workflow.update(name=APPROVE_OPERATION_UPDATE)
     def approve_operation(self, decision: ApprovalDecision) -> OperationRecord:
@@ -89,7 +97,7 @@ class AgentWorkflow:
     @workflow.run
     async def run(self, inp: AgentInput) -> AgentResult:
         limits = inp.limits
-        deadline = workflow.now() + timedelta(seconds=limits.deadline_seconds)
+        deadline = self._deadline
         new_items: list[ConversationItem] = [user_message(inp.request)]
         records = self._progress.calls
         executed = 0

@@ -6,12 +6,17 @@
                                                                     | unavailable -> stays unknown
 
 Temporal never resends a write on its own (one attempt per activity): every resend is decided here,
-after the service's status said the operation is not there, and always with the same operation id."""
+after the service's status said the operation is not there, and always with the same operation id.
+The request's deadline bounds everything: the approval wait, every send (an approval token never outlives
+it, and the service checks the token again at commit), the status resolution and the read-back (these
+two get `settle_seconds` past it, so a write in flight at the deadline is still resolved before the run
+reports). "Not done" is said only after a definite refusal, a refused connection, or a status answer of
+not found that no earlier attempt can still overtake."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -19,12 +24,13 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from agentcore.approvals import ApprovalInvalid, read_approval_claims
+    from agentcore.approvals import ApprovalInvalid, read_approval_claims, verify_approval_token
     from agentcore.codes import ResultCode
     from agentcore.contracts import (
         Actor,
         ApprovalDecision,
         ApprovalRecord,
+        ApprovalRequest,
         CheckedCall,
         Limits,
         OperationQuery,
@@ -44,63 +50,97 @@ with workflow.unsafe.imports_passed_through():
 from workflows.retries import io_retry_policy
 
 _ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
+_MIN_TIMEOUT = timedelta(seconds=1)
+# Approval tokens are minted by another machine's clock: allow this much when comparing with the deadline.
+_CLOCK_TOLERANCE_SECONDS = 2.0
 
 
 class WriteProtocol:
-    def __init__(self, actor: Actor, limits: Limits, set_phase: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        actor: Actor,
+        limits: Limits,
+        deadline: datetime,
+        verify_key: str | None,
+        set_phase: Callable[[str], None],
+    ) -> None:
         self._actor = actor
         self._limits = limits
+        self._deadline = deadline
+        self._verify_key = verify_key
         self._set_phase = set_phase
         self.ledger: dict[str, OperationRecord] = {}
-        # Kept out of the ledger: queries and results never show approval tokens.
+        # Kept out of the ledger: queries and results never show decision tokens.
         self._tokens: dict[str, str] = {}
         self._arguments: dict[str, dict[str, Any]] = {}
 
-    # --- Approval (the Temporal Update's validator and handler) ---------------------------------
+    # --- Decisions (the Temporal Update's validator and handler, and what the channel is shown) ----
+
+    def approval_request(self, operation_id: str) -> ApprovalRequest | None:
+        op = self.ledger.get(operation_id)
+        if op is None:
+            return None
+        return ApprovalRequest(
+            operation_id=op.operation_id,
+            tool=op.tool,
+            arguments=dict(self._arguments[op.operation_id]),
+            digest=op.digest,
+            state=op.state,
+            actor=self._actor,
+            approval_expires_at=op.approval_expires_at,
+            deadline=op.deadline,
+        )
 
     def validate_decision(self, decision: ApprovalDecision) -> None:
-        """Runs before the update is accepted; raising rejects it and nothing is recorded."""
+        """Runs before the update is accepted; raising rejects it and nothing is recorded. An approval and
+        a rejection are checked alike: a token the approval channel signed for this request's own user,
+        this operation, this payload and this decision."""
         op = self.ledger.get(decision.operation_id)
         if op is None:
             raise ValueError(f"unknown operation {decision.operation_id!r} in this request")
         if decision.digest != op.digest:
-            raise ValueError("the approval is for another payload (digest mismatch)")
-        if op.state != "awaiting_approval":
-            if decision.approve and decision.token is not None and self._tokens.get(op.operation_id) == decision.token:
-                return  # the same approval again: accepted, recorded once
-            raise ValueError(f"operation {op.operation_id} is not waiting for approval (state: {op.state})")
-        if not decision.approve:
-            return
+            raise ValueError("the decision is for another payload (digest mismatch)")
         if decision.token is None:
-            raise ValueError("an approval needs a token from the approval channel")
+            raise ValueError("a decision needs a token signed by the approval channel")
+        if op.state != "awaiting_approval":
+            if self._tokens.get(op.operation_id) == decision.token:
+                return  # the same decision again: accepted, recorded once
+            raise ValueError(f"operation {op.operation_id} is not waiting for approval (state: {op.state})")
+        if self._verify_key is None:
+            raise ValueError("this request was started without the approval channel's key; it takes no decisions")
+        expected = {
+            "user_id": self._actor.user_id,
+            "tenant_id": self._actor.tenant_id,
+            "operation_id": op.operation_id,
+            "digest": op.digest,
+            "decision": "approve" if decision.approve else "reject",
+        }
         try:
-            claims = read_approval_claims(decision.token)
+            claims = verify_approval_token(
+                self._verify_key, decision.token, now=workflow.now().timestamp(), expected=expected
+            )
         except ApprovalInvalid as exc:
             raise ValueError(str(exc)) from None
-        if (claims.user_id, claims.tenant_id) != (self._actor.user_id, self._actor.tenant_id):
-            raise ValueError("the approval was given by another user than the one this request acts for")
-        if claims.operation_id != op.operation_id or claims.digest != op.digest:
-            raise ValueError("the approval token is bound to another operation or payload")
-        if claims.expires_at <= workflow.now().timestamp():
-            raise ValueError("the approval has already expired")
+        if decision.approve and claims.expires_at > self._deadline.timestamp() + _CLOCK_TOLERANCE_SECONDS:
+            raise ValueError("the approval would outlive the request's deadline; it must expire by then")
 
     def record_decision(self, decision: ApprovalDecision) -> OperationRecord:
         op = self.ledger[decision.operation_id]
         if op.state != "awaiting_approval":
-            return op  # a repeated approval changes nothing
-        if decision.approve:
-            assert decision.token is not None  # checked by the validator
+            return op  # a repeated decision changes nothing
+        by = decision.by
+        expires_at = None
+        if decision.token is not None:  # always, since the validator requires one
             claims = read_approval_claims(decision.token)
             self._tokens[op.operation_id] = decision.token
-            op.approval = ApprovalRecord(
-                decision="approved",
-                by=decision.by,
-                at=workflow.now(),
-                expires_at=datetime.fromtimestamp(claims.expires_at, tz=workflow.now().tzinfo),
-            )
+            # Who decided comes from the verified token, never from the caller's words.
+            by = claims.approved_by + (f" via {claims.channel}" if claims.channel else "")
+            expires_at = datetime.fromtimestamp(claims.expires_at, tz=UTC)
+        if decision.approve:
+            op.approval = ApprovalRecord(decision="approved", by=by, at=workflow.now(), expires_at=expires_at)
             self._move(op, "approved")
         else:
-            op.approval = ApprovalRecord(decision="rejected", by=decision.by, at=workflow.now())
+            op.approval = ApprovalRecord(decision="rejected", by=by, at=workflow.now())
             self._move(op, "denied")
         return op
 
@@ -126,6 +166,7 @@ class WriteProtocol:
             digest=payload_digest(call.name, call.arguments),
             state="validated",
             transitions=["proposed", "validated"],
+            deadline=self._deadline,
         )
         self.ledger[operation_id] = op
         self._arguments[operation_id] = call.arguments
@@ -135,14 +176,21 @@ class WriteProtocol:
 
     async def _drive(self, op: OperationRecord, call: CheckedCall, turn: int) -> dict[str, Any]:
         limits = self._limits
-        ttl = timedelta(seconds=limits.approval_ttl_seconds)
-        op.approval_expires_at = workflow.now() + ttl
+        now = workflow.now()
+        op.approval_expires_at = min(now + timedelta(seconds=limits.approval_ttl_seconds), self._deadline)
         self._move(op, "awaiting_approval")
         self._set_phase(f"round {turn}: waiting for approval of {op.operation_id} ({call.summary})")
-        try:
-            await workflow.wait_condition(lambda: op.state != "awaiting_approval", timeout=ttl)
-        except TimeoutError:
+        if op.approval_expires_at > now:
+            try:
+                await workflow.wait_condition(
+                    lambda: op.state != "awaiting_approval", timeout=op.approval_expires_at - now
+                )
+            except TimeoutError:
+                pass
+        if op.state == "awaiting_approval":
             self._move(op, "expired")
+            if op.approval_expires_at >= self._deadline:
+                return self._refusal(op, "the request's deadline came before an approval; nothing was sent.")
             return self._refusal(op, f"no approval arrived within {limits.approval_ttl_seconds:g} s; nothing was sent.")
         if op.state == "denied":
             return self._refusal(op, "the user declined this operation; nothing was sent.")
@@ -153,21 +201,29 @@ class WriteProtocol:
             return payload
         return await self._verify(op, payload)
 
+    def _send_until(self, op: OperationRecord) -> datetime:
+        """After this no attempt is sent: the service would refuse it, and must refuse to commit it."""
+        assert op.approval is not None and op.approval.expires_at is not None  # approved with a token
+        return min(self._deadline, op.approval.expires_at)
+
     async def _send_until_settled(self, op: OperationRecord, call: CheckedCall) -> tuple[bool, dict[str, Any]]:
         """Send, and after any doubt ask the status before anything else. Returns (True, the service's
         result) once the operation completed, else (False, the final output for the model)."""
         limits = self._limits
-        # Stays False while every attempt certainly never reached the service (refused connection, 429).
+        # Stays False while every attempt certainly never reached the service (a refused connection).
         maybe_received = False
         while True:
-            if op.first_sent_at is not None and self._past_retention(op):
+            if maybe_received and self._past_retention(op):
                 # The service may have forgotten the key: a resend could be a second effect. Fail closed.
                 return False, self._unknown(op, "the idempotency record may have expired; it was not resent.")
+            if workflow.now() >= self._send_until(op):
+                return await self._settle_without_sending(op, maybe_received)
             if op.attempts >= limits.max_write_attempts:
                 if not maybe_received:
                     self._move(op, "failed")
                     why = f"the service could not be reached in {op.attempts} attempt(s); it was not done."
                     return False, self._op_error(op, ResultCode.TEMPORARY_UNAVAILABLE, why)
+                # The last not_found cannot rule out an earlier attempt that is still on its way.
                 return False, self._unknown(op, f"no definite answer after {op.attempts} attempt(s) with the same key.")
             outcome = await self._send(op, call)
             if outcome.kind == "completed":
@@ -178,28 +234,70 @@ class WriteProtocol:
                 return False, dict(outcome.output or error_output(ResultCode.CONFLICT, "the service refused it."))
             if outcome.kind == "not_sent":
                 # Certainly not received: the same key again after a pause.
-                if op.attempts < limits.max_write_attempts:
-                    await workflow.sleep(timedelta(seconds=outcome.retry_after_seconds or 1.0))
+                await self._pause_before_resend(op, outcome.retry_after_seconds or 1.0)
                 continue
             maybe_received = True
-            # unknown or in progress: the service decides what happened.
+            # unknown or in progress (a 409, a 429 or a 5xx included): the service decides what happened.
             self._move(op, "unknown")
             status = await self._resolve(op)
-            if status is None:
-                return False, self._unknown(op, "its status could not be established.")
-            if status.state == "completed":
-                stored = dict(status.output or {})
-                self._move(op, "completed" if stored.get("ok") else "failed")
-                return bool(stored.get("ok")), stored
-            if status.state == "in_progress":
-                return False, self._unknown(op, "the service was still working on it when this request stopped.")
-            # not_found: the attempt did not take effect (yet); a resend with the same key is safe.
+            settled = self._settled_by_status(op, status)
+            if settled is not None:
+                return settled
+            # not_found: the attempt did not take effect (yet); a resend with the same key is safe, after
+            # the pause the service asked for (a 429's Retry-After).
+            if outcome.retry_after_seconds:
+                await self._pause_before_resend(op, outcome.retry_after_seconds)
+
+    def _settled_by_status(
+        self, op: OperationRecord, status: OperationStatus | None
+    ) -> tuple[bool, dict[str, Any]] | None:
+        """What a status answer settles; None for not_found (the caller decides whether to resend)."""
+        if status is None:
+            return False, self._unknown(op, "its status could not be established.")
+        if status.state == "completed":
+            stored = dict(status.output or {})
+            self._move(op, "completed" if stored.get("ok") else "failed")
+            return bool(stored.get("ok")), stored
+        if status.state == "in_progress":
+            return False, self._unknown(op, "the service was still working on it when this request stopped.")
+        return None
+
+    async def _settle_without_sending(self, op: OperationRecord, maybe_received: bool) -> tuple[bool, dict[str, Any]]:
+        """The approval (and so the deadline) ran out before an attempt could be sent."""
+        if op.attempts == 0:
+            self._move(op, "expired")
+            return False, self._refusal(op, "the approval ran out before the write could be sent; nothing was sent.")
+        if not maybe_received:
+            self._move(op, "failed")
+            why = "the service could not be reached before the request's deadline; it was not done."
+            return False, self._op_error(op, ResultCode.TEMPORARY_UNAVAILABLE, why)
+        # An earlier attempt may have reached the service. Its approval has expired now, and the service
+        # checks that at commit, so no attempt can take effect any more: the status is final.
+        status = await self._resolve(op)
+        settled = self._settled_by_status(op, status)
+        if settled is not None:
+            return settled
+        self._move(op, "failed")
+        no_record = "and the service has no record of it."
+        if self._send_until(op) < self._deadline:
+            why = f"it was not done: the approval expired before it could be sent again, {no_record}"
+            return False, self._op_error(op, ResultCode.CONFIRMATION_REQUIRED, why)
+        why = f"it was not done: the request's deadline passed before it could be sent again, {no_record}"
+        return False, self._op_error(op, ResultCode.LIMIT_REACHED, why)
+
+    async def _pause_before_resend(self, op: OperationRecord, seconds: float) -> None:
+        left = (self._send_until(op) - workflow.now()).total_seconds()
+        if left > 0:
+            await workflow.sleep(timedelta(seconds=min(seconds, left)))
 
     async def _send(self, op: OperationRecord, call: CheckedCall) -> WriteOutcome:
         op.attempts += 1
         if op.first_sent_at is None:
             op.first_sent_at = workflow.now()
         self._move(op, "sent")
+        # No longer than the approval lives: the service refuses to commit after that anyway.
+        left = self._send_until(op) - workflow.now()
+        timeout = max(min(timedelta(seconds=self._limits.write_timeout_seconds), left), _MIN_TIMEOUT)
         try:
             outcome: WriteOutcome = await workflow.execute_activity(
                 EXECUTE_WRITE_ACTIVITY,
@@ -213,7 +311,7 @@ class WriteProtocol:
                     call_id=call.call_id,
                 ),
                 result_type=WriteOutcome,
-                start_to_close_timeout=timedelta(seconds=self._limits.write_timeout_seconds),
+                start_to_close_timeout=timeout,
                 retry_policy=_ONE_ATTEMPT,
                 summary=f"{call.summary} attempt {op.attempts}",
             )
@@ -222,11 +320,16 @@ class WriteProtocol:
             # A timeout or a lost worker after the request may have left: not "not executed".
             return WriteOutcome(kind="unknown", detail="the attempt ended without an answer")
 
+    def _settle_until(self) -> datetime:
+        return self._deadline + timedelta(seconds=self._limits.settle_seconds)
+
     async def _resolve(self, op: OperationRecord) -> OperationStatus | None:
-        """Ask the service until it says completed or not found, or the resolution window ends.
+        """Ask the service until it says completed or not found, or the resolution window ends (never
+        later than `settle_seconds` past the deadline; always at least one question).
         None: the status could not be established."""
         limits = self._limits
-        until = workflow.now() + timedelta(seconds=limits.unknown_resolution_seconds)
+        now = workflow.now()
+        until = min(now + timedelta(seconds=limits.unknown_resolution_seconds), max(self._settle_until(), now))
         pause = 0.5
         while True:
             try:
@@ -235,7 +338,7 @@ class WriteProtocol:
                     OperationQuery(operation_id=op.operation_id, tool=op.tool, actor=self._actor),
                     result_type=OperationStatus,
                     start_to_close_timeout=timedelta(seconds=limits.write_timeout_seconds),
-                    schedule_to_close_timeout=max(until - workflow.now(), timedelta(seconds=1)),
+                    schedule_to_close_timeout=max(until - workflow.now(), _MIN_TIMEOUT),
                     retry_policy=io_retry_policy(limits.status_max_attempts),
                     summary=f"status of {op.operation_id}",
                 )
@@ -243,6 +346,7 @@ class WriteProtocol:
                 op.status_checks.append(StatusCheck(at=workflow.now(), state="unavailable"))
                 return None
             op.status_checks.append(StatusCheck(at=workflow.now(), state=status.state))
+            op.retention_seconds = status.retention_seconds
             if status.state != "in_progress" or workflow.now() + timedelta(seconds=pause) >= until:
                 return status
             await workflow.sleep(timedelta(seconds=pause))
@@ -261,6 +365,7 @@ class WriteProtocol:
                 ),
                 result_type=Evidence,
                 start_to_close_timeout=timedelta(seconds=self._limits.tool_timeout_seconds),
+                schedule_to_close_timeout=max(self._settle_until() - workflow.now(), _MIN_TIMEOUT),
                 retry_policy=io_retry_policy(self._limits.readback_max_attempts),
                 summary=f"read back {op.operation_id}",
             )
@@ -283,9 +388,14 @@ class WriteProtocol:
     # --- Helpers ------------------------------------------------------------------------------
 
     def _past_retention(self, op: OperationRecord) -> bool:
-        assert op.first_sent_at is not None
-        elapsed = (workflow.now() - op.first_sent_at).total_seconds()
-        return elapsed >= self._limits.idempotency_retention_seconds
+        """True when a resend may come after the service forgot the key. The retention is what the
+        service declared (or the worker's configuration), never a per-request setting; not knowing it
+        counts as past it."""
+        if op.first_sent_at is None:
+            return False
+        if op.retention_seconds is None:
+            return True
+        return (workflow.now() - op.first_sent_at).total_seconds() >= op.retention_seconds
 
     def _move(self, op: OperationRecord, state: OperationState) -> None:
         if op.state == state and op.transitions[-1:] == [state]:

@@ -1,0 +1,179 @@
+"""Records the workflow histories committed under tests/histories/, one per scenario family, which
+tests/test_replay_histories.py replays with the current workflow code (FAULTS W8: an incompatible change
+must fail CI).
+
+Refresh them only after a deliberate change that old histories may not survive (and say so in the commit):
+
+    .venv/bin/python -m tests.record_histories
+
+It starts its own Temporal dev server, business service and in-process worker on free loopback ports, runs
+each scenario against them, writes tests/histories/<name>.json and stops everything it started."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from temporalio.client import Client, WorkflowHandle
+
+from agentcore.contracts import AgentResult, Limits, ModelSpec
+from devstack.processes import free_port, start_business_service, start_temporal_dev_server
+from orchestrator.converter import data_converter
+from orchestrator.settings import Settings
+from orchestrator.worker_factory import running_worker
+from tests.agent_helpers import approving, call, decide, say, script_spec, set_faults, start_agent, waiting_operation
+from tests.conftest import APPROVAL_VERIFY_KEY, REPO_ROOT
+
+HISTORIES = Path(__file__).resolve().parent / "histories"
+
+Scenario = Callable[[Client, Settings, httpx.AsyncClient], Awaitable[WorkflowHandle[Any, AgentResult]]]
+
+
+async def _finished(handle: WorkflowHandle[Any, AgentResult]) -> WorkflowHandle[Any, AgentResult]:
+    await asyncio.wait_for(handle.result(), timeout=120)
+    return handle
+
+
+async def read_loop(client: Client, settings: Settings, admin: httpx.AsyncClient) -> WorkflowHandle[Any, AgentResult]:
+    """Parallel reads (one slow), a call that fails validation, an unknown tool, then the answer."""
+    await set_faults(admin, {"method": "GET", "path_regex": "^/orders/A100$", "latency_ms": 300})
+    turn = [
+        call("get_order_status", {"orderId": "A100"}, "slow"),
+        call("get_order_status", {"orderId": "A102"}, "fast"),
+        call("get_order_status", {"orderId": "A\u0661\u0660\u0660"}, "unicode_digits"),
+        call("nope", {}, "unknown"),
+    ]
+    handle = await start_agent(client, settings, "orders?", model=script_spec(turn, [say("ok")]))
+    return await _finished(handle)
+
+
+async def offline_model(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> WorkflowHandle[Any, AgentResult]:
+    handle = await start_agent(client, settings, "Where is my order A100?", model=ModelSpec(provider="offline"))
+    return await _finished(handle)
+
+
+async def write_lost_reply(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> WorkflowHandle[Any, AgentResult]:
+    """An approved refund whose reply is lost: status query, read-back; then the same write again."""
+    await set_faults(
+        admin, {"method": "POST", "path_regex": "^/orders/A104/refunds$", "when": "after_commit", "action": "drop"}
+    )
+    refund = call("refund_order", {"orderId": "A104", "amountCents": 10, "reason": "replay"}, "w1")
+    again = {**refund, "call_id": "w2"}
+    handle = await start_agent(
+        client, settings, "w", model=script_spec([refund], [again], [say("ok")]), limits=Limits(write_timeout_seconds=3)
+    )
+    async with approving(handle):
+        return await _finished(handle)
+
+
+async def write_rejected(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> WorkflowHandle[Any, AgentResult]:
+    note = call("append_ticket_note", {"ticketId": "T1003", "text": "no", "expectedVersion": 1}, "w1")
+    handle = await start_agent(client, settings, "w", model=script_spec([note], [say("ok")]))
+    op = await waiting_operation(handle)
+    await decide(handle, op.operation_id, approve=False)
+    return await _finished(handle)
+
+
+async def write_expired_at_deadline(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> WorkflowHandle[Any, AgentResult]:
+    event = {
+        "calendarId": "cal-u1",
+        "title": "Caf\u00e9",
+        "start": "2026-12-03T12:00:00+02:00",
+        "end": "2026-12-03T11:00:00Z",
+        "attendees": ["b@example.com", "a@example.com"],
+    }
+    turn = [call("create_calendar_event", event, "w1")]
+    handle = await start_agent(
+        client, settings, "w", model=script_spec(turn, [say("ok")]), limits=Limits(deadline_seconds=2)
+    )
+    return await _finished(handle)
+
+
+async def per_round_cap(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> WorkflowHandle[Any, AgentResult]:
+    """Over the per-round cap with reads and a write: the extra calls are answered, nothing more runs."""
+    turn = [
+        call("get_ticket", {"ticketId": "T1001"}, "r1"),
+        call("append_ticket_note", {"ticketId": "T1001", "text": "capped", "expectedVersion": 1}, "w1"),
+        call("get_ticket", {"ticketId": "T1003"}, "r2"),
+    ]
+    handle = await start_agent(client, settings, "w", model=script_spec(turn), limits=Limits(max_calls_per_round=1))
+    return await _finished(handle)
+
+
+async def model_error(client: Client, settings: Settings, admin: httpx.AsyncClient) -> WorkflowHandle[Any, AgentResult]:
+    """The model fails (its script runs out after one read)."""
+    turn = [call("get_ticket", {"ticketId": "T1001"}, "r1")]
+    handle = await start_agent(client, settings, "w", model=script_spec(turn))
+    return await _finished(handle)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "read_loop": read_loop,
+    "offline_model": offline_model,
+    "write_lost_reply": write_lost_reply,
+    "write_rejected": write_rejected,
+    "write_expired_at_deadline": write_expired_at_deadline,
+    "per_round_cap": per_round_cap,
+    "model_error": model_error,
+}
+
+
+async def record(directory: Path) -> None:
+    temporal = start_temporal_dev_server(directory / "temporal", free_port(), ui_port=None)
+    port = free_port()
+    token = secrets.token_urlsafe(16)
+    service = start_business_service(
+        directory / "service.sqlite", port, token, approval_verify_key=APPROVAL_VERIFY_KEY, cwd=REPO_ROOT
+    )
+    try:
+        address = temporal.cmd[temporal.cmd.index("--port") + 1]
+        client = await Client.connect(f"127.0.0.1:{address}", data_converter=data_converter())
+        settings = Settings.model_validate(
+            {
+                "TEMPORAL_ADDRESS": f"127.0.0.1:{address}",
+                "TOOLLOOP_TASK_QUEUE": "record-histories",
+                "TOOLLOOP_SERVICE_URL": f"http://127.0.0.1:{port}",
+            }
+        )
+        HISTORIES.mkdir(exist_ok=True)
+        async with (
+            running_worker(client, settings, max_cached_workflows=0),
+            httpx.AsyncClient(base_url=settings.service_url, headers={"X-Admin-Token": token}) as admin,
+        ):
+            for name, scenario in SCENARIOS.items():
+                (await admin.post("/admin/reset")).raise_for_status()
+                handle = await scenario(client, settings, admin)
+                history = await handle.fetch_history()
+                # The workflow id is part of what replays: operation ids are derived from it.
+                stored = {"workflow_id": handle.id, "history": json.loads(history.to_json())}
+                text = json.dumps(stored, indent=1, sort_keys=True)
+                (HISTORIES / f"{name}.json").write_text(text + "\n")
+                print(f"recorded {name}: {len(history.events)} events")
+    finally:
+        service.stop()
+        temporal.stop()
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="toolloop-histories-") as directory:
+        asyncio.run(record(Path(directory)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Replay of the histories committed under tests/histories/ (one per scenario family) with today's workflow
+code: an incompatible workflow change fails here, in CI (FAULTS W8). A deliberately non-deterministic change
+must fail the same replay (the negative control). Refresh: `python -m tests.record_histories`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.worker import Replayer
+from temporalio.workflow import NondeterminismError
+
+from orchestrator.converter import data_converter
+from orchestrator.worker_factory import workflow_runner
+from tests.drifted_workflow import DriftedAgentWorkflow
+from tests.record_histories import HISTORIES, SCENARIOS
+from workflows.agent import AgentWorkflow
+
+FILES = sorted(HISTORIES.glob("*.json"))
+
+
+def load(path: Path) -> WorkflowHistory:
+    stored = json.loads(path.read_text())
+    return WorkflowHistory.from_json(stored["workflow_id"], stored["history"])
+
+
+def test_every_scenario_family_has_a_committed_history() -> None:
+    assert {path.stem for path in FILES} == set(SCENARIOS)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+async def test_committed_history_replays_with_todays_workflow(path: Path) -> None:
+    replayer = Replayer(workflows=[AgentWorkflow], data_converter=data_converter(), workflow_runner=workflow_runner())
+    result = await replayer.replay_workflow(load(path))
+    assert result.replay_failure is None
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+async def test_a_non_deterministic_change_fails_the_replay(path: Path) -> None:
+    replayer = Replayer(
+        workflows=[DriftedAgentWorkflow], data_converter=data_converter(), workflow_runner=workflow_runner()
+    )
+    with pytest.raises(NondeterminismError):
+        await replayer.replay_workflow(load(path))
