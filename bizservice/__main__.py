@@ -12,10 +12,13 @@ import uvicorn
 
 from agentcore.approvals import check_verify_key
 from bizservice.app import create_app
+from bizservice.holds import FileHolds, no_hold
+from bizservice.writes import CLAIM_LEASE_SECONDS
 
 logger = logging.getLogger("bizservice")
 
 APPROVAL_VERIFY_KEY_ENV = "BIZSERVICE_APPROVAL_VERIFY_KEY"
+HOLD_DIR_ENV = "BIZSERVICE_HOLD_DIR"
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -33,6 +36,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=86400.0,
         help="how long a completed write's idempotency record is kept (default: one day)",
+    )
+    parser.add_argument(
+        "--claim-lease-seconds",
+        type=float,
+        default=CLAIM_LEASE_SECONDS,
+        help="how long an in-flight attempt holds its key before another attempt may take it over",
     )
     return parser.parse_args(argv)
 
@@ -63,11 +72,17 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     logger.info("admin token %s", "set" if args.admin_token else "unset")
     logger.info("approval verify key %s", "set" if verify_key else "unset: every write is refused")
+    # Test-bed hold points (bizservice.holds): only when a directory is given.
+    hold_dir = os.environ.get(HOLD_DIR_ENV) or None
+    if hold_dir is not None:
+        logger.info("hold points armed by files in %s", hold_dir)
     app = create_app(
         args.db,
         admin_token=args.admin_token or None,
         approval_verify_key=verify_key,
         idempotency_retention_seconds=args.idempotency_retention_seconds,
+        claim_lease_seconds=args.claim_lease_seconds,
+        hold=FileHolds(hold_dir) if hold_dir is not None else no_hold,
     )
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False)
     server = uvicorn.Server(config)

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from agentcore.codes import ResultCode
 from bizservice import faults
 from bizservice.boundary import FaultBoundary
+from bizservice.holds import Hold, no_hold
 from bizservice.seed import seed
 from bizservice.store import Owner, Store, iso_utc
 from bizservice.web import (
@@ -39,7 +40,7 @@ from bizservice.web import (
     problem_response,
     status_code_for,
 )
-from bizservice.writes import OPERATION_ID, WriteSettings, add_write_routes
+from bizservice.writes import CLAIM_LEASE_SECONDS, OPERATION_ID, WriteSettings, add_write_routes
 
 logger = logging.getLogger("bizservice")
 
@@ -196,6 +197,8 @@ def create_app(
     admin_token: str | None = None,
     approval_verify_key: str | None = None,
     idempotency_retention_seconds: float = 86400.0,
+    claim_lease_seconds: float = CLAIM_LEASE_SECONDS,
+    hold: Hold = no_hold,
 ) -> FaultBoundary:
     """The service on `db_path` (schema created and demo data seeded if missing), as an ASGI app. With no
     `admin_token` the /admin API does not exist; with no `approval_verify_key` (the approval channel's public
@@ -357,6 +360,8 @@ def create_app(
     settings = WriteSettings(
         approval_verify_key=approval_verify_key,
         retention_seconds=idempotency_retention_seconds,
+        claim_lease_seconds=claim_lease_seconds,
+        hold=hold,
     )
     add_write_routes(app, store, settings)
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from bizservice.holds import Hold, no_hold
 from bizservice.store import Store
 
 
@@ -77,15 +78,24 @@ def lookup(store: Store, key: OperationKey, now: float, not_before: float) -> Re
         return "in_progress" if _in_flight(conn, key, now) else "not_found"
 
 
-def claim(store: Store, key: OperationKey, now: float, not_before: float, lease_seconds: float) -> Record | str:
+def claim(
+    store: Store,
+    key: OperationKey,
+    now: float,
+    not_before: float,
+    lease_seconds: float,
+    hold: Hold = no_hold,
+) -> Record | str:
     """Claim `key` for one attempt: the claim id, or the record another attempt completed meanwhile.
-    Raises ClaimTaken while another attempt's claim is unexpired."""
+    Raises ClaimTaken while another attempt's claim is unexpired. The check and the insert share one
+    BEGIN IMMEDIATE transaction, so two attempts can never both find the key free."""
     claim_id = uuid.uuid4().hex
     with store.transaction() as conn:
         record = _completed(conn, key, not_before)
         if record is not None:
             return record
         conn.execute(f"DELETE FROM idempotency_claims WHERE {_KEY} AND lease_until <= ?", (*key.params(), now))
+        hold("claim_checked")
         try:
             conn.execute(
                 "INSERT INTO idempotency_claims (tenant_id, user_id, operation_id, claim_id, lease_until)"
@@ -110,10 +120,12 @@ def complete(
     effect: Callable[[sqlite3.Connection], tuple[int, dict[str, Any]]],
     now: float,
     not_before: float,
+    hold: Hold = no_hold,
 ) -> tuple[Record, bool]:
     """Run `effect` and store its (status, body) under `key` in one transaction; or, when a record
     already exists (another process finished first), return that one untouched. The flag says whether
-    this call made the record."""
+    this call made the record. An effect never stands without its record: if the record cannot be
+    written, the effect's rows roll back with it."""
     with store.transaction() as conn:
         existing = _completed(conn, key, not_before)
         if existing is not None:
@@ -121,6 +133,7 @@ def complete(
         # A record past retention that the purge has not removed yet must not block the new one.
         conn.execute(f"DELETE FROM idempotency_records WHERE {_KEY}", key.params())
         status, body = effect(conn)
+        hold("effect_written")
         conn.execute(
             "INSERT INTO idempotency_records (tenant_id, user_id, operation_id, digest, status, body, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",

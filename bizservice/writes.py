@@ -40,6 +40,7 @@ from agentcore.digests import payload_digest
 from agentcore.registry import PlainText, sorted_unique
 from bizservice import faults, ledger, store
 from bizservice.boundary import mark_committed
+from bizservice.holds import Hold, no_hold
 from bizservice.ledger import OperationKey, Record
 from bizservice.store import Owner, Provenance, Refusal, Store
 from bizservice.web import (
@@ -69,6 +70,8 @@ class WriteSettings:
     approval_verify_key: str | None
     retention_seconds: float
     claim_lease_seconds: float = CLAIM_LEASE_SECONDS
+    # Test-bed hold points in the ledger (bizservice.holds); the default passes at once.
+    hold: Hold = no_hold
 
 
 # --- Request bodies (camelCase, exactly the tools' arguments) ---------------------------------------
@@ -258,7 +261,9 @@ class WriteProtocol:
             raise _in_progress()
         approval = self._check_approval(write, now)
         try:
-            claimed = ledger.claim(self.store, write.key, now, not_before, self.settings.claim_lease_seconds)
+            claimed = ledger.claim(
+                self.store, write.key, now, not_before, self.settings.claim_lease_seconds, self.settings.hold
+            )
         except ledger.ClaimTaken:
             raise _in_progress() from None
         if isinstance(claimed, Record):  # another attempt finished between the lookup and the claim
@@ -266,7 +271,9 @@ class WriteProtocol:
         try:
             self._after_claim_fault(write)
             outcome = self._outcome(write, effect, approval.expires_at)
-            record, made = ledger.complete(self.store, write.key, write.digest, outcome, time.time(), not_before)
+            record, made = ledger.complete(
+                self.store, write.key, write.digest, outcome, time.time(), not_before, self.settings.hold
+            )
         finally:
             ledger.release(self.store, write.key, claimed)
         return Reply(record.status, record.body, committed=True) if made else _replay(record, write.digest)

@@ -56,6 +56,12 @@ async def test_another_users_order_looks_exactly_like_a_missing_one(
     assert theirs_output == {**missing_output, "message": missing_output["message"].replace("A999", "A100")}
     assert theirs.final_text == (missing.final_text or "").replace("A999", "A100")
     assert "DHL" not in (theirs.final_text or "") and "u1" not in str(theirs_output)
+    # The service itself answered both alike, for the session's user.
+    requests = await service_requests(admin, "/orders")
+    assert [(r["path"], r["actor_user"], r["status"]) for r in requests] == [
+        ("/orders/A100", "u2", 404),
+        ("/orders/A999", "u2", 404),
+    ]
 
 
 async def test_invalid_calls_get_specific_codes_and_never_reach_the_service(
@@ -71,6 +77,10 @@ async def test_invalid_calls_get_specific_codes_and_never_reach_the_service(
         call("get_order_status", {"orderId": "A100", "userId": "u1"}, "extra_user"),
         call("list_my_orders", {"page": 1, "pageSize": "20"}, "wrong_type"),
         call("list_my_orders", {"page": 1, "pageSize": 101}, "too_big"),
+        # Ids are ASCII: Arabic-Indic and fullwidth digits, a Cyrillic look-alike letter.
+        call("get_order_status", {"orderId": "A\u0661\u0660\u0660"}, "arabic_digits"),
+        call("get_ticket", {"ticketId": "T\uff11\uff10\uff10\uff11"}, "fullwidth_digits"),
+        call("get_order_status", {"orderId": "\u0410100"}, "cyrillic_a"),
     ]
     result, handle = await run_agent(
         client,
@@ -94,6 +104,9 @@ async def test_invalid_calls_get_specific_codes_and_never_reach_the_service(
         "extra_user": (False, "BAD_ARGUMENTS"),
         "wrong_type": (False, "BAD_ARGUMENTS"),
         "too_big": (False, "BAD_ARGUMENTS"),
+        "arabic_digits": (False, "BAD_ARGUMENTS"),
+        "fullwidth_digits": (False, "BAD_ARGUMENTS"),
+        "cyrillic_a": (False, "BAD_ARGUMENTS"),
     }
     assert "orderId" in outputs["missing"]["message"]
     assert "userId" in outputs["extra_user"]["message"]

@@ -400,6 +400,8 @@ async def test_calendar_event_is_created_and_read_back(client: httpx.AsyncClient
         "end": "2026-12-03T11:00:00Z",
         "attendees": ["ops@example.com"],
     }
+    [effect] = await effects(client, "op-e")
+    assert (effect["kind"], effect["id"]) == ("event", event["event_id"])
     got = await client.get(f"/calendars/cal-u1/events/{event['event_id']}", headers=U1)
     assert (got.status_code, got.json()) == (200, event)
     assert_problem(await client.get(f"/calendars/cal-u1/events/{event['event_id']}", headers=U2), 404, "NOT_AVAILABLE")
@@ -441,6 +443,7 @@ async def test_bad_note_text_is_rejected(client: httpx.AsyncClient, text: str) -
 async def test_a_body_that_is_not_a_json_object_is_rejected(client: httpx.AsyncClient, raw: bytes) -> None:
     r = await client.post("/orders/A100/refunds", content=raw, headers=write_headers("op-j", "t"))
     assert assert_problem(r, 422, "BAD_ARGUMENTS")["detail"] == "the body must be a JSON object"
+    assert await effects(client) == []
 
 
 # --- The status endpoint ------------------------------------------------------------------------------------
@@ -513,6 +516,7 @@ async def test_a_failure_after_the_claim_releases_it(client: httpx.AsyncClient) 
     assert_problem(await write(client, "append_ticket_note", NOTE, "op-ac"), 503, "TEMPORARY_UNAVAILABLE")
     assert (await status_of(client, "op-ac"))["state"] == "not_found"
     assert (await write(client, "append_ticket_note", NOTE, "op-ac")).status_code == 201
+    assert len(await effects(client, "op-ac")) == 1
 
 
 async def test_status_endpoint_can_be_made_unavailable(client: httpx.AsyncClient) -> None:

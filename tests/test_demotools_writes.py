@@ -275,6 +275,7 @@ async def test_definite_refusals_are_tool_errors(
         await run_write(registry, service, name, arguments, "op-x", token=token)
     assert info.value.code == code
     assert_clean(info.value.message)
+    assert await effect_count(service, "op-x") == (1 if case == "other payload under one key" else 0)
     if case == "stale version":
         assert "version 1" in info.value.message
     if case == "over refundable":
@@ -500,16 +501,27 @@ async def read_back(
 
 
 @pytest.mark.parametrize(
-    ("name", "arguments"),
-    [("append_ticket_note", NOTE), ("create_calendar_event", EVENT), ("refund_order", REFUND)],
+    ("name", "arguments", "id_field", "compared"),
+    [
+        ("append_ticket_note", NOTE, "note_id", {"text"}),
+        ("create_calendar_event", EVENT, "event_id", {"calendar", "title", "start", "end", "attendees"}),
+        ("refund_order", REFUND, "refund_id", {"amount", "reason"}),
+    ],
 )
 async def test_read_back_verifies_the_approved_state(
-    registry: ToolRegistry, service: httpx.AsyncClient, name: str, arguments: dict[str, Any]
+    registry: ToolRegistry,
+    service: httpx.AsyncClient,
+    name: str,
+    arguments: dict[str, Any],
+    id_field: str,
+    compared: set[str],
 ) -> None:
     args, out = await run_write(registry, service, name, arguments, "op-rb")
     evidence = await read_back(registry, service, name, args, out)
     assert evidence.verified, evidence.detail
-    assert all(evidence.checks[k] is True for k in evidence.checks if k != "id")
+    assert set(evidence.checks) == {"id"} | compared
+    assert evidence.checks["id"] == out[id_field]
+    assert all(evidence.checks[k] is True for k in compared)
 
 
 @pytest.mark.parametrize(

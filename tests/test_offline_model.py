@@ -17,7 +17,7 @@ from agentcore.contracts import (
     item_to_wire,
     user_message,
 )
-from modeladapters import OFFLINE_LABEL, OfflineDemoModel, ScriptError, load_script, parse_script
+from modeladapters import OfflineDemoModel, ScriptError, load_script, parse_script
 from modeladapters.offline import CAN_TEXT
 
 MODEL = OfflineDemoModel()
@@ -94,7 +94,6 @@ def test_turn_one_asks_for_the_right_calls(request_text: str, expected: list[tup
 def test_unknown_request_gets_a_labelled_help_message() -> None:
     text = only_text(MODEL.respond([user_message("Book me a flight to Rome")], "u1"))
     assert "order" in text and "ticket" in text
-    assert OFFLINE_LABEL == "offline"
 
 
 def test_call_ids_stay_unique_across_requests_in_one_conversation() -> None:
@@ -238,7 +237,8 @@ def test_second_turn_always_answers_even_with_missing_or_fixable_outputs() -> No
 
 
 def test_no_user_message_gets_help() -> None:
-    only_text(MODEL.respond([], "u1"))
+    text = only_text(MODEL.respond([], "u1"))
+    assert "order" in text and "ticket" in text
 
 
 # --- writes: a ticket note (get_ticket, then append_ticket_note, then the answer) -----------------------
@@ -591,11 +591,13 @@ def test_refund_answer_follows_the_write_output_only(refund_output: dict[str, An
 
 def test_write_requests_never_call_more_than_twice() -> None:
     """After the write's output the model always answers, so a write request cannot loop."""
-    conversation = note_conversation(TICKET_OUTPUT, {"ok": False, "code": "VERSION_CONFLICT", "message": "x"})
-    assert isinstance(MODEL.respond(conversation, "u1")[0], MessageItem)
-    conversation = note_conversation(TICKET_OUTPUT, {"ok": True, "state": "verified"})
-    runs = [[item_to_wire(i) for i in MODEL.respond(conversation, "u1")] for _ in range(2)]
-    assert runs[0] == runs[1]
+    for note_output in (
+        {"ok": False, "code": "VERSION_CONFLICT", "message": "x"},
+        {"ok": True, "state": "verified"},
+    ):
+        response = MODEL.respond(note_conversation(TICKET_OUTPUT, note_output), "u1")
+        assert not any(isinstance(item, FunctionCallItem) for item in response)
+        only_text(response)
 
 
 # --- requests it has no tool for: refused whole, no call ------------------------------------------------

@@ -6,14 +6,24 @@ from typing import Any
 
 import httpx
 import pytest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.tool_calls import ToolActivities
+from activities.write_operations import WriteActivities
 from agentcore.codes import ErrorType, ResultCode
-from agentcore.contracts import Actor, ToolCallInput
-from agentcore.registry import ToolContext, ToolError, ToolRegistry, ToolSpec, ToolTemporaryError
+from agentcore.contracts import Actor, FunctionCallItem, ToolCallInput, WriteInput
+from agentcore.registry import (
+    Evidence,
+    OperationStatus,
+    ToolContext,
+    ToolError,
+    ToolRegistry,
+    ToolSpec,
+    ToolTemporaryError,
+)
+from agentcore.validation import check_call
 
 
 class Args(BaseModel):
@@ -80,3 +90,80 @@ async def test_tool_missing_on_this_worker_is_non_retryable(activities: ToolActi
     with pytest.raises(ApplicationError) as caught:
         await ActivityEnvironment().run(activities.run_tool, tool_input("ok", tool="gone"))
     assert caught.value.type == ErrorType.TOOL_MISCONFIGURED and caught.value.non_retryable
+
+
+# --- Checked arguments that do not validate again: the tool's bug, never retried, a write never sent ----
+
+
+class Drifting(BaseModel):
+    """Passes registration, but dumps what it would not accept again (a serializer out of step)."""
+
+    model_config = ConfigDict(extra="forbid")
+    code: str = Field(pattern=r"^[a-z]+$", description="x")
+
+    @field_serializer("code")
+    def _shout(self, value: str) -> str:
+        return value.upper()
+
+
+async def _no_status(ctx: ToolContext, operation_id: str) -> OperationStatus:
+    raise AssertionError("not reached")
+
+
+async def _no_read_back(ctx: ToolContext, args: Any, output: Any) -> Evidence:
+    raise AssertionError("not reached")
+
+
+def drifting_registry() -> ToolRegistry:
+    registry = ToolRegistry()
+    registry.register(ToolSpec("drift_read", "d", Drifting, "read_only", fake_executor))
+    registry.register(
+        ToolSpec(
+            "drift_write", "d", Drifting, "side_effecting", fake_executor, status=_no_status, read_back=_no_read_back
+        )
+    )
+    return registry
+
+
+async def test_a_read_whose_checked_arguments_do_not_validate_again_is_not_retried() -> None:
+    registry = drifting_registry()
+    checked = check_call(registry, FunctionCallItem(call_id="c1", name="drift_read", arguments='{"code": "abc"}'))
+    assert checked.arguments == {"code": "ABC"}
+    activities = ToolActivities(registry, httpx.AsyncClient())
+    inp = ToolCallInput(
+        round=1,
+        call_id="c1",
+        tool="drift_read",
+        arguments=checked.arguments,
+        actor=Actor(user_id="u1"),
+        max_output_bytes=1000,
+    )
+    with pytest.raises(ApplicationError) as caught:
+        await ActivityEnvironment().run(activities.run_tool, inp)
+    # The workflow turns TOOL_MISCONFIGURED into INTERNAL for the model, not TEMPORARY_UNAVAILABLE.
+    assert caught.value.type == ErrorType.TOOL_MISCONFIGURED and caught.value.non_retryable
+
+
+async def test_a_write_whose_checked_arguments_do_not_validate_again_is_refused_and_never_sent() -> None:
+    registry = drifting_registry()
+    sent: list[httpx.Request] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(201, json={})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(record), base_url="http://svc") as http:
+        activities = WriteActivities(registry, http)
+        inp = WriteInput(
+            operation_id="op_1",
+            tool="drift_write",
+            arguments={"code": "ABC"},
+            actor=Actor(user_id="u1"),
+            approval_token="t",
+            attempt=1,
+            call_id="c1",
+        )
+        outcome = await ActivityEnvironment().run(activities.execute_write, inp)
+    # Refused (not "unknown"): nothing left the worker, so it is reported not done.
+    assert outcome.kind == "refused" and outcome.output is not None and outcome.output["code"] == "INTERNAL"
+    assert sent == []

@@ -620,3 +620,37 @@ async def test_unreachable_service_is_retried_then_not_done(
     assert (op.state, op.attempts, op.status_checks) == ("failed", 2, [])
     output = (await tool_outputs(handle))["w1"]
     assert output["code"] == "TEMPORARY_UNAVAILABLE" and output["operation_id"] == op.operation_id
+
+
+async def test_two_spellings_of_one_event_are_one_operation_and_one_effect(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    # Another UTC offset, another order and a repeat in the attendee set, another Unicode normal form.
+    first = {
+        "calendarId": "cal-u1",
+        "title": "Caf\u00e9 with the supplier",
+        "start": "2026-12-04T12:00:00+02:00",
+        "end": "2026-12-04T11:00:00Z",
+        "attendees": ["ops@example.com", "ada@example.org"],
+    }
+    second = {
+        **first,
+        "title": "Cafe\u0301 with the supplier",
+        "start": "2026-12-04T10:00:00Z",
+        "end": "2026-12-04T06:00:00-05:00",
+        "attendees": ["ada@example.org", "ops@example.com", "ada@example.org"],
+    }
+    turns = [[call("create_calendar_event", first, "e1")], [call("create_calendar_event", second, "e2")], [say("ok")]]
+    result, handle = await run_approved(client, settings, business_service, turns)
+
+    [op] = result.operations
+    assert op.call_ids == ["e1", "e2"] and op.state == "verified"
+    outputs = await tool_outputs(handle)
+    assert outputs["e2"]["same_operation_as_call"] == "e1"
+    [effect] = await effects(admin, op.operation_id)
+    assert (effect["title"], effect["start"], effect["attendees"]) == (
+        "Caf\u00e9 with the supplier",
+        "2026-12-04T10:00:00Z",
+        ["ada@example.org", "ops@example.com"],
+    )
+    assert len([r for r in await service_requests(admin, "/calendars/cal-u1/events") if r["method"] == "POST"]) == 1

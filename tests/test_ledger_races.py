@@ -1,0 +1,247 @@
+"""The business service's idempotency ledger, one layer at a time, with the interleavings forced rather than
+hoped for (issue 11, bug 2): two claims for one key that meet while the database is locked; a ledger record
+that cannot be written after the effect; and, across two real service processes on one database file, hold
+points that stop an attempt between the claim's check and its insert, and between the effect and its
+record, while the test sends the other attempt or kills the process. Each layer is judged by its own rows
+(claims, records, effect rows), so one layer cannot hide a bug in the other."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agentcore.approvals import ApprovalClaims, mint_approval_token
+from agentcore.digests import payload_digest
+from bizservice import ledger
+from bizservice.app import create_app
+from bizservice.holds import reached
+from bizservice.ledger import OperationKey
+from bizservice.store import Store
+from devstack.processes import ManagedProcess, business_service_command, free_port, wait_for_http_ok
+from tests.agent_helpers import assert_eventually
+from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, REPO_ROOT
+
+U1 = {"X-Actor-User": "u1", "X-Actor-Tenant": "acme"}
+ADMIN = {"X-Admin-Token": "t"}
+NOTE = {"ticketId": "T1001", "text": "exactly once", "expectedVersion": 1}
+REFUND = {"orderId": "A112", "amountCents": 100, "reason": "exactly once"}
+
+
+def token_for(operation_id: str, tool: str, body: dict[str, Any]) -> str:
+    now = time.time()
+    claims = ApprovalClaims(
+        user_id="u1",
+        tenant_id="acme",
+        operation_id=operation_id,
+        digest=payload_digest(tool, body),
+        approved_by="u1",
+        approved_at=now,
+        expires_at=now + 300,
+    )
+    return mint_approval_token(APPROVAL_KEY, claims)
+
+
+async def post_refund(http: httpx.AsyncClient, operation_id: str) -> httpx.Response:
+    headers = {
+        **U1,
+        "Idempotency-Key": operation_id,
+        "X-Approval-Token": token_for(operation_id, "refund_order", REFUND),
+    }
+    return await http.post("/orders/A112/refunds", json=REFUND, headers=headers, timeout=30)
+
+
+def rows(db: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(db) as conn:
+        return [tuple(r) for r in conn.execute(sql, params)]
+
+
+def effects_of(db: Path, operation_id: str) -> list[tuple[Any, ...]]:
+    """Effect rows made under one operation id, straight from the effect tables."""
+    return rows(db, "SELECT refund_id FROM refunds WHERE operation_id = ?", operation_id) + rows(
+        db, "SELECT note_id FROM ticket_notes WHERE operation_id = ?", operation_id
+    )
+
+
+# --- One layer at a time, in process -------------------------------------------------------------------------
+
+
+def test_two_claims_meeting_while_the_database_is_locked_give_one_claim_and_one_refusal(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    store = Store(db)
+    store.init()
+    key = OperationKey("acme", "u1", "op-locked")
+    now = time.time()
+    results: list[str] = []
+
+    def attempt() -> None:
+        try:
+            claimed = ledger.claim(store, key, now, now - 3600, 30.0)
+            results.append(claimed if isinstance(claimed, str) else "record")
+        except ledger.ClaimTaken:
+            results.append("refused")
+
+    locker = sqlite3.connect(db, isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")  # another writer holds the database
+    threads = [threading.Thread(target=attempt) for _ in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)  # both attempts are now waiting for the write lock
+        assert results == []
+    finally:
+        locker.execute("COMMIT")
+        locker.close()
+        for thread in threads:
+            thread.join(timeout=10)
+
+    claim_ids = [r for r in results if r not in ("refused", "record")]
+    assert len(claim_ids) == 1 and results.count("refused") == 1
+    assert rows(db, "SELECT claim_id FROM idempotency_claims") == [(claim_ids[0],)]
+
+
+@contextmanager
+def record_writes_fail(db: Path) -> Iterator[None]:
+    """A trigger makes every insert of a ledger record fail until the block ends."""
+    with sqlite3.connect(db) as conn:
+        conn.executescript(
+            "CREATE TRIGGER fail_records BEFORE INSERT ON idempotency_records"
+            " BEGIN SELECT RAISE(ABORT, 'the ledger record could not be written'); END;"
+        )
+    try:
+        yield
+    finally:
+        with sqlite3.connect(db) as conn:
+            conn.execute("DROP TRIGGER fail_records")
+
+
+async def test_an_effect_never_stands_without_its_record_and_the_same_key_then_makes_one(tmp_path: Path) -> None:
+    db = tmp_path / "biz.db"
+    app = create_app(db, admin_token="t", approval_verify_key=APPROVAL_VERIFY_KEY)
+    headers = {
+        **U1,
+        "Idempotency-Key": "op-record",
+        "X-Approval-Token": token_for("op-record", "append_ticket_note", NOTE),
+    }
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://svc") as http:
+        with record_writes_fail(db):
+            failed = await http.post("/tickets/T1001/notes", json=NOTE, headers=headers)
+            assert failed.status_code == 500 and failed.json()["code"] == "INTERNAL"
+            assert "record could not" not in failed.text  # no SQL detail leaks
+        # The note was written in the same transaction as the record: it rolled back with it.
+        assert effects_of(db, "op-record") == []
+        assert rows(db, "SELECT version FROM tickets WHERE ticket_id = 'T1001'") == [(1,)]
+        assert rows(db, "SELECT * FROM idempotency_claims") == []  # the claim was released
+
+        again = await http.post("/tickets/T1001/notes", json=NOTE, headers=headers)
+        assert again.status_code == 201 and "idempotent-replayed" not in again.headers
+    assert len(effects_of(db, "op-record")) == 1
+    assert rows(db, "SELECT operation_id FROM idempotency_records") == [("op-record",)]
+
+
+# --- Two real processes, hold points driven by the test ----------------------------------------------------
+
+
+class Service:
+    def __init__(self, process: ManagedProcess, url: str) -> None:
+        self.process = process
+        self.url = url
+
+
+@pytest.fixture
+async def two_services(tmp_path: Path) -> AsyncIterator[tuple[Service, Service, Path, Path]]:
+    """Two service processes on one database file, with hold points armed by files in one directory."""
+    db = tmp_path / "shared.db"
+    holds = tmp_path / "holds"
+    holds.mkdir()
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "BIZSERVICE_ADMIN_TOKEN": "t",
+        "BIZSERVICE_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY,
+        "BIZSERVICE_HOLD_DIR": str(holds),
+    }
+    started: list[Service] = []
+    try:
+        for name in ("a", "b"):
+            port = free_port()
+            cmd = [*business_service_command(db, port), "--claim-lease-seconds", "2"]
+            proc = ManagedProcess.spawn(f"service-{name}", cmd, tmp_path / f"{name}.log", env=env, cwd=REPO_ROOT)
+            started.append(Service(proc, f"http://127.0.0.1:{port}"))
+            await asyncio.to_thread(wait_for_http_ok, f"{started[-1].url}/healthz", 30, proc)
+        yield started[0], started[1], db, holds
+    finally:
+        for service in started:
+            service.process.stop()
+
+
+async def test_two_attempts_meeting_between_check_and_insert_make_one_claim_and_one_effect(
+    two_services: tuple[Service, Service, Path, Path],
+) -> None:
+    a, b, db, holds = two_services
+    async with httpx.AsyncClient(base_url=a.url) as first, httpx.AsyncClient(base_url=b.url) as second:
+        # After its claim, A's attempt stays in flight a while, so B's must find it in progress.
+        rule = {"method": "POST", "path_regex": "/refunds$", "when": "after_claim", "latency_ms": 1500, "times": 1}
+        (await first.put("/admin/faults", json={"rules": [rule]}, headers=ADMIN)).raise_for_status()
+        (holds / "claim_checked.armed").touch()
+        attempt_a = asyncio.create_task(post_refund(first, "op-meet"))
+
+        async def a_is_held() -> bool:
+            return len(reached(holds, "claim_checked")) == 1
+
+        await assert_eventually(a_is_held, what="A's attempt stopped between check and insert")
+        attempt_b = asyncio.create_task(post_refund(second, "op-meet"))
+        await asyncio.sleep(1.0)  # time enough for B to reach the same point, were it let in
+        # A checks and inserts inside one write transaction: B cannot even look while A is in between.
+        assert len(reached(holds, "claim_checked")) == 1
+        (holds / "claim_checked.release").touch()
+        answer_a, answer_b = await attempt_a, await attempt_b
+
+    assert answer_a.status_code == 201 and "idempotent-replayed" not in answer_a.headers
+    assert answer_b.status_code == 409 and answer_b.json()["code"] == "IN_PROGRESS"
+    assert len(reached(holds, "claim_checked")) == 1  # only one attempt ever claimed the key
+    assert len(effects_of(db, "op-meet")) == 1
+    assert rows(db, "SELECT operation_id FROM idempotency_records") == [("op-meet",)]
+    assert rows(db, "SELECT * FROM idempotency_claims") == []
+
+
+async def test_a_process_killed_between_effect_and_record_leaves_no_effect_and_the_key_then_makes_one(
+    two_services: tuple[Service, Service, Path, Path],
+) -> None:
+    a, b, db, holds = two_services
+    (holds / "effect_written.armed").touch()
+    async with httpx.AsyncClient(base_url=a.url) as first, httpx.AsyncClient(base_url=b.url) as second:
+        attempt_a = asyncio.create_task(post_refund(first, "op-killed"))
+
+        async def a_is_held() -> bool:
+            return len(reached(holds, "effect_written")) == 1
+
+        await assert_eventually(a_is_held, what="A wrote the refund and stopped before its record")
+        a.process.kill9()
+        with pytest.raises(httpx.TransportError):
+            await attempt_a
+        # A died inside the commit's transaction: neither the refund nor its record stands.
+        assert effects_of(db, "op-killed") == []
+        assert rows(db, "SELECT * FROM idempotency_records") == []
+        (holds / "effect_written.armed").unlink()
+
+        # A's claim keeps the key in progress until its lease (2 s) runs out; then one retry, one effect.
+        async def key_free() -> bool:
+            status = await second.get("/operations/op-killed", headers=U1)
+            return bool(status.json()["state"] == "not_found")
+
+        await assert_eventually(key_free, within=15, what="the dead attempt's claim expired")
+        retried = await post_refund(second, "op-killed")
+
+    assert retried.status_code == 201
+    assert len(effects_of(db, "op-killed")) == 1
+    assert rows(db, "SELECT refunded_cents FROM orders WHERE order_id = 'A112'") == [(REFUND["amountCents"],)]
