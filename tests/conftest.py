@@ -6,17 +6,20 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import httpx
 import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from agentcore.approvals import verify_key_for
+from agentcore.approvals import ApprovalClaims, mint_approval_token
+from agentcore.digests import payload_digest
 from devstack.processes import ManagedProcess, free_port, start_business_service, start_temporal_dev_server
 from orchestrator.converter import data_converter
 from orchestrator.settings import Settings
@@ -26,14 +29,47 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # One approval key pair for every test: the tests act as the approval channel (private key); services and
 # workflows get the public key. A constant, because this module is imported twice (as conftest by pytest
 # and as tests.conftest by the test modules) and both must hold the same key. For tests only.
+# Written out rather than derived at import, so importing the tests calls no code under test (mutation
+# testing makes every such call fail on purpose); test_core_approvals checks that the pair belongs together.
 APPROVAL_KEY = "FJFlXXTbPLQFyj5oPPLRjlHDRrP3kAZIYc6uBscc8Bo"
-APPROVAL_VERIFY_KEY = verify_key_for(APPROVAL_KEY)
+APPROVAL_VERIFY_KEY = "r-ZzUAK0jc8iWOev7UuHREQBCW3H65vrIjglJ0vuI10"
+# Another channel's key pair: what it signs is a forgery to everyone holding APPROVAL_VERIFY_KEY.
+OTHER_SIGNING_KEY = "RJS9Ueqxa--_EFVvavFy1UJHXRitc7AKnboFw6ADIb8"
+
+
+SHARED_TEMPORAL_ENV = "TOOLLOOP_TEST_TEMPORAL_ADDRESS"
+
+
+def approval_token(
+    operation_id: str,
+    tool: str,
+    body: Mapping[str, Any],
+    *,
+    user: str = "u1",
+    tenant: str = "acme",
+    expires_in: float = 300.0,
+    key: str = APPROVAL_KEY,
+    decision: Literal["approve", "reject"] = "approve",
+) -> str:
+    """A decision token made by hand (the channel's job), for exactly `tool` and `body` unless told otherwise."""
+    now = time.time()
+    claims = ApprovalClaims(
+        user_id=user,
+        tenant_id=tenant,
+        operation_id=operation_id,
+        digest=payload_digest(tool, body),
+        approved_by=user,
+        approved_at=now,
+        expires_at=now + expires_in,
+        decision=decision,
+    )
+    return mint_approval_token(key, claims)
 
 
 @dataclass(frozen=True)
 class TemporalServer:
     address: str
-    process: ManagedProcess
+    process: ManagedProcess | None
 
 
 @dataclass(frozen=True)
@@ -69,6 +105,11 @@ def stack_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def temporal_server(stack_dir: Path) -> Iterator[TemporalServer]:
+    # A dev server someone else runs (the mutation-testing command shares one across its many test runs).
+    shared = os.environ.get(SHARED_TEMPORAL_ENV)
+    if shared:
+        yield TemporalServer(address=shared, process=None)
+        return
     port = free_port()
     proc = start_temporal_dev_server(stack_dir / "temporal", port, ui_port=None)
     yield TemporalServer(address=f"127.0.0.1:{port}", process=proc)

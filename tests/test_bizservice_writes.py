@@ -5,29 +5,27 @@ real socket or a second process matters)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sqlite3
 import sys
-import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 import pytest
 
-from agentcore.approvals import ApprovalClaims, generate_signing_key, mint_approval_token, verify_key_for
-from agentcore.digests import payload_digest
 from bizservice.app import create_app
 from bizservice.seed import SEED_FACTS
+from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, OTHER_SIGNING_KEY, approval_token
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN = {"X-Admin-Token": "t"}
 U1 = {"X-Actor-User": "u1", "X-Actor-Tenant": "acme"}
 U2 = {"X-Actor-User": "u2", "X-Actor-Tenant": "acme"}
-APPROVAL_KEY = generate_signing_key()
-APPROVAL_VERIFY_KEY = verify_key_for(APPROVAL_KEY)
+
 LEAK_MARKERS = ("Traceback", "sqlite", "SELECT", 'File "', ".py", "/tmp", APPROVAL_KEY)
 
 NOTE = {"ticketId": "T1001", "text": "Replacement shipped.", "expectedVersion": 1}
@@ -47,31 +45,6 @@ WRITES = {
 
 
 # --- Helpers ------------------------------------------------------------------------------------------
-
-
-def approval(
-    operation_id: str,
-    tool: str,
-    body: Mapping[str, Any],
-    *,
-    user: str = "u1",
-    tenant: str = "acme",
-    expires_in: float = 300.0,
-    key: str = APPROVAL_KEY,
-    decision: Literal["approve", "reject"] = "approve",
-) -> str:
-    now = time.time()
-    claims = ApprovalClaims(
-        user_id=user,
-        tenant_id=tenant,
-        operation_id=operation_id,
-        digest=payload_digest(tool, body),
-        approved_by="tester",
-        approved_at=now,
-        expires_at=now + expires_in,
-        decision=decision,
-    )
-    return mint_approval_token(key, claims)
 
 
 def write_headers(operation_id: str | None, token: str | None, actor: Mapping[str, str] = U1) -> dict[str, str]:
@@ -94,7 +67,7 @@ async def write(
     actor: Mapping[str, str] = U1,
 ) -> httpx.Response:
     """POST an approved write (approval minted for exactly this body unless `token` is given)."""
-    token = token if token is not None else approval(operation_id, tool, body)
+    token = token if token is not None else approval_token(operation_id, tool, body)
     return await client.post(
         path or WRITES[tool], json=dict(body), headers=write_headers(operation_id, token, actor), timeout=10
     )
@@ -259,7 +232,7 @@ async def test_same_key_other_payload_is_an_idempotency_conflict(client: httpx.A
 async def test_keys_are_scoped_to_the_actor(client: httpx.AsyncClient) -> None:
     mine = await write(client, "append_ticket_note", NOTE, "op-shared")
     note_u2 = {"ticketId": "T1002", "text": "u2's note", "expectedVersion": 1}
-    token = approval("op-shared", "append_ticket_note", note_u2, user="u2")
+    token = approval_token("op-shared", "append_ticket_note", note_u2, user="u2")
     theirs = await write(
         client, "append_ticket_note", note_u2, "op-shared", path="/tickets/T1002/notes", token=token, actor=U2
     )
@@ -273,7 +246,7 @@ async def test_keys_are_scoped_to_the_actor(client: httpx.AsyncClient) -> None:
 
 @pytest.mark.parametrize("key", [None, "", "has space", "x" * 101, "semi;colon"])
 async def test_a_missing_or_malformed_key_is_400(client: httpx.AsyncClient, key: str | None) -> None:
-    token = approval("op-k", "append_ticket_note", NOTE)
+    token = approval_token("op-k", "append_ticket_note", NOTE)
     r = await client.post("/tickets/T1001/notes", json=NOTE, headers=write_headers(key, token))
     assert_problem(r, 400, "IDEMPOTENCY_KEY_REQUIRED")
     assert await effects(client) == []
@@ -287,22 +260,40 @@ async def test_identity_is_checked_before_the_key_and_the_key_before_the_body(cl
 
 
 def _bad_tokens() -> dict[str, str | None]:
-    other_digest = approval("op-z", "append_ticket_note", {**NOTE, "text": "not what was approved"})
+    other_digest = approval_token("op-z", "append_ticket_note", {**NOTE, "text": "not what was approved"})
     return {
         "missing": None,
         "garbage": "not-a-token",
-        "expired": approval("op-z", "append_ticket_note", NOTE, expires_in=-1),
-        "forged": approval("op-z", "append_ticket_note", NOTE, key=generate_signing_key()),
-        "a rejection": approval("op-z", "append_ticket_note", NOTE, decision="reject"),
-        "other actor": approval("op-z", "append_ticket_note", NOTE, user="u2"),
-        "other tenant": approval("op-z", "append_ticket_note", NOTE, tenant="globex"),
+        "expired": approval_token("op-z", "append_ticket_note", NOTE, expires_in=-1),
+        "forged": approval_token("op-z", "append_ticket_note", NOTE, key=OTHER_SIGNING_KEY),
+        "a rejection": approval_token("op-z", "append_ticket_note", NOTE, decision="reject"),
+        "other actor": approval_token("op-z", "append_ticket_note", NOTE, user="u2"),
+        "other tenant": approval_token("op-z", "append_ticket_note", NOTE, tenant="globex"),
         "other digest": other_digest,
-        "other operation": approval("op-other", "append_ticket_note", NOTE),
-        "other tool": approval("op-z", "refund_order", NOTE),
+        "other operation": approval_token("op-other", "append_ticket_note", NOTE),
+        "other tool": approval_token("op-z", "refund_order", NOTE),
     }
 
 
-@pytest.mark.parametrize("case", list(_bad_tokens()))
+BAD_TOKENS = [
+    "missing",
+    "garbage",
+    "expired",
+    "forged",
+    "a rejection",
+    "other actor",
+    "other tenant",
+    "other digest",
+    "other operation",
+    "other tool",
+]
+
+
+def test_every_bad_token_case_is_tried() -> None:
+    assert list(_bad_tokens()) == BAD_TOKENS
+
+
+@pytest.mark.parametrize("case", BAD_TOKENS)
 async def test_without_a_valid_approval_nothing_happens(client: httpx.AsyncClient, case: str) -> None:
     token = _bad_tokens()[case]
     r = await client.post("/tickets/T1001/notes", json=NOTE, headers=write_headers("op-z", token))
@@ -581,7 +572,7 @@ async def test_500_after_commit_replaces_the_reply(real: httpx.AsyncClient) -> N
 async def test_latency_after_commit_outlasts_the_caller(real: httpx.AsyncClient) -> None:
     await set_faults(real, {"path_regex": "/refunds$", "when": "after_commit", "latency_ms": 1500, "times": 1})
     body = {**REFUND, "amountCents": 2}
-    token = approval("op-slow", "refund_order", body)
+    token = approval_token("op-slow", "refund_order", body)
     with pytest.raises(httpx.ReadTimeout):
         await real.post("/orders/A100/refunds", json=body, headers=write_headers("op-slow", token), timeout=0.5)
     await assert_committed_once(real, "op-slow", "refund_order", body)
@@ -610,7 +601,7 @@ async def test_two_processes_racing_on_one_key_make_one_effect(tmp_path: Path, i
                 await set_faults(
                     a, {"path_regex": "/refunds$", "when": "after_claim", "latency_ms": in_flight_ms, "times": 1}
                 )
-            token = approval("op-race", "refund_order", REFUND)
+            token = approval_token("op-race", "refund_order", REFUND)
             answers = await asyncio.gather(
                 *(write(c, "refund_order", REFUND, "op-race", token=token) for c in [a, b] * 5)
             )
@@ -643,7 +634,7 @@ async def test_an_approval_that_expires_while_the_service_stalls_after_the_claim
 ) -> None:
     # Valid when the request arrives; the service holds the claim past the token's expiry before committing.
     await set_faults(client, {"method": "POST", "path_regex": "/notes$", "when": "after_claim", "latency_ms": 1500})
-    token = approval("op-late", "append_ticket_note", NOTE, expires_in=1.0)
+    token = approval_token("op-late", "append_ticket_note", NOTE, expires_in=1.0)
     r = await write(client, "append_ticket_note", NOTE, "op-late", token=token)
     body = assert_problem(r, 403, "CONFIRMATION_REQUIRED")
     assert body["detail"] == "the approval expired before the write could be committed"
@@ -673,3 +664,17 @@ async def test_text_is_stored_in_nfc(client: httpx.AsyncClient) -> None:
 async def test_the_status_declares_the_configured_retention(db: Path) -> None:
     async with asgi_client(db, idempotency_retention_seconds=123.0) as c:
         assert (await status_of(c, "op-any"))["retention_seconds"] == 123.0
+
+
+async def test_a_body_at_the_size_limit_is_read_and_one_byte_more_is_413(client: httpx.AsyncClient) -> None:
+    from bizservice.writes import MAX_BODY_BYTES
+
+    reason = "r" * 100
+    body = json.dumps({**REFUND, "reason": reason})
+    padded = body + " " * (MAX_BODY_BYTES - len(body))  # whitespace: the same JSON, exactly at the limit
+    headers = {**write_headers("op-size", approval_token("op-size", "refund_order", {**REFUND, "reason": reason}))}
+    headers["content-type"] = "application/json"
+    at_limit = await client.post("/orders/A100/refunds", content=padded.encode(), headers=headers)
+    assert at_limit.status_code == 201
+    over = await client.post("/orders/A100/refunds", content=(padded + " ").encode(), headers=headers)
+    assert assert_problem(over, 413, "BAD_ARGUMENTS")["detail"] == f"the body may be at most {MAX_BODY_BYTES} bytes"

@@ -72,3 +72,25 @@ def test_large_output_is_capped_to_valid_json_with_marker() -> None:
 def test_capped_error_keeps_its_code() -> None:
     capped = cap_output(error_output("NOT_AVAILABLE", "x" * 5000), 512)
     assert capped["ok"] is False and capped["code"] == "NOT_AVAILABLE"
+
+
+def test_over_the_total_budget_each_call_is_answered_with_the_limit_and_writes_spend_it_too() -> None:
+    plan = plan_round([write("w1"), read("a"), write("w2"), read("b")], Limits(max_total_calls=5), 2)
+    # Three left: w1, a and w2 run (writes count like reads); b is over the budget.
+    assert group_ids(plan) == [(["w1"], False), (["a"], True), (["w2"], False)]
+    assert plan.immediate == {
+        "b": {
+            "ok": False,
+            "code": "LIMIT_REACHED",
+            "message": "at most 5 tool calls per request; this call was not run.",
+        }
+    }
+    assert (plan.runnable_count, plan.limit_hit) == (3, "max_total_calls")
+
+
+def test_the_round_limit_message_names_the_limit_and_comes_before_validation() -> None:
+    plan = plan_round([read("a"), rejected("x"), rejected("y")], Limits(max_calls_per_round=2), 0)
+    assert plan.immediate == {
+        "x": rejected("x").rejection,
+        "y": {"ok": False, "code": "LIMIT_REACHED", "message": "at most 2 calls per round; this call was not run."},
+    }

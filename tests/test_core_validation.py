@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import pytest
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, create_model
 
 from agentcore.contracts import FunctionCallItem
 from agentcore.digests import derive_operation_id, payload_digest
@@ -242,3 +242,152 @@ def test_equivalent_spellings_give_one_digest_and_one_operation_id() -> None:
     # A real difference is still another operation.
     other = check_call(reg, call("event", json.dumps({**spellings[0], "start": "2026-12-03T10:00:01Z"})))
     assert other.arguments is not None and derive_operation_id("wf-1", "event", other.arguments) not in ids
+
+
+# --- The definition the model is sent, nested models, and the rest of what registration checks -----------
+
+
+class Address(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    street: str = Field(description="x")
+    note: str | None = Field(default=None, description="x")
+
+
+class Shipment(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    to: Address = Field(description="x")
+    stops: list[Address] = Field(description="x")
+    fallback: Address | None = Field(default=None, description="x")
+
+
+def test_the_definition_is_a_strict_function_tool_with_every_nested_object_closed() -> None:
+    spec = ToolSpec("ship", "Ship it.", Shipment, "read_only", nothing)
+    ToolRegistry().register(spec)
+    definition = spec.definition()
+    assert {k: v for k, v in definition.items() if k != "parameters"} == {
+        "type": "function",
+        "name": "ship",
+        "description": "Ship it.",
+        "strict": True,
+    }
+    params = definition["parameters"]
+    address = params["$defs"]["Address"]
+    assert (params["additionalProperties"], params["required"]) == (False, ["to", "stops", "fallback"])
+    assert (address["additionalProperties"], address["required"]) == (False, ["street", "note"])
+    assert "title" not in address and "default" not in address["properties"]["note"]
+
+
+def test_registration_checks_nested_models_too() -> None:
+    class Inner(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        depth: int = 1  # optional, not nullable
+
+    class Outer(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        inner: list[Inner] = Field(description="x")
+
+    with pytest.raises(ValueError, match="depth: optional but not nullable"):
+        ToolRegistry().register(ToolSpec("outer", "d", Outer, "read_only", nothing))
+
+
+@pytest.mark.parametrize(
+    ("field", "problem"),
+    [
+        (Field(validation_alias=AliasChoices("a", "b"), description="x"), "AliasPath and AliasChoices"),
+        (Field(exclude=True, description="x"), "excluded from dumps"),
+        (Field(serialization_alias="out", description="x"), "read as 'value' but written as 'out'"),
+    ],
+)
+def test_registration_refuses_fields_that_would_not_come_back_from_a_dump(field: Any, problem: str) -> None:
+    model = create_model("M", __config__=ConfigDict(extra="forbid"), value=(str, field))
+    with pytest.raises(ValueError, match=problem):
+        ToolRegistry().register(ToolSpec("m", "d", model, "read_only", nothing))
+
+
+def test_registration_refuses_aliases_that_would_not_validate_again() -> None:
+    class ByNameOnly(BaseModel):
+        model_config = ConfigDict(extra="forbid", validate_by_alias=False, validate_by_name=True)
+        item_id: str = Field(alias="itemId", description="x")
+
+    with pytest.raises(ValueError, match="validate_by_alias=False"):
+        ToolRegistry().register(ToolSpec("m", "d", ByNameOnly, "read_only", nothing))
+
+
+def test_registration_refuses_bad_names_twice_registered_tools_and_lists_every_problem() -> None:
+    reg = ToolRegistry()
+    with pytest.raises(ValueError, match="must match"):
+        reg.register(ToolSpec("has space", "d", LookupArgs, "read_only", nothing))
+    reg.register(ToolSpec("lookup", "d", LookupArgs, "read_only", nothing))
+    with pytest.raises(ValueError, match="registered twice"):
+        reg.register(ToolSpec("lookup", "d", LookupArgs, "read_only", nothing))
+    assert reg.names() == ["lookup"] and [s.name for s in reg] == ["lookup"]
+    assert reg.definitions() == [reg.get("lookup").definition()]  # type: ignore[union-attr]
+    # A copy: changing what one caller got cannot change what the model is sent next.
+    reg.definitions()[0]["parameters"]["required"].clear()
+    assert reg.definitions()[0]["parameters"]["required"] == ["itemId", "title", "limit"]
+
+    class TwoProblems(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        a: int = 1
+        counts: dict[str, int] = Field(description="x")
+
+    with pytest.raises(ValueError) as both:
+        reg.register(ToolSpec("two", "d", TwoProblems, "read_only", nothing))
+    assert "a: optional but not nullable" in str(both.value) and "free-form map" in str(both.value)
+
+
+def test_a_turn_of_distinct_calls_is_checked_call_by_call_without_a_protocol_error(registry: ToolRegistry) -> None:
+    ok = '{"itemId": "I01", "title": null, "limit": null}'
+    checked, error = check_turn(
+        registry, [call("lookup", ok, "a"), call("note", '{"text": "hi"}', "b"), call("x", "{}", "c")]
+    )
+    assert error is None
+    assert [(c.call_id, c.read_only, c.rejection is None) for c in checked] == [
+        ("a", True, True),
+        ("b", False, True),
+        ("c", True, False),
+    ]
+    assert checked[2].rejection is not None and checked[2].rejection["code"] == "UNKNOWN_TOOL"
+
+
+def test_a_duplicated_call_id_answers_each_id_once_with_the_reason(registry: ToolRegistry) -> None:
+    ok = '{"itemId": "I01", "title": null, "limit": null}'
+    checked, error = check_turn(registry, [call("lookup", ok, "same"), call("note", '{"text": "x"}', "same")])
+    assert (
+        error
+        == "call_id 'same' appears 2 times in one turn; nothing in this turn ran. Use a distinct call_id per call."
+    )
+    [only] = checked
+    assert only.rejection == {"ok": False, "code": "BAD_ARGUMENTS", "message": error}
+
+
+def test_a_side_effecting_call_is_marked_and_carries_what_to_redact() -> None:
+    reg = ToolRegistry()
+    reg.register(
+        ToolSpec(
+            "note", "d", NoteArgs, "side_effecting", nothing, status=no_status, read_back=no_evidence, redact=("text",)
+        )
+    )
+    checked = check_call(reg, call("note", '{"text": "secret"}'))
+    assert (checked.read_only, checked.redact, checked.arguments) == (False, ["text"], {"text": "secret"})
+    refused = check_call(reg, call("note", '{"text": ""}'))
+    assert (refused.read_only, refused.rejection is not None) == (False, True)
+
+
+def test_long_names_and_many_errors_are_shortened_in_messages(registry: ToolRegistry) -> None:
+    name = "t" * 100
+    unknown = check_call(registry, call(name, "{}"))
+    assert unknown.rejection is not None and f"'{'t' * 61}...'" in unknown.rejection["message"]
+    assert unknown.summary == "t" * 61 + "... (unknown tool)"
+    # Seven bad fields: five are named, the rest counted.
+    many = create_model(
+        "Many", __config__=ConfigDict(extra="forbid"), **{f"f{i}": (int, Field(description="x")) for i in range(7)}
+    )
+    reg = ToolRegistry()
+    reg.register(ToolSpec("many", "d", many, "read_only", nothing))
+    checked = check_call(reg, call("many", "{}"))
+    assert checked.rejection is not None
+    assert checked.rejection["message"] == "; ".join(f"f{i}: is required" for i in range(5)) + "; and 2 more"
+    one = check_call(reg, call("many", json.dumps({f"f{i}": 1 for i in range(6)})))
+    assert one.rejection is not None and one.rejection["message"] == "f6: is required"
+    assert check_call(reg, call("many", '"x"')).rejection["message"] == "arguments must be a JSON object, got string."  # type: ignore[index]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -14,10 +13,8 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from agentcore.approvals import ApprovalClaims, generate_signing_key, mint_approval_token, verify_key_for
 from agentcore.codes import ResultCode
 from agentcore.contracts import Actor, FunctionCallItem, error_output
-from agentcore.digests import payload_digest
 from agentcore.registry import (
     Evidence,
     EvidenceNotYetVisible,
@@ -35,9 +32,9 @@ from agentcore.validation import check_call
 from bizservice.app import create_app
 from bizservice.seed import SEED_FACTS
 from demotools.tools import build_demo_registry
+from tests.conftest import APPROVAL_VERIFY_KEY, approval_token
 
 ADMIN = {"X-Admin-Token": "t"}
-APPROVAL_KEY = generate_signing_key()
 LEAK_MARKERS = ("Traceback", "sqlite", "SELECT", ".py", "/tmp", "/work", "secret")
 WRITE_TOOLS = ["append_ticket_note", "create_calendar_event", "refund_order"]
 
@@ -59,7 +56,7 @@ def registry() -> ToolRegistry:
 
 @pytest.fixture
 async def service(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(tmp_path / "biz.db", admin_token="t", approval_verify_key=verify_key_for(APPROVAL_KEY))
+    app = create_app(tmp_path / "biz.db", admin_token="t", approval_verify_key=APPROVAL_VERIFY_KEY)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://svc") as client:
         yield client
 
@@ -96,20 +93,6 @@ def write_ctx(
     )
 
 
-def approve(name: str, digested: dict[str, Any], operation_id: str, *, expires_in: float = 300.0) -> str:
-    now = time.time()
-    claims = ApprovalClaims(
-        user_id="u1",
-        tenant_id="acme",
-        operation_id=operation_id,
-        digest=payload_digest(name, digested),
-        approved_by="tester",
-        approved_at=now,
-        expires_at=now + expires_in,
-    )
-    return mint_approval_token(APPROVAL_KEY, claims)
-
-
 async def run_write(
     registry: ToolRegistry,
     http: httpx.AsyncClient,
@@ -121,7 +104,7 @@ async def run_write(
 ) -> tuple[BaseModel, dict[str, Any]]:
     """Check, approve (unless a token is given) and execute one write; the parsed args and the output."""
     args, digested = checked(registry, name, arguments)
-    token = token if token is not None else approve(name, digested, operation_id)
+    token = token if token is not None else approval_token(operation_id, name, digested)
     output = await spec_of(registry, name).execute(write_ctx(http, operation_id, token), args)
     return args, dict(output)
 
@@ -261,7 +244,7 @@ async def test_definite_refusals_are_tool_errors(
     if case == "no approval":
         token = ""
     elif case == "expired approval":
-        token = approve(name, checked(registry, name, arguments)[1], "op-x", expires_in=-1)
+        token = approval_token("op-x", name, checked(registry, name, arguments)[1], expires_in=-1)
     elif case == "other payload under one key":
         await run_write(registry, service, name, arguments, "op-x")
         arguments["amountCents"] = 600

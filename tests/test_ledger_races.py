@@ -20,8 +20,6 @@ from typing import Any
 import httpx
 import pytest
 
-from agentcore.approvals import ApprovalClaims, mint_approval_token
-from agentcore.digests import payload_digest
 from bizservice import ledger
 from bizservice.app import create_app
 from bizservice.holds import reached
@@ -29,7 +27,7 @@ from bizservice.ledger import OperationKey
 from bizservice.store import Store
 from devstack.processes import ManagedProcess, business_service_command, free_port, wait_for_http_ok
 from tests.agent_helpers import assert_eventually
-from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, REPO_ROOT
+from tests.conftest import APPROVAL_VERIFY_KEY, REPO_ROOT, approval_token
 
 U1 = {"X-Actor-User": "u1", "X-Actor-Tenant": "acme"}
 ADMIN = {"X-Admin-Token": "t"}
@@ -37,25 +35,11 @@ NOTE = {"ticketId": "T1001", "text": "exactly once", "expectedVersion": 1}
 REFUND = {"orderId": "A112", "amountCents": 100, "reason": "exactly once"}
 
 
-def token_for(operation_id: str, tool: str, body: dict[str, Any]) -> str:
-    now = time.time()
-    claims = ApprovalClaims(
-        user_id="u1",
-        tenant_id="acme",
-        operation_id=operation_id,
-        digest=payload_digest(tool, body),
-        approved_by="u1",
-        approved_at=now,
-        expires_at=now + 300,
-    )
-    return mint_approval_token(APPROVAL_KEY, claims)
-
-
 async def post_refund(http: httpx.AsyncClient, operation_id: str) -> httpx.Response:
     headers = {
         **U1,
         "Idempotency-Key": operation_id,
-        "X-Approval-Token": token_for(operation_id, "refund_order", REFUND),
+        "X-Approval-Token": approval_token(operation_id, "refund_order", REFUND),
     }
     return await http.post("/orders/A112/refunds", json=REFUND, headers=headers, timeout=30)
 
@@ -130,7 +114,7 @@ async def test_an_effect_never_stands_without_its_record_and_the_same_key_then_m
     headers = {
         **U1,
         "Idempotency-Key": "op-record",
-        "X-Approval-Token": token_for("op-record", "append_ticket_note", NOTE),
+        "X-Approval-Token": approval_token("op-record", "append_ticket_note", NOTE),
     }
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://svc") as http:
         with record_writes_fail(db):
@@ -184,6 +168,7 @@ async def two_services(tmp_path: Path) -> AsyncIterator[tuple[Service, Service, 
             service.process.stop()
 
 
+@pytest.mark.e2e
 async def test_two_attempts_meeting_between_check_and_insert_make_one_claim_and_one_effect(
     two_services: tuple[Service, Service, Path, Path],
 ) -> None:
@@ -214,6 +199,7 @@ async def test_two_attempts_meeting_between_check_and_insert_make_one_claim_and_
     assert rows(db, "SELECT * FROM idempotency_claims") == []
 
 
+@pytest.mark.e2e
 async def test_a_process_killed_between_effect_and_record_leaves_no_effect_and_the_key_then_makes_one(
     two_services: tuple[Service, Service, Path, Path],
 ) -> None:
@@ -245,3 +231,54 @@ async def test_a_process_killed_between_effect_and_record_leaves_no_effect_and_t
     assert retried.status_code == 201
     assert len(effects_of(db, "op-killed")) == 1
     assert rows(db, "SELECT refunded_cents FROM orders WHERE order_id = 'A112'") == [(REFUND["amountCents"],)]
+
+
+# --- The ledger's functions on their own ---------------------------------------------------------------------
+
+
+def test_claim_returns_a_record_completed_meanwhile_and_complete_never_writes_twice(tmp_path: Path) -> None:
+    store = Store(tmp_path / "ledger.db")
+    store.init()
+    key = OperationKey("acme", "u1", "op-direct")
+    now = time.time()
+    effects: list[str] = []
+
+    def effect(conn: sqlite3.Connection) -> tuple[int, dict[str, Any]]:
+        effects.append("ran")
+        return 201, {"made": len(effects)}
+
+    claimed = ledger.claim(store, key, now, now - 3600, 30.0)
+    assert isinstance(claimed, str)
+    record, made = ledger.complete(store, key, "sha256:a", effect, now, now - 3600)
+    assert (record.digest, record.status, record.body, made) == ("sha256:a", 201, {"made": 1}, True)
+    # Another attempt that got as far as claiming or completing finds that record and changes nothing.
+    again = ledger.claim(store, key, now, now - 3600, 30.0)
+    assert isinstance(again, ledger.Record) and again == record
+    second, made_again = ledger.complete(store, key, "sha256:b", effect, now, now - 3600)
+    assert (second, made_again) == (record, False) and effects == ["ran"]
+    ledger.release(store, key, claimed)
+    assert ledger.lookup(store, key, now, now - 3600) == record
+    # Past retention the record no longer counts (and a new one may replace it).
+    assert ledger.lookup(store, key, now, now + 1) == "not_found"
+
+
+async def test_an_attempt_whose_claim_expired_while_it_stalled_replays_the_record_of_the_one_that_took_over(
+    tmp_path: Path,
+) -> None:
+    # A claims and stalls past its lease; B takes the key over and commits; A then finds B's record at
+    # commit and answers with it as a replay: one effect, and both answers agree.
+    db = tmp_path / "lease.db"
+    app = create_app(db, admin_token="t", approval_verify_key=APPROVAL_VERIFY_KEY, claim_lease_seconds=0.5)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://svc") as http:
+        rule = {"method": "POST", "path_regex": "/refunds$", "when": "after_claim", "latency_ms": 1500, "times": 1}
+        (await http.put("/admin/faults", json={"rules": [rule]}, headers=ADMIN)).raise_for_status()
+        stalled = asyncio.create_task(post_refund(http, "op-lease"))
+        await asyncio.sleep(0.8)  # A holds an expired claim now
+        took_over = await post_refund(http, "op-lease")
+        late = await stalled
+
+    assert took_over.status_code == 201 and "idempotent-replayed" not in took_over.headers
+    assert took_over.headers["content-type"] == "application/json"
+    assert late.status_code == 201 and late.headers["idempotent-replayed"] == "true"
+    assert late.json() == took_over.json()
+    assert len(effects_of(db, "op-lease")) == 1

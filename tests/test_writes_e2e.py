@@ -5,7 +5,6 @@ Every test counts effects in the service's own tables (GET /admin/effects), not 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,6 @@ import pytest
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
-from agentcore.approvals import ApprovalClaims, generate_signing_key, mint_approval_token
 from agentcore.contracts import Actor, AgentResult, ApprovalDecision, ApprovalRequest, Limits
 from agentcore.digests import payload_digest
 from agentcore.names import APPROVE_OPERATION_UPDATE
@@ -38,7 +36,7 @@ from tests.agent_helpers import (
     waiting_operation,
     worker_env,
 )
-from tests.conftest import APPROVAL_KEY, REPO_ROOT, BusinessService, start_service
+from tests.conftest import APPROVAL_KEY, OTHER_SIGNING_KEY, REPO_ROOT, BusinessService, approval_token, start_service
 
 pytestmark = pytest.mark.e2e
 
@@ -145,19 +143,15 @@ def forged_token(
     request: ApprovalRequest, *, approve: bool, user: str = "u1", key: str = APPROVAL_KEY, expires_in: float = 60
 ) -> str:
     """A decision token made by hand, to try what the approval channel never signs."""
-    now = time.time()
-    claims = ApprovalClaims(
-        user_id=user,
-        tenant_id="acme",
-        operation_id=request.operation_id,
-        digest=request.digest,
-        approved_by=user,
-        approved_at=now,
-        expires_at=now + expires_in,
+    return approval_token(
+        request.operation_id,
+        request.tool,
+        request.arguments,
+        user=user,
+        key=key,
+        expires_in=expires_in,
         decision="approve" if approve else "reject",
-        channel="cli",
     )
-    return mint_approval_token(key, claims)
 
 
 DECISION_FORGERIES = [
@@ -205,7 +199,7 @@ async def test_update_validator_refuses_bad_decisions_and_nothing_is_sent(
     elif forgery == "expired":
         token = forged_token(request, approve=approve, expires_in=-1)
     elif forgery == "unsigned":
-        token = forged_token(request, approve=approve, key=generate_signing_key())
+        token = forged_token(request, approve=approve, key=OTHER_SIGNING_KEY)
     elif forgery == "no_token":
         token = None
     elif forgery == "decision_swapped":
