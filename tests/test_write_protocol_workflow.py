@@ -533,3 +533,55 @@ async def test_an_update_of_another_users_decision_names_no_one(harness: Harness
             await decide(handle, op.operation_id, approve=approve, decider=Actor(user_id="u2", tenant_id="acme"))
     result = await asyncio.wait_for(handle.result(), timeout=30)
     assert (result.operations[0].state, result.operations[0].approval) == ("expired", None)
+
+
+# --- When the approval runs out between attempts -------------------------------------------------------------
+
+
+async def test_a_write_never_received_before_the_deadline_is_not_done(harness: Harness) -> None:
+    s = harness.stand_ins
+    s.turns = [[note("n", "w1")], [say("ok")]]
+    s.writes = [WriteOutcome(kind="not_sent", retry_after_seconds=1.0)] * 10  # every attempt refused at connect
+    result, handle = await harness.run_approved(Limits(**FAST, deadline_seconds=4, max_write_attempts=10))
+
+    [op] = result.operations
+    assert op.state == "failed" and 1 <= op.attempts < 10 and op.status_checks == []
+    assert op.note is not None and "could not be reached before the request's deadline" in op.note
+    assert op.output is not None and op.output["code"] == "TEMPORARY_UNAVAILABLE"
+
+
+@pytest.mark.parametrize(
+    ("token_ttl", "code", "why"),
+    [(600.0, "LIMIT_REACHED", "the request's deadline passed"), (2.0, "CONFIRMATION_REQUIRED", "the approval expired")],
+    ids=["deadline_first", "token_first"],
+)
+async def test_a_doubtful_attempt_is_settled_by_one_more_status_once_the_approval_ran_out(
+    harness: Harness, token_ttl: float, code: str, why: str
+) -> None:
+    s = harness.stand_ins
+    s.turns = [[note("n", "w1")], [say("ok")]]
+    # A 429 asking for a pause longer than the approval has left: no second attempt can be sent.
+    s.writes = [WriteOutcome(kind="unknown", retry_after_seconds=30.0)]
+    s.statuses = [status("not_found")]
+    handle = await harness.start(Limits(**FAST, deadline_seconds=5, settle_seconds=10))
+    async with approving(handle, ttl=token_ttl):
+        result = await asyncio.wait_for(handle.result(), timeout=60)
+
+    [op] = result.operations
+    # Asked after the doubtful attempt, and once more when nothing could be sent any more: not there.
+    assert (op.state, op.attempts, [c.state for c in op.status_checks]) == ("failed", 1, ["not_found", "not_found"])
+    assert op.note is not None and why in op.note and "no record of it" in op.note
+    assert op.output is not None and op.output["code"] == code
+    assert len(s.sent) == 1
+
+
+async def test_a_doubtful_attempt_found_done_after_the_approval_ran_out_is_verified(harness: Harness) -> None:
+    s = harness.stand_ins
+    s.turns = [[note("n", "w1")], [say("ok")]]
+    s.writes = [WriteOutcome(kind="unknown", retry_after_seconds=30.0)]
+    s.statuses = [status("not_found"), completed()]
+    result, _ = await harness.run_approved(Limits(**FAST, deadline_seconds=5, settle_seconds=10))
+
+    [op] = result.operations
+    assert (op.state, op.attempts, [c.state for c in op.status_checks]) == ("verified", 1, ["not_found", "completed"])
+    assert len(s.read_backs) == 1
