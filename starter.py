@@ -204,7 +204,7 @@ def request_workflow_id(actor: Actor, request_id: str) -> str:
     return f"ask-{actor.tenant_id}-{actor.user_id}-{request_id}-{scope}"
 
 
-async def _acts_for(handle: WorkflowHandle[Any, Any]) -> Actor | None:
+async def _acts_for(client: Client, handle: WorkflowHandle[Any, Any]) -> Actor | None:
     """Whom an existing workflow acts for, read from its own start event (not from anything a caller
     says); None when there is no such workflow or it is not one of ours."""
     try:
@@ -214,7 +214,7 @@ async def _acts_for(handle: WorkflowHandle[Any, Any]) -> Actor | None:
             attrs = event.workflow_execution_started_event_attributes
             if attrs.workflow_type.name != AGENT_WORKFLOW:
                 return None
-            [inp] = await handle._client.data_converter.decode(attrs.input.payloads, [AgentInput])
+            [inp] = await client.data_converter.decode(attrs.input.payloads, [AgentInput])
             return inp.actor if isinstance(inp, AgentInput) else None
     except (RPCError, ValidationError, ValueError):
         return None
@@ -495,7 +495,7 @@ async def _ask(
         )
     except WorkflowAlreadyStartedError:
         handle = client.get_workflow_handle(workflow_id, result_type=AgentResult)
-        if await _acts_for(handle) != actor:
+        if await _acts_for(client, handle) != actor:
             _not_found(workflow_id, actor)
         outcome.attached = True
         err_console.print(
@@ -720,7 +720,7 @@ async def _decide_from_shell(
     )
     handle: WorkflowHandle[Any, AgentResult] = client.get_workflow_handle(workflow_id, result_type=AgentResult)
     # Whose request it is comes from the workflow's own start event, checked before anything is shown.
-    if await _acts_for(handle) != actor:
+    if await _acts_for(client, handle) != actor:
         _not_found(workflow_id, actor)
     request = await fetch_approval_request(handle, operation_id)
     if request is None:

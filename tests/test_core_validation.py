@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import pytest
-from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, create_model
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
 
 from agentcore.contracts import FunctionCallItem
 from agentcore.digests import derive_operation_id, payload_digest
@@ -391,3 +391,114 @@ def test_long_names_and_many_errors_are_shortened_in_messages(registry: ToolRegi
     one = check_call(reg, call("many", json.dumps({f"f{i}": 1 for i in range(6)})))
     assert one.rejection is not None and one.rejection["message"] == "f6: is required"
     assert check_call(reg, call("many", '"x"')).rejection["message"] == "arguments must be a JSON object, got string."  # type: ignore[index]
+
+
+# --- Edges the first mutation run found untested --------------------------------------------------------------
+
+
+def test_a_write_needs_both_its_status_query_and_its_read_back() -> None:
+    for status, read_back in [(no_status, None), (None, no_evidence)]:
+        with pytest.raises(ValueError, match="needs a status query and a read-back"):
+            ToolRegistry().register(
+                ToolSpec("w", "d", NoteArgs, "side_effecting", nothing, status=status, read_back=read_back)
+            )
+
+
+@pytest.mark.parametrize(
+    ("tamper", "problem"),
+    [
+        (lambda p: p["required"].clear(), "not every property is required"),
+        (lambda p: p.update(title="Lookup"), "keyword 'title' is not allowed"),
+        (lambda p: p.update(type="array"), "top level is not an object"),
+    ],
+)
+def test_registration_names_each_problem_of_the_schema_it_would_send(tamper: Any, problem: str) -> None:
+    @dataclass(frozen=True)
+    class Tampered(ToolSpec):
+        def definition(self) -> dict[str, Any]:
+            sent = super().definition()
+            tamper(sent["parameters"])
+            return sent
+
+    with pytest.raises(ValueError, match=problem):
+        ToolRegistry().register(Tampered("t", "d", LookupArgs, "read_only", nothing))
+
+
+def test_by_alias_false_alone_is_fine_and_every_bad_field_is_reported() -> None:
+    class NoAliases(BaseModel):
+        model_config = ConfigDict(extra="forbid", validate_by_alias=False, validate_by_name=True)
+        item: str = Field(description="x")
+
+    ToolRegistry().register(ToolSpec("plain", "d", NoAliases, "read_only", nothing))
+    two = create_model(
+        "Two",
+        __config__=ConfigDict(extra="forbid"),
+        a=(str, Field(validation_alias=AliasChoices("a", "b"), description="x")),
+        c=(str, Field(exclude=True, description="x")),
+    )
+    with pytest.raises(ValueError) as both:
+        ToolRegistry().register(ToolSpec("two", "d", two, "read_only", nothing))
+    assert "AliasPath and AliasChoices" in str(both.value) and "c: excluded" in str(both.value)
+
+
+@pytest.mark.parametrize("text", ["line one\nline \u200btwo", "tab\tthen\x00", "a\n\u202eb"])
+def test_forbidden_characters_after_a_newline_or_tab_are_still_found(text: str) -> None:
+    checked = check_call_with_note(text)
+    assert checked.rejection is not None and checked.rejection["code"] == "BAD_ARGUMENTS"
+    assert "disallowed character U+" in checked.rejection["message"]
+
+
+def check_call_with_note(text: str) -> Any:
+    reg = ToolRegistry()
+    reg.register(ToolSpec("note", "d", NoteArgs, "side_effecting", nothing, status=no_status, read_back=no_evidence))
+    return check_call(reg, call("note", json.dumps({"text": text})))
+
+
+def test_instants_are_kept_in_utc_whatever_the_local_time_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        reg = ToolRegistry()
+        reg.register(
+            ToolSpec("event", "d", EventArgs, "side_effecting", nothing, status=no_status, read_back=no_evidence)
+        )
+        spelled = {"title": "x", "start": "2026-12-03T12:00:00+02:00", "guests": []}
+        checked = check_call(reg, call("event", json.dumps(spelled)))
+        assert checked.arguments is not None and checked.arguments["start"] == "2026-12-03T10:00:00Z"
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
+def test_a_name_of_exactly_the_limit_is_not_shortened(registry: ToolRegistry) -> None:
+    checked = check_call(registry, call("n" * 64, "{}"))
+    assert checked.summary == "n" * 64 + " (unknown tool)"
+
+
+def test_error_counts_at_the_shown_limit_and_model_level_errors() -> None:
+    many = create_model(
+        "Many", __config__=ConfigDict(extra="forbid"), **{f"f{i}": (int, Field(description="x")) for i in range(7)}
+    )
+    reg = ToolRegistry()
+    reg.register(ToolSpec("many", "d", many, "read_only", nothing))
+    five = check_call(reg, call("many", json.dumps({"f5": 1, "f6": 1}))).rejection
+    assert five is not None and five["message"] == "; ".join(f"f{i}: is required" for i in range(5))
+    six = check_call(reg, call("many", json.dumps({"f6": 1}))).rejection
+    assert six is not None and six["message"].endswith("f4: is required; and 1 more")
+
+    class Range(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        low: int = Field(description="x")
+        high: int = Field(description="x")
+
+        @model_validator(mode="after")
+        def _ordered(self) -> Range:
+            if self.high < self.low:
+                raise ValueError("high must not be below low")
+            return self
+
+    reg.register(ToolSpec("range", "d", Range, "read_only", nothing))
+    whole = check_call(reg, call("range", '{"low": 2, "high": 1}')).rejection
+    assert whole is not None and whole["message"] == "arguments: Value error, high must not be below low"
