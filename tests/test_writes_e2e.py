@@ -95,7 +95,7 @@ async def test_same_write_proposed_twice_makes_one_effect(
     outputs = await tool_outputs(handle)
     assert outputs["w2"]["same_operation_as_call"] == "w1"
     assert outputs["w2"]["operation_id"] == outputs["w1"]["operation_id"] == op.operation_id
-    assert len([r for r in await service_requests(admin, "/tickets/T1001/notes") if r["method"] == "POST"]) == 1
+    assert len(await note_posts(admin)) == 1
 
 
 async def test_no_approval_within_ttl_sends_nothing(
@@ -421,7 +421,7 @@ async def test_status_down_after_lost_reply_stays_unknown_and_is_not_resent(
     assert [c.code for c in result.calls] == ["OUTCOME_UNKNOWN"]
     # It did happen (the service committed), and it was sent exactly once: unknown, never resent.
     assert len(await effects(admin, op.operation_id)) == 1
-    posts = [r for r in await service_requests(admin, "/tickets/T1001/notes") if r["method"] == "POST"]
+    posts = await note_posts(admin)
     assert len(posts) == 1
 
 
@@ -464,7 +464,7 @@ async def test_503_before_commit_is_resent_with_the_same_key_once(
     assert (op.state, op.attempts) == ("verified", 2)
     assert [c.state for c in op.status_checks] == ["not_found"]
     assert len(await effects(admin, op.operation_id)) == 1
-    posts = [r for r in await service_requests(admin, "/tickets/T1001/notes") if r["method"] == "POST"]
+    posts = await note_posts(admin)
     assert [p["status"] for p in posts] == [503, 201]
 
 
@@ -483,7 +483,7 @@ async def test_retry_while_first_attempt_still_in_flight_makes_one_effect(
     assert op.state == "verified" and op.attempts == 2
 
     async def both_attempts_answered() -> bool:
-        posts = [r for r in await service_requests(admin, "/tickets/T1001/notes") if r["method"] == "POST"]
+        posts = await note_posts(admin)
         return len(posts) == 2 and all(p["ended_at"] is not None for p in posts)
 
     await assert_eventually(both_attempts_answered, what="the stalled first attempt was answered too")
