@@ -168,8 +168,7 @@ class ToolRegistry:
         if spec.arguments.model_config.get("extra") != "forbid":
             raise ValueError(f"tool {spec.name!r}: its argument model must set extra='forbid'")
         definition = spec.definition()
-        problems = [*conversion_problems(spec.arguments), *sent_schema_problems(definition["parameters"])]
-        problems += round_trip_problems(spec.arguments)
+        problems = strict_schema_problems(spec.arguments, sent=definition["parameters"])
         if problems:
             raise ValueError(f"tool {spec.name!r} breaks strict-mode rules: {'; '.join(problems)}")
         self._tools[spec.name] = spec
@@ -325,11 +324,12 @@ def round_trip_problems(model: type[BaseModel]) -> list[str]:
     return problems
 
 
-def strict_schema_problems(model: type[BaseModel]) -> list[str]:
-    """Every reason `register` would refuse this argument model (for tests and for users' own checks)."""
+def strict_schema_problems(model: type[BaseModel], sent: Mapping[str, Any] | None = None) -> list[str]:
+    """Every reason `register` refuses this argument model; `sent` is the schema the model is sent
+    (by default the one generated from it)."""
     return [
         *conversion_problems(model),
-        *sent_schema_problems(strict_json_schema(model)),
+        *sent_schema_problems(strict_json_schema(model) if sent is None else sent),
         *round_trip_problems(model),
     ]
 

@@ -19,10 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-HoldPoint = Literal["claim_checked", "effect_written"]
 # claim_checked: inside the claim's transaction, after "no record, no live claim", before the claim row.
 # effect_written: inside the commit's transaction, after the effect's rows, before the ledger record.
-HOLD_POINTS: tuple[HoldPoint, ...] = ("claim_checked", "effect_written")
+HoldPoint = Literal["claim_checked", "effect_written"]
 
 Hold = Callable[[HoldPoint], None]
 

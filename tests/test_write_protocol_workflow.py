@@ -189,7 +189,9 @@ class Harness:
     task_queue: str
     stand_ins: StandIns
 
-    async def start(self, limits: Limits | None = None, **kwargs: Any) -> WorkflowHandle[Any, AgentResult]:
+    async def start(
+        self, limits: Limits | None = None, verify_key: str | None = APPROVAL_VERIFY_KEY
+    ) -> WorkflowHandle[Any, AgentResult]:
         return await self.client.start_workflow(
             AGENT_WORKFLOW,
             AgentInput(
@@ -197,7 +199,7 @@ class Harness:
                 actor=U1,
                 model=ModelSpec(provider="script", script=[]),
                 limits=limits or Limits(**FAST),
-                approval_verify_key=kwargs.get("verify_key", APPROVAL_VERIFY_KEY),
+                approval_verify_key=verify_key,
             ),
             id=f"standin-{uuid.uuid4().hex[:12]}",
             task_queue=self.task_queue,
