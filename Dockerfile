@@ -1,4 +1,4 @@
-# One image for both the worker (default command) and the business service (`python -m bizservice ...`).
+# One image for both the worker (default command) and the business service (`python -m demo.bizservice ...`).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -10,14 +10,11 @@ WORKDIR /app
 
 # The repo's own files only (named one by one, so a local .venv, .git or .toolloop never enter the image).
 COPY pyproject.toml README.md worker.py starter.py ./
-COPY agentcore ./agentcore
+COPY toolloop ./toolloop
 COPY workflows ./workflows
 COPY activities ./activities
-COPY modeladapters ./modeladapters
-COPY bizservice ./bizservice
-COPY demotools ./demotools
+COPY demo ./demo
 COPY devstack ./devstack
-COPY orchestrator ./orchestrator
 
 # /data is the business service's volume: created here so a fresh named volume is owned by the app user.
 RUN pip install . \

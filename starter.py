@@ -44,8 +44,10 @@ from temporalio.service import RPCError
 # typer carries its own copy of click; its usage errors are these (pyproject pins the typer range).
 from typer._click.exceptions import UsageError
 
-from agentcore.approvals import generate_signing_key, verify_key_for
-from agentcore.contracts import (
+from devstack.processes import StackError
+from devstack.stack import LocalStack, StackStatus
+from toolloop._core.approvals import generate_signing_key, verify_key_for
+from toolloop._core.contracts import (
     Actor,
     AgentInput,
     AgentProgress,
@@ -55,19 +57,17 @@ from agentcore.contracts import (
     ModelSpec,
     OperationRecord,
 )
-from agentcore.names import AGENT_WORKFLOW, GET_LEDGER_QUERY, GET_PROGRESS_QUERY, USER_SEARCH_ATTRIBUTE
-from devstack.processes import StackError
-from devstack.stack import LocalStack, StackStatus
-from modeladapters.errors import ScriptError
-from modeladapters.script import load_script
-from orchestrator.approval_channel import (
+from toolloop._core.names import AGENT_WORKFLOW, GET_LEDGER_QUERY, GET_PROGRESS_QUERY, USER_SEARCH_ATTRIBUTE
+from toolloop._models.errors import ScriptError
+from toolloop._models.script import load_script
+from toolloop._temporal.approval_channel import (
     ApprovalRefused,
     check_shown_payload,
     fetch_approval_request,
     send_decision,
 )
-from orchestrator.converter import data_converter
-from orchestrator.settings import Settings
+from toolloop._temporal.converter import data_converter
+from toolloop._temporal.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent
 USER_KEY = SearchAttributeKey.for_keyword(USER_SEARCH_ATTRIBUTE)

@@ -8,8 +8,8 @@ import os
 import signal
 import sys
 
-from orchestrator.settings import Settings
-from orchestrator.worker_factory import connect, running_worker
+from toolloop._temporal.settings import Settings
+from toolloop._temporal.worker_factory import connect, running_worker
 
 
 async def main() -> None:

@@ -16,20 +16,20 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from agentcore.codes import ErrorType
-from agentcore.contracts import (
+from demo.offline_model import OFFLINE_LABEL, OfflineDemoModel
+from toolloop._core.codes import ErrorType
+from toolloop._core.contracts import (
     ConversationItem,
     FunctionCallItem,
     MessageItem,
     ModelTurnInput,
     ModelTurnResult,
 )
-from agentcore.names import MODEL_TURN_ACTIVITY
-from agentcore.registry import ToolRegistry
-from agentcore.validation import check_turn
-from modeladapters.errors import ModelCallError
-from modeladapters.offline import OFFLINE_LABEL, OfflineDemoModel
-from modeladapters.responses_client import ResponsesClient
+from toolloop._core.names import MODEL_TURN_ACTIVITY
+from toolloop._core.registry import ToolRegistry
+from toolloop._core.validation import check_turn
+from toolloop._models.errors import ModelCallError
+from toolloop._models.responses import ResponsesClient
 
 DEFAULT_INSTRUCTIONS = (
     "You help a signed-in customer with their orders, tickets and calendar using the tools provided. "

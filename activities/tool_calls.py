@@ -12,11 +12,11 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from agentcore.codes import ErrorType, ResultCode
-from agentcore.contracts import ToolCallInput, ToolCallResult, error_output
-from agentcore.names import RUN_TOOL_ACTIVITY
-from agentcore.outputs import cap_output
-from agentcore.registry import ToolContext, ToolError, ToolRegistry, ToolTemporaryError
+from toolloop._core.codes import ErrorType, ResultCode
+from toolloop._core.contracts import ToolCallInput, ToolCallResult, error_output
+from toolloop._core.names import RUN_TOOL_ACTIVITY
+from toolloop._core.outputs import cap_output
+from toolloop._core.registry import ToolContext, ToolError, ToolRegistry, ToolTemporaryError
 
 
 class ToolActivities:

@@ -13,11 +13,11 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from agentcore.codes import ErrorType, ResultCode
-from agentcore.contracts import Actor, OperationQuery, ReadBackInput, WriteInput, WriteOutcome, error_output
-from agentcore.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
-from agentcore.outputs import cap_output
-from agentcore.registry import (
+from toolloop._core.codes import ErrorType, ResultCode
+from toolloop._core.contracts import Actor, OperationQuery, ReadBackInput, WriteInput, WriteOutcome, error_output
+from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
+from toolloop._core.outputs import cap_output
+from toolloop._core.registry import (
     Evidence,
     EvidenceNotYetVisible,
     OperationStatus,

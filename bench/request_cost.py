@@ -23,13 +23,13 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from agentcore.contracts import Actor, AgentInput, AgentResult, Limits, ModelSpec
-from agentcore.names import AGENT_WORKFLOW
 from bench.bare_workflow import BareLoop
 from devstack.processes import free_port, start_business_service, start_temporal_dev_server
-from orchestrator.converter import data_converter
-from orchestrator.settings import Settings
-from orchestrator.worker_factory import running_worker
+from toolloop._core.contracts import Actor, AgentInput, AgentResult, Limits, ModelSpec
+from toolloop._core.names import AGENT_WORKFLOW
+from toolloop._temporal.converter import data_converter
+from toolloop._temporal.settings import Settings
+from toolloop._temporal.worker_factory import running_worker
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -406,7 +406,7 @@ def business_service_command(db_file: Path, port: int) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "bizservice",
+        "demo.bizservice",
         "--db",
         str(db_file),
         "--host",
@@ -428,7 +428,7 @@ def start_business_service(
     cwd: Path | None = None,
     timeout: float = 30.0,
 ) -> ManagedProcess:
-    """Start `python -m bizservice` and return once GET /healthz answers {"ok": true}."""
+    """Start `python -m demo.bizservice` and return once GET /healthz answers {"ok": true}."""
     db_file.parent.mkdir(parents=True, exist_ok=True)
     log = log_path if log_path is not None else db_file.parent / "logs" / "service.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "BIZSERVICE_ADMIN_TOKEN": admin_token}

@@ -17,8 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from agentcore.approvals import generate_signing_key, verify_key_for
-from orchestrator.settings import Settings
+from toolloop._core.approvals import generate_signing_key, verify_key_for
+from toolloop._temporal.settings import Settings
 
 from .processes import (
     ManagedProcess,

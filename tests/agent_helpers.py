@@ -14,7 +14,8 @@ import httpx
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
-from agentcore.contracts import (
+from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY
+from toolloop._core.contracts import (
     Actor,
     AgentInput,
     AgentProgress,
@@ -28,10 +29,9 @@ from agentcore.contracts import (
     ModelTurnResult,
     OperationRecord,
 )
-from agentcore.names import AGENT_WORKFLOW, GET_PROGRESS_QUERY, MODEL_TURN_ACTIVITY
-from orchestrator.approval_channel import fetch_approval_request, send_decision
-from orchestrator.settings import Settings
-from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY
+from toolloop._core.names import AGENT_WORKFLOW, GET_PROGRESS_QUERY, MODEL_TURN_ACTIVITY
+from toolloop._temporal.approval_channel import fetch_approval_request, send_decision
+from toolloop._temporal.settings import Settings
 
 U1 = Actor(user_id="u1", tenant_id="acme")
 

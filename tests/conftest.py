@@ -18,12 +18,12 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from agentcore.approvals import ApprovalClaims, mint_approval_token
-from agentcore.digests import payload_digest
 from devstack.processes import ManagedProcess, free_port, start_business_service, start_temporal_dev_server
-from orchestrator.converter import data_converter
-from orchestrator.settings import Settings
-from orchestrator.worker_factory import running_worker
+from toolloop._core.approvals import ApprovalClaims, mint_approval_token
+from toolloop._core.digests import payload_digest
+from toolloop._temporal.converter import data_converter
+from toolloop._temporal.settings import Settings
+from toolloop._temporal.worker_factory import running_worker
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # One approval key pair for every test: the tests act as the approval channel (private key); services and

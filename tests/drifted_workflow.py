@@ -8,8 +8,8 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from agentcore.contracts import AgentInput, AgentResult
-    from agentcore.names import AGENT_WORKFLOW
+    from toolloop._core.contracts import AgentInput, AgentResult
+    from toolloop._core.names import AGENT_WORKFLOW
 
 from workflows.agent import AgentWorkflow
 

@@ -22,13 +22,13 @@ from typing import Any
 import httpx
 from temporalio.client import Client, WorkflowHandle
 
-from agentcore.contracts import AgentResult, Limits, ModelSpec
 from devstack.processes import free_port, start_business_service, start_temporal_dev_server
-from orchestrator.converter import data_converter
-from orchestrator.settings import Settings
-from orchestrator.worker_factory import running_worker
 from tests.agent_helpers import approving, call, decide, say, script_spec, set_faults, start_agent, waiting_operation
 from tests.conftest import APPROVAL_VERIFY_KEY, REPO_ROOT
+from toolloop._core.contracts import AgentResult, Limits, ModelSpec
+from toolloop._temporal.converter import data_converter
+from toolloop._temporal.settings import Settings
+from toolloop._temporal.worker_factory import running_worker
 
 HISTORIES = Path(__file__).resolve().parent / "histories"
 

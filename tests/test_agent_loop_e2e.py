@@ -8,8 +8,6 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from agentcore.contracts import Limits
-from orchestrator.settings import Settings
 from tests.agent_helpers import (
     call,
     run_agent,
@@ -19,6 +17,8 @@ from tests.agent_helpers import (
     set_faults,
     tool_outputs,
 )
+from toolloop._core.contracts import Limits
+from toolloop._temporal.settings import Settings
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bizservice.app import create_app, free_slots
-from bizservice.seed import SEED_FACTS
+from demo.bizservice.app import create_app, free_slots
+from demo.bizservice.seed import SEED_FACTS
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN = {"X-Admin-Token": "t"}
@@ -370,7 +370,7 @@ async def test_module_runs_as_a_server_and_never_prints_the_token(tmp_path: Path
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "bizservice",
+        "demo.bizservice",
         "--db",
         str(tmp_path / "p.db"),
         "--port",

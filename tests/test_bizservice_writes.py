@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bizservice.app import create_app
-from bizservice.seed import SEED_FACTS
+from demo.bizservice.app import create_app
+from demo.bizservice.seed import SEED_FACTS
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, OTHER_SIGNING_KEY, approval_token
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,10 +126,10 @@ async def client(db: Path) -> AsyncIterator[httpx.AsyncClient]:
 
 @asynccontextmanager
 async def service_process(db: Path, *args: str) -> AsyncIterator[tuple[str, list[str]]]:
-    """`python -m bizservice` on `db` (approval key in the environment); yields its URL and its log lines."""
+    """`python -m demo.bizservice` on `db` (approval key in the environment); yields its URL and its log lines."""
     env = {**os.environ, "BIZSERVICE_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY}
     proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "bizservice", "--db", str(db), "--port", "0", "--admin-token", "t", *args),
+        *(sys.executable, "-m", "demo.bizservice", "--db", str(db), "--port", "0", "--admin-token", "t", *args),
         cwd=REPO,
         env=env,
         stdout=asyncio.subprocess.DEVNULL,
@@ -667,7 +667,7 @@ async def test_the_status_declares_the_configured_retention(db: Path) -> None:
 
 
 async def test_a_body_at_the_size_limit_is_read_and_one_byte_more_is_413(client: httpx.AsyncClient) -> None:
-    from bizservice.writes import MAX_BODY_BYTES
+    from demo.bizservice.writes import MAX_BODY_BYTES
 
     reason = "r" * 100
     body = json.dumps({**REFUND, "reason": reason})

@@ -17,11 +17,11 @@ import pexpect
 import pytest
 from temporalio.client import Client
 
-from agentcore.contracts import OperationRecord
-from agentcore.names import GET_LEDGER_QUERY
 from devstack.processes import free_port, pid_alive, port_accepts, run_coroutine_blocking
-from orchestrator.converter import data_converter
 from tests.conftest import REPO_ROOT
+from toolloop._core.contracts import OperationRecord
+from toolloop._core.names import GET_LEDGER_QUERY
+from toolloop._temporal.converter import data_converter
 
 pytestmark = pytest.mark.e2e
 

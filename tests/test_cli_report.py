@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import starter
-from agentcore.contracts import AgentResult, OperationRecord
+from toolloop._core.contracts import AgentResult, OperationRecord
 
 
 def op(state: str) -> OperationRecord:

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from agentcore.approvals import (
+from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, OTHER_SIGNING_KEY
+from toolloop._core.approvals import (
     ApprovalClaims,
     ApprovalInvalid,
     check_verify_key,
@@ -19,10 +20,9 @@ from agentcore.approvals import (
     verify_approval_token,
     verify_key_for,
 )
-from agentcore.contracts import Actor, ApprovalRequest
-from agentcore.digests import payload_digest
-from orchestrator.approval_channel import ApprovalRefused, check_shown_payload, sign_decision
-from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, OTHER_SIGNING_KEY
+from toolloop._core.contracts import Actor, ApprovalRequest
+from toolloop._core.digests import payload_digest
+from toolloop._temporal.approval_channel import ApprovalRefused, check_shown_payload, sign_decision
 
 KEY, VERIFY = APPROVAL_KEY, APPROVAL_VERIFY_KEY
 NOW = 1_800_000_000.0

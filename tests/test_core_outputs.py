@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from agentcore.outputs import TRUNCATION_MARKER, cap_output, output_size
+from toolloop._core.outputs import TRUNCATION_MARKER, cap_output, output_size
 
 
 def test_an_output_that_fits_exactly_is_unchanged() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from agentcore.contracts import CheckedCall, Limits, error_output, output_json
-from agentcore.outputs import TRUNCATION_MARKER, cap_output, output_size
-from agentcore.planning import plan_round
+from toolloop._core.contracts import CheckedCall, Limits, error_output, output_json
+from toolloop._core.outputs import TRUNCATION_MARKER, cap_output, output_size
+from toolloop._core.planning import plan_round
 
 
 def read(call_id: str) -> CheckedCall:

@@ -9,9 +9,9 @@ from typing import Annotated, Any
 import pytest
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
 
-from agentcore.contracts import FunctionCallItem
-from agentcore.digests import derive_operation_id, payload_digest
-from agentcore.registry import (
+from toolloop._core.contracts import FunctionCallItem
+from toolloop._core.digests import derive_operation_id, payload_digest
+from toolloop._core.registry import (
     Evidence,
     Instant,
     OperationStatus,
@@ -22,7 +22,7 @@ from agentcore.registry import (
     sorted_unique,
     strict_json_schema,
 )
-from agentcore.validation import check_call, check_turn
+from toolloop._core.validation import check_call, check_turn
 
 
 class LookupArgs(BaseModel):

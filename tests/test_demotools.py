@@ -11,13 +11,13 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from agentcore.codes import ResultCode
-from agentcore.contracts import Actor, FunctionCallItem
-from agentcore.registry import ToolContext, ToolError, ToolRegistry, ToolTemporaryError, strict_schema_problems
-from agentcore.validation import check_call
-from bizservice.app import create_app
-from bizservice.seed import SEED_FACTS
-from demotools.tools import build_demo_registry, map_response
+from demo.bizservice.app import create_app
+from demo.bizservice.seed import SEED_FACTS
+from demo.tools.reads import build_demo_registry, map_response
+from toolloop._core.codes import ResultCode
+from toolloop._core.contracts import Actor, FunctionCallItem
+from toolloop._core.registry import ToolContext, ToolError, ToolRegistry, ToolTemporaryError, strict_schema_problems
+from toolloop._core.validation import check_call
 
 ADMIN = {"X-Admin-Token": "t"}
 FREE_SLOTS_ARGS = '{"calendarId":"cal-u1","from":"2026-12-01T00:00:00Z","to":"2026-12-02T00:00:00+00:00"}'

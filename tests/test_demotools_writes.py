@@ -13,9 +13,13 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from agentcore.codes import ResultCode
-from agentcore.contracts import Actor, FunctionCallItem, error_output
-from agentcore.registry import (
+from demo.bizservice.app import create_app
+from demo.bizservice.seed import SEED_FACTS
+from demo.tools.reads import build_demo_registry
+from tests.conftest import APPROVAL_VERIFY_KEY, approval_token
+from toolloop._core.codes import ResultCode
+from toolloop._core.contracts import Actor, FunctionCallItem, error_output
+from toolloop._core.registry import (
     Evidence,
     EvidenceNotYetVisible,
     ToolContext,
@@ -28,11 +32,7 @@ from agentcore.registry import (
     WriteOutcomeUnknown,
     strict_schema_problems,
 )
-from agentcore.validation import check_call
-from bizservice.app import create_app
-from bizservice.seed import SEED_FACTS
-from demotools.tools import build_demo_registry
-from tests.conftest import APPROVAL_VERIFY_KEY, approval_token
+from toolloop._core.validation import check_call
 
 ADMIN = {"X-Admin-Token": "t"}
 LEAK_MARKERS = ("Traceback", "sqlite", "SELECT", ".py", "/tmp", "/work", "secret")

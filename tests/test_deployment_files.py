@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agentcore.names import USER_SEARCH_ATTRIBUTE
-from orchestrator.settings import Settings
+from toolloop._core.names import USER_SEARCH_ATTRIBUTE
+from toolloop._temporal.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
@@ -37,7 +37,7 @@ def test_worker_env_names_are_settings_aliases_and_never_empty() -> None:
 
 
 def test_bizservice_env_names_are_read_by_the_service() -> None:
-    source = (REPO / "bizservice" / "__main__.py").read_text()
+    source = (REPO / "demo" / "bizservice" / "__main__.py").read_text()
     names = set(_env("bizservice"))
     assert names
     assert all(f'"{name}"' in source and "os.environ" in source for name in names)
@@ -63,9 +63,9 @@ def test_dockerfile_copies_every_installed_module() -> None:
 
 def test_bizservice_command_uses_accepted_flags_and_the_worker_reaches_its_port() -> None:
     command = SERVICES["bizservice"]["command"]
-    assert command[:3] == ["python", "-m", "bizservice"]
+    assert command[:3] == ["python", "-m", "demo.bizservice"]
     help_text = subprocess.run(
-        [sys.executable, "-m", "bizservice", "--help"], cwd=REPO, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "demo.bizservice", "--help"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
     accepted = set(re.findall(r"--[a-z][a-z-]*", help_text))
     used = [arg for arg in command[3:] if arg.startswith("--")]

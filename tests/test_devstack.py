@@ -28,7 +28,7 @@ from devstack import (
     wait_for_port,
 )
 from devstack.processes import pid_alive
-from orchestrator.settings import Settings
+from toolloop._temporal.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -209,11 +209,12 @@ time.sleep(600)
 
 @pytest.fixture
 def fake_repo(tmp_path: Path) -> Path:
-    """A repo root whose `python -m bizservice` and `worker.py` honour the real contracts."""
+    """A repo root whose `python -m demo.bizservice` and `worker.py` honour the real contracts."""
     root = tmp_path / "repo"
-    (root / "bizservice").mkdir(parents=True)
-    (root / "bizservice" / "__init__.py").write_text("")
-    (root / "bizservice" / "__main__.py").write_text(FAKE_SERVICE)
+    (root / "demo" / "bizservice").mkdir(parents=True)
+    (root / "demo" / "__init__.py").write_text("")
+    (root / "demo" / "bizservice" / "__init__.py").write_text("")
+    (root / "demo" / "bizservice" / "__main__.py").write_text(FAKE_SERVICE)
     (root / "worker.py").write_text(FAKE_WORKER)
     return root
 

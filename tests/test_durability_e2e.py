@@ -15,11 +15,7 @@ from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.worker import Replayer, Worker
 
-from agentcore.contracts import FunctionCallOutputItem, Limits, ModelSpec, OtherItem
 from devstack.processes import start_worker
-from orchestrator.converter import data_converter
-from orchestrator.settings import Settings
-from orchestrator.worker_factory import running_worker, workflow_runner
 from tests.agent_helpers import (
     approving,
     assert_eventually,
@@ -42,6 +38,10 @@ from tests.fake_responses_server import (
     message_item,
     reasoning_item,
 )
+from toolloop._core.contracts import FunctionCallOutputItem, Limits, ModelSpec, OtherItem
+from toolloop._temporal.converter import data_converter
+from toolloop._temporal.settings import Settings
+from toolloop._temporal.worker_factory import running_worker, workflow_runner
 from workflows.agent import AgentWorkflow
 
 pytestmark = pytest.mark.e2e

@@ -20,11 +20,11 @@ from typing import Any
 import httpx
 import pytest
 
-from bizservice import ledger
-from bizservice.app import create_app
-from bizservice.holds import reached
-from bizservice.ledger import OperationKey
-from bizservice.store import Store
+from demo.bizservice import ledger
+from demo.bizservice.app import create_app
+from demo.bizservice.holds import reached
+from demo.bizservice.ledger import OperationKey
+from demo.bizservice.store import Store
 from devstack.processes import ManagedProcess, business_service_command, free_port, wait_for_http_ok
 from tests.agent_helpers import assert_eventually
 from tests.conftest import APPROVAL_VERIFY_KEY, REPO_ROOT, approval_token

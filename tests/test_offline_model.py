@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from agentcore.contracts import (
+from demo.offline_model import CAN_TEXT, OfflineDemoModel
+from toolloop._core.contracts import (
     ConversationItem,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -17,8 +18,8 @@ from agentcore.contracts import (
     item_to_wire,
     user_message,
 )
-from modeladapters import OfflineDemoModel, ScriptError, load_script, parse_script
-from modeladapters.offline import CAN_TEXT
+from toolloop._models.errors import ScriptError
+from toolloop._models.script import load_script, parse_script
 
 MODEL = OfflineDemoModel()
 

@@ -12,10 +12,10 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-from orchestrator.converter import data_converter
-from orchestrator.worker_factory import workflow_runner
 from tests.drifted_workflow import DriftedAgentWorkflow
 from tests.record_histories import HISTORIES, SCENARIOS
+from toolloop._temporal.converter import data_converter
+from toolloop._temporal.worker_factory import workflow_runner
 from workflows.agent import AgentWorkflow
 
 FILES = sorted(HISTORIES.glob("*.json"))

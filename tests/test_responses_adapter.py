@@ -9,15 +9,6 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from agentcore.contracts import (
-    FunctionCallItem,
-    FunctionCallOutputItem,
-    MessageItem,
-    OtherItem,
-    item_to_wire,
-    user_message,
-)
-from modeladapters import ModelCallError, ResponsesClient
 from tests.fake_responses_server import (
     FakeResponsesProcess,
     FakeResponsesServer,
@@ -26,6 +17,16 @@ from tests.fake_responses_server import (
     message_item,
     reasoning_item,
 )
+from toolloop._core.contracts import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    MessageItem,
+    OtherItem,
+    item_to_wire,
+    user_message,
+)
+from toolloop._models.errors import ModelCallError
+from toolloop._models.responses import ResponsesClient
 
 pytestmark = pytest.mark.asyncio
 

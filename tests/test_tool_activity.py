@@ -12,9 +12,9 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.tool_calls import ToolActivities
 from activities.write_operations import WriteActivities
-from agentcore.codes import ErrorType, ResultCode
-from agentcore.contracts import Actor, FunctionCallItem, ToolCallInput, WriteInput
-from agentcore.registry import (
+from toolloop._core.codes import ErrorType, ResultCode
+from toolloop._core.contracts import Actor, FunctionCallItem, ToolCallInput, WriteInput
+from toolloop._core.registry import (
     Evidence,
     OperationStatus,
     ToolContext,
@@ -23,7 +23,7 @@ from agentcore.registry import (
     ToolSpec,
     ToolTemporaryError,
 )
-from agentcore.validation import check_call
+from toolloop._core.validation import check_call
 
 
 class Args(BaseModel):

@@ -22,8 +22,10 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from agentcore.codes import ErrorType
-from agentcore.contracts import (
+from tests.agent_helpers import U1, approving, call, decide, say, tool_outputs, waiting_operation
+from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY
+from toolloop._core.codes import ErrorType
+from toolloop._core.contracts import (
     Actor,
     AgentInput,
     AgentResult,
@@ -42,7 +44,7 @@ from agentcore.contracts import (
     WriteInput,
     WriteOutcome,
 )
-from agentcore.names import (
+from toolloop._core.names import (
     AGENT_WORKFLOW,
     APPROVE_OPERATION_UPDATE,
     EXECUTE_WRITE_ACTIVITY,
@@ -51,12 +53,10 @@ from agentcore.names import (
     READ_BACK_ACTIVITY,
     RUN_TOOL_ACTIVITY,
 )
-from agentcore.registry import Evidence, OperationStatus, ToolContext, ToolRegistry, ToolSpec
-from agentcore.validation import check_turn
-from orchestrator.approval_channel import fetch_approval_request, sign_decision
-from orchestrator.worker_factory import workflow_runner
-from tests.agent_helpers import U1, approving, call, decide, say, tool_outputs, waiting_operation
-from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY
+from toolloop._core.registry import Evidence, OperationStatus, ToolContext, ToolRegistry, ToolSpec
+from toolloop._core.validation import check_turn
+from toolloop._temporal.approval_channel import fetch_approval_request, sign_decision
+from toolloop._temporal.worker_factory import workflow_runner
 from workflows.agent import AgentWorkflow
 
 pytestmark = pytest.mark.e2e  # needs the session's Temporal dev server (nothing else)

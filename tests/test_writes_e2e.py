@@ -14,13 +14,7 @@ import pytest
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
-from agentcore.contracts import Actor, AgentResult, ApprovalDecision, ApprovalRequest, Limits
-from agentcore.digests import payload_digest
-from agentcore.names import APPROVE_OPERATION_UPDATE
 from devstack.processes import free_port, start_worker
-from orchestrator.approval_channel import ApprovalRefused, fetch_approval_request
-from orchestrator.settings import Settings
-from orchestrator.worker_factory import running_worker
 from tests.agent_helpers import (
     approving,
     assert_eventually,
@@ -37,6 +31,12 @@ from tests.agent_helpers import (
     worker_env,
 )
 from tests.conftest import APPROVAL_KEY, OTHER_SIGNING_KEY, REPO_ROOT, BusinessService, approval_token, start_service
+from toolloop._core.contracts import Actor, AgentResult, ApprovalDecision, ApprovalRequest, Limits
+from toolloop._core.digests import payload_digest
+from toolloop._core.names import APPROVE_OPERATION_UPDATE
+from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request
+from toolloop._temporal.settings import Settings
+from toolloop._temporal.worker_factory import running_worker
 
 pytestmark = pytest.mark.e2e
 

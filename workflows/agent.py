@@ -12,8 +12,8 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from agentcore.codes import NON_RETRYABLE_MODEL_ERRORS, ErrorType, ResultCode
-    from agentcore.contracts import (
+    from toolloop._core.codes import NON_RETRYABLE_MODEL_ERRORS, ErrorType, ResultCode
+    from toolloop._core.contracts import (
         AgentInput,
         AgentProgress,
         AgentResult,
@@ -34,7 +34,7 @@ with workflow.unsafe.imports_passed_through():
         output_json,
         user_message,
     )
-    from agentcore.names import (
+    from toolloop._core.names import (
         AGENT_WORKFLOW,
         APPROVE_OPERATION_UPDATE,
         GET_APPROVAL_REQUEST_QUERY,
@@ -43,7 +43,7 @@ with workflow.unsafe.imports_passed_through():
         MODEL_TURN_ACTIVITY,
         RUN_TOOL_ACTIVITY,
     )
-    from agentcore.planning import CallGroup, plan_round
+    from toolloop._core.planning import CallGroup, plan_round
 
     # The workflow's own stateless helper modules: passed through, or the sandbox imports them again for
     # every run (about 7 ms of worker CPU per request, measured).

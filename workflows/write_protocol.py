@@ -24,9 +24,9 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from agentcore.approvals import ApprovalInvalid, read_approval_claims, verify_approval_token
-    from agentcore.codes import ResultCode
-    from agentcore.contracts import (
+    from toolloop._core.approvals import ApprovalInvalid, read_approval_claims, verify_approval_token
+    from toolloop._core.codes import ResultCode
+    from toolloop._core.contracts import (
         Actor,
         ApprovalDecision,
         ApprovalRecord,
@@ -43,9 +43,9 @@ with workflow.unsafe.imports_passed_through():
         WriteOutcome,
         error_output,
     )
-    from agentcore.digests import derive_operation_id, payload_digest
-    from agentcore.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
-    from agentcore.registry import Evidence, OperationStatus
+    from toolloop._core.digests import derive_operation_id, payload_digest
+    from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
+    from toolloop._core.registry import Evidence, OperationStatus
 
 from workflows.retries import io_retry_policy
 

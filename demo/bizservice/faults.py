@@ -1,0 +1,138 @@
+"""I/O: fault-injection rules kept in the service's SQLite database, so every process on one file obeys them.
+
+A rule names a request (method, path regex), a point in the request where it fires (`when`), and what
+it does there: latency, then optionally a status answered instead of the real one, or (after commit
+only) an `action` on the reply. Points:
+- `before_handler`: before any endpoint code runs (the middleware);
+- `after_claim`: a write holds its idempotency claim but has not committed (the in-flight window);
+- `after_commit`: a write's effect and ledger record are committed; the rule acts on the reply
+  (stall it, replace it by a status, `drop` it without a byte, or `truncate` it mid-body).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from demo.bizservice.store import Store
+from demo.bizservice.web import Problem
+from toolloop._core.codes import ResultCode
+
+FaultPoint = Literal["before_handler", "after_claim", "after_commit"]
+FaultAction = Literal["drop", "truncate"]
+
+# Statuses a rule may answer with, and the code the problem body carries.
+FAULT_STATUS_CODES: dict[int, ResultCode] = {
+    429: ResultCode.TEMPORARY_UNAVAILABLE,
+    500: ResultCode.INTERNAL,
+    502: ResultCode.TEMPORARY_UNAVAILABLE,
+    503: ResultCode.TEMPORARY_UNAVAILABLE,
+    504: ResultCode.TEMPORARY_UNAVAILABLE,
+}
+
+
+class FaultRule(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: str = Field(default="*", pattern=r"^(\*|[A-Z]{3,7})$", description="HTTP method, or * for any")
+    path_regex: str = Field(min_length=1, max_length=500, description="re.search against the request path")
+    when: FaultPoint = "before_handler"
+    latency_ms: int = Field(default=0, ge=0, le=120_000)
+    status: int | None = Field(default=None, description="answer with this status instead of the real reply")
+    action: FaultAction | None = Field(
+        default=None, description="after_commit only: drop the reply (no bytes) or truncate its body"
+    )
+    times: int | None = Field(default=None, ge=1, description="how many matching requests it applies to; null: all")
+
+    @field_validator("path_regex")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression ({exc.msg})") from None
+        return value
+
+    @field_validator("status")
+    @classmethod
+    def _known_status(cls, value: int | None) -> int | None:
+        if value is not None and value not in FAULT_STATUS_CODES:
+            raise ValueError(f"must be one of {sorted(FAULT_STATUS_CODES)} or null")
+        return value
+
+    @model_validator(mode="after")
+    def _one_outcome(self) -> FaultRule:
+        if self.action is not None and self.when != "after_commit":
+            raise ValueError("action needs when: after_commit (before it there is no reply to act on)")
+        if self.action is not None and self.status is not None:
+            raise ValueError("give either status or action, not both")
+        return self
+
+    def matches(self, method: str, path: str, when: FaultPoint) -> bool:
+        return self.when == when and self.method in ("*", method) and re.search(self.path_regex, path) is not None
+
+
+class FaultRuleSet(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rules: list[FaultRule] = Field(default_factory=list, max_length=100)
+
+
+class StoredFaultRule(FaultRule):
+    """A rule as listed by the admin API: `remaining` counts down from `times` (null: unlimited)."""
+
+    remaining: int | None = None
+
+
+def fault_problem(status: int) -> Problem:
+    """The answer a rule's `status` gives in place of the real one."""
+    headers = {"Retry-After": "1"} if status == 429 else None
+    detail = "too many requests; retry later" if status == 429 else "the service is temporarily unavailable"
+    if status == 500:
+        detail = "the service failed to answer this request"
+    return Problem(status, FAULT_STATUS_CODES[status], detail, headers)
+
+
+def replace_rules(store: Store, rules: list[FaultRule]) -> None:
+    with store.transaction() as conn:
+        conn.execute("DELETE FROM fault_rules")
+        conn.executemany(
+            "INSERT INTO fault_rules (position, rule_json, times_left) VALUES (?, ?, ?)",
+            [(i, rule.model_dump_json(), rule.times) for i, rule in enumerate(rules)],
+        )
+
+
+def clear_rules(store: Store) -> None:
+    with store.connect() as conn:
+        conn.execute("DELETE FROM fault_rules")
+
+
+def list_rules(store: Store) -> list[StoredFaultRule]:
+    with store.connect() as conn:
+        rows = conn.execute("SELECT rule_json, times_left FROM fault_rules ORDER BY position").fetchall()
+    return [StoredFaultRule(**json.loads(r["rule_json"]), remaining=r["times_left"]) for r in rows]
+
+
+def claim(store: Store, method: str, path: str, when: FaultPoint = "before_handler") -> FaultRule | None:
+    """The first rule that applies to this request at this point, using up one of its `times`.
+
+    The common case (no rules) is a single read; a counted rule is used up by one conditional UPDATE,
+    which is atomic across processes, so two concurrent requests never both get a rule's last time."""
+    with store.connect() as conn:
+        rows = conn.execute("SELECT id, rule_json, times_left FROM fault_rules ORDER BY position").fetchall()
+    for row in rows:
+        rule = FaultRule.model_validate_json(row["rule_json"])
+        if not rule.matches(method, path, when):
+            continue
+        if row["times_left"] is None:
+            return rule
+        with store.connect() as conn:
+            updated = conn.execute(
+                "UPDATE fault_rules SET times_left = times_left - 1 WHERE id = ? AND times_left > 0", (row["id"],)
+            ).rowcount
+        if updated == 1:
+            return rule
+    return None

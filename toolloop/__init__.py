@@ -1,0 +1,1 @@
+"""toolloop: a durable tool-calling loop on Temporal."""

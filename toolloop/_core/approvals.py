@@ -1,0 +1,119 @@
+"""Pure: decision tokens. The trusted approval channel signs a human's decision (approve or reject) with an
+Ed25519 private key that only it holds; the workflow's Update validator and the business service verify
+the signature with the public key. So nobody else (the model, a worker, anyone with a Temporal client)
+can approve or reject, and the public key can sit in workflow input and service configuration."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from toolloop._core.digests import canonical_json
+
+Decision = Literal["approve", "reject"]
+
+
+class ApprovalClaims(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: int = 1
+    user_id: str
+    tenant_id: str
+    operation_id: str
+    digest: str
+    approved_by: str  # who decided (kept under its first name: stored tokens still decode)
+    approved_at: float  # unix seconds
+    expires_at: float  # unix seconds
+    # Added later, with defaults so older tokens still decode.
+    decision: Decision = "approve"
+    channel: str = ""
+
+
+class ApprovalInvalid(ValueError):
+    """The token is missing, malformed, forged, expired or bound to something else."""
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def generate_signing_key() -> str:
+    """A new private key for an approval channel (base64url of the 32-byte Ed25519 seed)."""
+    return _b64(Ed25519PrivateKey.generate().private_bytes_raw())
+
+
+def _private_key(signing_key: str) -> Ed25519PrivateKey:
+    try:
+        return Ed25519PrivateKey.from_private_bytes(_unb64(signing_key.strip()))
+    except ValueError as exc:
+        raise ValueError("the approval signing key is not a base64url Ed25519 key of 32 bytes") from exc
+
+
+def verify_key_for(signing_key: str) -> str:
+    """The public key (base64url, 32 bytes) that verifies what `signing_key` signs."""
+    public = _private_key(signing_key).public_key()
+    return _b64(public.public_bytes(Encoding.Raw, PublicFormat.Raw))
+
+
+def check_verify_key(verify_key: str) -> str:
+    """`verify_key` if it is a usable public key; raises ValueError otherwise (for configuration checks)."""
+    _public_key(verify_key)
+    return verify_key
+
+
+def _public_key(verify_key: str) -> Ed25519PublicKey:
+    try:
+        return Ed25519PublicKey.from_public_bytes(_unb64(verify_key.strip()))
+    except ValueError as exc:
+        raise ValueError("the approval verify key is not a base64url Ed25519 public key of 32 bytes") from exc
+
+
+def mint_approval_token(signing_key: str, claims: ApprovalClaims) -> str:
+    body = _b64(canonical_json(claims.model_dump()).encode("utf-8"))
+    return f"{body}.{_b64(_private_key(signing_key).sign(body.encode('ascii')))}"
+
+
+def read_approval_claims(token: str) -> ApprovalClaims:
+    """The claims without checking the signature (to record an already verified decision)."""
+    try:
+        body, _, _sig = token.partition(".")
+        data: Any = json.loads(_unb64(body))
+        return ApprovalClaims.model_validate(data)
+    except (ValueError, ValidationError) as exc:
+        raise ApprovalInvalid("the approval token is malformed") from exc
+
+
+def verify_approval_token(
+    verify_key: str, token: str | None, *, now: float, expected: Mapping[str, str]
+) -> ApprovalClaims:
+    """Check the signature, the expiry and that every `expected` claim (user_id, tenant_id, operation_id,
+    digest, decision) matches. Raises ApprovalInvalid with a short reason."""
+    if not token:
+        raise ApprovalInvalid("no approval token")
+    body, dot, sig = token.partition(".")
+    try:
+        _public_key(verify_key).verify(_unb64(sig), body.encode("ascii"))
+    except (InvalidSignature, ValueError, UnicodeEncodeError):
+        raise ApprovalInvalid("the approval token's signature is not valid") from None
+    if not dot:
+        raise ApprovalInvalid("the approval token's signature is not valid")
+    claims = read_approval_claims(token)
+    if claims.expires_at <= now:
+        raise ApprovalInvalid("the approval has expired")
+    for name, value in expected.items():
+        if getattr(claims, name) != value:
+            if name == "decision":
+                raise ApprovalInvalid(f"the token records a decision to {claims.decision}, not to {value}")
+            raise ApprovalInvalid(f"the approval is for another {name.replace('_id', '').replace('_', ' ')}")
+    return claims

@@ -1,0 +1,375 @@
+"""Pure: the pydantic models that cross a boundary (workflow, activities, starter, model adapters).
+
+Fields are only ever added with defaults, never renamed or retyped, so stored histories still decode.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+# --- Conversation items (OpenAI Responses shape) -------------------------------------------------
+# Output items keep every field the provider sent (extra="allow"), so reasoning and other items go back
+# to the model unchanged; we never store the provider's raw response envelope.
+
+
+class FunctionCallItem(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    name: str
+    arguments: str
+
+
+class MessageItem(BaseModel):
+    """An assistant message (`content` holds `output_text` parts) or a user message (`content` a string)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["message"] = "message"
+    role: str = "assistant"
+    content: str | list[dict[str, Any]] = Field(default_factory=list)
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(
+            str(part.get("text", "")) for part in self.content if part.get("type") in ("output_text", "text")
+        )
+
+
+class FunctionCallOutputItem(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function_call_output"] = "function_call_output"
+    call_id: str
+    output: str
+
+
+class OtherItem(BaseModel):
+    """Any other item (`reasoning`, ...): opaque to us, kept and sent back unchanged."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+
+def _item_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind in ("function_call", "message", "function_call_output") else "other"
+
+
+ConversationItem = Annotated[
+    Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[OtherItem, Tag("other")],
+    Discriminator(_item_kind),
+]
+
+
+def user_message(text: str) -> MessageItem:
+    return MessageItem(role="user", content=text)
+
+
+def item_to_wire(item: BaseModel) -> dict[str, Any]:
+    """The item as the Responses API expects it in `input`: every field the provider sent, nulls
+    included (our models add no optional fields of their own)."""
+    return item.model_dump(mode="json")
+
+
+# --- Identity, limits, model choice ------------------------------------------------------------
+
+
+# ASCII only: an identity is never spelled with look-alike or invisible characters.
+ACTOR_ID = r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$"
+
+
+class Actor(BaseModel):
+    """Who the request acts for. Set by the starter from the session; tools never take it from arguments."""
+
+    model_config = ConfigDict(frozen=True)
+
+    user_id: str = Field(min_length=1, max_length=64, pattern=ACTOR_ID)
+    tenant_id: str = Field(default="acme", min_length=1, max_length=64, pattern=ACTOR_ID)
+
+
+class Limits(BaseModel):
+    max_rounds: int = Field(default=8, ge=1, le=100)
+    max_calls_per_round: int = Field(default=8, ge=1, le=128)
+    max_total_calls: int = Field(default=32, ge=1, le=1000)
+    max_parallel_reads: int = Field(default=4, ge=1, le=64)
+    max_tool_output_bytes: int = Field(default=16_384, ge=256, le=1_000_000)
+    tool_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
+    tool_max_attempts: int = Field(default=3, ge=1, le=20)
+    model_timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
+    model_max_attempts: int = Field(default=5, ge=1, le=20)
+    deadline_seconds: float = Field(default=600.0, gt=0, le=86_400)
+    # The write protocol (side-effecting calls).
+    approval_ttl_seconds: float = Field(default=300.0, gt=0, le=86_400)
+    write_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
+    max_write_attempts: int = Field(default=3, ge=1, le=10)
+    status_max_attempts: int = Field(default=4, ge=1, le=20)
+    unknown_resolution_seconds: float = Field(default=60.0, gt=0, le=3600)
+    readback_max_attempts: int = Field(default=3, ge=1, le=20)
+    # Ignored: kept only so stored inputs still decode. How long the service keeps operation ids is a fact
+    # the service declares (its status answer) or the worker's configuration, never a per-request setting.
+    idempotency_retention_seconds: float = Field(default=86_400.0, gt=0)
+    # After the deadline nothing is sent; a write already in flight is still settled (status queries,
+    # read-back) for at most this long before the run reports.
+    settle_seconds: float = Field(default=30.0, gt=0, le=600)
+
+
+ModelProvider = Literal["offline", "script", "openai"]
+
+
+class ModelSpec(BaseModel):
+    provider: ModelProvider = "offline"
+    # Provider model name (openai); ignored offline.
+    name: str | None = None
+    # Script mode: turn N is what the model returns on its N-th call.
+    script: list[list[ConversationItem]] | None = None
+
+
+class AgentInput(BaseModel):
+    request: str = Field(min_length=1, max_length=20_000)
+    actor: Actor
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    limits: Limits = Field(default_factory=Limits)
+    # The approval channel's public key (toolloop._core.approvals), set by the trusted starter: the Update
+    # validator accepts only decisions it signed. None: this request accepts no decisions.
+    approval_verify_key: str | None = None
+
+
+# --- Model turn activity ------------------------------------------------------------------------
+
+
+class ModelTurnInput(BaseModel):
+    """One model call. Carries only what is new since the previous turn: the activity rebuilds the
+    conversation from earlier turns (its cache, or this workflow's history), so history stays linear."""
+
+    turn: int = Field(ge=1)
+    new_items: list[ConversationItem]
+    provider: ModelProvider
+    model_name: str | None = None
+    actor: Actor | None = None
+    # Script mode only: this turn's items, or None when the script has run out.
+    scripted_output: list[ConversationItem] | None = None
+    script_length: int = 0
+
+
+class CheckedCall(BaseModel):
+    """A function call after validation: either runnable (`arguments` set) or `rejection` set."""
+
+    call_id: str
+    name: str
+    read_only: bool = True
+    summary: str
+    arguments: dict[str, Any] | None = None
+    rejection: dict[str, Any] | None = None
+    # Argument names to hide in ledgers and receipts (ToolSpec.redact).
+    redact: list[str] = Field(default_factory=list)
+
+
+class ModelTurnResult(BaseModel):
+    items: list[ConversationItem]
+    calls: list[CheckedCall]
+    final_text: str | None = None
+    model_label: str
+    # Set when the turn itself broke the protocol (e.g. one call_id twice): nothing in it runs.
+    protocol_error: str | None = None
+
+
+# --- Tool call activity -------------------------------------------------------------------------
+
+
+class ToolCallInput(BaseModel):
+    round: int
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    actor: Actor
+    max_output_bytes: int
+
+
+class ToolCallResult(BaseModel):
+    call_id: str
+    output: dict[str, Any]
+    duration_ms: int
+
+
+# --- Side-effecting calls: the operation ledger --------------------------------------------------
+
+OperationState = Literal[
+    "validated",
+    "awaiting_approval",
+    "approved",
+    "sent",
+    "completed",
+    "verified",
+    "expired",
+    "denied",
+    "failed",
+    "unknown",
+]
+
+
+class ApprovalRecord(BaseModel):
+    decision: Literal["approved", "rejected"]
+    by: str
+    at: datetime
+    expires_at: datetime | None = None
+
+
+class StatusCheck(BaseModel):
+    at: datetime
+    state: Literal["completed", "in_progress", "not_found", "unavailable"]
+
+
+class OperationRecord(BaseModel):
+    """One side-effecting operation as the workflow knows it: the receipt the user is shown."""
+
+    operation_id: str
+    tool: str
+    call_ids: list[str]
+    arguments: dict[str, Any]  # redacted
+    digest: str
+    state: OperationState
+    transitions: list[str] = Field(default_factory=list)
+    approval: ApprovalRecord | None = None
+    approval_expires_at: datetime | None = None  # when waiting for approval stops
+    attempts: int = 0
+    first_sent_at: datetime | None = None
+    status_checks: list[StatusCheck] = Field(default_factory=list)
+    evidence: dict[str, Any] | None = None
+    output: dict[str, Any] | None = None  # what the model was told
+    note: str | None = None
+    # Added later (defaults keep stored histories decoding):
+    # nothing may be committed after this instant (the request's deadline); approvals expire by then.
+    deadline: datetime | None = None
+    # How long the service keeps this operation id, as it declared in its last status answer.
+    retention_seconds: float | None = None
+
+
+class ApprovalRequest(BaseModel):
+    """What the approval channel shows a human and signs: the whole payload the digest covers (unredacted;
+    redaction is for logs and history, never for the approver). Answer of the `get_approval_request` query."""
+
+    operation_id: str
+    tool: str
+    arguments: dict[str, Any]
+    digest: str
+    state: OperationState
+    actor: Actor
+    approval_expires_at: datetime | None = None
+    deadline: datetime | None = None
+
+
+class ApprovalDecision(BaseModel):
+    """The trusted channel's answer for one operation (Temporal Update `approve_operation`)."""
+
+    operation_id: str
+    digest: str
+    approve: bool
+    # Signed by the approval channel (toolloop._core.approvals); required to approve and to reject. Who
+    # decided is read from its verified claims, never from `by`.
+    token: str | None = None
+    by: str = Field(default="", max_length=128)  # informational only
+
+
+class WriteInput(BaseModel):
+    operation_id: str
+    tool: str
+    arguments: dict[str, Any]
+    actor: Actor
+    approval_token: str
+    attempt: int
+    call_id: str
+
+
+class WriteOutcome(BaseModel):
+    """What one send attempt established (never raised: the workflow decides what follows)."""
+
+    kind: Literal["completed", "refused", "not_sent", "in_progress", "unknown"]
+    output: dict[str, Any] | None = None
+    retry_after_seconds: float | None = None
+    detail: str = ""
+    duration_ms: int = 0
+
+
+class OperationQuery(BaseModel):
+    operation_id: str
+    tool: str
+    actor: Actor
+
+
+class ReadBackInput(BaseModel):
+    operation_id: str
+    tool: str
+    arguments: dict[str, Any]
+    actor: Actor
+    output: dict[str, Any]
+
+
+# --- Workflow result and progress ----------------------------------------------------------------
+
+StopReason = Literal[
+    "final_answer",
+    "max_rounds",
+    "max_calls_per_round",
+    "max_total_calls",
+    "deadline",
+    "model_error",
+    "no_answer",
+]
+RunStatus = Literal["completed", "stopped", "failed"]
+
+
+class CallRecord(BaseModel):
+    call_id: str
+    tool: str
+    round: int
+    ok: bool
+    code: str | None = None
+    duration_ms: int = 0
+
+
+class AgentResult(BaseModel):
+    workflow_id: str
+    status: RunStatus
+    stop_reason: StopReason
+    final_text: str | None
+    rounds: int
+    calls: list[CallRecord]
+    model_label: str = ""
+    error: str | None = None
+    operations: list[OperationRecord] = Field(default_factory=list)
+
+
+class AgentProgress(BaseModel):
+    phase: str
+    round: int
+    actor: Actor | None = None
+    running: list[str] = Field(default_factory=list)
+    calls: list[CallRecord] = Field(default_factory=list)
+    done: bool = False
+    operations: list[OperationRecord] = Field(default_factory=list)
+
+
+# --- Tool results (the JSON the model reads) -----------------------------------------------------
+
+
+def ok_output(**data: Any) -> dict[str, Any]:
+    return {"ok": True, **data}
+
+
+def error_output(code: str, message: str) -> dict[str, Any]:
+    return {"ok": False, "code": str(code), "message": message}
+
+
+def output_json(output: dict[str, Any]) -> str:
+    return json.dumps(output, ensure_ascii=False, separators=(",", ":"), sort_keys=True)

@@ -1,0 +1,99 @@
+"""I/O: the trusted approval channel. It holds the approval signing key, fetches the whole payload of an
+operation from the workflow (redaction is for logs and history, never for the person who decides), checks
+that the digest it would sign is the digest of what it shows, and sends a signed decision (approve or
+reject) by Temporal Update. Whoever decides is the channel's session, never a name from the workflow."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from temporalio.client import WorkflowHandle
+
+from toolloop._core.approvals import ApprovalClaims, mint_approval_token
+from toolloop._core.contracts import Actor, ApprovalDecision, ApprovalRequest, OperationRecord
+from toolloop._core.digests import payload_digest
+from toolloop._core.names import APPROVE_OPERATION_UPDATE, GET_APPROVAL_REQUEST_QUERY
+
+DEFAULT_APPROVAL_TTL_SECONDS = 600.0
+
+
+class ApprovalRefused(Exception):
+    """The channel will not sign this decision (what it would show differs from what it would sign, the
+    request's deadline has passed, or it holds no key)."""
+
+
+def check_shown_payload(request: ApprovalRequest) -> None:
+    """The digest the workflow asks us to sign must be the digest of the arguments we show the human;
+    a payload we cannot re-digest (a value hidden from us) is never signed."""
+    if payload_digest(request.tool, request.arguments) != request.digest:
+        raise ApprovalRefused(f"operation {request.operation_id}: its digest does not match the arguments shown")
+
+
+def sign_decision(
+    request: ApprovalRequest,
+    decider: Actor,
+    signing_key: str,
+    *,
+    approve: bool,
+    channel: str = "cli",
+    ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
+) -> str:
+    """A token for `decider`'s decision on exactly this payload. It never outlives the request's deadline,
+    so nothing can be committed after it."""
+    check_shown_payload(request)
+    now = time.time()
+    expires_at = now + ttl_seconds
+    if request.deadline is not None:
+        expires_at = min(expires_at, request.deadline.timestamp())
+    if expires_at <= now:
+        raise ApprovalRefused(f"operation {request.operation_id}: the request's deadline has passed")
+    claims = ApprovalClaims(
+        user_id=decider.user_id,
+        tenant_id=decider.tenant_id,
+        operation_id=request.operation_id,
+        digest=request.digest,
+        approved_by=decider.user_id,
+        approved_at=now,
+        expires_at=expires_at,
+        decision="approve" if approve else "reject",
+        channel=channel,
+    )
+    return mint_approval_token(signing_key, claims)
+
+
+async def fetch_approval_request(handle: WorkflowHandle[Any, Any], operation_id: str) -> ApprovalRequest | None:
+    """The operation's whole payload as the workflow holds it; None if the request has no such operation."""
+    request: ApprovalRequest | None = await handle.query(
+        GET_APPROVAL_REQUEST_QUERY,
+        operation_id,
+        result_type=ApprovalRequest | None,  # type: ignore[arg-type]
+    )
+    return request
+
+
+async def send_decision(
+    handle: WorkflowHandle[Any, Any],
+    request: ApprovalRequest,
+    *,
+    approve: bool,
+    decider: Actor,
+    key: str | None,
+    channel: str = "cli",
+    ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
+) -> OperationRecord:
+    """Approve or reject; raises temporalio's WorkflowUpdateFailedError if the workflow refuses it."""
+    if key is None:
+        raise ApprovalRefused("no approval key: set TOOLLOOP_APPROVAL_KEY or use the local stack")
+    token = sign_decision(request, decider, key, approve=approve, channel=channel, ttl_seconds=ttl_seconds)
+    decision = ApprovalDecision(
+        operation_id=request.operation_id,
+        digest=request.digest,
+        approve=approve,
+        token=token,
+        by=f"{decider.user_id} via {channel}",
+    )
+    result: OperationRecord = await handle.execute_update(
+        APPROVE_OPERATION_UPDATE, decision, result_type=OperationRecord
+    )
+    return result

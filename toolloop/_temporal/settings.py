@@ -1,0 +1,47 @@
+"""Configuration: one frozen settings model, read by the entry points only and passed into constructors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    # An empty variable (e.g. OPENAI_MODEL= passed through by compose) means "not set".
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True, env_ignore_empty=True)
+
+    temporal_address: str = Field(default="127.0.0.1:7233", validation_alias="TEMPORAL_ADDRESS")
+    temporal_namespace: str = Field(default="default", validation_alias="TEMPORAL_NAMESPACE")
+    task_queue: str = Field(default="toolloop", validation_alias="TOOLLOOP_TASK_QUEUE")
+    service_url: str = Field(default="http://127.0.0.1:8701", validation_alias="TOOLLOOP_SERVICE_URL")
+    service_admin_token: SecretStr | None = Field(default=None, validation_alias="TOOLLOOP_SERVICE_ADMIN_TOKEN")
+    # The approval channel's private key (toolloop._core.approvals): held by the CLI and the API only, never
+    # by workers or the service. The public half is derived from it, or given alone by
+    # TOOLLOOP_APPROVAL_VERIFY_KEY where this process only starts requests.
+    approval_key: SecretStr | None = Field(default=None, validation_alias="TOOLLOOP_APPROVAL_KEY")
+    approval_verify_key: str | None = Field(default=None, validation_alias="TOOLLOOP_APPROVAL_VERIFY_KEY")
+
+    # How long the business service keeps operation ids, for a service that does not declare it on its
+    # status answers. Unknown (unset and undeclared) means a resend after a doubtful attempt fails closed.
+    idempotency_retention_seconds: float | None = Field(
+        default=None, gt=0, validation_alias="TOOLLOOP_IDEMPOTENCY_RETENTION_SECONDS"
+    )
+
+    openai_api_key: SecretStr | None = Field(default=None, validation_alias="OPENAI_API_KEY")
+    openai_base_url: str = Field(default="https://api.openai.com/v1", validation_alias="OPENAI_BASE_URL")
+    openai_model: str = Field(default="gpt-4.1-mini", validation_alias="OPENAI_MODEL")
+
+    # The local stack that `starter.py up` / `ask` run.
+    data_dir: Path = Field(default=Path(".toolloop"), validation_alias="TOOLLOOP_DATA_DIR")
+    temporal_port: int = Field(default=7233, validation_alias="TOOLLOOP_TEMPORAL_PORT")
+    ui_port: int = Field(default=8233, validation_alias="TOOLLOOP_UI_PORT")
+    service_port: int = Field(default=8701, validation_alias="TOOLLOOP_SERVICE_PORT")
+
+    def ui_url(self, workflow_id: str | None = None) -> str:
+        host = self.temporal_address.rsplit(":", 1)[0]
+        base = f"http://{host}:{self.ui_port}"
+        if workflow_id is None:
+            return base
+        return f"{base}/namespaces/{self.temporal_namespace}/workflows/{workflow_id}"
