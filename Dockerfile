@@ -24,4 +24,4 @@ RUN pip install . \
 
 USER app
 
-CMD ["python", "worker.py"]
+CMD ["python", "worker.py", "--tools", "demo.agent:build"]

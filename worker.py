@@ -1,7 +1,13 @@
-"""Entry point: run a worker against TEMPORAL_ADDRESS (real deployments and the local stack)."""
+"""Entry point: run a worker for any user's tools against TEMPORAL_ADDRESS.
+
+    python worker.py --tools package.module:build
+
+`build()` returns a toolloop.Toolset or a toolloop.AgentSpec (tools, models, instructions); the bundled demo
+is `--tools demo.agent:build`. TOOLLOOP_TOOLS sets the default."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
@@ -9,32 +15,73 @@ import signal
 import sys
 
 from toolloop._temporal.settings import Settings
-from toolloop._temporal.worker_factory import connect, running_worker
+from toolloop._temporal.worker_factory import ToolsLoadError, connect, load_tools, running_worker
+from toolloop._tools.toolset import AgentSpec
+
+TOOLS_ENV = "TOOLLOOP_TOOLS"
 
 
-async def main() -> None:
-    settings = Settings()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # Bad input is one line and exit 2, never a usage screen.
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = _OneLineParser(prog="python worker.py", description="Run a toolloop worker.")
+    parser.add_argument(
+        "--tools",
+        default=os.environ.get(TOOLS_ENV) or None,
+        help=f"package.module:function building the tools (default: ${TOOLS_ENV}); the demo: demo.agent:build",
+    )
+    return parser.parse_args(argv)
+
+
+async def _run(settings: Settings, spec: AgentSpec, target: str) -> None:
     client = await connect(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with running_worker(client, settings):
+    async with running_worker(client, settings, spec):
         print(
-            f"worker ready task_queue={settings.task_queue} temporal={settings.temporal_address} "
-            f"service={settings.service_url} openai={'set' if settings.openai_api_key else 'unset'}",
+            f"worker ready task_queue={settings.task_queue} temporal={settings.temporal_address} tools={target} "
+            f"({len(spec.tools.registry)} tools) openai={'set' if settings.openai_api_key else 'unset'}",
             flush=True,
         )
         await stop.wait()
     print("worker stopped", flush=True)
 
 
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    if not args.tools:
+        print(
+            f"error: --tools is required (or ${TOOLS_ENV}); the bundled demo is --tools demo.agent:build",
+            file=sys.stderr,
+        )
+        return 2
+    settings = Settings()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        spec = load_tools(args.tools)
+    except ToolsLoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_run(settings, spec, args.tools))
+    except OSError as exc:  # a tool source that cannot open (an MCP server that does not start, ...)
+        print(f"error: a tool source could not be opened: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    code = main()
     sys.stdout.flush()
     sys.stderr.flush()
     # The worker is already shut down; skip interpreter teardown, where temporalio 1.35 can abort
     # with "PyGILState_Release" and turn a clean stop into a crash exit code.
-    os._exit(0)
+    os._exit(code)

@@ -8,20 +8,52 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
-from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from toolloop._core.arguments import ArgumentsRejected
 from toolloop._core.codes import ErrorType, ResultCode
-from toolloop._core.contracts import ToolCallInput, ToolCallResult, error_output
+from toolloop._core.contracts import Actor, ToolCallInput, ToolCallResult, error_output
 from toolloop._core.names import RUN_TOOL_ACTIVITY
 from toolloop._core.outputs import cap_output
-from toolloop._core.registry import ToolContext, ToolError, ToolRegistry, ToolTemporaryError
+from toolloop._core.registry import (
+    ResultRejected,
+    ToolContext,
+    ToolError,
+    ToolRegistry,
+    ToolSpec,
+    ToolTemporaryError,
+)
+from toolloop._tools.http import default_actor_headers
+
+
+def tool_context(
+    spec: ToolSpec,
+    actor: Actor,
+    http: httpx.AsyncClient,
+    call_id: str = "",
+    operation_id: str | None = None,
+    token: str | None = None,
+) -> ToolContext:
+    """The executor's view: its source's client (the worker's shared one for a tool without a source) and
+    the actor as that source expects it."""
+    source = spec.source
+    actor_headers = getattr(source, "actor_headers", default_actor_headers)
+    return ToolContext(
+        actor=actor,
+        http=source.http if source is not None else http,
+        workflow_id=activity.info().workflow_id or "",
+        call_id=call_id,
+        operation_id=operation_id,
+        approval_token=token,
+        headers=dict(actor_headers(actor)),
+    )
 
 
 class ToolActivities:
     def __init__(self, registry: ToolRegistry, http: httpx.AsyncClient) -> None:
         self._registry = registry
+        # For tools without a source of their own.
         self._http = http
 
     @activity.defn(name=RUN_TOOL_ACTIVITY)
@@ -36,8 +68,8 @@ class ToolActivities:
                 non_retryable=True,
             )
         try:
-            args = spec.arguments.model_validate(inp.arguments)
-        except ValidationError:
+            args = spec.schema.load(inp.arguments)
+        except ArgumentsRejected:
             # Validated once already by the model turn: failing again is this tool's bug, not the model's,
             # and retrying cannot fix it.
             raise ApplicationError(
@@ -45,12 +77,16 @@ class ToolActivities:
                 type=ErrorType.TOOL_MISCONFIGURED,
                 non_retryable=True,
             ) from None
-        ctx = ToolContext(actor=inp.actor, http=self._http, workflow_id=info.workflow_id or "", call_id=inp.call_id)
+        ctx = tool_context(spec, inp.actor, self._http, inp.call_id)
         started = time.monotonic()
         output: dict[str, Any]
         try:
-            data = await spec.execute(ctx, args)
-            output = dict(data) if "ok" in data else {"ok": True, **data}
+            output = spec.output_of(await spec.execute(ctx, args))
+        except ResultRejected as err:
+            activity.logger.error("tool answered outside its result model", extra={"tool": inp.tool, "why": str(err)})
+            output = error_output(
+                ResultCode.INTERNAL, "the tool gave an answer it does not declare; this is not your fault."
+            )
         except ToolError as err:
             output = error_output(err.code, err.message)
         except ToolTemporaryError as err:

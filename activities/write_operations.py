@@ -9,19 +9,20 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
-from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.tool_calls import tool_context
+from toolloop._core.arguments import ArgumentsRejected
 from toolloop._core.codes import ErrorType, ResultCode
-from toolloop._core.contracts import Actor, OperationQuery, ReadBackInput, WriteInput, WriteOutcome, error_output
+from toolloop._core.contracts import OperationQuery, ReadBackInput, WriteInput, WriteOutcome, error_output
 from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
 from toolloop._core.outputs import cap_output
 from toolloop._core.registry import (
     Evidence,
     EvidenceNotYetVisible,
     OperationStatus,
-    ToolContext,
+    ResultRejected,
     ToolError,
     ToolRegistry,
     ToolSpec,
@@ -44,7 +45,7 @@ class WriteActivities:
 
     def _spec(self, name: str) -> ToolSpec:
         spec = self._registry.get(name)
-        if spec is None or spec.status is None or spec.read_back is None:
+        if spec is None or spec.read_only:
             raise ApplicationError(
                 f"side-effecting tool {name!r} is not registered on this worker",
                 type=ErrorType.TOOL_MISCONFIGURED,
@@ -52,34 +53,21 @@ class WriteActivities:
             )
         return spec
 
-    def _context(self, actor: Actor, operation_id: str, call_id: str = "", token: str | None = None) -> ToolContext:
-        info = activity.info()
-        return ToolContext(
-            actor=actor,
-            http=self._http,
-            workflow_id=info.workflow_id or "",
-            call_id=call_id,
-            operation_id=operation_id,
-            approval_token=token,
-        )
-
     @activity.defn(name=EXECUTE_WRITE_ACTIVITY)
     async def execute_write(self, inp: WriteInput) -> WriteOutcome:
         spec = self._spec(inp.tool)
         try:
-            args = spec.arguments.model_validate(inp.arguments)
-        except ValidationError:
+            args = spec.schema.load(inp.arguments)
+        except ArgumentsRejected:
             # Nothing was sent: a tool whose checked arguments do not validate again is misconfigured.
             activity.logger.error("write arguments do not validate again", extra={"tool": inp.tool})
             message = "this tool is misconfigured; nothing was sent."
             return WriteOutcome(kind="refused", output=error_output(ResultCode.INTERNAL, message), detail=message)
-        ctx = self._context(inp.actor, inp.operation_id, inp.call_id, inp.approval_token)
+        ctx = tool_context(spec, inp.actor, self._http, inp.call_id, inp.operation_id, inp.approval_token)
         started = time.monotonic()
         outcome: WriteOutcome
         try:
             data = await spec.execute(ctx, args)
-            output: dict[str, Any] = dict(data) if "ok" in data else {"ok": True, **data}
-            outcome = WriteOutcome(kind="completed", output=cap_output(output, _MAX_WRITE_OUTPUT_BYTES))
         except ToolError as err:
             outcome = WriteOutcome(kind="refused", output=error_output(err.code, err.message), detail=err.code)
         except WriteNotSent as err:
@@ -94,6 +82,8 @@ class WriteActivities:
                 "write executor failed", extra={"tool": inp.tool, "operation_id": inp.operation_id}
             )
             outcome = WriteOutcome(kind="unknown", detail="the executor failed unexpectedly")
+        else:
+            outcome = self._completed(spec, data, inp)
         outcome.duration_ms = int((time.monotonic() - started) * 1000)
         activity.logger.info(
             "write attempt done",
@@ -108,12 +98,26 @@ class WriteActivities:
         )
         return outcome
 
+    @staticmethod
+    def _completed(spec: ToolSpec, data: Any, inp: WriteInput) -> WriteOutcome:
+        try:
+            output = spec.output_of(data)
+        except ResultRejected as err:
+            # The write went through, but its answer is not what the tool declares: not provably done.
+            activity.logger.error("write answered outside its result model", extra={"tool": inp.tool, "why": str(err)})
+            return WriteOutcome(kind="unknown", detail="the tool's answer does not match its declared result")
+        return WriteOutcome(kind="completed", output=cap_output(output, _MAX_WRITE_OUTPUT_BYTES))
+
     @activity.defn(name=QUERY_OPERATION_STATUS_ACTIVITY)
     async def query_operation_status(self, inp: OperationQuery) -> OperationStatus:
         spec = self._spec(inp.tool)
-        assert spec.status is not None
+        if spec.status is None:
+            raise ApplicationError(
+                f"tool {inp.tool!r} has no status query", type=ErrorType.TOOL_MISCONFIGURED, non_retryable=True
+            )
         try:
-            status = await spec.status(self._context(inp.actor, inp.operation_id), inp.operation_id)
+            ctx = tool_context(spec, inp.actor, self._http, operation_id=inp.operation_id)
+            status = await spec.status(ctx, inp.operation_id)
         except ToolTemporaryError as err:
             delay = timedelta(seconds=err.retry_after_seconds) if err.retry_after_seconds else None
             raise ApplicationError(
@@ -130,13 +134,15 @@ class WriteActivities:
     @activity.defn(name=READ_BACK_ACTIVITY)
     async def read_back_operation(self, inp: ReadBackInput) -> Evidence:
         spec = self._spec(inp.tool)
-        assert spec.read_back is not None
+        if spec.read_back is None:
+            return Evidence(verified=False, detail="this tool has no read-back")
         try:
-            args = spec.arguments.model_validate(inp.arguments)
-        except ValidationError:
+            args = spec.schema.load(inp.arguments)
+        except ArgumentsRejected:
             return Evidence(verified=False, detail="this tool is misconfigured; its read-back could not run")
         try:
-            return await spec.read_back(self._context(inp.actor, inp.operation_id), args, inp.output)
+            ctx = tool_context(spec, inp.actor, self._http, operation_id=inp.operation_id)
+            return await spec.read_back(ctx, args, inp.output)
         except (EvidenceNotYetVisible, ToolTemporaryError) as err:
             # A stale read is worth reading again; it never leads to writing again.
             raise ApplicationError(

@@ -24,6 +24,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from bench.bare_workflow import BareLoop
+from demo.agent import build as build_demo
 from devstack.processes import free_port, start_business_service, start_temporal_dev_server
 from toolloop._core.contracts import Actor, AgentInput, AgentResult, Limits, ModelSpec
 from toolloop._core.names import AGENT_WORKFLOW
@@ -152,7 +153,7 @@ async def run(requests: int, concurrency: int) -> list[Cost]:
                     ],
                 }
             )
-            async with running_worker(client, settings):
+            async with running_worker(client, settings, build_demo(settings.service_url)):
 
                 async def start_agent(i: int) -> str:
                     wid = f"agent-{uuid.uuid4().hex}"

@@ -24,11 +24,12 @@ from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any
 
-from toolloop._core.contracts import (
+from toolloop import (
     ConversationItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     MessageItem,
+    ModelRequest,
     OtherItem,
 )
 
@@ -93,11 +94,18 @@ _WriteRequest = _NoteRequest | _RefundRequest | str
 
 
 class OfflineDemoModel:
-    """`respond` is a pure function of the conversation and the actor: same input, same output."""
+    """A model adapter (toolloop.ModelAdapter) registered by the demo as "offline". `answer` is a pure
+    function of the conversation and the actor: same input, same output."""
 
-    label = OFFLINE_LABEL
+    needs_conversation = True
 
-    def respond(self, conversation: Sequence[ConversationItem], actor_user: str) -> list[ConversationItem]:
+    def label(self, model_name: str | None) -> str:
+        return OFFLINE_LABEL
+
+    async def respond(self, request: ModelRequest) -> list[ConversationItem]:
+        return self.answer(request.conversation, request.actor.user_id)
+
+    def answer(self, conversation: Sequence[ConversationItem], actor_user: str) -> list[ConversationItem]:
         found = _latest_user_message(conversation)
         if found is None:
             return [_say(HELP_TEXT)]

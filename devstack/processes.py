@@ -446,9 +446,13 @@ def start_business_service(
 _APPROVAL_KEY_VARIABLES = ("TOOLLOOP_APPROVAL_KEY",)
 
 
-def worker_command(repo_root: Path) -> list[str]:
+# The local stack runs the bundled demo's tools (demo/agent.py).
+DEMO_TOOLS = "demo.agent:build"
+
+
+def worker_command(repo_root: Path, tools: str = DEMO_TOOLS) -> list[str]:
     # The absolute script path makes the recorded cmdline specific to this checkout.
-    return [sys.executable, str(repo_root / "worker.py")]
+    return [sys.executable, str(repo_root / "worker.py"), "--tools", tools]
 
 
 def start_worker(
@@ -459,14 +463,16 @@ def start_worker(
     *,
     inherit_env: bool = True,
     timeout: float = 60.0,
+    tools: str = DEMO_TOOLS,
 ) -> ManagedProcess:
-    """Start `python worker.py` in repo_root with env laid over os.environ; return once it logs "worker ready"."""
+    """Start `python worker.py --tools TOOLS` in repo_root with env laid over os.environ; return once it logs
+    "worker ready"."""
     full_env = {**(os.environ if inherit_env else {}), **env, "PYTHONUNBUFFERED": "1"}
     # The worker must never hold the key that signs approvals: the model's side cannot mint them.
     for name in _APPROVAL_KEY_VARIABLES:
         full_env.pop(name, None)
     proc = ManagedProcess.spawn(
-        "worker", worker_command(repo_root), log_path, env=full_env, cwd=repo_root, detached=detached
+        "worker", worker_command(repo_root, tools), log_path, env=full_env, cwd=repo_root, detached=detached
     )
     _ready_or_stop(
         proc, lambda: wait_for_log_line(log_path, WORKER_READY_LINE, timeout, proc, start_offset=proc.log_offset)

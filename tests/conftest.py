@@ -18,9 +18,9 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from demo.agent import build as build_demo
 from devstack.processes import ManagedProcess, free_port, start_business_service, start_temporal_dev_server
-from toolloop._core.approvals import ApprovalClaims, mint_approval_token
-from toolloop._core.digests import payload_digest
+from toolloop._core.approvals import ApprovalClaims, http_subject, mint_approval_token, payload_digest
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker
@@ -39,6 +39,21 @@ OTHER_SIGNING_KEY = "RJS9Ueqxa--_EFVvavFy1UJHXRitc7AKnboFw6ADIb8"
 
 SHARED_TEMPORAL_ENV = "TOOLLOOP_TEST_TEMPORAL_ADDRESS"
 
+# The demo's write endpoints, by tool: an approval binds the method and path the service receives.
+DEMO_WRITE_PATHS = {
+    "append_ticket_note": ("/tickets/{}/notes", "ticketId"),
+    "create_calendar_event": ("/calendars/{}/events", "calendarId"),
+    "refund_order": ("/orders/{}/refunds", "orderId"),
+}
+
+
+def demo_subject(tool: str, body: Mapping[str, Any]) -> str:
+    """What the demo service digests besides the body: "POST /tickets/T1001/notes" for a note."""
+    if tool not in DEMO_WRITE_PATHS:
+        return tool
+    template, field = DEMO_WRITE_PATHS[tool]
+    return http_subject("POST", template.format(body.get(field, "X")))
+
 
 def approval_token(
     operation_id: str,
@@ -51,13 +66,14 @@ def approval_token(
     key: str = APPROVAL_KEY,
     decision: Literal["approve", "reject"] = "approve",
 ) -> str:
-    """A decision token made by hand (the channel's job), for exactly `tool` and `body` unless told otherwise."""
+    """A decision token made by hand (the channel's job), for exactly `tool` (a demo write's name stands for its
+    method and path) and `body` unless told otherwise."""
     now = time.time()
     claims = ApprovalClaims(
         user_id=user,
         tenant_id=tenant,
         operation_id=operation_id,
-        digest=payload_digest(tool, body),
+        digest=payload_digest(demo_subject(tool, body), body),
         approved_by=user,
         approved_at=now,
         expires_at=now + expires_in,
@@ -153,7 +169,7 @@ async def admin(business_service: BusinessService) -> AsyncIterator[httpx.AsyncC
 
 @pytest.fixture
 async def worker(client: Client, settings: Settings) -> AsyncIterator[Worker]:
-    async with running_worker(client, settings) as w:
+    async with running_worker(client, settings, build_demo(settings.service_url)) as w:
         yield w
 
 

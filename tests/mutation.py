@@ -2,7 +2,7 @@
 service's ledger and write path, and the workflow's write protocol, then prints what survived.
 
     .venv/bin/python -m tests.mutation            # everything (about half an hour on 2 cores)
-    .venv/bin/python -m tests.mutation 'workflows.write_protocol*'   # one module's mutants
+    .venv/bin/python -m tests.mutation 'workflows.operations*'   # one module's mutants
 
 The workflow tests need a Temporal dev server: this starts one and shares it with every test run (through
 TOOLLOOP_TEST_TEMPORAL_ADDRESS), so each mutant costs its tests, not a server start. Results stay in

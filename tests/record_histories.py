@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 from temporalio.client import Client, WorkflowHandle
 
+from demo.agent import build as build_demo
 from devstack.processes import free_port, start_business_service, start_temporal_dev_server
 from tests.agent_helpers import approving, call, decide, say, script_spec, set_faults, start_agent, waiting_operation
 from tests.conftest import APPROVAL_VERIFY_KEY, REPO_ROOT
@@ -153,7 +154,7 @@ async def record(directory: Path) -> None:
         )
         HISTORIES.mkdir(exist_ok=True)
         async with (
-            running_worker(client, settings, max_cached_workflows=0),
+            running_worker(client, settings, build_demo(settings.service_url), max_cached_workflows=0),
             httpx.AsyncClient(base_url=settings.service_url, headers={"X-Admin-Token": token}) as admin,
         ):
             for name, scenario in SCENARIOS.items():

@@ -96,7 +96,7 @@ async def test_order_of_another_user_is_answered_like_a_missing_one(client: http
     missing = await client.get("/orders/A999", headers=U1)
     not_yours = await client.get("/orders/A100", headers=U2)
     other_tenant = await client.get("/orders/A100", headers=U3_OTHER_TENANT)
-    body = assert_problem(missing, 404, "NOT_AVAILABLE")
+    body = assert_problem(missing, 404, "NOT_FOUND")
     assert body["detail"] == "order A999 is not available"
     for r in (not_yours, other_tenant):
         assert r.status_code == missing.status_code
@@ -106,14 +106,14 @@ async def test_order_of_another_user_is_answered_like_a_missing_one(client: http
 
 
 async def test_ticket_and_calendar_of_another_user_are_not_available(client: httpx.AsyncClient) -> None:
-    assert_problem(await client.get("/tickets/T1002", headers=U1), 404, "NOT_AVAILABLE")
+    assert_problem(await client.get("/tickets/T1002", headers=U1), 404, "NOT_FOUND")
     r = await client.get("/calendars/cal-u2/free-slots?from=2026-12-01T00:00:00Z&to=2026-12-02T00:00:00Z", headers=U1)
-    assert assert_problem(r, 404, "NOT_AVAILABLE")["detail"] == "calendar cal-u2 is not available"
+    assert assert_problem(r, 404, "NOT_FOUND")["detail"] == "calendar cal-u2 is not available"
 
 
 @pytest.mark.parametrize("headers", [{}, {"X-Actor-User": "u1"}, {"X-Actor-Tenant": "acme"}])
 async def test_missing_identity_is_forbidden(client: httpx.AsyncClient, headers: dict[str, str]) -> None:
-    assert_problem(await client.get("/orders/A100", headers=headers), 401, "FORBIDDEN")
+    assert_problem(await client.get("/orders/A100", headers=headers), 401, "ACTOR_REQUIRED")
 
 
 async def test_healthz_needs_no_identity(client: httpx.AsyncClient) -> None:
@@ -141,18 +141,18 @@ async def test_list_orders_pages_through_the_actor_orders(client: httpx.AsyncCli
 
 
 async def test_list_orders_rejects_page_size_over_100(client: httpx.AsyncClient) -> None:
-    body = assert_problem(await client.get("/orders?page_size=101", headers=U1), 422, "BAD_ARGUMENTS")
+    body = assert_problem(await client.get("/orders?page_size=101", headers=U1), 422, "INVALID_REQUEST")
     assert body["detail"] == "page_size: Input should be less than or equal to 100"
 
 
 async def test_validation_detail_does_not_echo_input(client: httpx.AsyncClient) -> None:
-    body = assert_problem(await client.get("/orders?page=evil-value-123", headers=U1), 422, "BAD_ARGUMENTS")
+    body = assert_problem(await client.get("/orders?page=evil-value-123", headers=U1), 422, "INVALID_REQUEST")
     assert body["detail"].startswith("page:") and "evil-value-123" not in body["detail"]
 
 
 @pytest.mark.parametrize("path", ["/orders/B100", "/orders/A1000", "/orders/a100", "/tickets/T12", "/tickets/1001"])
 async def test_bad_id_pattern_is_bad_arguments(client: httpx.AsyncClient, path: str) -> None:
-    body = assert_problem(await client.get(path, headers=U1), 422, "BAD_ARGUMENTS")
+    body = assert_problem(await client.get(path, headers=U1), 422, "INVALID_REQUEST")
     assert body["detail"].split(":")[0] in ("order_id", "ticket_id")
 
 
@@ -167,7 +167,7 @@ async def test_get_ticket_returns_notes_and_version(client: httpx.AsyncClient) -
 
 
 async def test_unknown_route_is_a_problem(client: httpx.AsyncClient) -> None:
-    assert_problem(await client.get("/nothing-here", headers=U1), 404, "NOT_AVAILABLE")
+    assert_problem(await client.get("/nothing-here", headers=U1), 404, "NOT_FOUND")
 
 
 # --- Free slots -----------------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ async def test_free_slots_are_clipped_to_the_range_and_skip_weekends(client: htt
 async def test_free_slots_reject_a_naive_time(client: httpx.AsyncClient) -> None:
     params = {"from": "2026-12-01T00:00:00", "to": "2026-12-02T00:00:00Z"}
     r = await client.get("/calendars/cal-u1/free-slots", params=params, headers=U1)
-    assert assert_problem(r, 422, "BAD_ARGUMENTS")["detail"] == "from: needs an explicit UTC offset"
+    assert assert_problem(r, 422, "INVALID_REQUEST")["detail"] == "from: needs an explicit UTC offset"
 
 
 @pytest.mark.parametrize(
@@ -213,7 +213,7 @@ async def test_free_slots_reject_a_naive_time(client: httpx.AsyncClient) -> None
 )
 async def test_free_slots_reject_bad_ranges(client: httpx.AsyncClient, start: str, end: str, field: str) -> None:
     r = await client.get("/calendars/cal-u1/free-slots", params={"from": start, "to": end}, headers=U1)
-    assert assert_problem(r, 422, "BAD_ARGUMENTS")["detail"].startswith(f"{field}:")
+    assert assert_problem(r, 422, "INVALID_REQUEST")["detail"].startswith(f"{field}:")
 
 
 def test_free_slots_truncates_at_the_limit() -> None:
@@ -259,7 +259,7 @@ async def test_status_fault_with_times_applies_once(client: httpx.AsyncClient) -
     await client.put("/admin/faults", json={"rules": [rule]}, headers=ADMIN)
     first = await client.get("/orders/A100", headers=U1)
     second = await client.get("/orders/A100", headers=U1)
-    assert_problem(first, 503, "TEMPORARY_UNAVAILABLE")
+    assert_problem(first, 503, "UNAVAILABLE")
     assert second.status_code == 200
     listed = (await client.get("/admin/faults", headers=ADMIN)).json()["rules"]
     assert listed[0]["remaining"] == 0
@@ -270,14 +270,14 @@ async def test_status_fault_with_times_applies_once(client: httpx.AsyncClient) -
 async def test_429_fault_sends_retry_after(client: httpx.AsyncClient) -> None:
     await client.put("/admin/faults", json={"rules": [{"path_regex": "^/tickets/", "status": 429}]}, headers=ADMIN)
     r = await client.get("/tickets/T1001", headers=U1)
-    assert_problem(r, 429, "TEMPORARY_UNAVAILABLE")
+    assert_problem(r, 429, "TOO_MANY_REQUESTS")
     assert r.headers["retry-after"] == "1"
     assert (await client.get("/orders/A100", headers=U1)).status_code == 200
 
 
 async def test_reset_and_delete_clear_faults_and_log(client: httpx.AsyncClient) -> None:
     await client.put("/admin/faults", json={"rules": [{"path_regex": "^/orders", "status": 500}]}, headers=ADMIN)
-    assert_problem(await client.get("/orders/A100", headers=U1), 500, "INTERNAL")
+    assert_problem(await client.get("/orders/A100", headers=U1), 500, "SERVER_ERROR")
     assert (await client.delete("/admin/faults", headers=ADMIN)).status_code == 200
     assert (await client.get("/orders/A100", headers=U1)).status_code == 200
     await client.put("/admin/faults", json={"rules": [{"path_regex": "^/orders", "status": 503}]}, headers=ADMIN)
@@ -289,7 +289,7 @@ async def test_reset_and_delete_clear_faults_and_log(client: httpx.AsyncClient) 
 
 async def test_bad_fault_rules_are_rejected(client: httpx.AsyncClient) -> None:
     for rule in ({"path_regex": "("}, {"path_regex": "x", "status": 418}, {"path_regex": "x", "kind": "explode"}):
-        assert_problem(await client.put("/admin/faults", json={"rules": [rule]}, headers=ADMIN), 422, "BAD_ARGUMENTS")
+        assert_problem(await client.put("/admin/faults", json={"rules": [rule]}, headers=ADMIN), 422, "INVALID_REQUEST")
 
 
 async def test_faults_are_shared_by_apps_on_one_database(db: Path) -> None:
@@ -302,9 +302,9 @@ async def test_faults_are_shared_by_apps_on_one_database(db: Path) -> None:
 
 
 async def test_admin_needs_the_token(client: httpx.AsyncClient) -> None:
-    assert_problem(await client.get("/admin/faults"), 401, "FORBIDDEN")
-    assert_problem(await client.get("/admin/requests", headers={"X-Admin-Token": "wrong"}), 401, "FORBIDDEN")
-    assert_problem(await client.post("/admin/reset", headers={"X-Admin-Token": ""}), 401, "FORBIDDEN")
+    assert_problem(await client.get("/admin/faults"), 401, "ADMIN_ONLY")
+    assert_problem(await client.get("/admin/requests", headers={"X-Admin-Token": "wrong"}), 401, "ADMIN_ONLY")
+    assert_problem(await client.post("/admin/reset", headers={"X-Admin-Token": ""}), 401, "ADMIN_ONLY")
 
 
 async def test_admin_does_not_exist_without_a_configured_token(db: Path) -> None:
@@ -316,7 +316,7 @@ async def test_admin_does_not_exist_without_a_configured_token(db: Path) -> None
             ("GET", "/admin/requests"),
             ("GET", "/admin/other"),
         ]:
-            assert_problem(await c.request(method, path, headers=ADMIN), 404, "NOT_AVAILABLE")
+            assert_problem(await c.request(method, path, headers=ADMIN), 404, "NOT_FOUND")
 
 
 # --- Storage and robustness -----------------------------------------------------------------------------
@@ -336,7 +336,7 @@ async def test_unhandled_error_is_a_generic_500(db: Path) -> None:
         with sqlite3.connect(db) as conn:
             conn.execute("DROP TABLE order_items")
         r = await c.get("/orders/A100", headers=U1)
-        body = assert_problem(r, 500, "INTERNAL")
+        body = assert_problem(r, 500, "SERVER_ERROR")
         assert "order_items" not in body["detail"]
         log = (await c.get("/admin/requests", headers=ADMIN)).json()["requests"]
         assert log[-1]["status"] == 500
@@ -406,7 +406,7 @@ async def test_module_runs_as_a_server_and_never_prints_the_token(tmp_path: Path
 async def test_an_unknown_user_or_tenant_is_told_so_not_given_empty_results(client: httpx.AsyncClient) -> None:
     for headers in (UNKNOWN, {"X-Actor-User": "nobody", "X-Actor-Tenant": "acme"}):
         for path in ("/me", "/orders", "/orders/A100", "/operations/op-1"):
-            body = assert_problem(await client.get(path, headers=headers), 401, "FORBIDDEN")
+            body = assert_problem(await client.get(path, headers=headers), 401, "UNKNOWN_USER")
             assert body["detail"] == "unknown user or tenant"
     me = await client.get("/me", headers=U3_OTHER_TENANT)
     assert me.status_code == 200 and me.json() == {"user_id": "u3", "tenant_id": "globex", "name": "Hank Scorpio"}
@@ -414,5 +414,5 @@ async def test_an_unknown_user_or_tenant_is_told_so_not_given_empty_results(clie
 
 async def test_the_same_user_id_in_another_tenant_is_another_person(client: httpx.AsyncClient) -> None:
     assert (await client.get("/me", headers=U1_GLOBEX)).json()["name"] == "Ulla Eins"
-    assert_problem(await client.get("/orders/A100", headers=U1_GLOBEX), 404, "NOT_AVAILABLE")
+    assert_problem(await client.get("/orders/A100", headers=U1_GLOBEX), 404, "NOT_FOUND")
     assert (await client.get("/orders", headers=U1_GLOBEX)).json()["total"] == 0

@@ -222,10 +222,10 @@ async def test_replay_does_not_need_a_still_valid_approval(client: httpx.AsyncCl
 async def test_same_key_other_payload_is_an_idempotency_conflict(client: httpx.AsyncClient) -> None:
     assert (await write(client, "append_ticket_note", NOTE, "op-c")).status_code == 201
     other = {**NOTE, "text": "something else"}
-    body = assert_problem(await write(client, "append_ticket_note", other, "op-c"), 422, "IDEMPOTENCY_CONFLICT")
+    body = assert_problem(await write(client, "append_ticket_note", other, "op-c"), 422, "IDEMPOTENCY_KEY_REUSED")
     assert "different payload" in body["detail"]
     # Another tool under the same key is another payload too.
-    assert_problem(await write(client, "refund_order", REFUND, "op-c"), 422, "IDEMPOTENCY_CONFLICT")
+    assert_problem(await write(client, "refund_order", REFUND, "op-c"), 422, "IDEMPOTENCY_KEY_REUSED")
     assert len(await effects(client)) == 1
 
 
@@ -253,10 +253,10 @@ async def test_a_missing_or_malformed_key_is_400(client: httpx.AsyncClient, key:
 
 
 async def test_identity_is_checked_before_the_key_and_the_key_before_the_body(client: httpx.AsyncClient) -> None:
-    assert_problem(await client.post("/tickets/T1001/notes", content=b"{"), 401, "FORBIDDEN")
+    assert_problem(await client.post("/tickets/T1001/notes", content=b"{"), 401, "ACTOR_REQUIRED")
     assert_problem(await client.post("/tickets/T1001/notes", content=b"{", headers=U1), 400, "IDEMPOTENCY_KEY_REQUIRED")
     r = await client.post("/tickets/T1001/notes", content=b"{", headers=write_headers("op-x", None))
-    assert_problem(r, 422, "BAD_ARGUMENTS")
+    assert_problem(r, 422, "INVALID_BODY")
 
 
 def _bad_tokens() -> dict[str, str | None]:
@@ -297,7 +297,7 @@ def test_every_bad_token_case_is_tried() -> None:
 async def test_without_a_valid_approval_nothing_happens(client: httpx.AsyncClient, case: str) -> None:
     token = _bad_tokens()[case]
     r = await client.post("/tickets/T1001/notes", json=NOTE, headers=write_headers("op-z", token))
-    assert_problem(r, 403, "CONFIRMATION_REQUIRED")
+    assert_problem(r, 403, "APPROVAL_REQUIRED")
     assert await effects(client) == []
     assert (await status_of(client, "op-z"))["state"] == "not_found"
     assert (await client.get("/tickets/T1001", headers=U1)).json()["version"] == 1
@@ -307,7 +307,7 @@ async def test_without_an_approval_key_every_write_is_refused(db: Path) -> None:
     async with asgi_client(db, approval_verify_key=None) as c:
         for tool, body in [("append_ticket_note", NOTE), ("create_calendar_event", EVENT), ("refund_order", REFUND)]:
             r = await write(c, tool, body, f"op-{tool}")
-            assert assert_problem(r, 403, "CONFIRMATION_REQUIRED")["detail"] == (
+            assert assert_problem(r, 403, "APPROVAL_REQUIRED")["detail"] == (
                 "this service has no approval key configured"
             )
         assert await effects(c) == []
@@ -319,7 +319,7 @@ async def test_without_an_approval_key_every_write_is_refused(db: Path) -> None:
 async def test_stale_version_is_a_stored_conflict(client: httpx.AsyncClient) -> None:
     assert (await write(client, "append_ticket_note", NOTE, "op-v1")).status_code == 201
     first = await write(client, "append_ticket_note", {**NOTE, "text": "second"}, "op-v2")
-    body = assert_problem(first, 409, "VERSION_CONFLICT")
+    body = assert_problem(first, 409, "STALE_VERSION")
     assert body["current_version"] == 2
     # The refusal is the key's outcome: the same request again gets the same answer, marked as a replay.
     again = await write(client, "append_ticket_note", {**NOTE, "text": "second"}, "op-v2")
@@ -334,7 +334,7 @@ async def test_refund_is_bounded_by_the_refundable_amount(client: httpx.AsyncCli
     assert ok.status_code == 201
     assert (ok.json()["refunded_cents"], ok.json()["refundable_cents"]) == (total - 100, 100)
     over = await write(client, "refund_order", {**REFUND, "amountCents": 101}, "op-r2")
-    assert assert_problem(over, 422, "BAD_ARGUMENTS")["detail"] == "amountCents: at most 100 cents are refundable"
+    assert assert_problem(over, 422, "NOT_REFUNDABLE")["detail"] == "amountCents: at most 100 cents are refundable"
     refunds = (await client.get("/orders/A100/refunds", headers=U1)).json()
     assert (refunds["refunded_cents"], refunds["total_cents"]) == (total - 100, total)
     assert [r["refund_id"] for r in refunds["refunds"]] == [ok.json()["refund_id"]]
@@ -360,7 +360,7 @@ async def test_refund_is_bounded_by_the_refundable_amount(client: httpx.AsyncCli
 )
 async def test_bad_refund_bodies_are_rejected(client: httpx.AsyncClient, change: dict[str, Any], field: str) -> None:
     r = await write(client, "refund_order", {**REFUND, **change}, "op-bad")
-    assert assert_problem(r, 422, "BAD_ARGUMENTS")["detail"].startswith(f"{field}:")
+    assert assert_problem(r, 422, "INVALID_BODY")["detail"].startswith(f"{field}:")
     assert await effects(client) == []
     assert (await status_of(client, "op-bad"))["state"] == "not_found"
 
@@ -368,13 +368,13 @@ async def test_bad_refund_bodies_are_rejected(client: httpx.AsyncClient, change:
 async def test_refund_without_amount_never_defaults_to_the_full_amount(client: httpx.AsyncClient) -> None:
     body = {"orderId": "A100", "reason": "refund everything"}
     r = await write(client, "refund_order", body, "op-all")
-    assert assert_problem(r, 422, "BAD_ARGUMENTS")["detail"] == "amountCents: is required"
+    assert assert_problem(r, 422, "INVALID_BODY")["detail"] == "amountCents: is required"
     assert await effects(client) == []
 
 
 async def test_writes_on_objects_of_others_are_not_available(client: httpx.AsyncClient) -> None:
     r = await write(client, "refund_order", {**REFUND, "orderId": "A101"}, "op-na", path="/orders/A101/refunds")
-    assert assert_problem(r, 404, "NOT_AVAILABLE")["detail"] == "order A101 is not available"
+    assert assert_problem(r, 404, "NOT_FOUND")["detail"] == "order A101 is not available"
     assert (await status_of(client, "op-na"))["status_code"] == 404
     assert await effects(client) == []
 
@@ -395,7 +395,7 @@ async def test_calendar_event_is_created_and_read_back(client: httpx.AsyncClient
     assert (effect["kind"], effect["id"]) == ("event", event["event_id"])
     got = await client.get(f"/calendars/cal-u1/events/{event['event_id']}", headers=U1)
     assert (got.status_code, got.json()) == (200, event)
-    assert_problem(await client.get(f"/calendars/cal-u1/events/{event['event_id']}", headers=U2), 404, "NOT_AVAILABLE")
+    assert_problem(await client.get(f"/calendars/cal-u1/events/{event['event_id']}", headers=U2), 404, "NOT_FOUND")
     no_attendees = {k: v for k, v in EVENT.items() if k != "attendees"}
     r = await write(client, "create_calendar_event", no_attendees, "op-e2")
     assert (r.status_code, r.json()["attendees"]) == (201, [])
@@ -419,21 +419,21 @@ async def test_calendar_event_is_created_and_read_back(client: httpx.AsyncClient
 )
 async def test_bad_event_bodies_are_rejected(client: httpx.AsyncClient, change: dict[str, Any], field: str) -> None:
     r = await write(client, "create_calendar_event", {**EVENT, **change}, "op-bad-e")
-    assert assert_problem(r, 422, "BAD_ARGUMENTS")["detail"].startswith(f"{field}:")
+    assert assert_problem(r, 422, "INVALID_BODY")["detail"].startswith(f"{field}:")
     assert await effects(client) == []
 
 
 @pytest.mark.parametrize("text", ["   ", "", "x" * 501, "zero\u200bwidth", "bell\x07"])
 async def test_bad_note_text_is_rejected(client: httpx.AsyncClient, text: str) -> None:
     r = await write(client, "append_ticket_note", {**NOTE, "text": text}, "op-bad-n")
-    assert assert_problem(r, 422, "BAD_ARGUMENTS")["detail"].startswith("text:")
+    assert assert_problem(r, 422, "INVALID_BODY")["detail"].startswith("text:")
     assert await effects(client) == []
 
 
 @pytest.mark.parametrize("raw", [b"[1]", b"not json", b'{"amountCents": NaN}', b""])
 async def test_a_body_that_is_not_a_json_object_is_rejected(client: httpx.AsyncClient, raw: bytes) -> None:
     r = await client.post("/orders/A100/refunds", content=raw, headers=write_headers("op-j", "t"))
-    assert assert_problem(r, 422, "BAD_ARGUMENTS")["detail"] == "the body must be a JSON object"
+    assert assert_problem(r, 422, "INVALID_BODY")["detail"] == "the body must be a JSON object"
     assert await effects(client) == []
 
 
@@ -452,8 +452,8 @@ async def test_status_reports_completed_and_not_found_per_actor(client: httpx.As
     done = await status_of(client, "op-s")
     assert (done["state"], done["status_code"], done["body"]) == ("completed", 201, created.json())
     assert (await status_of(client, "op-s", U2))["state"] == "not_found"
-    assert_problem(await client.get("/operations/op-s"), 401, "FORBIDDEN")
-    assert_problem(await client.get("/operations/bad%20id", headers=U1), 422, "BAD_ARGUMENTS")
+    assert_problem(await client.get("/operations/op-s"), 401, "ACTOR_REQUIRED")
+    assert_problem(await client.get("/operations/bad%20id", headers=U1), 422, "INVALID_REQUEST")
 
 
 async def test_records_expire_after_the_retention_window(db: Path) -> None:
@@ -496,7 +496,7 @@ async def test_a_retry_while_the_first_attempt_is_in_flight_is_409(client: httpx
 
 async def test_503_before_commit_leaves_nothing_and_the_same_key_then_succeeds(client: httpx.AsyncClient) -> None:
     await set_faults(client, {"method": "POST", "path_regex": "/refunds$", "status": 503, "times": 1})
-    assert_problem(await write(client, "refund_order", REFUND, "op-503"), 503, "TEMPORARY_UNAVAILABLE")
+    assert_problem(await write(client, "refund_order", REFUND, "op-503"), 503, "UNAVAILABLE")
     assert (await status_of(client, "op-503"))["state"] == "not_found"
     assert (await write(client, "refund_order", REFUND, "op-503")).status_code == 201
     assert len(await effects(client, "op-503")) == 1
@@ -504,7 +504,7 @@ async def test_503_before_commit_leaves_nothing_and_the_same_key_then_succeeds(c
 
 async def test_a_failure_after_the_claim_releases_it(client: httpx.AsyncClient) -> None:
     await set_faults(client, {"path_regex": "/notes$", "when": "after_claim", "status": 503, "times": 1})
-    assert_problem(await write(client, "append_ticket_note", NOTE, "op-ac"), 503, "TEMPORARY_UNAVAILABLE")
+    assert_problem(await write(client, "append_ticket_note", NOTE, "op-ac"), 503, "UNAVAILABLE")
     assert (await status_of(client, "op-ac"))["state"] == "not_found"
     assert (await write(client, "append_ticket_note", NOTE, "op-ac")).status_code == 201
     assert len(await effects(client, "op-ac")) == 1
@@ -512,7 +512,7 @@ async def test_a_failure_after_the_claim_releases_it(client: httpx.AsyncClient) 
 
 async def test_status_endpoint_can_be_made_unavailable(client: httpx.AsyncClient) -> None:
     await set_faults(client, {"method": "GET", "path_regex": "^/operations/", "status": 503})
-    assert_problem(await client.get("/operations/op-any", headers=U1), 503, "TEMPORARY_UNAVAILABLE")
+    assert_problem(await client.get("/operations/op-any", headers=U1), 503, "UNAVAILABLE")
 
 
 @pytest.mark.parametrize(
@@ -526,7 +526,7 @@ async def test_status_endpoint_can_be_made_unavailable(client: httpx.AsyncClient
     ],
 )
 async def test_inconsistent_fault_rules_are_rejected(client: httpx.AsyncClient, rule: dict[str, Any]) -> None:
-    assert_problem(await client.put("/admin/faults", json={"rules": [rule]}, headers=ADMIN), 422, "BAD_ARGUMENTS")
+    assert_problem(await client.put("/admin/faults", json={"rules": [rule]}, headers=ADMIN), 422, "INVALID_REQUEST")
 
 
 # --- After-commit faults on a real socket -------------------------------------------------------------------
@@ -565,7 +565,7 @@ async def test_truncate_after_commit_cuts_the_body(real: httpx.AsyncClient) -> N
 async def test_500_after_commit_replaces_the_reply(real: httpx.AsyncClient) -> None:
     await set_faults(real, {"path_regex": "/events$", "when": "after_commit", "status": 500, "times": 1})
     body = {**EVENT, "start": "2026-12-08T10:00:00Z", "end": "2026-12-08T11:00:00Z"}
-    assert_problem(await write(real, "create_calendar_event", body, "op-500"), 500, "INTERNAL")
+    assert_problem(await write(real, "create_calendar_event", body, "op-500"), 500, "SERVER_ERROR")
     await assert_committed_once(real, "op-500", "create_calendar_event", body)
 
 
@@ -636,7 +636,7 @@ async def test_an_approval_that_expires_while_the_service_stalls_after_the_claim
     await set_faults(client, {"method": "POST", "path_regex": "/notes$", "when": "after_claim", "latency_ms": 1500})
     token = approval_token("op-late", "append_ticket_note", NOTE, expires_in=1.0)
     r = await write(client, "append_ticket_note", NOTE, "op-late", token=token)
-    body = assert_problem(r, 403, "CONFIRMATION_REQUIRED")
+    body = assert_problem(r, 403, "APPROVAL_REQUIRED")
     assert body["detail"] == "the approval expired before the write could be committed"
     assert await effects(client) == []
     # Nothing was recorded for the key and its claim is gone: the status says not there.
@@ -646,11 +646,11 @@ async def test_an_approval_that_expires_while_the_service_stalls_after_the_claim
 
 @pytest.mark.parametrize("order_id", ["A\u0661\u0660\u0660", "A\uff11\uff10\uff10", "\u0410100"])
 async def test_ids_with_non_ascii_digits_or_letters_are_rejected(client: httpx.AsyncClient, order_id: str) -> None:
-    assert_problem(await client.get(f"/orders/{order_id}", headers=U1), 422, "BAD_ARGUMENTS")
+    assert_problem(await client.get(f"/orders/{order_id}", headers=U1), 422, "INVALID_REQUEST")
     r = await write(
         client, "refund_order", {**REFUND, "orderId": order_id}, "op-ascii", path=f"/orders/{order_id}/refunds"
     )
-    assert_problem(r, 422, "BAD_ARGUMENTS")
+    assert_problem(r, 422, "INVALID_REQUEST")
     assert await effects(client) == []
 
 
@@ -667,7 +667,7 @@ async def test_the_status_declares_the_configured_retention(db: Path) -> None:
 
 
 async def test_a_body_at_the_size_limit_is_read_and_one_byte_more_is_413(client: httpx.AsyncClient) -> None:
-    from demo.bizservice.writes import MAX_BODY_BYTES
+    from toolloop.servicekit import MAX_BODY_BYTES
 
     reason = "r" * 100
     body = json.dumps({**REFUND, "reason": reason})
@@ -677,4 +677,4 @@ async def test_a_body_at_the_size_limit_is_read_and_one_byte_more_is_413(client:
     at_limit = await client.post("/orders/A100/refunds", content=padded.encode(), headers=headers)
     assert at_limit.status_code == 201
     over = await client.post("/orders/A100/refunds", content=(padded + " ").encode(), headers=headers)
-    assert assert_problem(over, 413, "BAD_ARGUMENTS")["detail"] == f"the body may be at most {MAX_BODY_BYTES} bytes"
+    assert assert_problem(over, 413, "BODY_TOO_LARGE")["detail"] == f"the body may be at most {MAX_BODY_BYTES} bytes"

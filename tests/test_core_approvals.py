@@ -16,12 +16,12 @@ from toolloop._core.approvals import (
     check_verify_key,
     generate_signing_key,
     mint_approval_token,
+    payload_digest,
     read_approval_claims,
     verify_approval_token,
     verify_key_for,
 )
 from toolloop._core.contracts import Actor, ApprovalRequest
-from toolloop._core.digests import payload_digest
 from toolloop._temporal.approval_channel import ApprovalRefused, check_shown_payload, sign_decision
 
 KEY, VERIFY = APPROVAL_KEY, APPROVAL_VERIFY_KEY

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from toolloop._core.digests import canonical_json, derive_operation_id, payload_digest
+from toolloop._core.approvals import canonical_json, derive_operation_id, payload_digest
 
 NOTE = {"ticketId": "T1001", "text": "Caf\u00e9", "expectedVersion": 1}
 

@@ -9,8 +9,8 @@ from typing import Annotated, Any
 import pytest
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
 
+from toolloop._core.approvals import derive_operation_id, payload_digest
 from toolloop._core.contracts import FunctionCallItem
-from toolloop._core.digests import derive_operation_id, payload_digest
 from toolloop._core.registry import (
     Evidence,
     Instant,

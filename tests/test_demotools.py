@@ -13,11 +13,12 @@ from pydantic import BaseModel
 
 from demo.bizservice.app import create_app
 from demo.bizservice.seed import SEED_FACTS
-from demo.tools.reads import build_demo_registry, map_response
+from demo.tools import PROBLEM_CODES, demo_tools
 from toolloop._core.codes import ResultCode
 from toolloop._core.contracts import Actor, FunctionCallItem
 from toolloop._core.registry import ToolContext, ToolError, ToolRegistry, ToolTemporaryError, strict_schema_problems
 from toolloop._core.validation import check_call
+from toolloop._tools.http import default_actor_headers, read_answer
 
 ADMIN = {"X-Admin-Token": "t"}
 FREE_SLOTS_ARGS = '{"calendarId":"cal-u1","from":"2026-12-01T00:00:00Z","to":"2026-12-02T00:00:00+00:00"}'
@@ -26,7 +27,7 @@ LEAK_MARKERS = ("Traceback", "sqlite", "SELECT", ".py", "/tmp", "/work", "secret
 
 @pytest.fixture
 def registry() -> ToolRegistry:
-    return build_demo_registry()
+    return demo_tools("http://svc").registry
 
 
 @pytest.fixture
@@ -37,7 +38,8 @@ async def service(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
 
 
 def ctx_for(http: httpx.AsyncClient, user_id: str = "u1", tenant_id: str = "acme") -> ToolContext:
-    return ToolContext(actor=Actor(user_id=user_id, tenant_id=tenant_id), http=http, workflow_id="wf-1", call_id="c1")
+    actor = Actor(user_id=user_id, tenant_id=tenant_id)
+    return ToolContext(actor=actor, http=http, workflow_id="wf-1", call_id="c1", headers=default_actor_headers(actor))
 
 
 def call(name: str, arguments: str) -> FunctionCallItem:
@@ -48,8 +50,8 @@ async def run(registry: ToolRegistry, ctx: ToolContext, name: str, arguments: st
     """Validate like the loop does, then run the executor on the parsed arguments."""
     spec = registry.get(name)
     assert spec is not None
-    args = spec.arguments.model_validate_json(arguments, strict=True)
-    return dict(await spec.execute(ctx, args))
+    args = spec.schema.check(arguments)
+    return spec.output_of(await spec.execute(ctx, args))
 
 
 def assert_clean(text: str) -> None:
@@ -66,7 +68,7 @@ def test_every_tool_has_a_strict_schema(registry: ToolRegistry) -> None:
     for name in registry.names():
         spec = registry.get(name)
         assert spec is not None and spec.read_only == (name in registry.names()[:4])
-        assert strict_schema_problems(spec.arguments) == []
+        assert isinstance(spec.arguments, type) and strict_schema_problems(spec.arguments) == []
         params = spec.definition()["parameters"]
         assert params["additionalProperties"] is False
         assert all("description" in prop for prop in params["properties"].values())
@@ -109,13 +111,13 @@ def test_check_call_rejects_bad_arguments(
 def test_find_free_slots_arguments_validate_strictly_by_alias(registry: ToolRegistry) -> None:
     spec = registry.get("find_free_slots")
     assert spec is not None
-    args = spec.arguments.model_validate_json(FREE_SLOTS_ARGS, strict=True)
+    args = spec.schema.check(FREE_SLOTS_ARGS)
     checked = check_call(registry, call("find_free_slots", FREE_SLOTS_ARGS))
     assert checked.rejection is None
     assert checked.summary == "find_free_slots cal-u1 2026-12-01"
     # The checked arguments keep the model's names, so they validate again unchanged.
     assert checked.arguments == {"calendarId": "cal-u1", "from": "2026-12-01T00:00:00Z", "to": "2026-12-02T00:00:00Z"}
-    assert spec.arguments.model_validate(checked.arguments) == args
+    assert spec.schema.load(checked.arguments) == args
 
 
 @pytest.mark.parametrize(
@@ -246,7 +248,7 @@ async def test_executor_sends_actor_headers_only(registry: ToolRegistry) -> None
 
     def capture(request: httpx.Request) -> httpx.Response:
         seen.append(request)
-        return problem(404, "NOT_AVAILABLE", "order A100 is not available")
+        return problem(404, "NOT_FOUND", "order A100 is not available")
 
     async with mock_client(capture) as http:
         with pytest.raises(ToolError):
@@ -270,15 +272,15 @@ class _Echo(BaseModel):
     ("response", "expected"),
     [
         (
-            problem(422, "BAD_ARGUMENTS", "page_size: Input should be less than or equal to 100"),
+            problem(422, "INVALID_REQUEST", "page_size: Input should be less than or equal to 100"),
             (ToolError, ResultCode.BAD_ARGUMENTS),
         ),
-        (problem(401, "FORBIDDEN", "headers required"), (ToolError, ResultCode.FORBIDDEN)),
-        (problem(403, "FORBIDDEN", "no"), (ToolError, ResultCode.FORBIDDEN)),
-        (problem(409, "VERSION_CONFLICT", "v"), (ToolError, ResultCode.VERSION_CONFLICT)),
+        (problem(401, "ACTOR_REQUIRED", "headers required"), (ToolError, ResultCode.FORBIDDEN)),
+        (problem(403, "ADMIN_ONLY", "no"), (ToolError, ResultCode.FORBIDDEN)),
+        (problem(409, "STALE_VERSION", "v"), (ToolError, ResultCode.VERSION_CONFLICT)),
         (problem(409, "CONFLICT", "c"), (ToolError, ResultCode.CONFLICT)),
         (
-            problem(404, "NOT_AVAILABLE", "SELECT * FROM orders /work/main/secret"),
+            problem(404, "NOT_FOUND", "SELECT * FROM orders /work/main/secret"),
             (ToolError, ResultCode.NOT_AVAILABLE),
         ),
         (
@@ -291,29 +293,34 @@ class _Echo(BaseModel):
         (httpx.Response(200, json={"value": "sqlite secret"}), (ToolError, ResultCode.INTERNAL)),
     ],
 )
-def test_map_response_never_passes_raw_bodies(
+def test_read_answer_never_passes_raw_bodies(
     response: httpx.Response, expected: tuple[type, ResultCode | None]
 ) -> None:
     kind, code = expected
     with pytest.raises(kind) as info:
-        map_response(response, _Echo, "thing X is not available")
+        read_answer(response, _Echo, not_available="thing X is not available", codes=PROBLEM_CODES)
     if code is not None:
         assert isinstance(info.value, ToolError) and info.value.code == code
     assert_clean(str(info.value))
 
 
-def test_map_response_passes_validation_detail_and_retry_after() -> None:
+def test_read_answer_passes_validation_detail_and_retry_after() -> None:
     with pytest.raises(ToolError) as bad:
-        map_response(
-            problem(422, "BAD_ARGUMENTS", "page_size: Input should be less than or equal to 100"), _Echo, "n/a"
+        read_answer(
+            problem(422, "INVALID_REQUEST", "page_size: Input should be less than or equal to 100"),
+            _Echo,
+            not_available="n/a",
         )
     assert bad.value.message == "page_size: Input should be less than or equal to 100"
     with pytest.raises(ToolTemporaryError) as busy:
-        map_response(problem(429, "TEMPORARY_UNAVAILABLE", "slow down", {"Retry-After": "7"}), _Echo, "n/a")
+        read_answer(problem(429, "TOO_MANY_REQUESTS", "slow down", {"Retry-After": "7"}), _Echo, not_available="n/a")
     assert busy.value.retry_after_seconds == 7.0
     with pytest.raises(ToolTemporaryError) as dated:
-        map_response(
-            problem(503, "TEMPORARY_UNAVAILABLE", "x", {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}), _Echo, "n/a"
+        read_answer(
+            problem(503, "UNAVAILABLE", "x", {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}),
+            _Echo,
+            not_available="n/a",
         )
     assert dated.value.retry_after_seconds is None
-    assert map_response(httpx.Response(200, json={"value": 3, "extra": "dropped"}), _Echo, "n/a") == _Echo(value=3)
+    ok = read_answer(httpx.Response(200, json={"value": 3, "extra": "dropped"}), _Echo, not_available="n/a")
+    assert ok == _Echo(value=3)

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from demo.bizservice.app import create_app
 from demo.bizservice.seed import SEED_FACTS
-from demo.tools.reads import build_demo_registry
+from demo.tools import demo_tools
 from tests.conftest import APPROVAL_VERIFY_KEY, approval_token
 from toolloop._core.codes import ResultCode
 from toolloop._core.contracts import Actor, FunctionCallItem, error_output
@@ -33,6 +33,7 @@ from toolloop._core.registry import (
     strict_schema_problems,
 )
 from toolloop._core.validation import check_call
+from toolloop._tools.http import default_actor_headers
 
 ADMIN = {"X-Admin-Token": "t"}
 LEAK_MARKERS = ("Traceback", "sqlite", "SELECT", ".py", "/tmp", "/work", "secret")
@@ -51,7 +52,7 @@ REFUND = {"orderId": "A100", "amountCents": 500, "reason": "damaged box"}
 
 @pytest.fixture
 def registry() -> ToolRegistry:
-    return build_demo_registry()
+    return demo_tools("http://svc").registry
 
 
 @pytest.fixture
@@ -71,7 +72,7 @@ def checked(registry: ToolRegistry, name: str, arguments: dict[str, Any]) -> tup
     """Validate like the loop does: the parsed arguments and the dict the workflow digests."""
     result = check_call(registry, FunctionCallItem(call_id="c1", name=name, arguments=json.dumps(arguments)))
     assert result.rejection is None and result.arguments is not None, result.rejection
-    return spec_of(registry, name).arguments.model_validate(result.arguments), result.arguments
+    return spec_of(registry, name).schema.load(result.arguments), result.arguments
 
 
 def rejection(registry: ToolRegistry, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -83,13 +84,15 @@ def rejection(registry: ToolRegistry, name: str, arguments: dict[str, Any]) -> d
 def write_ctx(
     http: httpx.AsyncClient, operation_id: str | None, token: str | None, user: str = "u1", tenant: str = "acme"
 ) -> ToolContext:
+    actor = Actor(user_id=user, tenant_id=tenant)
     return ToolContext(
-        actor=Actor(user_id=user, tenant_id=tenant),
+        actor=actor,
         http=http,
         workflow_id="wf-1",
         call_id="c1",
         operation_id=operation_id,
         approval_token=token,
+        headers=default_actor_headers(actor),
     )
 
 
@@ -105,8 +108,8 @@ async def run_write(
     """Check, approve (unless a token is given) and execute one write; the parsed args and the output."""
     args, digested = checked(registry, name, arguments)
     token = token if token is not None else approval_token(operation_id, name, digested)
-    output = await spec_of(registry, name).execute(write_ctx(http, operation_id, token), args)
-    return args, dict(output)
+    spec = spec_of(registry, name)
+    return args, spec.output_of(await spec.execute(write_ctx(http, operation_id, token), args))
 
 
 def assert_clean(text: str) -> None:
@@ -133,7 +136,7 @@ def test_write_tools_are_side_effecting_with_strict_schemas(registry: ToolRegist
         spec = spec_of(registry, name)
         assert spec.effect == "side_effecting" and not spec.read_only
         assert spec.status is not None and spec.read_back is not None and spec.redact == ()
-        assert strict_schema_problems(spec.arguments) == []
+        assert isinstance(spec.arguments, type) and strict_schema_problems(spec.arguments) == []
         params = spec.definition()["parameters"]
         assert params["additionalProperties"] is False
         assert list(params["properties"]) == expected_props[name] == params["required"]
@@ -388,17 +391,18 @@ async def test_transport_failures_are_not_sent_or_unknown(
     ("response", "expected"),
     [
         (problem(400, "IDEMPOTENCY_KEY_REQUIRED"), (ToolError, ResultCode.INTERNAL)),
-        (problem(401, "FORBIDDEN"), (ToolError, ResultCode.FORBIDDEN)),
-        (problem(403, "CONFIRMATION_REQUIRED", "the approval has expired"), (ToolError, "CONFIRMATION_REQUIRED")),
-        (problem(404, "NOT_AVAILABLE", "order A100 is not available"), (ToolError, ResultCode.NOT_AVAILABLE)),
-        (problem(409, "VERSION_CONFLICT", current_version=4), (ToolError, ResultCode.VERSION_CONFLICT)),
+        (problem(401, "ACTOR_REQUIRED"), (ToolError, ResultCode.FORBIDDEN)),
+        (problem(403, "APPROVAL_REQUIRED", "the approval has expired"), (ToolError, "CONFIRMATION_REQUIRED")),
+        (problem(404, "NOT_FOUND", "order A100 is not available"), (ToolError, ResultCode.NOT_AVAILABLE)),
+        (problem(409, "STALE_VERSION", current_version=4), (ToolError, ResultCode.VERSION_CONFLICT)),
         (problem(409, "IN_PROGRESS"), (WriteInProgress, None)),
-        (problem(422, "IDEMPOTENCY_CONFLICT"), (ToolError, ResultCode.IDEMPOTENCY_CONFLICT)),
-        (problem(422, "BAD_ARGUMENTS", "amountCents: at most 1 cents are refundable"), (ToolError, "BAD_ARGUMENTS")),
-        (problem(429, "TEMPORARY_UNAVAILABLE"), (WriteOutcomeUnknown, None)),
+        (problem(409, "SOMETHING_ELSE"), (ToolError, ResultCode.CONFLICT)),
+        (problem(422, "IDEMPOTENCY_KEY_REUSED"), (ToolError, ResultCode.IDEMPOTENCY_CONFLICT)),
+        (problem(422, "NOT_REFUNDABLE", "amountCents: at most 1 cents are refundable"), (ToolError, "BAD_ARGUMENTS")),
+        (problem(429, "TOO_MANY_REQUESTS"), (WriteOutcomeUnknown, None)),
         (httpx.Response(500, text="Traceback sqlite secret"), (WriteOutcomeUnknown, None)),
         (httpx.Response(502, text="bad gateway"), (WriteOutcomeUnknown, None)),
-        (problem(503, "TEMPORARY_UNAVAILABLE"), (WriteOutcomeUnknown, None)),
+        (problem(503, "UNAVAILABLE"), (WriteOutcomeUnknown, None)),
         (httpx.Response(504, text=""), (WriteOutcomeUnknown, None)),
         (httpx.Response(418, text="Traceback /tmp/secret"), (WriteOutcomeUnknown, None)),
         (httpx.Response(201, text='{"refund_id": "R-1", "order_id'), (WriteOutcomeUnknown, None)),
@@ -444,7 +448,7 @@ async def test_status_gives_the_executor_output_or_the_stored_refusal(
 @pytest.mark.parametrize(
     "handler",
     [
-        lambda r: problem(503, "TEMPORARY_UNAVAILABLE"),
+        lambda r: problem(503, "UNAVAILABLE"),
         lambda r: httpx.Response(500, text="Traceback"),
         lambda r: httpx.Response(200, text="{not json"),
         lambda r: httpx.Response(200, json={"state": "completed", "status_code": 409, "body": {"code": "IN_PROGRESS"}}),
@@ -502,9 +506,10 @@ async def test_read_back_verifies_the_approved_state(
     args, out = await run_write(registry, service, name, arguments, "op-rb")
     evidence = await read_back(registry, service, name, args, out)
     assert evidence.verified, evidence.detail
-    assert set(evidence.checks) == {"id"} | compared
-    assert evidence.checks["id"] == out[id_field]
+    assert set(evidence.checks) == compared
     assert all(evidence.checks[k] is True for k in compared)
+    # The detail says where the effect was seen.
+    assert evidence.detail.startswith("GET /") and out[id_field] in evidence.detail
 
 
 @pytest.mark.parametrize(
@@ -569,7 +574,7 @@ async def test_read_back_failures(registry: ToolRegistry) -> None:
         async with mock_client(handler) as http:
             with pytest.raises(ToolTemporaryError):
                 await read_back(registry, http, "refund_order", args, output)
-    async with mock_client(lambda r: problem(401, "FORBIDDEN")) as http:
+    async with mock_client(lambda r: problem(401, "ACTOR_REQUIRED")) as http:
         refused = await read_back(registry, http, "refund_order", args, output)
     assert not refused.verified and "FORBIDDEN" in refused.detail
     async with mock_client(lambda r: httpx.Response(200, json={"refunds": []})) as http:

@@ -15,6 +15,7 @@ from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.worker import Replayer, Worker
 
+from demo.agent import build as build_demo
 from devstack.processes import start_worker
 from tests.agent_helpers import (
     approving,
@@ -86,7 +87,7 @@ async def test_stored_histories_replay_deterministically(
     client: Client, settings: Settings, admin: httpx.AsyncClient, business_service: BusinessService
 ) -> None:
     handles = []
-    async with running_worker(client, settings, max_cached_workflows=0):
+    async with running_worker(client, settings, build_demo(settings.service_url), max_cached_workflows=0):
         # A write with an approval Update, a lost reply and a status query, then a repeat of it.
         await set_faults(
             admin, {"method": "POST", "path_regex": "^/orders/A104/refunds$", "when": "after_commit", "action": "drop"}
@@ -141,7 +142,7 @@ async def openai_worker(
     openai_settings = settings.model_copy(
         update={"openai_api_key": SecretStr(API_KEY), "openai_base_url": responses_server.url}
     )
-    async with running_worker(client, openai_settings) as w:
+    async with running_worker(client, openai_settings, build_demo(openai_settings.service_url)) as w:
         yield w
 
 

@@ -20,14 +20,11 @@ from typing import Any
 import httpx
 import pytest
 
-from demo.bizservice import ledger
 from demo.bizservice.app import create_app
-from demo.bizservice.holds import reached
-from demo.bizservice.ledger import OperationKey
-from demo.bizservice.store import Store
 from devstack.processes import ManagedProcess, business_service_command, free_port, wait_for_http_ok
 from tests.agent_helpers import assert_eventually
 from tests.conftest import APPROVAL_VERIFY_KEY, REPO_ROOT, approval_token
+from toolloop.servicekit import ClaimTaken, LedgerKey, LedgerRecord, SqliteLedger, reached
 
 U1 = {"X-Actor-User": "u1", "X-Actor-Tenant": "acme"}
 ADMIN = {"X-Admin-Token": "t"}
@@ -61,17 +58,17 @@ def effects_of(db: Path, operation_id: str) -> list[tuple[Any, ...]]:
 
 def test_two_claims_meeting_while_the_database_is_locked_give_one_claim_and_one_refusal(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
-    store = Store(db)
-    store.init()
-    key = OperationKey("acme", "u1", "op-locked")
+    ledger = SqliteLedger(db)
+    ledger.init()
+    key = LedgerKey("acme", "u1", "op-locked")
     now = time.time()
     results: list[str] = []
 
     def attempt() -> None:
         try:
-            claimed = ledger.claim(store, key, now, now - 3600, 30.0)
+            claimed = ledger.claim(key, now, now - 3600, 30.0)
             results.append(claimed if isinstance(claimed, str) else "record")
-        except ledger.ClaimTaken:
+        except ClaimTaken:
             results.append("refused")
 
     locker = sqlite3.connect(db, isolation_level=None)
@@ -119,7 +116,7 @@ async def test_an_effect_never_stands_without_its_record_and_the_same_key_then_m
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://svc") as http:
         with record_writes_fail(db):
             failed = await http.post("/tickets/T1001/notes", json=NOTE, headers=headers)
-            assert failed.status_code == 500 and failed.json()["code"] == "INTERNAL"
+            assert failed.status_code == 500 and failed.json()["code"] == "SERVER_ERROR"
             assert "record could not" not in failed.text  # no SQL detail leaks
         # The note was written in the same transaction as the record: it rolled back with it.
         assert effects_of(db, "op-record") == []
@@ -237,9 +234,9 @@ async def test_a_process_killed_between_effect_and_record_leaves_no_effect_and_t
 
 
 def test_claim_returns_a_record_completed_meanwhile_and_complete_never_writes_twice(tmp_path: Path) -> None:
-    store = Store(tmp_path / "ledger.db")
-    store.init()
-    key = OperationKey("acme", "u1", "op-direct")
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    ledger.init()
+    key = LedgerKey("acme", "u1", "op-direct")
     now = time.time()
     effects: list[str] = []
 
@@ -247,19 +244,19 @@ def test_claim_returns_a_record_completed_meanwhile_and_complete_never_writes_tw
         effects.append("ran")
         return 201, {"made": len(effects)}
 
-    claimed = ledger.claim(store, key, now, now - 3600, 30.0)
+    claimed = ledger.claim(key, now, now - 3600, 30.0)
     assert isinstance(claimed, str)
-    record, made = ledger.complete(store, key, "sha256:a", effect, now, now - 3600)
+    record, made = ledger.complete(key, "sha256:a", effect, now, now - 3600)
     assert (record.digest, record.status, record.body, made) == ("sha256:a", 201, {"made": 1}, True)
     # Another attempt that got as far as claiming or completing finds that record and changes nothing.
-    again = ledger.claim(store, key, now, now - 3600, 30.0)
-    assert isinstance(again, ledger.Record) and again == record
-    second, made_again = ledger.complete(store, key, "sha256:b", effect, now, now - 3600)
+    again = ledger.claim(key, now, now - 3600, 30.0)
+    assert isinstance(again, LedgerRecord) and again == record
+    second, made_again = ledger.complete(key, "sha256:b", effect, now, now - 3600)
     assert (second, made_again) == (record, False) and effects == ["ran"]
-    ledger.release(store, key, claimed)
-    assert ledger.lookup(store, key, now, now - 3600) == record
+    ledger.release(key, claimed)
+    assert ledger.lookup(key, now, now - 3600) == record
     # Past retention the record no longer counts (and a new one may replace it).
-    assert ledger.lookup(store, key, now, now + 1) == "not_found"
+    assert ledger.lookup(key, now, now + 1) == "not_found"
 
 
 async def test_an_attempt_whose_claim_expired_while_it_stalled_replays_the_record_of_the_one_that_took_over(

@@ -43,12 +43,12 @@ def only_text(items: list[ConversationItem]) -> str:
 def answer(request: str, outputs: list[dict[str, Any]], actor: str = "u1") -> str:
     """Turn 1, then turn 2 with one output per call (in call order)."""
     conversation: list[ConversationItem] = [user_message(request)]
-    calls = MODEL.respond(conversation, actor)
+    calls = MODEL.answer(conversation, actor)
     conversation += calls
     for call, output in zip(calls, outputs, strict=True):
         assert isinstance(call, FunctionCallItem)
         conversation.append(FunctionCallOutputItem(call_id=call.call_id, output=json.dumps(output)))
-    return only_text(MODEL.respond(conversation, actor))
+    return only_text(MODEL.answer(conversation, actor))
 
 
 # --- turn 1: the calls ---------------------------------------------------------------------------------
@@ -86,33 +86,33 @@ def answer(request: str, outputs: list[dict[str, Any]], actor: str = "u1") -> st
     ],
 )
 def test_turn_one_asks_for_the_right_calls(request_text: str, expected: list[tuple[str, dict[str, Any]]]) -> None:
-    calls = calls_of(MODEL.respond([user_message(request_text)], "u1"))
+    calls = calls_of(MODEL.answer([user_message(request_text)], "u1"))
 
     assert [(name, args) for name, args, _ in calls] == expected
     assert [call_id for _, _, call_id in calls] == [f"call_1_{i}" for i in range(1, len(expected) + 1)]
 
 
 def test_unknown_request_gets_a_labelled_help_message() -> None:
-    text = only_text(MODEL.respond([user_message("Book me a flight to Rome")], "u1"))
+    text = only_text(MODEL.answer([user_message("Book me a flight to Rome")], "u1"))
     assert "order" in text and "ticket" in text
 
 
 def test_call_ids_stay_unique_across_requests_in_one_conversation() -> None:
     conversation: list[ConversationItem] = [user_message("Where is my order A100?")]
-    first = MODEL.respond(conversation, "u1")
+    first = MODEL.answer(conversation, "u1")
     conversation += first
     conversation.append(FunctionCallOutputItem(call_id="call_1_1", output='{"ok":true,"status":"shipped"}'))
-    conversation += MODEL.respond(conversation, "u1")
+    conversation += MODEL.answer(conversation, "u1")
     conversation.append(user_message("and order A200?"))
 
-    ((name, args, call_id),) = calls_of(MODEL.respond(conversation, "u1"))
+    ((name, args, call_id),) = calls_of(MODEL.answer(conversation, "u1"))
 
     assert (name, args, call_id) == ("get_order_status", {"orderId": "A200"}, "call_3_1")
 
 
 def test_same_conversation_gives_the_same_output() -> None:
     conversation: list[ConversationItem] = [user_message("orders A1 and A2, ticket T9, free time 2026-12-05")]
-    runs = [[item_to_wire(i) for i in MODEL.respond(conversation, "u3")] for _ in range(3)]
+    runs = [[item_to_wire(i) for i in MODEL.answer(conversation, "u3")] for _ in range(3)]
     assert runs[0] == runs[1] == runs[2]
 
 
@@ -223,14 +223,14 @@ def test_mixed_results_each_get_a_sentence() -> None:
 
 def test_second_turn_always_answers_even_with_missing_or_fixable_outputs() -> None:
     conversation: list[ConversationItem] = [user_message("orders A1 and A2")]
-    conversation += MODEL.respond(conversation, "u1")
+    conversation += MODEL.answer(conversation, "u1")
     conversation.append(
         FunctionCallOutputItem(
             call_id="call_1_1", output='{"ok":false,"code":"BAD_ARGUMENTS","message":"orderId: too short"}'
         )
     )
 
-    text = only_text(MODEL.respond(conversation, "u1"))
+    text = only_text(MODEL.answer(conversation, "u1"))
 
     assert text == (
         "[offline model] My request for order A1 was not valid (orderId: too short). No result arrived for order A2."
@@ -238,7 +238,7 @@ def test_second_turn_always_answers_even_with_missing_or_fixable_outputs() -> No
 
 
 def test_no_user_message_gets_help() -> None:
-    text = only_text(MODEL.respond([], "u1"))
+    text = only_text(MODEL.answer([], "u1"))
     assert "order" in text and "ticket" in text
 
 
@@ -300,11 +300,11 @@ def note_conversation(
     ],
 )
 def test_note_turn_one_reads_the_ticket_only(request_text: str, text: str) -> None:
-    calls = calls_of(MODEL.respond([user_message(request_text)], "u1"))
+    calls = calls_of(MODEL.answer([user_message(request_text)], "u1"))
     assert calls == [("get_ticket", {"ticketId": "T1001"}, "call_1_1")]
 
     conversation = note_conversation(TICKET_OUTPUT, request=request_text)
-    (append,) = calls_of(MODEL.respond(conversation, "u1"))
+    (append,) = calls_of(MODEL.answer(conversation, "u1"))
     assert append == (
         "append_ticket_note",
         {"ticketId": "T1001", "text": text, "expectedVersion": 7},
@@ -314,11 +314,11 @@ def test_note_turn_one_reads_the_ticket_only(request_text: str, text: str) -> No
 
 def test_note_turn_two_uses_the_version_from_the_ticket_output() -> None:
     conversation = note_conversation({**TICKET_OUTPUT, "version": 42})
-    ((name, args, call_id),) = calls_of(MODEL.respond(conversation, "u1"))
+    ((name, args, call_id),) = calls_of(MODEL.answer(conversation, "u1"))
     assert (name, args["expectedVersion"], call_id) == ("append_ticket_note", 42, "call_2_1")
 
     nested = note_conversation({"ok": True, "ticket": {"ticket_id": "T1001", "version": 3}})
-    ((_, args, _),) = calls_of(MODEL.respond(nested, "u1"))
+    ((_, args, _),) = calls_of(MODEL.answer(nested, "u1"))
     assert args["expectedVersion"] == 3
 
 
@@ -345,7 +345,7 @@ def test_note_turn_two_uses_the_version_from_the_ticket_output() -> None:
     ],
 )
 def test_note_is_not_written_when_the_ticket_read_fails(ticket_output: dict[str, Any], expected: str) -> None:
-    assert only_text(MODEL.respond(note_conversation(ticket_output), "u1")) == "[offline model] " + expected
+    assert only_text(MODEL.answer(note_conversation(ticket_output), "u1")) == "[offline model] " + expected
 
 
 def test_note_is_not_written_when_the_ticket_output_is_missing() -> None:
@@ -353,7 +353,7 @@ def test_note_is_not_written_when_the_ticket_output_is_missing() -> None:
         user_message("Add a note to ticket T1001: called the customer"),
         call_item("call_1_1", "get_ticket", {"ticketId": "T1001"}),
     ]
-    text = only_text(MODEL.respond(conversation, "u1"))
+    text = only_text(MODEL.answer(conversation, "u1"))
     assert text == "[offline model] No result arrived for ticket T1001. I did not add the note."
 
 
@@ -404,7 +404,7 @@ def test_note_is_not_written_when_the_ticket_output_is_missing() -> None:
     ],
 )
 def test_note_answer_follows_the_write_output_only(note_output: dict[str, Any], expected: str) -> None:
-    text = only_text(MODEL.respond(note_conversation(TICKET_OUTPUT, note_output), "u1"))
+    text = only_text(MODEL.answer(note_conversation(TICKET_OUTPUT, note_output), "u1"))
     assert text == "[offline model] " + expected
 
 
@@ -417,15 +417,15 @@ def test_note_answer_follows_the_write_output_only(note_output: dict[str, Any], 
     ],
 )
 def test_note_without_verification_is_never_reported_done(note_output: dict[str, Any]) -> None:
-    text = only_text(MODEL.respond(note_conversation(TICKET_OUTPUT, note_output), "u1"))
+    text = only_text(MODEL.answer(note_conversation(TICKET_OUTPUT, note_output), "u1"))
     assert "I added" not in text and "could not confirm" in text
 
 
 def test_note_answer_with_a_missing_or_unreadable_output_is_unknown() -> None:
     conversation = note_conversation(TICKET_OUTPUT, {"ok": True})
     conversation[-1] = FunctionCallOutputItem(call_id="call_2_1", output="not json")
-    unreadable = only_text(MODEL.respond(conversation, "u1"))
-    missing = only_text(MODEL.respond(conversation[:-1], "u1"))
+    unreadable = only_text(MODEL.answer(conversation, "u1"))
+    missing = only_text(MODEL.answer(conversation[:-1], "u1"))
     expected = "[offline model] I could not establish whether the note was added to ticket T1001. I did not retry it."
     assert unreadable == missing == expected
 
@@ -440,11 +440,11 @@ def test_note_answer_with_a_missing_or_unreadable_output_is_unknown() -> None:
     ],
 )
 def test_incomplete_note_request_asks_and_calls_nothing(request_text: str, expected: str) -> None:
-    assert only_text(MODEL.respond([user_message(request_text)], "u1")).startswith("[offline model] " + expected)
+    assert only_text(MODEL.answer([user_message(request_text)], "u1")).startswith("[offline model] " + expected)
 
 
 def test_note_reads_stay_reads() -> None:
-    calls = calls_of(MODEL.respond([user_message("What is the latest note on ticket T1001?")], "u1"))
+    calls = calls_of(MODEL.answer([user_message("What is the latest note on ticket T1001?")], "u1"))
     assert calls == [("get_ticket", {"ticketId": "T1001"}, "call_1_1")]
     conversation: list[ConversationItem] = [
         user_message("What is the latest note on ticket T1001?"),
@@ -452,7 +452,7 @@ def test_note_reads_stay_reads() -> None:
         output_item("call_1_1", TICKET_OUTPUT),
     ]
     assert (
-        only_text(MODEL.respond(conversation, "u1"))
+        only_text(MODEL.answer(conversation, "u1"))
         == '[offline model] Ticket T1001: "Broken lid", status open, 1 note.'
     )
 
@@ -465,9 +465,9 @@ def test_note_call_ids_follow_earlier_requests() -> None:
         MessageItem(role="assistant", content=[{"type": "output_text", "text": "[offline model] Order A100."}]),
         user_message("Add a note to ticket T1001: called the customer"),
     ]
-    ((_, _, first),) = calls_of(MODEL.respond(conversation, "u1"))
+    ((_, _, first),) = calls_of(MODEL.answer(conversation, "u1"))
     conversation += [call_item(first, "get_ticket", {"ticketId": "T1001"}), output_item(first, TICKET_OUTPUT)]
-    ((_, _, second),) = calls_of(MODEL.respond(conversation, "u1"))
+    ((_, _, second),) = calls_of(MODEL.answer(conversation, "u1"))
     assert (first, second) == ("call_3_1", "call_4_1")
 
 
@@ -505,7 +505,7 @@ def test_note_call_ids_follow_earlier_requests() -> None:
     ],
 )
 def test_refund_turn_one_calls_refund_order(request_text: str, args: dict[str, Any]) -> None:
-    assert calls_of(MODEL.respond([user_message(request_text)], "u1")) == [("refund_order", args, "call_1_1")]
+    assert calls_of(MODEL.answer([user_message(request_text)], "u1")) == [("refund_order", args, "call_1_1")]
 
 
 @pytest.mark.parametrize(
@@ -521,7 +521,7 @@ def test_refund_turn_one_calls_refund_order(request_text: str, args: dict[str, A
     ],
 )
 def test_refund_without_a_clear_amount_or_order_asks_and_calls_nothing(request_text: str, expected: str) -> None:
-    assert only_text(MODEL.respond([user_message(request_text)], "u1")).startswith("[offline model] " + expected)
+    assert only_text(MODEL.answer([user_message(request_text)], "u1")).startswith("[offline model] " + expected)
 
 
 def refund_answer(output: dict[str, Any] | None) -> str:
@@ -531,7 +531,7 @@ def refund_answer(output: dict[str, Any] | None) -> str:
     ]
     if output is not None:
         conversation.append(output_item("call_1_1", output))
-    return only_text(MODEL.respond(conversation, "u1"))
+    return only_text(MODEL.answer(conversation, "u1"))
 
 
 @pytest.mark.parametrize(
@@ -596,7 +596,7 @@ def test_write_requests_never_call_more_than_twice() -> None:
         {"ok": False, "code": "VERSION_CONFLICT", "message": "x"},
         {"ok": True, "state": "verified"},
     ):
-        response = MODEL.respond(note_conversation(TICKET_OUTPUT, note_output), "u1")
+        response = MODEL.answer(note_conversation(TICKET_OUTPUT, note_output), "u1")
         assert not any(isinstance(item, FunctionCallItem) for item in response)
         only_text(response)
 
@@ -624,7 +624,7 @@ def test_write_requests_never_call_more_than_twice() -> None:
     ],
 )
 def test_unsupported_action_is_refused_without_calling_tools(request_text: str, action: str) -> None:
-    text = only_text(MODEL.respond([user_message(request_text)], "u1"))
+    text = only_text(MODEL.answer([user_message(request_text)], "u1"))
     assert text == f"[offline model] I can't {action}, so I did nothing with this request. {CAN_TEXT}"
 
 
@@ -640,7 +640,7 @@ def test_unsupported_action_is_refused_without_calling_tools(request_text: str, 
     ],
 )
 def test_mixed_request_is_refused_whole_when_one_part_is_unsupported(request_text: str, action: str) -> None:
-    text = only_text(MODEL.respond([user_message(request_text)], "u1"))
+    text = only_text(MODEL.answer([user_message(request_text)], "u1"))
     assert text.startswith(f"[offline model] I can't {action}, so I did nothing with this request.")
 
 
@@ -665,12 +665,12 @@ def test_mixed_request_is_refused_whole_when_one_part_is_unsupported(request_tex
     ],
 )
 def test_status_question_reads_the_order_when_it_only_mentions_an_action(request_text: str, orders: list[str]) -> None:
-    calls = calls_of(MODEL.respond([user_message(request_text)], "u1"))
+    calls = calls_of(MODEL.answer([user_message(request_text)], "u1"))
     assert [(name, args) for name, args, _ in calls] == [("get_order_status", {"orderId": o}) for o in orders]
 
 
 def test_ticket_question_reads_the_ticket_when_it_asks_about_a_past_action() -> None:
-    calls = calls_of(MODEL.respond([user_message("Has ticket T1001 been closed?")], "u1"))
+    calls = calls_of(MODEL.answer([user_message("Has ticket T1001 been closed?")], "u1"))
     assert calls == [("get_ticket", {"ticketId": "T1001"}, "call_1_1")]
 
 
@@ -692,13 +692,13 @@ def test_ticket_question_reads_the_ticket_when_it_asks_about_a_past_action() -> 
 def test_write_request_wins_when_its_text_or_reason_names_an_unsupported_action(
     request_text: str, expected: tuple[str, dict[str, Any]]
 ) -> None:
-    calls = calls_of(MODEL.respond([user_message(request_text)], "u1"))
+    calls = calls_of(MODEL.answer([user_message(request_text)], "u1"))
     assert [(name, args) for name, args, _ in calls] == [expected]
 
 
 def test_note_text_naming_an_unsupported_action_is_written_as_given() -> None:
     request = "Add a note to ticket T1001: customer wants to cancel"
-    (append,) = calls_of(MODEL.respond(note_conversation(TICKET_OUTPUT, request=request), "u1"))
+    (append,) = calls_of(MODEL.answer(note_conversation(TICKET_OUTPUT, request=request), "u1"))
     assert append == (
         "append_ticket_note",
         {"ticketId": "T1001", "text": "customer wants to cancel", "expectedVersion": 7},
@@ -717,7 +717,7 @@ def test_note_text_naming_an_unsupported_action_is_written_as_given() -> None:
 def test_write_request_is_refused_whole_when_it_also_asks_for_an_unsupported_action(
     request_text: str, action: str
 ) -> None:
-    text = only_text(MODEL.respond([user_message(request_text)], "u1"))
+    text = only_text(MODEL.answer([user_message(request_text)], "u1"))
     assert text.startswith(f"[offline model] I can't {action}, so I did nothing with this request.")
 
 

@@ -14,6 +14,7 @@ import pytest
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
+from demo.agent import build as build_demo
 from devstack.processes import free_port, start_worker
 from tests.agent_helpers import (
     approving,
@@ -31,8 +32,8 @@ from tests.agent_helpers import (
     worker_env,
 )
 from tests.conftest import APPROVAL_KEY, OTHER_SIGNING_KEY, REPO_ROOT, BusinessService, approval_token, start_service
+from toolloop._core.approvals import payload_digest
 from toolloop._core.contracts import Actor, AgentResult, ApprovalDecision, ApprovalRequest, Limits
-from toolloop._core.digests import payload_digest
 from toolloop._core.names import APPROVE_OPERATION_UPDATE
 from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request
 from toolloop._temporal.settings import Settings
@@ -607,7 +608,7 @@ async def test_unreachable_service_is_retried_then_not_done(
     # Nothing listens on this port: every attempt is refused before anything is sent.
     unreachable = settings.model_copy(update={"service_url": f"http://127.0.0.1:{free_port()}"})
     turns = [[note_call(1, "nobody home", "w1")], [say("ok")]]
-    async with running_worker(client, unreachable):
+    async with running_worker(client, unreachable, build_demo(unreachable.service_url)):
         result, handle = await run_approved(client, unreachable, business_service, turns, max_write_attempts=2)
 
     [op] = result.operations

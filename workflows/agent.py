@@ -44,11 +44,11 @@ with workflow.unsafe.imports_passed_through():
         RUN_TOOL_ACTIVITY,
     )
     from toolloop._core.planning import CallGroup, plan_round
+    from workflows.operations import OperationStateMachine
 
     # The workflow's own stateless helper modules: passed through, or the sandbox imports them again for
     # every run (about 7 ms of worker CPU per request, measured).
     from workflows.retries import io_retry_policy
-    from workflows.write_protocol import WriteProtocol
 
 _MIN_TIMEOUT = timedelta(seconds=1)
 
@@ -69,7 +69,9 @@ class AgentWorkflow:
         self._progress = AgentProgress(phase="starting", round=0, actor=inp.actor)
         self._deadline = workflow.now() + timedelta(seconds=inp.limits.deadline_seconds)
         # Built here, not in run(): an approval update may arrive before run() has started.
-        self._writes = WriteProtocol(inp.actor, inp.limits, self._deadline, inp.approval_verify_key, self._set_phase)
+        self._writes = OperationStateMachine(
+            inp.actor, inp.limits, self._deadline, inp.approval_verify_key, self._set_phase
+        )
 
     @workflow.query(name=GET_PROGRESS_QUERY)
     def get_progress(self) -> AgentProgress:
@@ -203,6 +205,8 @@ class AgentWorkflow:
                 actor=inp.actor,
                 scripted_output=scripted,
                 script_length=len(script) if script is not None else 0,
+                # Sent once: later turns find them in the conversation state.
+                instructions=inp.instructions if turn == 1 else None,
             ),
             result_type=ModelTurnResult,
             start_to_close_timeout=timedelta(seconds=limits.model_timeout_seconds),
@@ -249,9 +253,10 @@ class AgentWorkflow:
                     max_output_bytes=limits.max_tool_output_bytes,
                 ),
                 result_type=ToolCallResult,
-                start_to_close_timeout=timedelta(seconds=limits.tool_timeout_seconds),
+                # The tool's own timeout and attempts where it declares them, else the request's.
+                start_to_close_timeout=timedelta(seconds=call.timeout_seconds or limits.tool_timeout_seconds),
                 schedule_to_close_timeout=max(deadline - workflow.now(), _MIN_TIMEOUT),
-                retry_policy=io_retry_policy(limits.tool_max_attempts),
+                retry_policy=io_retry_policy(call.max_attempts or limits.tool_max_attempts),
                 summary=call.summary,
             )
             return result

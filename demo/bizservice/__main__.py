@@ -11,9 +11,8 @@ import sys
 import uvicorn
 
 from demo.bizservice.app import create_app
-from demo.bizservice.holds import FileHolds, no_hold
 from demo.bizservice.writes import CLAIM_LEASE_SECONDS
-from toolloop._core.approvals import check_verify_key
+from toolloop.servicekit import FileHolds, check_verify_key, no_hold
 
 logger = logging.getLogger("bizservice")
 
@@ -72,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     logger.info("admin token %s", "set" if args.admin_token else "unset")
     logger.info("approval verify key %s", "set" if verify_key else "unset: every write is refused")
-    # Test-bed hold points (demo.bizservice.holds): only when a directory is given.
+    # Test-bed hold points (toolloop.servicekit.FileHolds): only when a directory is given.
     hold_dir = os.environ.get(HOLD_DIR_ENV) or None
     if hold_dir is not None:
         logger.info("hold points armed by files in %s", hold_dir)

@@ -25,7 +25,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from demo.bizservice import faults
 from demo.bizservice.boundary import FaultBoundary
-from demo.bizservice.holds import Hold, no_hold
 from demo.bizservice.seed import seed
 from demo.bizservice.store import Owner, Store, iso_utc
 from demo.bizservice.web import (
@@ -34,13 +33,16 @@ from demo.bizservice.web import (
     TICKET_ID,
     Actor,
     Problem,
-    describe_errors,
+    ServiceCode,
     not_available,
     problem_response,
+    request_errors,
     status_code_for,
 )
-from demo.bizservice.writes import CLAIM_LEASE_SECONDS, OPERATION_ID, WriteSettings, add_write_routes
-from toolloop._core.codes import ResultCode
+from demo.bizservice.writes import CLAIM_LEASE_SECONDS, add_write_routes, write_kit
+from toolloop.servicekit import Hold, no_hold
+
+OPERATION_ID = r"^[A-Za-z0-9_-]{1,100}$"
 
 logger = logging.getLogger("bizservice")
 
@@ -217,7 +219,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_: Request, exc: RequestValidationError) -> Response:
-        return problem_response(422, ResultCode.BAD_ARGUMENTS, describe_errors(exc.errors()))
+        return problem_response(422, ServiceCode.INVALID_REQUEST, request_errors(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(_: Request, exc: StarletteHTTPException) -> Response:
@@ -231,7 +233,7 @@ def create_app(
         path = request.url.path
         is_admin = path == "/admin" or path.startswith("/admin/")
         if is_admin and admin_token is None:
-            return problem_response(404, ResultCode.NOT_AVAILABLE, "no such resource")
+            return problem_response(404, ServiceCode.NOT_FOUND, "no such resource")
         logged = not is_admin and path != "/healthz"
         started_at = time.time()  # before any injected latency: the log shows when the request arrived
         log_id: int | None = None
@@ -249,7 +251,7 @@ def create_app(
                 user, tenant = request.headers.get("x-actor-user"), request.headers.get("x-actor-tenant")
                 if user and tenant and not await run_in_threadpool(store.user_exists, Owner(user, tenant)):
                     # Not "empty results": a caller the service does not know is told so.
-                    response = problem_response(401, ResultCode.FORBIDDEN, "unknown user or tenant")
+                    response = problem_response(401, ServiceCode.UNKNOWN_USER, "unknown user or tenant")
             if logged and response is None:
                 rule = await run_in_threadpool(faults.claim, store, request.method, path)
                 if rule is not None:
@@ -262,7 +264,7 @@ def create_app(
         except Exception:
             # Logged here with its traceback; the client only learns that something broke.
             logger.exception("unhandled error on %s %s", request.method, path)
-            response = problem_response(500, ResultCode.INTERNAL, "the service failed to answer this request")
+            response = problem_response(500, ServiceCode.SERVER_ERROR, "the service failed to answer this request")
         if log_id is not None:
             await run_in_threadpool(store.log_request_end, log_id, time.time(), response.status_code)
         return response
@@ -270,7 +272,7 @@ def create_app(
     async def require_admin(x_admin_token: Annotated[str | None, Header()] = None) -> None:
         assert admin_token is not None  # the middleware answers 404 for /admin when no token is configured
         if x_admin_token is None or not hmac.compare_digest(x_admin_token.encode(), admin_token.encode()):
-            raise Problem(401, ResultCode.FORBIDDEN, "a valid X-Admin-Token header is required")
+            raise Problem(401, ServiceCode.ADMIN_ONLY, "a valid X-Admin-Token header is required")
 
     @app.get("/healthz")
     async def healthz() -> dict[str, bool]:
@@ -281,7 +283,7 @@ def create_app(
         """Who the caller is (the middleware has already refused an unknown one)."""
         user = store.get_user(owner)
         if user is None:  # removed since the middleware looked
-            raise Problem(401, ResultCode.FORBIDDEN, "unknown user or tenant")
+            raise Problem(401, ServiceCode.UNKNOWN_USER, "unknown user or tenant")
         return user
 
     # Business endpoints are plain `def`: FastAPI runs them in a thread, so blocking SQLite calls never
@@ -324,9 +326,9 @@ def create_app(
         to: Annotated[AwareQueryTime, Query()],
     ) -> FreeSlots:
         if to <= from_:
-            raise Problem(422, ResultCode.BAD_ARGUMENTS, "to: must be later than from")
+            raise Problem(422, ServiceCode.INVALID_REQUEST, "to: must be later than from")
         if to - from_ > MAX_SLOT_RANGE:
-            raise Problem(422, ResultCode.BAD_ARGUMENTS, "to: the range may span at most 14 days")
+            raise Problem(422, ServiceCode.INVALID_REQUEST, "to: the range may span at most 14 days")
         busy = store.calendar_events(owner, calendar_id, from_, to)
         if busy is None:
             raise not_available("calendar", calendar_id)
@@ -357,13 +359,8 @@ def create_app(
             raise not_available("order", order_id)
         return refunds
 
-    settings = WriteSettings(
-        approval_verify_key=approval_verify_key,
-        retention_seconds=idempotency_retention_seconds,
-        claim_lease_seconds=claim_lease_seconds,
-        hold=hold,
-    )
-    add_write_routes(app, store, settings)
+    kit = write_kit(store, approval_verify_key, idempotency_retention_seconds, claim_lease_seconds, hold)
+    add_write_routes(app, kit)
 
     # --- Admin (test bed controls) ---
 

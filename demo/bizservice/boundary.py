@@ -10,19 +10,14 @@ from __future__ import annotations
 import asyncio
 
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from demo.bizservice import faults
 from demo.bizservice.store import Store
+from toolloop.servicekit import COMMITTED_FLAG
 
-# Key in the request state (scope["state"]) set by a write endpoint once it has committed.
-_COMMITTED = "bizservice_committed"
-
-
-def mark_committed(request: Request) -> None:
-    """Tell the boundary that this request's effect and ledger record are committed."""
-    setattr(request.state, _COMMITTED, True)
+# Key in the request state (scope["state"]) the idempotency kit sets once a write has committed.
+_COMMITTED = COMMITTED_FLAG
 
 
 def _close_without_reply(reason: str) -> str:

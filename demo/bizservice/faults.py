@@ -18,19 +18,18 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from demo.bizservice.store import Store
-from demo.bizservice.web import Problem
-from toolloop._core.codes import ResultCode
+from demo.bizservice.web import Problem, ServiceCode
 
 FaultPoint = Literal["before_handler", "after_claim", "after_commit"]
 FaultAction = Literal["drop", "truncate"]
 
 # Statuses a rule may answer with, and the code the problem body carries.
-FAULT_STATUS_CODES: dict[int, ResultCode] = {
-    429: ResultCode.TEMPORARY_UNAVAILABLE,
-    500: ResultCode.INTERNAL,
-    502: ResultCode.TEMPORARY_UNAVAILABLE,
-    503: ResultCode.TEMPORARY_UNAVAILABLE,
-    504: ResultCode.TEMPORARY_UNAVAILABLE,
+FAULT_STATUS_CODES: dict[int, ServiceCode] = {
+    429: ServiceCode.TOO_MANY_REQUESTS,
+    500: ServiceCode.SERVER_ERROR,
+    502: ServiceCode.UNAVAILABLE,
+    503: ServiceCode.UNAVAILABLE,
+    504: ServiceCode.UNAVAILABLE,
 }
 
 

@@ -106,28 +106,6 @@ CREATE TABLE IF NOT EXISTS refunds (
     actor_tenant TEXT
 );
 CREATE INDEX IF NOT EXISTS refunds_by_order ON refunds (order_id, created_at, refund_id);
--- The idempotency ledger: one completed outcome per (actor, operation id), written in the same
--- transaction as the effect; created_at is time.time() so the retention purge is one comparison.
-CREATE TABLE IF NOT EXISTS idempotency_records (
-    tenant_id    TEXT NOT NULL,
-    user_id      TEXT NOT NULL,
-    operation_id TEXT NOT NULL,
-    digest       TEXT NOT NULL,
-    status       INTEGER NOT NULL,
-    body         TEXT NOT NULL,
-    created_at   REAL NOT NULL,
-    PRIMARY KEY (tenant_id, user_id, operation_id)
-);
-CREATE INDEX IF NOT EXISTS idempotency_records_by_age ON idempotency_records (created_at);
--- Attempts in flight: the primary key makes the claim atomic; the lease frees the key of a crashed process.
-CREATE TABLE IF NOT EXISTS idempotency_claims (
-    tenant_id    TEXT NOT NULL,
-    user_id      TEXT NOT NULL,
-    operation_id TEXT NOT NULL,
-    claim_id     TEXT NOT NULL,
-    lease_until  REAL NOT NULL,
-    PRIMARY KEY (tenant_id, user_id, operation_id)
-);
 CREATE TABLE IF NOT EXISTS request_log (
     id         INTEGER PRIMARY KEY AUTOINCREMENT,
     method     TEXT NOT NULL,
@@ -406,27 +384,27 @@ def _event(row: sqlite3.Row) -> dict[str, Any]:
 
 # --- Write effects ----------------------------------------------------------------------------------
 # Each runs on the connection of the ledger's write transaction (BEGIN IMMEDIATE), so its checks, its
-# rows and the ledger record commit together or not at all. A Refusal is raised before anything is written.
+# rows and the ledger record commit together or not at all. A Refused is raised before anything is written.
 
 
-class Refusal(Exception):
+class Refused(Exception):
     """A definite business "no" (not available, stale version, not refundable) decided by an effect."""
 
 
-class NotOwned(Refusal):
+class NotOwned(Refused):
     def __init__(self, kind: str, object_id: str) -> None:
         super().__init__(f"{kind} {object_id} is not available")
         self.kind = kind
         self.object_id = object_id
 
 
-class StaleVersion(Refusal):
+class StaleVersion(Refused):
     def __init__(self, current_version: int) -> None:
         super().__init__(f"the current version is {current_version}")
         self.current_version = current_version
 
 
-class NotRefundable(Refusal):
+class NotRefundable(Refused):
     def __init__(self, refundable_cents: int) -> None:
         super().__init__(f"at most {refundable_cents} cents are refundable")
         self.refundable_cents = refundable_cents

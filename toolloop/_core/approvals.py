@@ -1,11 +1,19 @@
-"""Pure: decision tokens. The trusted approval channel signs a human's decision (approve or reject) with an
-Ed25519 private key that only it holds; the workflow's Update validator and the business service verify
-the signature with the public key. So nobody else (the model, a worker, anyone with a Temporal client)
-can approve or reject, and the public key can sit in workflow input and service configuration."""
+"""Pure: what an approval binds and how it travels - one module, shared by both sides of the wire (the
+workflow and the approval channel on one side, the service kit on the other).
+
+- The digest: sha256 of the canonical JSON (sorted keys, no whitespace) of what is approved: the payload and
+  its subject (the tool's name, or for an HTTP write the method and path the service receives). A service
+  computes it from the request it receives, knowing no tool names and no argument models.
+- The token: the trusted approval channel signs a human's decision (approve or reject) with an Ed25519 private
+  key that only it holds; the workflow's Update validator and the service verify the signature with the
+  public key. So nobody else (the model, a worker, anyone with a Temporal client) can approve or reject, and
+  the public key can sit in workflow input and service configuration.
+"""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -15,9 +23,32 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from toolloop._core.digests import canonical_json
-
 Decision = Literal["approve", "reject"]
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no whitespace, UTF-8 as is: the same payload always gives the same text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def payload_digest(subject: str, payload: Mapping[str, Any]) -> str:
+    """What an approval is bound to and what a service compares under one idempotency key. `subject` is the
+    tool's name, or for an HTTP write "METHOD /path" as the service receives it (the JSON keys keep their
+    first names, so digests made before HTTP subjects existed are unchanged)."""
+    text = canonical_json({"tool": subject, "arguments": dict(payload)})
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def http_subject(method: str, path: str) -> str:
+    """The subject of an HTTP write: its method and its (decoded) path, as both sides see them."""
+    return f"{method.upper()} {path}"
+
+
+def derive_operation_id(request_id: str, tool: str, arguments: Mapping[str, Any]) -> str:
+    """Stable for the same intended operation within one request: the same tool and payload proposed
+    again (with a new call_id) is the same operation, so it can never make a second effect."""
+    text = canonical_json({"request": request_id, "tool": tool, "arguments": dict(arguments)})
+    return "op_" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 
 class ApprovalClaims(BaseModel):

@@ -124,7 +124,10 @@ class Limits(BaseModel):
     settle_seconds: float = Field(default=30.0, gt=0, le=600)
 
 
-ModelProvider = Literal["offline", "script", "openai"]
+# The name a worker registered a model adapter under ("script", "openai", the demo's "offline", ...). It was
+# a Literal of the three bundled models; any stored value still validates.
+MODEL_NAME = r"^[a-z][a-z0-9_-]{0,31}$"
+ModelProvider = Annotated[str, Field(pattern=MODEL_NAME)]
 
 
 class ModelSpec(BaseModel):
@@ -143,6 +146,8 @@ class AgentInput(BaseModel):
     # The approval channel's public key (toolloop._core.approvals), set by the trusted starter: the Update
     # validator accepts only decisions it signed. None: this request accepts no decisions.
     approval_verify_key: str | None = None
+    # The model's instructions for this request; None: the worker's configured instructions.
+    instructions: str | None = Field(default=None, max_length=20_000)
 
 
 # --- Model turn activity ------------------------------------------------------------------------
@@ -160,6 +165,8 @@ class ModelTurnInput(BaseModel):
     # Script mode only: this turn's items, or None when the script has run out.
     scripted_output: list[ConversationItem] | None = None
     script_length: int = 0
+    # Turn 1 only: the request's own instructions (later turns find them in the conversation state).
+    instructions: str | None = None
 
 
 class CheckedCall(BaseModel):
@@ -173,6 +180,16 @@ class CheckedCall(BaseModel):
     rejection: dict[str, Any] | None = None
     # Argument names to hide in ledgers and receipts (ToolSpec.redact).
     redact: list[str] = Field(default_factory=list)
+    # Added with the public tool API (defaults keep stored histories decoding):
+    # what a write's digest binds besides the payload (an HTTP write's "POST /path"); None: the tool's name.
+    target: str | None = None
+    # The tool's own timeout per attempt and number of attempts; None: the request's limits.
+    timeout_seconds: float | None = None
+    max_attempts: int | None = None
+    # False for a write declared without a status query (an unclear outcome stays unknown, never resent)
+    # or without a read-back (a completed write stays unverified).
+    has_status: bool = True
+    has_read_back: bool = True
 
 
 class ModelTurnResult(BaseModel):
@@ -253,6 +270,8 @@ class OperationRecord(BaseModel):
     deadline: datetime | None = None
     # How long the service keeps this operation id, as it declared in its last status answer.
     retention_seconds: float | None = None
+    # What the digest binds besides the arguments (an HTTP write's "POST /path"); None: the tool's name.
+    target: str | None = None
 
 
 class ApprovalRequest(BaseModel):
@@ -267,6 +286,12 @@ class ApprovalRequest(BaseModel):
     actor: Actor
     approval_expires_at: datetime | None = None
     deadline: datetime | None = None
+    # What the digest binds besides the arguments (an HTTP write's "POST /path"); None: the tool's name.
+    target: str | None = None
+
+    @property
+    def digest_subject(self) -> str:
+        return self.target or self.tool
 
 
 class ApprovalDecision(BaseModel):

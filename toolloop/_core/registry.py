@@ -1,18 +1,29 @@
-"""Pure: the tool plug-in API (a tool is a name, an argument model, an effect class and an executor)
-and the strict JSON schema the model sees, generated from the argument model."""
+"""Pure: the tool plug-in API - a tool is a name, its arguments (a pydantic model or a JSON schema), an
+effect class and an executor; a side-effecting one also has a status query and a read-back. The strict JSON
+schema the model sees and the checks that refuse what strict mode cannot honour live in
+toolloop._core.arguments."""
 
 from __future__ import annotations
 
 import copy
+import functools
 import re
-import unicodedata
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
+from toolloop._core.arguments import (  # noqa: F401  (re-exported: the canonical types and schema helpers)
+    ArgumentSchema,
+    ArgumentsRejected,
+    Instant,
+    PlainText,
+    argument_schema,
+    sorted_unique,
+    strict_json_schema,
+    strict_schema_problems,
+)
 from toolloop._core.codes import ResultCode
 from toolloop._core.contracts import Actor
 
@@ -26,8 +37,9 @@ TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What an executor may use: the session's actor (never the model's word) and an HTTP client.
-    For a side-effecting call also its operation id (the idempotency key) and approval token."""
+    """What an executor may use: the session's actor (never the model's word), its source's HTTP client and
+    the headers that carry the actor to that source. For a side-effecting call also its operation id (the
+    idempotency key) and approval token."""
 
     actor: Actor
     http: httpx.AsyncClient
@@ -35,6 +47,8 @@ class ToolContext:
     call_id: str
     operation_id: str | None = None
     approval_token: str | None = None
+    # The actor as the tool's source expects it (HttpSource.actor_headers); send them with every request.
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 class ToolError(Exception):
@@ -74,6 +88,10 @@ class WriteOutcomeUnknown(Exception):
         self.retry_after_seconds = retry_after_seconds
 
 
+class ResultRejected(Exception):
+    """An executor's answer is not its declared result (the tool's bug: INTERNAL, never shown in detail)."""
+
+
 class WriteInProgress(Exception):
     """The service is still working on this operation id (another attempt holds it)."""
 
@@ -101,45 +119,108 @@ class EvidenceNotYetVisible(Exception):
     """The read-back does not see the effect yet (stale read): worth reading again, never re-writing."""
 
 
-Executor = Callable[[ToolContext, Any], Awaitable[Mapping[str, Any]]]
+# An executor answers with its result model, a mapping of the result's fields, or a finished tool output
+# (ok_output / error_output).
+Executor = Callable[[ToolContext, Any], Awaitable[Mapping[str, Any] | BaseModel]]
 # Side-effecting tools: status of an operation id, and the read-back of a completed one.
 StatusQuery = Callable[[ToolContext, str], Awaitable[OperationStatus]]
 ReadBack = Callable[[ToolContext, Any, Mapping[str, Any]], Awaitable[Evidence]]
+
+
+@runtime_checkable
+class ToolSource(Protocol):
+    """Where a tool's I/O goes: its own HTTP client (base URL, auth, timeouts), opened with the worker."""
+
+    name: str
+
+    @property
+    def http(self) -> httpx.AsyncClient: ...
 
 
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
     description: str
-    arguments: type[BaseModel]
+    # A pydantic model (tools declared in Python) or a plain JSON schema (an MCP server's tools).
+    arguments: type[BaseModel] | ArgumentSchema
     effect: Effect
     execute: Executor
     # A short label for the Temporal UI and progress display, e.g. "get_order_status A100".
     summarize: Callable[[Any], str] | None = None
-    # Required for side-effecting tools (DESIGN.md, "the write protocol").
+    # Side-effecting tools (DESIGN.md, "the write protocol"): how to ask the status of an operation id, and
+    # how to read a completed one back. Both are required unless declared absent on purpose below.
     status: StatusQuery | None = None
     read_back: ReadBack | None = None
     # Argument names whose values are replaced by "***" in ledgers, logs and the UI.
     redact: tuple[str, ...] = ()
+    # Added with the public tool API (all optional):
+    # the result model an executor's answer is checked against (and dumped with); None: any JSON object.
+    result: type[BaseModel] | None = None
+    # Per-tool timeout of one attempt and number of attempts (reads; a write's timeout per attempt).
+    timeout_seconds: float | None = None
+    max_attempts: int | None = None
+    # What a write's approval digest is bound to besides the payload: by default the tool's name; an HTTP
+    # write contract binds its method and path ("POST /tickets/T1001/notes"), as the service sees them.
+    target: Callable[[Any], str] | None = None
+    # The canonical form of the arguments (the digest and the operation id are computed over it); by
+    # default the validated arguments as they are. Returns arguments of the same kind.
+    canonical: Callable[[Any], Any] | None = None
+    # The tool's source: its HTTP client. None: the worker's shared client.
+    source: ToolSource | None = None
+    # A write that has, on purpose, no status query (an unclear outcome then stays unknown and is never
+    # resent) or no read-back (a completed write then stays unverified). MCP tools are such writes.
+    without_status: bool = False
+    without_read_back: bool = False
 
     @property
     def read_only(self) -> bool:
         return self.effect == "read_only"
 
-    def summary(self, args: BaseModel) -> str:
+    @functools.cached_property
+    def schema(self) -> ArgumentSchema:
+        return argument_schema(self.arguments)
+
+    def summary(self, args: Any) -> str:
         if self.summarize is not None:
             text = self.summarize(args)
         else:
-            values = [str(v) for v in args.model_dump(mode="json").values() if v is not None]
-            text = " ".join([self.name, *values])
+            text = " ".join([self.name, *self.schema.summary_values(args)])
         return text[:120]
 
-    def canonical_arguments(self, args: BaseModel) -> dict[str, Any]:
+    def canonical_arguments(self, args: Any) -> dict[str, Any]:
         """The validated arguments as JSON under the names the model sees (its aliases): what is approved,
         digested, sent, and validated again by the activity. The argument model declares the canonical
         form through its types (Instant, PlainText, sorted_unique), so two spellings of one intended
-        call give one dict."""
-        return args.model_dump(mode="json", by_alias=True)
+        call give one dict; `canonical` may normalise further."""
+        if self.canonical is None:
+            return self.schema.dump(args)
+        dumped = self.schema.dump(self.canonical(args))
+        # The canonical form must survive the activity's second validation unchanged, or the executor would
+        # run something other than what was approved.
+        if self.schema.dump(self.canonical(self.schema.load(dumped))) != dumped:
+            raise ArgumentsRejected("the tool's canonical form does not validate back to itself")
+        return dumped
+
+    def output_of(self, data: Any) -> dict[str, Any]:
+        """The tool output for what the executor answered; ResultRejected when it is not the declared result."""
+        if isinstance(data, BaseModel):
+            if self.result is not None and not isinstance(data, self.result):
+                raise ResultRejected(f"answered a {type(data).__name__}, not a {self.result.__name__}")
+            return {"ok": True, **data.model_dump(mode="json", by_alias=True)}
+        if not isinstance(data, Mapping):
+            raise ResultRejected(f"answered a {type(data).__name__}, not a result object")
+        if "ok" in data:
+            return dict(data)  # already a tool output
+        if self.result is None:
+            return {"ok": True, **data}
+        try:
+            checked = self.result.model_validate(dict(data))
+        except ValidationError:
+            raise ResultRejected(f"answered fields that do not make a {self.result.__name__}") from None
+        return {"ok": True, **checked.model_dump(mode="json", by_alias=True)}
+
+    def digest_target(self, args: Any) -> str | None:
+        return None if self.target is None else self.target(args)
 
     def definition(self) -> dict[str, Any]:
         """The Responses API `tools` entry, strict mode."""
@@ -147,7 +228,7 @@ class ToolSpec:
             "type": "function",
             "name": self.name,
             "description": self.description,
-            "parameters": strict_json_schema(self.arguments),
+            "parameters": self.schema.parameters(),
             "strict": True,
         }
 
@@ -159,26 +240,22 @@ class ToolRegistry:
     _definitions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def register(self, spec: ToolSpec) -> None:
-        if not TOOL_NAME.match(spec.name):
-            raise ValueError(f"tool name {spec.name!r} must match {TOOL_NAME.pattern}")
+        problems = registration_problems(spec)
         if spec.name in self._tools:
-            raise ValueError(f"tool {spec.name!r} is registered twice")
-        if spec.effect == "side_effecting" and (spec.status is None or spec.read_back is None):
-            raise ValueError(f"side-effecting tool {spec.name!r} needs a status query and a read-back")
-        if spec.arguments.model_config.get("extra") != "forbid":
-            raise ValueError(f"tool {spec.name!r}: its argument model must set extra='forbid'")
-        definition = spec.definition()
-        problems = strict_schema_problems(spec.arguments, sent=definition["parameters"])
+            problems.insert(0, "it is registered twice")
         if problems:
-            raise ValueError(f"tool {spec.name!r} breaks strict-mode rules: {'; '.join(problems)}")
+            raise ValueError(f"tool {spec.name!r}: {'; '.join(problems)}")
         self._tools[spec.name] = spec
-        self._definitions[spec.name] = definition
+        self._definitions[spec.name] = spec.definition()
 
     def get(self, name: str) -> ToolSpec | None:
         return self._tools.get(name)
 
     def __iter__(self) -> Iterator[ToolSpec]:
         return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
 
     def names(self) -> list[str]:
         return list(self._tools)
@@ -187,184 +264,30 @@ class ToolRegistry:
         return [copy.deepcopy(d) for d in self._definitions.values()]
 
 
-# --- Strict JSON schema ---------------------------------------------------------------------------
-
-# Keywords the Responses strict mode does not take; they carry no constraint the model needs.
-_DROP_KEYS = ("title", "default", "examples")
-# Shorthands that match every Unicode digit or letter in Python's `re` and in pydantic's regex engine:
-# "A\d{3}" accepts "A١٠٠". Identifiers must spell out their ASCII classes.
-_UNICODE_CLASSES = re.compile(r"(?<!\\)\\[dDwW]")
-
-
-def strict_json_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """Every object closed (`additionalProperties: false`) with every property required; a field with
-    a default must be nullable in the model (strict mode has no optional properties)."""
-    schema = copy.deepcopy(model.model_json_schema(by_alias=True))
-    _make_strict(schema)
-    return schema
-
-
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-
-
-def _subschemas(node: dict[str, Any]) -> Iterable[tuple[str, Any]]:
-    """Child schemas of a schema node (never the `properties` mapping itself: a property may be
-    called `title`)."""
-    for key, sub in node.get("properties", {}).items():
-        yield f"properties.{key}", sub
-    for key in ("$defs", "definitions"):
-        for name, sub in node.get(key, {}).items():
-            yield f"{key}.{name}", sub
-    for key in ("items", "additionalProperties"):
-        if isinstance(node.get(key), dict):
-            yield key, node[key]
-    for key in _SUBSCHEMA_LISTS:
-        for i, sub in enumerate(node.get(key, [])):
-            yield f"{key}[{i}]", sub
-
-
-def _is_object(node: Mapping[str, Any]) -> bool:
-    return node.get("type") == "object" or "properties" in node
-
-
-def _make_strict(node: Any) -> None:
-    if not isinstance(node, dict):
-        return
-    for key in _DROP_KEYS:
-        node.pop(key, None)
-    if _is_object(node):
-        node["type"] = "object"
-        node["additionalProperties"] = False
-        node["required"] = list(node.get("properties", {}))
-    for _, sub in _subschemas(node):
-        _make_strict(sub)
-
-
-def _allows_null(schema: Mapping[str, Any]) -> bool:
-    if schema.get("type") == "null" or (isinstance(schema.get("type"), list) and "null" in schema["type"]):
-        return True
-    return any(_allows_null(s) for s in schema.get("anyOf", []))
-
-
-def conversion_problems(model: type[BaseModel]) -> list[str]:
-    """Where making `model`'s schema strict would change what it means: a free-form map (a `dict`
-    field) would only accept `{}`, and an optional property that is not nullable would become required."""
+def registration_problems(spec: ToolSpec) -> list[str]:
+    """Every reason `register` refuses `spec`, in words a tool author can act on."""
+    if not TOOL_NAME.match(spec.name):
+        return [f"the name must match {TOOL_NAME.pattern}"]
     problems: list[str] = []
-
-    def walk(node: Any, path: str) -> None:
-        if not isinstance(node, dict):
-            return
-        if _is_object(node):
-            extra = node.get("additionalProperties")
-            if extra is not None and extra is not False:
-                problems.append(
-                    f"{path}: a free-form map (a dict field) cannot be expressed in strict mode, where it would "
-                    "only accept {}; use a list of objects with fixed fields"
-                )
-            required = set(node.get("required", []))
-            for name, sub in node.get("properties", {}).items():
-                if name not in required and not _allows_null(sub):
-                    problems.append(f"{path}.{name}: optional but not nullable")
-        for sub_path, sub in _subschemas(node):
-            walk(sub, f"{path}.{sub_path}")
-
-    walk(model.model_json_schema(by_alias=True), "$")
+    if not spec.description.strip():
+        problems.append("it needs a description (the model reads it to decide when to call the tool)")
+    if spec.effect not in ("read_only", "side_effecting"):
+        problems.append("its effect must be read_only or side_effecting")
+    if spec.effect == "side_effecting":
+        if spec.status is None and not spec.without_status:
+            problems.append("a side-effecting tool needs a status query and a read-back (no status query given)")
+        if spec.read_back is None and not spec.without_read_back:
+            problems.append("a side-effecting tool needs a status query and a read-back (no read-back given)")
+    elif spec.status is not None or spec.read_back is not None or spec.target is not None:
+        problems.append("a read-only tool takes no status query, read-back or digest target")
+    if spec.timeout_seconds is not None and not 0 < spec.timeout_seconds <= 600:
+        problems.append("timeout_seconds must be more than 0 and at most 600")
+    if spec.max_attempts is not None and not 1 <= spec.max_attempts <= 20:
+        problems.append("max_attempts must be between 1 and 20")
+    if spec.result is not None and not (isinstance(spec.result, type) and issubclass(spec.result, BaseModel)):
+        problems.append("its result must be a pydantic model")
+    definition = spec.definition()
+    strict = spec.schema.problems(definition["parameters"])
+    if strict:
+        problems.append(f"breaks strict-mode rules: {'; '.join(strict)}")
     return problems
-
-
-def sent_schema_problems(schema: Mapping[str, Any]) -> list[str]:
-    """What keeps `schema` (the parameters the model is sent) from meeting the Responses strict-mode
-    rules, or lets through identifiers that are not ASCII."""
-    problems: list[str] = []
-
-    def walk(node: Any, path: str) -> None:
-        if not isinstance(node, dict):
-            return
-        if _is_object(node):
-            if node.get("additionalProperties") is not False:
-                problems.append(f"{path}: additionalProperties is not false")
-            if sorted(node.get("required", [])) != sorted(node.get("properties", {})):
-                problems.append(f"{path}: not every property is required")
-        for key in _DROP_KEYS:
-            if key in node:
-                problems.append(f"{path}: keyword {key!r} is not allowed")
-        pattern = node.get("pattern")
-        if isinstance(pattern, str) and _UNICODE_CLASSES.search(pattern):
-            problems.append(
-                f"{path}: pattern {pattern!r} uses \\d or \\w, which match non-ASCII digits and letters; "
-                "spell out [0-9] or [A-Za-z0-9_]"
-            )
-        for sub_path, sub in _subschemas(node):
-            walk(sub, f"{path}.{sub_path}")
-
-    if schema.get("type") != "object":
-        problems.append("top level is not an object")
-    walk(schema, "$")
-    return problems
-
-
-def round_trip_problems(model: type[BaseModel]) -> list[str]:
-    """Where validated arguments, dumped under the names the model sees, would not validate again in the
-    activity: each field must be read and written under one name, and no field may be left out of a dump."""
-    problems: list[str] = []
-    aliased = False
-    for name, info in model.model_fields.items():
-        if info.validation_alias is not None and not isinstance(info.validation_alias, str):
-            problems.append(f"{name}: AliasPath and AliasChoices are not supported; give one alias")
-            continue
-        read_as = info.validation_alias or info.alias or name
-        written_as = info.serialization_alias or info.alias or name
-        aliased = aliased or read_as != name
-        if read_as != written_as:
-            problems.append(f"{name}: read as {read_as!r} but written as {written_as!r}; use one alias for both")
-        if info.exclude:
-            problems.append(f"{name}: excluded from dumps, so it would be lost before the tool runs")
-    if aliased and model.model_config.get("validate_by_alias") is False:
-        problems.append("validate_by_alias=False: arguments under their aliases would not validate again")
-    return problems
-
-
-def strict_schema_problems(model: type[BaseModel], sent: Mapping[str, Any] | None = None) -> list[str]:
-    """Every reason `register` refuses this argument model; `sent` is the schema the model is sent
-    (by default the one generated from it)."""
-    return [
-        *conversion_problems(model),
-        *sent_schema_problems(strict_json_schema(model) if sent is None else sent),
-        *round_trip_problems(model),
-    ]
-
-
-# --- Reusable argument types: they also declare a call's canonical form ------------------------------
-# The operation id and the approval digest are taken over the validated arguments, so these types make
-# two spellings of one intended write one operation: text in NFC, instants in UTC, sets sorted.
-
-_FORBIDDEN_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn"}
-
-
-def _plain_text(value: str) -> str:
-    """NFC (the form the service stores and the read-back compares); reject control, format (zero-width,
-    bidi) and unassigned characters; keep newlines and tabs."""
-    value = unicodedata.normalize("NFC", value)
-    for ch in value:
-        if ch in "\n\t":
-            continue
-        if unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
-            raise ValueError(f"contains a disallowed character U+{ord(ch):04X}")
-    return value
-
-
-def _utc(value: datetime) -> datetime:
-    return value.astimezone(UTC)
-
-
-PlainText = Annotated[str, AfterValidator(_plain_text)]
-# An instant with an explicit offset, kept in UTC: "12:00+02:00" and "10:00Z" are one value.
-Instant = Annotated[AwareDatetime, AfterValidator(_utc)]
-
-T = TypeVar("T")
-
-
-def sorted_unique(values: list[T]) -> list[T]:
-    """For a list that means a set (attendees, tags): one order and no repeats, so that two spellings of
-    one set are one payload. Use as AfterValidator(sorted_unique)."""
-    return sorted(set(values))  # type: ignore[type-var]

@@ -4,17 +4,17 @@ and turn every failure into a result code. Never raises on model output."""
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import ValidationError
-
+from toolloop._core.arguments import ArgumentsRejected
 from toolloop._core.codes import ResultCode
 from toolloop._core.contracts import CheckedCall, FunctionCallItem, error_output
 from toolloop._core.registry import ToolRegistry
 
-_MAX_ERRORS_SHOWN = 5
+logger = logging.getLogger(__name__)
 _JSON_KIND = {type(None): "null", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
@@ -24,25 +24,6 @@ def _reject_constant(name: str) -> Any:
 
 def _shorten(text: str, limit: int = 64) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def describe_validation_error(exc: ValidationError) -> str:
-    """Field-by-field hints without echoing the (possibly huge or hostile) input values."""
-    parts = []
-    for err in exc.errors(include_url=False, include_input=False, include_context=False)[:_MAX_ERRORS_SHOWN]:
-        loc = ".".join(str(p) for p in err["loc"]) or "arguments"
-        kind = err["type"]
-        if kind == "extra_forbidden":
-            msg = "is not an accepted field"
-        elif kind == "missing":
-            msg = "is required"
-        else:
-            msg = err["msg"]
-        parts.append(f"{_shorten(loc)}: {msg}")
-    more = len(exc.errors()) - _MAX_ERRORS_SHOWN
-    if more > 0:
-        parts.append(f"and {more} more")
-    return "; ".join(parts)
 
 
 def check_call(registry: ToolRegistry, call: FunctionCallItem) -> CheckedCall:
@@ -76,16 +57,30 @@ def check_call(registry: ToolRegistry, call: FunctionCallItem) -> CheckedCall:
         kind = _JSON_KIND.get(type(parsed), "value")
         return reject(ResultCode.BAD_JSON, f"arguments must be a JSON object, got {kind}.")
     try:
-        args = spec.arguments.model_validate_json(call.arguments, strict=True)
-    except ValidationError as exc:
-        return reject(ResultCode.BAD_ARGUMENTS, describe_validation_error(exc))
+        args = spec.schema.check(call.arguments)
+    except ArgumentsRejected as exc:
+        return reject(ResultCode.BAD_ARGUMENTS, str(exc))
+    try:
+        # The tool author's own code (canonical form, digest target, summary): a bug there is INTERNAL for
+        # this call, never an exception that fails the model turn.
+        arguments = spec.canonical_arguments(args)
+        target = spec.digest_target(args)
+        summary = spec.summary(args)
+    except Exception:
+        logger.exception("tool %s: its canonical form, target or summary failed", spec.name)
+        return reject(ResultCode.INTERNAL, "this tool is misconfigured; nothing was run.")
     return CheckedCall(
         call_id=call.call_id,
         name=spec.name,
         read_only=spec.read_only,
-        summary=spec.summary(args),
-        arguments=spec.canonical_arguments(args),
+        summary=summary,
+        arguments=arguments,
         redact=list(spec.redact),
+        target=target,
+        timeout_seconds=spec.timeout_seconds,
+        max_attempts=spec.max_attempts,
+        has_status=spec.status is not None,
+        has_read_back=spec.read_back is not None,
     )
 
 

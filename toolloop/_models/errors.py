@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-ModelCallErrorKind = Literal["temporary", "rejected", "malformed"]
+ModelCallErrorKind = Literal["temporary", "rejected", "malformed", "exhausted"]
 
 # Longest provider text we copy into a message: enough to diagnose, too short to leak a whole body.
 MAX_DETAIL_CHARS = 300
@@ -20,7 +20,8 @@ class ModelCallError(Exception):
 
     `kind` tells the caller what to do (the message is for people, never branched on):
     temporary -> try again later (429, 5xx, network); rejected -> the request itself is wrong (4xx);
-    malformed -> the provider answered, but not with a completed, well-formed response.
+    malformed -> the provider answered, but not with a completed, well-formed response; exhausted -> a
+    scripted model has no turn left.
     `message` is safe to show: it never holds the API key or more than a short slice of a body.
     """
 

@@ -19,6 +19,7 @@ import httpx
 from pydantic import TypeAdapter, ValidationError
 
 from toolloop._core.contracts import ConversationItem, item_to_wire
+from toolloop._models.adapter import ModelRequest
 from toolloop._models.errors import ModelCallError, json_type, truncate
 
 logger = logging.getLogger(__name__)
@@ -214,3 +215,29 @@ def _retry_after(value: str | None) -> float | None:
     if not math.isfinite(seconds):
         return None
     return max(0.0, seconds)
+
+
+class ResponsesModel:
+    """The model adapter for the OpenAI Responses API (or any compatible base URL): the whole conversation
+    as `input`, the tools in strict mode, every output item kept so it goes back unchanged next round.
+
+    Server-side conversation state (`previous_response_id`) is not used: it needs the provider to store
+    responses (refused under zero data retention), is missing from many compatible servers, and is lost
+    when a request moves to another model or provider; the workflow's history already holds each item
+    once and the worker's cache makes rebuilding the conversation rare."""
+
+    needs_conversation = True
+
+    def __init__(self, client: ResponsesClient) -> None:
+        self.client = client
+
+    def label(self, model_name: str | None) -> str:
+        return f"openai:{model_name or 'default'}"
+
+    async def respond(self, request: ModelRequest) -> list[ConversationItem]:
+        return await self.client.respond(
+            instructions=request.instructions,
+            conversation=request.conversation,
+            tools=request.tools,
+            model=request.model_name,
+        )

@@ -41,7 +41,8 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from toolloop._core.contracts import ConversationItem
-from toolloop._models.errors import ScriptError, json_type
+from toolloop._models.adapter import ModelRequest
+from toolloop._models.errors import ModelCallError, ScriptError, json_type
 
 _ITEM: TypeAdapter[ConversationItem] = TypeAdapter(ConversationItem)
 
@@ -131,3 +132,27 @@ def _message(where: str, raw: dict[str, Any]) -> dict[str, Any]:
         got = "nothing" if "content" not in raw else json_type(content)
         raise ScriptError(f"{where}: message needs 'content' as a string or a list of output_text parts, got {got}")
     return {**raw, "role": "assistant", "content": content}
+
+
+class ScriptModel:
+    """The model adapter of `--model script:FILE`: turn N answers with the script's N-th turn, which the
+    workflow passes along (a script is per request). It needs no conversation."""
+
+    needs_conversation = False
+
+    def label(self, model_name: str | None) -> str:
+        return "script"
+
+    async def respond(self, request: ModelRequest) -> list[ConversationItem]:
+        if request.scripted_output is None:
+            raise ModelCallError(
+                "exhausted",
+                f"the model script has {request.script_length} turn(s) but the model was called a "
+                f"{_ordinal(request.turn)} time; add a turn that ends with a message",
+            )
+        return list(request.scripted_output)
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

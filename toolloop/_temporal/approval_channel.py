@@ -10,9 +10,8 @@ from typing import Any
 
 from temporalio.client import WorkflowHandle
 
-from toolloop._core.approvals import ApprovalClaims, mint_approval_token
+from toolloop._core.approvals import ApprovalClaims, mint_approval_token, payload_digest
 from toolloop._core.contracts import Actor, ApprovalDecision, ApprovalRequest, OperationRecord
-from toolloop._core.digests import payload_digest
 from toolloop._core.names import APPROVE_OPERATION_UPDATE, GET_APPROVAL_REQUEST_QUERY
 
 DEFAULT_APPROVAL_TTL_SECONDS = 600.0
@@ -26,7 +25,7 @@ class ApprovalRefused(Exception):
 def check_shown_payload(request: ApprovalRequest) -> None:
     """The digest the workflow asks us to sign must be the digest of the arguments we show the human;
     a payload we cannot re-digest (a value hidden from us) is never signed."""
-    if payload_digest(request.tool, request.arguments) != request.digest:
+    if payload_digest(request.digest_subject, request.arguments) != request.digest:
         raise ApprovalRefused(f"operation {request.operation_id}: its digest does not match the arguments shown")
 
 

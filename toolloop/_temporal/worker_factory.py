@@ -1,25 +1,29 @@
-"""Wiring: build the worker (workflows + activities with their injected clients) for worker.py and tests."""
+"""Wiring: a running worker for worker.py and the tests - the plugin around a user's tools, plus the models
+the worker's settings configure (the Responses adapter when OPENAI_API_KEY is set) - and the loading of a
+user's `package.module:function` that builds the tools."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import re
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
-import httpx
 from temporalio.client import Client
 from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from activities.model_turn import ModelActivities
-from activities.tool_calls import ToolActivities
-from activities.write_operations import WriteActivities
-from demo.tools.reads import build_demo_registry
-from toolloop._core.registry import ToolRegistry
-from toolloop._models.responses import ResponsesClient
+from toolloop._models.adapter import ModelAdapter
+from toolloop._models.responses import ResponsesClient, ResponsesModel
 from toolloop._temporal.converter import data_converter
+from toolloop._temporal.plugin import ToolloopPlugin, workflow_runner
 from toolloop._temporal.settings import Settings
-from workflows.agent import AgentWorkflow
+from toolloop._tools.toolset import AgentSpec, Toolset
+
+__all__ = ["ToolsLoadError", "connect", "load_tools", "running_worker", "workflow_runner"]
+
+_TARGET = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
 
 
 async def connect(settings: Settings) -> Client:
@@ -28,59 +32,67 @@ async def connect(settings: Settings) -> Client:
     )
 
 
-def workflow_runner() -> SandboxedWorkflowRunner:
-    """The sandbox AgentWorkflow runs in, for workers and replayers alike. `cryptography` is passed through:
-    the approval validator verifies Ed25519 signatures, and cryptography imports its OpenSSL backend lazily,
-    on first use; inside the sandbox that import would run again and be refused (it creates a lock)."""
-    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("cryptography"))
+class ToolsLoadError(Exception):
+    """`--tools` names nothing usable (one line for the user, no traceback)."""
 
 
-def service_http_client(settings: Settings) -> httpx.AsyncClient:
-    # No transport retries: Temporal's retry policy is the only retry loop.
-    return httpx.AsyncClient(
-        base_url=settings.service_url,
-        timeout=httpx.Timeout(10.0, connect=3.0),
-        transport=httpx.AsyncHTTPTransport(retries=0),
+def load_tools(target: str) -> AgentSpec:
+    """Import `package.module:function`, call it, and check that it built a Toolset or an AgentSpec."""
+    if not _TARGET.fullmatch(target):
+        raise ToolsLoadError(f"--tools {target!r}: expected package.module:function")
+    module_name, _, function_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ToolsLoadError(f"--tools {target!r}: cannot import {module_name} ({exc})") from None
+    build = getattr(module, function_name, None)
+    if not callable(build):
+        raise ToolsLoadError(f"--tools {target!r}: {module_name} has no function {function_name}")
+    if inspect.iscoroutinefunction(build):
+        raise ToolsLoadError(f"--tools {target!r}: {function_name} must be a plain function, not async")
+    try:
+        built = build()
+    except ValueError as exc:  # a registration the registry refused
+        raise ToolsLoadError(f"--tools {target!r}: {exc}") from None
+    if isinstance(built, Toolset):
+        return AgentSpec(tools=built)
+    if isinstance(built, AgentSpec):
+        return built
+    raise ToolsLoadError(
+        f"--tools {target!r}: {function_name}() returned {type(built).__name__}, not a Toolset or AgentSpec"
     )
 
 
 @asynccontextmanager
-async def running_worker(
-    client: Client,
-    settings: Settings,
-    *,
-    task_queue: str | None = None,
-    registry: ToolRegistry | None = None,
-    **worker_options: Any,
-) -> AsyncIterator[Worker]:
-    """A started worker, shut down explicitly on exit (an implicit shutdown at interpreter exit can
-    abort the process in temporalio 1.35)."""
-    registry = registry or build_demo_registry()
-    async with AsyncExitStack() as clients:
-        http = await clients.enter_async_context(service_http_client(settings))
-        responses = None
+async def settings_models(settings: Settings) -> AsyncIterator[dict[str, ModelAdapter]]:
+    """The models a worker's settings configure, open for the block."""
+    async with AsyncExitStack() as stack:
+        models: dict[str, ModelAdapter] = {}
         if settings.openai_api_key is not None:
-            responses = await clients.enter_async_context(
+            client = await stack.enter_async_context(
                 ResponsesClient(
                     api_key=settings.openai_api_key.get_secret_value(),
                     base_url=settings.openai_base_url,
                     model=settings.openai_model,
                 )
             )
-        writes = WriteActivities(registry, http, settings.idempotency_retention_seconds)
-        worker = Worker(
-            client,
-            task_queue=task_queue or settings.task_queue,
-            workflows=[AgentWorkflow],
-            workflow_runner=workflow_runner(),
-            activities=[
-                ModelActivities(registry, client, responses).model_turn,
-                ToolActivities(registry, http).run_tool,
-                writes.execute_write,
-                writes.query_operation_status,
-                writes.read_back_operation,
-            ],
-            **worker_options,
-        )
+            models["openai"] = ResponsesModel(client)
+        yield models
+
+
+@asynccontextmanager
+async def running_worker(
+    client: Client,
+    settings: Settings,
+    tools: Toolset | AgentSpec,
+    *,
+    task_queue: str | None = None,
+    **worker_options: Any,
+) -> AsyncIterator[Worker]:
+    """A started worker, shut down explicitly on exit (an implicit shutdown at interpreter exit can
+    abort the process in temporalio 1.35)."""
+    async with settings_models(settings) as models:
+        plugin = ToolloopPlugin(tools, models=models, retention_seconds=settings.idempotency_retention_seconds)
+        worker = Worker(client, task_queue=task_queue or settings.task_queue, plugins=[plugin], **worker_options)
         async with worker:
             yield worker

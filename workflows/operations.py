@@ -1,4 +1,6 @@
-"""Workflow (deterministic): the write protocol of DESIGN.md for one request's side-effecting calls.
+"""Workflow (deterministic): the operation state machine - the workflow's half of the write protocol of
+DESIGN.md, for one request's side-effecting calls (the service's half is the idempotency kit,
+toolloop.servicekit).
 
     validated -> awaiting_approval -> approved -> sent -> completed -> verified
                       |                            |
@@ -24,7 +26,13 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from toolloop._core.approvals import ApprovalInvalid, read_approval_claims, verify_approval_token
+    from toolloop._core.approvals import (
+        ApprovalInvalid,
+        derive_operation_id,
+        payload_digest,
+        read_approval_claims,
+        verify_approval_token,
+    )
     from toolloop._core.codes import ResultCode
     from toolloop._core.contracts import (
         Actor,
@@ -43,7 +51,6 @@ with workflow.unsafe.imports_passed_through():
         WriteOutcome,
         error_output,
     )
-    from toolloop._core.digests import derive_operation_id, payload_digest
     from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
     from toolloop._core.registry import Evidence, OperationStatus
 
@@ -55,7 +62,7 @@ _MIN_TIMEOUT = timedelta(seconds=1)
 _CLOCK_TOLERANCE_SECONDS = 2.0
 
 
-class WriteProtocol:
+class OperationStateMachine:
     def __init__(
         self,
         actor: Actor,
@@ -89,6 +96,7 @@ class WriteProtocol:
             actor=self._actor,
             approval_expires_at=op.approval_expires_at,
             deadline=op.deadline,
+            target=op.target,
         )
 
     def validate_decision(self, decision: ApprovalDecision) -> None:
@@ -163,10 +171,11 @@ class WriteProtocol:
             tool=call.name,
             call_ids=[call.call_id],
             arguments={k: ("***" if k in call.redact else v) for k, v in call.arguments.items()},
-            digest=payload_digest(call.name, call.arguments),
+            digest=payload_digest(call.target or call.name, call.arguments),
             state="validated",
             transitions=["proposed", "validated"],
             deadline=self._deadline,
+            target=call.target,
         )
         self.ledger[operation_id] = op
         self._arguments[operation_id] = call.arguments
@@ -199,6 +208,8 @@ class WriteProtocol:
         completed, payload = await self._send_until_settled(op, call)
         if not completed:
             return payload
+        if not call.has_read_back:
+            return self._unverified(op, payload, "this tool has no read-back")
         return await self._verify(op, payload)
 
     def _send_until(self, op: OperationRecord) -> datetime:
@@ -217,7 +228,7 @@ class WriteProtocol:
                 # The service may have forgotten the key: a resend could be a second effect. Fail closed.
                 return False, self._unknown(op, "the idempotency record may have expired; it was not resent.")
             if workflow.now() >= self._send_until(op):
-                return await self._settle_without_sending(op, maybe_received)
+                return await self._settle_without_sending(op, call, maybe_received)
             if op.attempts >= limits.max_write_attempts:
                 if not maybe_received:
                     self._move(op, "failed")
@@ -239,6 +250,9 @@ class WriteProtocol:
             maybe_received = True
             # unknown or in progress (a 409, a 429 or a 5xx included): the service decides what happened.
             self._move(op, "unknown")
+            if not call.has_status:
+                # Nobody can be asked what happened, so it is never sent again.
+                return False, self._unknown(op, "this tool has no status query, so it was not resent.")
             status = await self._resolve(op)
             settled = self._settled_by_status(op, status)
             if settled is not None:
@@ -262,7 +276,9 @@ class WriteProtocol:
             return False, self._unknown(op, "the service was still working on it when this request stopped.")
         return None
 
-    async def _settle_without_sending(self, op: OperationRecord, maybe_received: bool) -> tuple[bool, dict[str, Any]]:
+    async def _settle_without_sending(
+        self, op: OperationRecord, call: CheckedCall, maybe_received: bool
+    ) -> tuple[bool, dict[str, Any]]:
         """The approval (and so the deadline) ran out before an attempt could be sent."""
         if op.attempts == 0:
             self._move(op, "expired")
@@ -273,6 +289,8 @@ class WriteProtocol:
             return False, self._op_error(op, ResultCode.TEMPORARY_UNAVAILABLE, why)
         # An earlier attempt may have reached the service. Its approval has expired now, and the service
         # checks that at commit, so no attempt can take effect any more: the status is final.
+        if not call.has_status:
+            return False, self._unknown(op, "this tool has no status query, so it was not resent.")
         status = await self._resolve(op)
         settled = self._settled_by_status(op, status)
         if settled is not None:
@@ -297,7 +315,8 @@ class WriteProtocol:
         self._move(op, "sent")
         # No longer than the approval lives: the service refuses to commit after that anyway.
         left = self._send_until(op) - workflow.now()
-        timeout = max(min(timedelta(seconds=self._limits.write_timeout_seconds), left), _MIN_TIMEOUT)
+        per_attempt = timedelta(seconds=call.timeout_seconds or self._limits.write_timeout_seconds)
+        timeout = max(min(per_attempt, left), _MIN_TIMEOUT)
         try:
             outcome: WriteOutcome = await workflow.execute_activity(
                 EXECUTE_WRITE_ACTIVITY,
@@ -375,13 +394,16 @@ class WriteProtocol:
         if evidence.verified:
             self._move(op, "verified")
             return {"ok": True, "operation_id": op.operation_id, "state": "verified", "result": result}
-        op.note = evidence.detail
+        return self._unverified(op, result, evidence.detail)
+
+    def _unverified(self, op: OperationRecord, result: dict[str, Any], why: str) -> dict[str, Any]:
+        op.note = why
         return {
             "ok": True,
             "operation_id": op.operation_id,
             "state": "completed",
             "verified": False,
-            "message": f"the service reports it done, but it is not verified: {evidence.detail}. Do not repeat it.",
+            "message": f"the service reports it done, but it is not verified: {why}. Do not repeat it.",
             "result": result,
         }
 

@@ -1,6 +1,7 @@
 """I/O: hold points for the failure-injection test bed - named places in the write path where an attempt
 waits until the test lets it go, so two attempts (in one process or in two) meet at the worst moment every
-time instead of by chance. Off unless the service is given a hold directory (BIZSERVICE_HOLD_DIR).
+time instead of by chance. A service passes FileHolds(directory) as the kit's `hold`; without it every point
+passes at once.
 
 The protocol is plain files, so it works across processes and never needs the database (whose write lock
 the held attempt may be holding):
@@ -15,19 +16,9 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
 
-# claim_checked: inside the claim's transaction, after "no record, no live claim", before the claim row.
-# effect_written: inside the commit's transaction, after the effect's rows, before the ledger record.
-HoldPoint = Literal["claim_checked", "effect_written"]
-
-Hold = Callable[[HoldPoint], None]
-
-
-def no_hold(point: HoldPoint) -> None:
-    """The production default: every point passes at once."""
+from toolloop.servicekit._ledger import HoldPoint
 
 
 class FileHolds:

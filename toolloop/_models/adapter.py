@@ -1,0 +1,45 @@
+"""Pure: what a model adapter is - one call of the model with the conversation so far, the instructions and
+the tools, answered with Responses-shaped output items (or a ModelCallError saying whether to retry)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from toolloop._core.contracts import Actor, ConversationItem
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """One model call. `conversation` holds every earlier item, the user's message first."""
+
+    turn: int
+    conversation: Sequence[ConversationItem]
+    instructions: str
+    tools: list[dict[str, Any]]
+    actor: Actor
+    # The model a request names within the adapter ("gpt-4.1-mini"), or None for the adapter's default.
+    model_name: str | None = None
+    # The script model only: this turn's scripted items (None once the script has run out) and its length.
+    scripted_output: Sequence[ConversationItem] | None = None
+    script_length: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class ModelAdapter(Protocol):
+    """A model the worker can call, registered under the name a request asks for (ModelSpec.provider).
+
+    `respond` raises toolloop's ModelCallError when the call gives no usable answer: kind "temporary" is
+    retried by the activity's retry policy, "rejected", "malformed" and "exhausted" stop the request. An
+    adapter that needs no conversation (the script model) sets `needs_conversation = False`, and the worker
+    does not rebuild one for it."""
+
+    needs_conversation: bool
+
+    def label(self, model_name: str | None) -> str:
+        """How the model is named in results and the UI ("openai:gpt-4.1-mini", "script")."""
+        ...
+
+    async def respond(self, request: ModelRequest) -> list[ConversationItem]: ...

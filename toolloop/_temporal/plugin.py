@@ -1,0 +1,110 @@
+"""Wiring (Temporal face): the worker plugin - registers the agent workflow, its activities built around the
+user's tools and models, the pydantic data converter and the sandbox pass-throughs, and opens the tool
+sources (HTTP clients, MCP connections) while the worker runs."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AsyncExitStack
+
+import httpx
+from temporalio.contrib.pydantic import PydanticPayloadConverter
+from temporalio.plugin import SimplePlugin
+from temporalio.worker import Worker, WorkerConfig
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from activities.model_turn import ModelActivities
+from activities.tool_calls import ToolActivities
+from activities.write_operations import WriteActivities
+from toolloop._models.adapter import ModelAdapter
+from toolloop._models.script import ScriptModel
+from toolloop._temporal.converter import data_converter
+from toolloop._tools.toolset import AgentSpec, Toolset
+from workflows.agent import AgentWorkflow
+
+PLUGIN_NAME = "toolloop.ToolloopPlugin"
+
+
+def workflow_runner(existing: object = None) -> SandboxedWorkflowRunner:
+    """The sandbox AgentWorkflow runs in, for workers and replayers alike. `cryptography` is passed through:
+    the approval validator verifies Ed25519 signatures, and cryptography imports its OpenSSL backend lazily,
+    on first use; inside the sandbox that import would run again and be refused (it creates a lock)."""
+    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("cryptography"))
+
+
+class ToolloopPlugin(SimplePlugin):
+    """A Temporal plugin for clients, workers and replayers:
+
+        plugin = toolloop.ToolloopPlugin(toolset, models={"mine": MyModel()}, instructions="...")
+        client = await Client.connect(address, plugins=[plugin])
+        async with Worker(client, task_queue="toolloop"):   # the client's plugin configures the worker
+            ...
+
+    The "script" model is always there; `models` adds others by the name a request asks for (an AgentSpec
+    brings its own). `retention_seconds` is how long the services keep operation ids when they do not say
+    so on their status answers (unknown means a resend after a doubtful attempt fails closed). `http` is
+    the client of tools that have no source of their own."""
+
+    def __init__(
+        self,
+        tools: Toolset | AgentSpec,
+        *,
+        models: Mapping[str, ModelAdapter] | None = None,
+        instructions: str | None = None,
+        retention_seconds: float | None = None,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        spec = tools if isinstance(tools, AgentSpec) else AgentSpec(tools=tools)
+        self.toolset = spec.tools
+        self.models: dict[str, ModelAdapter] = {"script": ScriptModel(), **spec.models, **(models or {})}
+        self.instructions = instructions or spec.instructions
+        self.retention_seconds = retention_seconds
+        self._http = http
+        self._owns_http = http is None
+        super().__init__(
+            PLUGIN_NAME,
+            data_converter=data_converter(),
+            workflows=[AgentWorkflow],
+            workflow_runner=workflow_runner,
+        )
+
+    def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
+        config = super().configure_worker(config)
+        client = config["client"]
+        if not issubclass(client.data_converter.payload_converter_class, PydanticPayloadConverter):
+            raise ValueError(
+                "the Temporal client needs toolloop's data converter: connect it with plugins=[ToolloopPlugin(...)]"
+            )
+        registry = self.toolset.registry
+        http = self._shared_http()
+        writes = WriteActivities(registry, http, self.retention_seconds)
+        config["activities"] = [
+            *config.get("activities", []),
+            ModelActivities(registry, client, self.models, self.instructions).model_turn,
+            ToolActivities(registry, http).run_tool,
+            writes.execute_write,
+            writes.query_operation_status,
+            writes.read_back_operation,
+        ]
+        return config
+
+    def _shared_http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            # No transport retries: Temporal's retry policy is the only retry loop.
+            self._http = httpx.AsyncClient(
+                timeout=httpx.Timeout(10.0, connect=3.0), transport=httpx.AsyncHTTPTransport(retries=0)
+            )
+        return self._http
+
+    async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
+        # The sources open before the first task and close after the last; a replayer opens nothing.
+        async with AsyncExitStack() as stack:
+            await stack.enter_async_context(self.toolset.opened())
+            if self._owns_http and self._http is not None:
+                stack.push_async_callback(self._close_shared_http)
+            await next(worker)
+
+    async def _close_shared_http(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None

@@ -1,0 +1,419 @@
+"""I/O: declaring tools - a Toolset collects read and write tools (async functions, classes, or ready-made HTTP
+contracts) and the sources they talk to, which the worker opens and closes. Every declaration goes through
+the registry's checks, so what strict mode cannot honour is refused at start-up with the reason."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
+
+from pydantic import BaseModel
+
+from toolloop._core.arguments import argument_schema
+from toolloop._core.registry import ReadBack as ReadBackFn
+from toolloop._core.registry import StatusQuery, ToolRegistry, ToolSource, ToolSpec
+from toolloop._tools.http import HttpSource, HttpWriteContract, ReadBack, fill_path, path_fields
+
+if TYPE_CHECKING:
+    from toolloop._models.adapter import ModelAdapter
+
+F = TypeVar("F")
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+_REQUIRED: Any = _Unset()
+
+
+class OpenableSource(Protocol):
+    name: str
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class ToolProvider(Protocol):
+    """A source whose tools are known only once it is open (an MCP server lists them)."""
+
+    name: str
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def tool_specs(self) -> list[ToolSpec]: ...
+
+
+def _default_name(target: Any) -> str:
+    return str(getattr(target, "name", None) or getattr(target, "__name__", "tool"))
+
+
+def _introspect(
+    target: Any, what: str
+) -> tuple[Callable[..., Awaitable[Any]], type[BaseModel], type[BaseModel] | None]:
+    """The executor of an async function (or of a class's instances) and the argument and result models
+    its annotations name: `async def tool(ctx, args: Args) -> Result`."""
+    label = _default_name(target)
+    if inspect.isclass(target):
+        instance = target()
+        call = getattr(instance, "__call__", None)  # noqa: B004 - a class whose instances are the executor
+        if call is None or not inspect.iscoroutinefunction(call):
+            raise ValueError(f"tool {label!r}: a {what} tool class needs `async def __call__(self, ctx, args)`")
+        executor, hints_of = call, type(instance).__call__
+    else:
+        if not inspect.iscoroutinefunction(target):
+            raise ValueError(f"tool {label!r}: a {what} tool must be an async function (async def ...)")
+        executor, hints_of = target, target
+    parameters = list(inspect.signature(executor).parameters.values())
+    if len(parameters) != 2:
+        raise ValueError(f"tool {label!r}: it must take exactly (ctx, args), not {len(parameters)} parameter(s)")
+    try:
+        hints = typing.get_type_hints(hints_of)
+    except Exception as exc:  # a NameError from a forward reference, say
+        raise ValueError(f"tool {label!r}: its annotations cannot be resolved ({exc})") from None
+    arguments = hints.get(parameters[1].name)
+    if not (isinstance(arguments, type) and issubclass(arguments, BaseModel)):
+        raise ValueError(f"tool {label!r}: annotate its second parameter with a pydantic argument model")
+    result = hints.get("return")
+    if not (isinstance(result, type) and issubclass(result, BaseModel)):
+        result = None
+    return executor, arguments, result
+
+
+def _class_attribute(target: Any, name: str, given: Any, default: Any = None) -> Any:
+    if given is not None and given is not _REQUIRED:
+        return given
+    if inspect.isclass(target) and hasattr(target, name):
+        return getattr(target, name)
+    return default if given is _REQUIRED or given is None else given
+
+
+@dataclass
+class Toolset:
+    """The tools one agent may call. Register them with the decorators `read` and `write`, with `http_read`
+    and `http_write` for the ready-made HTTP contract, or `add` a ToolSpec; `include` a source whose tools
+    are discovered when it opens (an MCP server). The worker plugin opens every source before the first
+    activity runs and closes them after the last."""
+
+    registry: ToolRegistry = field(default_factory=ToolRegistry)
+    _sources: dict[str, OpenableSource] = field(default_factory=dict)
+    _providers: list[ToolProvider] = field(default_factory=list)
+
+    def add(self, spec: ToolSpec) -> ToolSpec:
+        if spec.source is not None:
+            self._add_source(spec.source)
+        self.registry.register(spec)
+        return spec
+
+    def include(self, provider: ToolProvider) -> ToolProvider:
+        """A source that lists its own tools when opened (toolloop.McpSource)."""
+        if any(p.name == provider.name for p in self._providers):
+            raise ValueError(f"tool source {provider.name!r} is included twice")
+        self._providers.append(provider)
+        return provider
+
+    def _add_source(self, source: ToolSource) -> None:
+        known = self._sources.get(source.name)
+        if known is not None and known is not typing.cast(object, source):
+            raise ValueError(f"two different tool sources are both named {source.name!r}")
+        if not (hasattr(source, "open") and hasattr(source, "close")):
+            raise ValueError(f"tool source {source.name!r} has no open() and close()")
+        self._sources[source.name] = typing.cast(OpenableSource, source)
+
+    # --- Declaring tools --------------------------------------------------------------------------------
+
+    @overload
+    def read(self, target: F, /) -> F: ...
+
+    @overload
+    def read(
+        self,
+        target: None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        source: HttpSource | ToolSource | None = None,
+        timeout: float | None = None,
+        attempts: int | None = None,
+        redact: Iterable[str] = (),
+        summary: Callable[[Any], str] | None = None,
+    ) -> Callable[[F], F]: ...
+
+    def read(
+        self,
+        target: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        source: HttpSource | ToolSource | None = None,
+        timeout: float | None = None,
+        attempts: int | None = None,
+        redact: Iterable[str] = (),
+        summary: Callable[[Any], str] | None = None,
+    ) -> Any:
+        """A read-only tool: `async def tool(ctx, args: Args) -> Result` (or a class whose instances are such
+        a callable). The description defaults to the docstring; timeout and attempts default to the
+        request's limits."""
+
+        def register(fn: F) -> F:
+            executor, arguments, result = _introspect(fn, "read")
+            self.add(
+                ToolSpec(
+                    name=name or _default_name(fn),
+                    description=_class_attribute(fn, "description", description) or inspect.getdoc(fn) or "",
+                    arguments=arguments,
+                    effect="read_only",
+                    execute=executor,
+                    summarize=summary,
+                    redact=tuple(redact) or tuple(_class_attribute(fn, "redact", None, ())),
+                    result=result,
+                    timeout_seconds=_class_attribute(fn, "timeout", timeout),
+                    max_attempts=_class_attribute(fn, "attempts", attempts),
+                    source=_class_attribute(fn, "source", source),
+                )
+            )
+            return fn
+
+        return register(target) if target is not None else register
+
+    @overload
+    def write(
+        self,
+        target: None = None,
+        /,
+        *,
+        status: StatusQuery | None = ...,
+        read_back: ReadBackFn | None = ...,
+        name: str | None = None,
+        description: str | None = None,
+        source: HttpSource | ToolSource | None = None,
+        timeout: float | None = None,
+        redact: Iterable[str] = (),
+        summary: Callable[[Any], str] | None = None,
+        canonical: Callable[[Any], Any] | None = None,
+        target_of: Callable[[Any], str] | None = None,
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def write(self, target: F, /) -> F: ...
+
+    def write(
+        self,
+        target: F | None = None,
+        /,
+        *,
+        status: StatusQuery | None = _REQUIRED,
+        read_back: ReadBackFn | None = _REQUIRED,
+        name: str | None = None,
+        description: str | None = None,
+        source: HttpSource | ToolSource | None = None,
+        timeout: float | None = None,
+        redact: Iterable[str] = (),
+        summary: Callable[[Any], str] | None = None,
+        canonical: Callable[[Any], Any] | None = None,
+        target_of: Callable[[Any], str] | None = None,
+    ) -> Any:
+        """A side-effecting tool: `async def tool(ctx, args: Args) -> Result`, run only after a person approves
+        exactly its arguments, with `ctx.operation_id` as its idempotency key and `ctx.approval_token` to pass
+        on. `status(ctx, operation_id)` asks the service what became of an operation; `read_back(ctx, args,
+        output)` checks a completed one. Both must be given; None declares on purpose that there is none (an
+        unclear outcome then stays unknown and is never resent; a completed write stays unverified). A class
+        may define `status` and `read_back` methods instead. `canonical(args)` normalises the arguments the
+        digest and operation id are computed over."""
+
+        def register(fn: F) -> F:
+            executor, arguments, result = _introspect(fn, "write")
+            instance_methods: dict[str, Any] = {}
+            if inspect.isclass(fn):
+                instance = executor.__self__  # type: ignore[attr-defined]
+                for method in ("status", "read_back", "canonical"):
+                    if callable(getattr(instance, method, None)):
+                        instance_methods[method] = getattr(instance, method)
+            chosen_status = instance_methods.get("status", status)
+            chosen_read_back = instance_methods.get("read_back", read_back)
+            missing = [n for n, v in (("status", chosen_status), ("read_back", chosen_read_back)) if v is _REQUIRED]
+            if missing:
+                raise ValueError(
+                    f"tool {name or _default_name(fn)!r}: a write tool needs {' and '.join(f'{m}=' for m in missing)} "
+                    "(pass None to declare on purpose that it has none)"
+                )
+            self.add(
+                ToolSpec(
+                    name=name or _default_name(fn),
+                    description=_class_attribute(fn, "description", description) or inspect.getdoc(fn) or "",
+                    arguments=arguments,
+                    effect="side_effecting",
+                    execute=executor,
+                    summarize=summary,
+                    status=chosen_status,
+                    read_back=chosen_read_back,
+                    redact=tuple(redact) or tuple(_class_attribute(fn, "redact", None, ())),
+                    result=result,
+                    timeout_seconds=_class_attribute(fn, "timeout", timeout),
+                    target=target_of,
+                    canonical=instance_methods.get("canonical", canonical),
+                    source=_class_attribute(fn, "source", source),
+                    without_status=chosen_status is None,
+                    without_read_back=chosen_read_back is None,
+                )
+            )
+            return fn
+
+        return register(target) if target is not None else register
+
+    def http_read(
+        self,
+        name: str,
+        *,
+        source: HttpSource,
+        path: str,
+        arguments: type[BaseModel],
+        result: type[BaseModel],
+        description: str,
+        not_available: str | None = None,
+        timeout: float | None = None,
+        attempts: int | None = None,
+        redact: Iterable[str] = (),
+        summary: Callable[[Any], str] | None = None,
+    ) -> ToolSpec:
+        """A read-only tool that GETs `path` (its {names} filled from the arguments, under the names the model
+        sees; the other arguments go in the query string) and answers with `result`. `not_available` (with
+        the same {names}) is the one answer for "does not exist" and "not yours"."""
+        dump = argument_schema(arguments).dump
+        in_path = set(path_fields(path))
+        _check_names(name, "path", path, in_path, arguments)
+
+        async def execute(ctx: Any, args: Any) -> BaseModel:
+            values = dump(args)
+            query = {k: v for k, v in values.items() if k not in in_path and v is not None}
+            message = (not_available or f"{name}: not available").format_map(values)
+            return await source.get(ctx, fill_path(path, values), result, not_available=message, params=query)
+
+        return self.add(
+            ToolSpec(
+                name=name,
+                description=description,
+                arguments=arguments,
+                effect="read_only",
+                execute=execute,
+                summarize=summary,
+                redact=tuple(redact),
+                result=result,
+                timeout_seconds=timeout,
+                max_attempts=attempts,
+                source=source,
+            )
+        )
+
+    def http_write(
+        self,
+        name: str,
+        *,
+        source: HttpSource,
+        path: str,
+        arguments: type[BaseModel],
+        result: type[BaseModel],
+        description: str,
+        read_back: ReadBack | None,
+        method: str = "POST",
+        status_path: str = "/operations/{operation_id}",
+        timeout: float | None = None,
+        redact: Iterable[str] = (),
+        summary: Callable[[Any], str] | None = None,
+    ) -> ToolSpec:
+        """A side-effecting tool against a service that follows the IETF Idempotency-Key draft (as
+        toolloop.servicekit does): `method` `path` with the arguments as the JSON body, the operation id as
+        `Idempotency-Key` and the approval token as `X-Approval-Token`; `status_path` answers what became of an
+        operation id; `read_back` checks a completed one (None: none, so it stays unverified)."""
+        if method.upper() not in ("POST", "PUT", "PATCH", "DELETE"):
+            raise ValueError(f"tool {name!r}: an HTTP write uses POST, PUT, PATCH or DELETE, not {method!r}")
+        _check_names(name, "path", path, set(path_fields(path)), arguments)
+        if path_fields(status_path) != ["operation_id"]:
+            raise ValueError(
+                f"tool {name!r}: status_path must name exactly {{operation_id}}, e.g. /operations/{{operation_id}}"
+            )
+        if read_back is not None:
+            known = set(_alias_names(arguments)) | set(result.model_fields)
+            unknown = [f for f in path_fields(read_back.path) if f not in known]
+            if unknown:
+                raise ValueError(
+                    f"tool {name!r}: the read-back path names {', '.join(unknown)}, which is neither an argument "
+                    "nor a field of the result"
+                )
+        contract = HttpWriteContract(
+            source=source,
+            method=method.upper(),
+            path=path,
+            result=result,
+            status_path=status_path,
+            read_back_spec=read_back,
+            dump=argument_schema(arguments).dump,
+        )
+        return self.add(
+            ToolSpec(
+                name=name,
+                description=description,
+                arguments=arguments,
+                effect="side_effecting",
+                execute=contract.execute,
+                summarize=summary,
+                status=contract.status,
+                read_back=contract.read_back if read_back is not None else None,
+                redact=tuple(redact),
+                result=result,
+                timeout_seconds=timeout,
+                target=contract.target,
+                source=source,
+                without_read_back=read_back is None,
+            )
+        )
+
+    # --- Lifecycle ---------------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def opened(self) -> AsyncIterator[Toolset]:
+        """Every source open (and the tools of the ones that list their own registered) for the block."""
+        async with AsyncExitStack() as stack:
+            for source in self._sources.values():
+                await source.open()
+                stack.push_async_callback(source.close)
+            for provider in self._providers:
+                await provider.open()
+                stack.push_async_callback(provider.close)
+                for spec in provider.tool_specs():
+                    if self.registry.get(spec.name) is None:
+                        self.registry.register(spec)
+            yield self
+
+
+def _alias_names(model: type[BaseModel]) -> list[str]:
+    return [info.alias or name for name, info in model.model_fields.items()]
+
+
+def _check_names(tool: str, what: str, template: str, names: set[str], arguments: type[BaseModel]) -> None:
+    unknown = sorted(names - set(_alias_names(arguments)))
+    if unknown:
+        raise ValueError(
+            f"tool {tool!r}: the {what} {template!r} names {', '.join(unknown)}, which is not an argument "
+            "(use the names the model sees)"
+        )
+
+
+@dataclass
+class AgentSpec:
+    """What a worker runs an agent with: its tools, the models it may use besides the bundled ones (by the
+    name a request asks for), and its instructions (a request may bring its own)."""
+
+    tools: Toolset
+    models: Mapping[str, ModelAdapter] = field(default_factory=dict)
+    instructions: str | None = None

@@ -1,0 +1,69 @@
+"""The idempotency kit: the service's half of toolloop's write protocol, for a user's own FastAPI service.
+
+It stores keys, claims them atomically, answers replays, exposes status and verifies approval tokens:
+- a unique (actor, Idempotency-Key), written in the same transaction as the effect;
+- a claim with a lease: a concurrent attempt with the same key gets 409;
+- the same key and payload: the stored reply with `Idempotent-Replayed: true`; another payload: 422;
+- no key: 400;
+- `GET /operations/{operation_id}`: completed (with the stored reply), in progress or not found, and the
+  retention, declared on every answer;
+- the approval token (Ed25519, from toolloop's trusted approval channel) bound to the actor, the key, the
+  method, the path and the body as received - the service needs no tool names and no argument models.
+
+Storage: SqliteLedger or PostgresLedger (the service's own database, so effects and records commit together).
+"""
+
+from toolloop._core.approvals import check_verify_key
+from toolloop.servicekit._holds import FileHolds, reached
+from toolloop.servicekit._kit import (
+    APPROVAL_REQUIRED,
+    COMMITTED_FLAG,
+    IN_PROGRESS,
+    INVALID_BODY,
+    KEY_REQUIRED,
+    KEY_REUSED,
+    MAX_BODY_BYTES,
+    PROBLEM_MEDIA_TYPE,
+    IdempotencyKit,
+    IdempotentWrite,
+    KitActor,
+    KitProblem,
+    OperationState,
+    Refusal,
+    actor_from_headers,
+    describe_errors,
+)
+from toolloop.servicekit._ledger import ClaimTaken, Hold, HoldPoint, Ledger, LedgerKey, LedgerRecord, no_hold
+from toolloop.servicekit._postgres import PostgresLedger
+from toolloop.servicekit._sqlite import SqliteLedger
+
+__all__ = [
+    "IdempotencyKit",
+    "IdempotentWrite",
+    "KitActor",
+    "KitProblem",
+    "Refusal",
+    "OperationState",
+    "actor_from_headers",
+    "describe_errors",
+    "check_verify_key",
+    "Ledger",
+    "LedgerKey",
+    "LedgerRecord",
+    "ClaimTaken",
+    "SqliteLedger",
+    "PostgresLedger",
+    "Hold",
+    "HoldPoint",
+    "FileHolds",
+    "reached",
+    "no_hold",
+    "PROBLEM_MEDIA_TYPE",
+    "MAX_BODY_BYTES",
+    "COMMITTED_FLAG",
+    "KEY_REQUIRED",
+    "KEY_REUSED",
+    "IN_PROGRESS",
+    "APPROVAL_REQUIRED",
+    "INVALID_BODY",
+]
