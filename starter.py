@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
-import httpx
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -48,6 +47,7 @@ from devstack.processes import StackError
 from devstack.stack import LocalStack, StackStatus
 from toolloop._core.approvals import generate_signing_key, verify_key_for
 from toolloop._core.contracts import (
+    MODEL_NAME,
     Actor,
     AgentInput,
     AgentProgress,
@@ -147,7 +147,11 @@ def _model_spec(model: str | None, settings: Settings) -> ModelSpec:
             return ModelSpec(provider="script", script=load_script(path))
         except ScriptError as exc:
             _fail(f"model script {path}: {exc}")
-    _fail(f"unknown --model {model!r}; use offline, openai[:NAME] or script:FILE")
+    provider, _, name = model.partition(":")
+    if re.fullmatch(MODEL_NAME, provider):
+        # A model adapter the worker registered under this name (its tools module chooses them).
+        return ModelSpec(provider=provider, name=name or None)
+    _fail(f"unknown --model {model!r}; use offline, openai[:NAME], script:FILE, or NAME[:MODEL] of a worker's model")
 
 
 def _up(settings: Settings, quiet: bool) -> StackStatus:
@@ -161,21 +165,15 @@ def _up(settings: Settings, quiet: bool) -> StackStatus:
         _fail(str(exc))
 
 
-def _check_user(settings: Settings, actor: Actor) -> None:
-    """The session's user must exist. The demo's users live in the business service (GET /me)."""
+def _check_user(settings: Settings, actor: Actor, local_stack: bool) -> None:
+    """On the local stack the session's user must exist there (an unknown one gets one line, not empty
+    results). A deployment's starter identifies its users itself."""
+    if not local_stack:
+        return
     try:
-        response = httpx.get(
-            f"{settings.service_url}/me",
-            headers={"X-Actor-User": actor.user_id, "X-Actor-Tenant": actor.tenant_id},
-            timeout=5.0,
-            trust_env=False,
-        )
-    except httpx.HTTPError:
-        _fail(f"cannot check the user: the business service at {settings.service_url} does not answer")
-    if response.status_code in (401, 403):
-        _fail(f"unknown user {actor.user_id!r} in tenant {actor.tenant_id!r}")
-    if response.status_code != 200:
-        _fail(f"cannot check the user: the business service answered HTTP {response.status_code}")
+        LocalStack(settings, REPO_ROOT).check_user(actor)
+    except StackError as exc:
+        _fail(str(exc))
 
 
 def _approval_key(settings: Settings, local_stack: bool) -> str | None:
@@ -296,6 +294,9 @@ def _show_request(request: ApprovalRequest, workflow_id: str, actor: Actor) -> N
     err_console.print(Text.assemble(("Approval needed", "bold yellow"), f" in request {workflow_id}"))
     err_console.print(Text(f"  operation: {request.operation_id}"))
     err_console.print(Text(f"  tool:      {request.tool}"))
+    if request.target is not None:
+        # What the digest binds besides the arguments: the request the service will receive.
+        err_console.print(Text(f"  request:   {request.target}"))
     err_console.print(Text(f"  arguments: {json.dumps(request.arguments, ensure_ascii=False, sort_keys=True)}"))
     err_console.print(Text(f"  digest:    {request.digest}"))
     if request.approval_expires_at is not None:
@@ -604,7 +605,10 @@ def ask(
     tenant: Annotated[str, typer.Option(help="The session's tenant.")] = "acme",
     model: Annotated[
         str | None,
-        typer.Option(help="offline | openai[:MODEL] | script:FILE (default: openai if OPENAI_API_KEY is set)"),
+        typer.Option(
+            help="offline | openai[:MODEL] | script:FILE | NAME[:MODEL] of a model the worker has "
+            "(default: openai if OPENAI_API_KEY is set)"
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
     request_id: Annotated[
@@ -659,7 +663,7 @@ def ask(
         status = _up(settings, quiet=as_json)
     key = _approval_key(settings, local_stack)
     verify_key = _verify_key(settings, key)
-    _check_user(settings, actor)
+    _check_user(settings, actor, local_stack)
     show = not as_json and sys.stderr.isatty()
     mode = ApprovalMode(
         auto=auto_approve,
@@ -741,7 +745,7 @@ def _decide(
     key = _approval_key(settings, local_stack)
     if key is None:
         _fail("no approval key: set TOOLLOOP_APPROVAL_KEY, or use the local stack")
-    _check_user(settings, actor)
+    _check_user(settings, actor, local_stack)
     try:
         op = asyncio.run(_decide_from_shell(workflow_id, operation_id, approve, actor, settings, key))
     except WorkflowUpdateFailedError as exc:

@@ -75,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # a tool source that cannot open (an MCP server that does not start, ...)
         print(f"error: a tool source could not be opened: {exc}", file=sys.stderr)
         return 1
+    except RuntimeError as exc:  # the Temporal client's connection errors
+        print(
+            f"error: cannot reach Temporal at {settings.temporal_address}: {str(exc).splitlines()[0]}", file=sys.stderr
+        )
+        return 1
     return 0
 
 

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import httpx
 from pydantic import BaseModel, Field, ValidationError
 
 from toolloop._core.approvals import generate_signing_key, verify_key_for
+from toolloop._core.contracts import Actor
 from toolloop._temporal.settings import Settings
 
 from .processes import (
@@ -119,6 +121,26 @@ class LocalStack:
         self.logs_dir = self.data_dir / "logs"
         self.state_path = self.data_dir / "state.json"
         self._lock_path = self.data_dir / "stack.lock"
+
+    # -- the demo's users -------------------------------------------------------------------------
+
+    def check_user(self, actor: Actor) -> None:
+        """The session's user must exist: the demo's users live in its business service (GET /me)."""
+        try:
+            response = httpx.get(
+                f"{self.service_url}/me",
+                headers={"X-Actor-User": actor.user_id, "X-Actor-Tenant": actor.tenant_id},
+                timeout=5.0,
+                trust_env=False,
+            )
+        except httpx.HTTPError:
+            raise StackError(
+                f"cannot check the user: the business service at {self.service_url} does not answer"
+            ) from None
+        if response.status_code in (401, 403):
+            raise StackError(f"unknown user {actor.user_id!r} in tenant {actor.tenant_id!r}")
+        if response.status_code != 200:
+            raise StackError(f"cannot check the user: the business service answered HTTP {response.status_code}")
 
     # -- addresses ------------------------------------------------------------------------------
 

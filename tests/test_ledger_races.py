@@ -279,3 +279,29 @@ async def test_an_attempt_whose_claim_expired_while_it_stalled_replays_the_recor
     assert late.status_code == 201 and late.headers["idempotent-replayed"] == "true"
     assert late.json() == took_over.json()
     assert len(effects_of(db, "op-lease")) == 1
+
+
+def test_a_status_read_while_an_attempt_commits_and_releases_never_says_not_found(tmp_path: Path) -> None:
+    # The lookup reads the record, then the claim. Here the attempt commits its record and releases its claim
+    # exactly between those two reads (another connection, while the lookup's read is open: WAL lets it). Read
+    # one by one, the lookup would find neither and answer "not_found" for a write that happened.
+    db = tmp_path / "lookup.db"
+    key = LedgerKey("acme", "u1", "op-between")
+    now = time.time()
+    writer = SqliteLedger(db)
+    writer.init()
+    claim_id = writer.claim(key, now, now - 3600, 30.0)
+    assert isinstance(claim_id, str)
+
+    class Interleaved(SqliteLedger):
+        @staticmethod
+        def _completed(conn: sqlite3.Connection, k: LedgerKey, not_before: float) -> LedgerRecord | None:
+            found = SqliteLedger._completed(conn, k, not_before)
+            writer.complete(k, "sha256:a", lambda c: (201, {"done": True}), now, now - 3600)
+            writer.release(k, claim_id)
+            return found
+
+    seen = Interleaved(db).lookup(key, now, now - 3600)
+    # One snapshot: the attempt was still in flight then, so "in progress", never "not found".
+    assert seen == "in_progress"
+    assert isinstance(writer.lookup(key, now, now - 3600), LedgerRecord)

@@ -54,6 +54,7 @@ from toolloop._models.responses import ResponsesClient, ResponsesModel
 from toolloop._models.script import ScriptModel
 from toolloop._temporal.plugin import ToolloopPlugin
 from toolloop._tools.http import HttpSource, ReadBack
+from toolloop._tools.mcp import McpSource
 from toolloop._tools.toolset import AgentSpec, Toolset
 from workflows.agent import AgentWorkflow
 
@@ -70,6 +71,7 @@ __all__ = [
     # the write contract
     "HttpSource",
     "ReadBack",
+    "McpSource",
     "OperationStatus",
     "Evidence",
     "EvidenceNotYetVisible",

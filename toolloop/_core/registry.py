@@ -145,7 +145,7 @@ class ToolSpec:
     arguments: type[BaseModel] | ArgumentSchema
     effect: Effect
     execute: Executor
-    # A short label for the Temporal UI and progress display, e.g. "get_order_status A100".
+    # A short label for the Temporal UI and progress display, e.g. "get_order A100".
     summarize: Callable[[Any], str] | None = None
     # Side-effecting tools (DESIGN.md, "the write protocol"): how to ask the status of an operation id, and
     # how to read a completed one back. Both are required unless declared absent on purpose below.

@@ -12,7 +12,7 @@ has run out (the run stops with a model error).
       "turns": [
         [
           {"type": "reasoning", "id": "rs_1", "summary": []},
-          {"type": "function_call", "name": "get_order_status",
+          {"type": "function_call", "name": "get_order",
            "arguments": "{\"orderId\": \"A100\"}", "call_id": "call_1"}
         ],
         [

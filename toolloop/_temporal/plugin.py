@@ -4,6 +4,7 @@ sources (HTTP clients, MCP connections) while the worker runs."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 
@@ -99,9 +100,17 @@ class ToolloopPlugin(SimplePlugin):
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
         # The sources open before the first task and close after the last; a replayer opens nothing.
         async with AsyncExitStack() as stack:
-            await stack.enter_async_context(self.toolset.opened())
             if self._owns_http and self._http is not None:
                 stack.push_async_callback(self._close_shared_http)
+            try:
+                await stack.enter_async_context(self.toolset.opened())
+            except BaseException:
+                # A worker whose run never started waits forever in its shutdown: let it start and stop at
+                # once, then say why it could not run.
+                stopping = asyncio.ensure_future(worker.shutdown())
+                await next(worker)
+                await stopping
+                raise
             await next(worker)
 
     async def _close_shared_http(self) -> None:

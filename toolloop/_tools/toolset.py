@@ -5,6 +5,7 @@ the registry's checks, so what strict mode cannot honour is refused at start-up 
 from __future__ import annotations
 
 import inspect
+import logging
 import typing
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from toolloop._models.adapter import ModelAdapter
 
 F = TypeVar("F")
+logger = logging.getLogger(__name__)
 
 
 class _Unset:
@@ -89,11 +91,12 @@ def _introspect(
 
 
 def _class_attribute(target: Any, name: str, given: Any, default: Any = None) -> Any:
+    """What the decorator was given, else (for a tool class) the class attribute of that name, else `default`."""
     if given is not None and given is not _REQUIRED:
         return given
     if inspect.isclass(target) and hasattr(target, name):
         return getattr(target, name)
-    return default if given is _REQUIRED or given is None else given
+    return default
 
 
 @dataclass
@@ -106,6 +109,10 @@ class Toolset:
     registry: ToolRegistry = field(default_factory=ToolRegistry)
     _sources: dict[str, OpenableSource] = field(default_factory=dict)
     _providers: list[ToolProvider] = field(default_factory=list)
+    # How many `opened()` blocks are active: only the outermost opens and closes the sources.
+    _open_depth: int = 0
+    # Which provider registered each of its tools (a provider opened again lists them again).
+    _provided: dict[str, ToolProvider] = field(default_factory=dict)
 
     def add(self, spec: ToolSpec) -> ToolSpec:
         if spec.source is not None:
@@ -382,7 +389,15 @@ class Toolset:
 
     @asynccontextmanager
     async def opened(self) -> AsyncIterator[Toolset]:
-        """Every source open (and the tools of the ones that list their own registered) for the block."""
+        """Every source open (and the tools of the ones that list their own registered) for the block. Nested
+        blocks share the outermost one's sources."""
+        if self._open_depth:
+            self._open_depth += 1
+            try:
+                yield self
+            finally:
+                self._open_depth -= 1
+            return
         async with AsyncExitStack() as stack:
             for source in self._sources.values():
                 await source.open()
@@ -390,10 +405,25 @@ class Toolset:
             for provider in self._providers:
                 await provider.open()
                 stack.push_async_callback(provider.close)
-                for spec in provider.tool_specs():
-                    if self.registry.get(spec.name) is None:
-                        self.registry.register(spec)
-            yield self
+                self._register_provided(provider)
+            self._open_depth = 1
+            try:
+                yield self
+            finally:
+                self._open_depth = 0
+
+    def _register_provided(self, provider: ToolProvider) -> None:
+        for spec in provider.tool_specs():
+            if self.registry.get(spec.name) is None:
+                self.registry.register(spec)
+                self._provided[spec.name] = provider
+            elif self._provided.get(spec.name) is not provider:
+                # Another tool already has this name: the provider's is not offered, and says why.
+                reason = f"another tool of the toolset is already named {spec.name!r} (give the source a prefix)"
+                refused = getattr(provider, "refused", None)
+                if isinstance(refused, dict):
+                    refused[spec.name] = reason
+                logger.warning("tool source %r: tool %r is not offered: %s", provider.name, spec.name, reason)
 
 
 def _alias_names(model: type[BaseModel]) -> list[str]:

@@ -84,14 +84,20 @@ class PostgresLedger:
             conn.execute("DELETE FROM idempotency_records WHERE created_at < %s", (older_than,))
 
     def lookup(self, key: LedgerKey, now: float, not_before: float) -> LedgerRecord | Pending:
+        # Both reads from one snapshot: read one by one (READ COMMITTED), an attempt that commits its record
+        # and then releases its claim between them would look "not_found" - a false "never happened".
         with self.connect() as conn:
-            record = self._completed(conn, key, not_before)
-            if record is not None:
-                return record
-            row = conn.execute(
-                f"SELECT 1 AS live FROM idempotency_claims WHERE {_KEY} AND lease_until > %s", (*key.params(), now)
-            ).fetchone()
-            return "in_progress" if row is not None else "not_found"
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            conn.read_only = True
+            with conn.transaction():
+                record = self._completed(conn, key, not_before)
+                if record is not None:
+                    return record
+                row = conn.execute(
+                    f"SELECT 1 AS live FROM idempotency_claims WHERE {_KEY} AND lease_until > %s",
+                    (*key.params(), now),
+                ).fetchone()
+        return "in_progress" if row is not None else "not_found"
 
     def claim(
         self, key: LedgerKey, now: float, not_before: float, lease_seconds: float, hold: Hold = no_hold

@@ -93,14 +93,20 @@ class SqliteLedger:
             conn.execute("DELETE FROM idempotency_records WHERE created_at < ?", (older_than,))
 
     def lookup(self, key: LedgerKey, now: float, not_before: float) -> LedgerRecord | Pending:
+        # Both reads in one read transaction, so one snapshot: read one by one, an attempt that commits its record
+        # and releases its claim between them would look "not_found" - a false "never happened".
         with self.connect() as conn:
-            record = self._completed(conn, key, not_before)
-            if record is not None:
-                return record
-            row = conn.execute(
-                f"SELECT 1 FROM idempotency_claims WHERE {_KEY} AND lease_until > ?", (*key.params(), now)
-            ).fetchone()
-            return "in_progress" if row is not None else "not_found"
+            conn.execute("BEGIN")
+            try:
+                record = self._completed(conn, key, not_before)
+                row = conn.execute(
+                    f"SELECT 1 FROM idempotency_claims WHERE {_KEY} AND lease_until > ?", (*key.params(), now)
+                ).fetchone()
+            finally:
+                conn.execute("COMMIT")
+        if record is not None:
+            return record
+        return "in_progress" if row is not None else "not_found"
 
     def claim(
         self, key: LedgerKey, now: float, not_before: float, lease_seconds: float, hold: Hold = no_hold

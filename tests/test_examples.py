@@ -1,0 +1,112 @@
+"""The examples, run as a user runs them (one command each), judged by their services' own records; and the
+example tools tested the way a user would test theirs, with toolloop.testing and no Temporal."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, REPO_ROOT
+from toolloop import Actor
+from toolloop._core.approvals import ApprovalClaims, http_subject, mint_approval_token, payload_digest
+from toolloop.testing import run_tool
+
+ADA = Actor(user_id="ada", tenant_id="example")
+
+
+@pytest.mark.e2e
+def test_the_http_tools_example_runs_with_one_command(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "examples.http_tools", "--data-dir", str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "call c1 add_note: ok" in done.stdout and "call c2 get_note: ok" in done.stdout
+    assert "verified; notes stored for it: 1" in done.stdout
+    with sqlite3.connect(tmp_path / "notes.db") as db:
+        notes = db.execute("SELECT tenant, user, text FROM notes").fetchall()
+        records = db.execute("SELECT status FROM idempotency_records").fetchall()
+    assert notes == [("example", "ada", "The supplier called.")]
+    assert records == [(201,)]
+
+
+@pytest.mark.e2e
+def test_the_mcp_tools_example_runs_with_one_command(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "examples.mcp_tools", "--data-dir", str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "call c1 add_todo: ok" in done.stdout and "call c2 list_todos: ok" in done.stdout
+    # No status query and no read-back over MCP: done per the server, honestly not "verified".
+    assert "(add_todo): completed;" in done.stdout
+    # The server's own record: exactly one to-do, written once.
+    lines = (tmp_path / "todos.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [{"text": "Water the plants."}]
+
+
+@pytest.fixture
+def notes_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """The example service in process (its module reads its database and key from the environment)."""
+    monkeypatch.setenv("NOTES_DB", str(tmp_path / "notes.db"))
+    monkeypatch.setenv("APPROVAL_VERIFY_KEY", APPROVAL_VERIFY_KEY)
+    sys.modules.pop("examples.http_tools.service", None)
+    yield importlib.import_module("examples.http_tools.service").app
+    sys.modules.pop("examples.http_tools.service", None)
+
+
+def token_for(operation_id: str, body: dict[str, object]) -> str:
+    now = time.time()
+    claims = ApprovalClaims(
+        user_id=ADA.user_id,
+        tenant_id=ADA.tenant_id,
+        operation_id=operation_id,
+        digest=payload_digest(http_subject("POST", "/notes"), body),
+        approved_by=ADA.user_id,
+        approved_at=now,
+        expires_at=now + 60,
+    )
+    return mint_approval_token(APPROVAL_KEY, claims)
+
+
+async def test_the_example_tools_can_be_tested_without_temporal(notes_app: object) -> None:
+    from examples.http_tools.tools import build
+
+    tools = build()
+    transport = httpx.ASGITransport(app=notes_app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://notes") as http:
+        missing = await run_tool(tools, "get_note", {"noteId": 1}, actor=ADA, http=http)
+        body = {"text": "Call back."}
+        added = await run_tool(
+            tools, "add_note", body, actor=ADA, http=http, operation_id="op-1", approval_token=token_for("op-1", body)
+        )
+        again = await run_tool(
+            tools, "add_note", body, actor=ADA, http=http, operation_id="op-1", approval_token=token_for("op-1", body)
+        )
+        unapproved = await run_tool(tools, "add_note", {"text": "x"}, actor=ADA, http=http, operation_id="op-2")
+        read = await run_tool(tools, "get_note", {"noteId": 1}, actor=ADA, http=http)
+        other = await run_tool(
+            tools, "get_note", {"noteId": 1}, actor=Actor(user_id="bob", tenant_id="example"), http=http
+        )
+    assert missing == {"ok": False, "code": "NOT_AVAILABLE", "message": "note 1 is not available"}
+    assert added == again == {"ok": True, "note_id": 1, "text": "Call back."}  # the retry is the stored reply
+    assert unapproved["code"] == "CONFIRMATION_REQUIRED"
+    assert read == added and other == {**missing}
+    with sqlite3.connect(os.environ["NOTES_DB"]) as db:
+        assert db.execute("SELECT count(*) FROM notes").fetchone() == (1,)

@@ -1,0 +1,75 @@
+"""Pure tests of the layout the library promises: the demo is built on the public API only, nothing in the
+library imports the demo, workflow modules import only what is passed through the sandbox, and `import
+toolloop` offers exactly its curated names."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import toolloop
+import toolloop.servicekit
+import toolloop.testing
+
+REPO = Path(__file__).resolve().parent.parent
+LIBRARY = ["toolloop", "workflows", "activities"]
+ENTRY_POINTS_WITHOUT_DEMO = ["worker.py"]
+
+
+def python_files(*roots: str) -> Iterator[Path]:
+    for root in roots:
+        path = REPO / root
+        yield from [path] if path.is_file() else sorted(path.rglob("*.py"))
+
+
+def imported_modules(path: Path) -> set[str]:
+    modules: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            modules.add(node.module)
+    return modules
+
+
+def test_the_demo_uses_only_public_toolloop_names() -> None:
+    private = {
+        f"{path.relative_to(REPO)}: {module}"
+        for path in python_files("demo")
+        for module in imported_modules(path)
+        if module.startswith("toolloop.") and module not in ("toolloop.servicekit", "toolloop.testing")
+    }
+    assert private == set()
+
+
+def test_no_library_module_imports_the_demo() -> None:
+    offenders = {
+        f"{path.relative_to(REPO)}: {module}"
+        for path in python_files(*LIBRARY, *ENTRY_POINTS_WITHOUT_DEMO)
+        for module in imported_modules(path)
+        if module == "demo" or module.startswith("demo.")
+    }
+    assert offenders == set()
+
+
+def test_the_library_names_no_demo_tool() -> None:
+    demo_tools = ["get_order_status", "list_my_orders", "get_ticket", "find_free_slots", "append_ticket_note",
+                  "create_calendar_event", "refund_order"]  # fmt: skip
+    named = {
+        f"{path.relative_to(REPO)}: {tool}"
+        for path in python_files(*LIBRARY, *ENTRY_POINTS_WITHOUT_DEMO)
+        for tool in demo_tools
+        if tool in path.read_text()
+    }
+    assert named == set()
+
+
+def test_the_public_api_is_exactly_its_curated_names() -> None:
+    assert len(toolloop.__all__) == len(set(toolloop.__all__))
+    for module in (toolloop, toolloop.servicekit, toolloop.testing):
+        missing = [name for name in module.__all__ if not hasattr(module, name)]
+        assert missing == [], module.__name__
+    public = {name for name in dir(toolloop) if not name.startswith("_")}
+    # Everything importable from toolloop that is not in __all__ is a subpackage, never a stray helper.
+    assert public - set(toolloop.__all__) <= {"servicekit", "testing"}

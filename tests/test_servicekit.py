@@ -1,0 +1,676 @@
+"""The idempotency kit (toolloop.servicekit) on SQLite and on PostgreSQL, judged by the service's own rows:
+the notes each operation id made, the ledger's records and its claims.
+
+In process (the kit service as an ASGI app): keys, replays, refusals, approvals, status and retention. Then
+two real service processes on one database, with hold points that make two attempts meet at the worst
+moment, and a process killed inside the commit. Last, the Ledger's methods on their own, including two
+`complete` calls for one key that run at once, and (PostgreSQL) a status read that an attempt's commit and
+release overtake between its two reads."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from tests.agent_helpers import assert_eventually
+from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, OTHER_SIGNING_KEY
+from tests.kit_service import (
+    NOTE_REFUSED,
+    KitServiceProcess,
+    NotesStorage,
+    PostgresNotes,
+    SqliteNotes,
+    create_app,
+    note_digest,
+    note_token,
+    start_kit_service,
+)
+from tests.pg import PgServer, pg_server  # noqa: F401 - the fixture, for the PostgreSQL storage
+from toolloop._core.approvals import read_approval_claims
+from toolloop.servicekit import (
+    PROBLEM_MEDIA_TYPE,
+    ClaimTaken,
+    HoldPoint,
+    IdempotentWrite,
+    KitActor,
+    LedgerKey,
+    LedgerRecord,
+    reached,
+)
+
+U1 = {"X-Actor-User": "u1", "X-Actor-Tenant": "acme"}
+U2 = {"X-Actor-User": "u2", "X-Actor-Tenant": "acme"}
+U1_ELSEWHERE = {"X-Actor-User": "u1", "X-Actor-Tenant": "globex"}
+NOTE = {"text": "exactly once"}
+OTHER_NOTE = {"text": "something else"}
+NO_TOKEN = ""
+RETENTION = 120.0
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[NotesStorage]:
+    """The service's database: a fresh SQLite file, or a fresh database on the session's PostgreSQL."""
+    if request.param == "sqlite":
+        yield SqliteNotes(tmp_path / "kit.db")
+        return
+    server: PgServer = request.getfixturevalue("pg_server")
+    with server.database() as dsn:
+        yield PostgresNotes(dsn)
+
+
+# --- The service's rows ----------------------------------------------------------------------------------------
+
+
+def notes_of(storage: NotesStorage, operation_id: str) -> list[tuple[Any, ...]]:
+    return storage.rows("SELECT user_id, tenant_id, text FROM notes WHERE operation_id = ?", operation_id)
+
+
+def all_notes(storage: NotesStorage) -> list[tuple[Any, ...]]:
+    return storage.rows("SELECT operation_id, text FROM notes ORDER BY operation_id")
+
+
+def records(storage: NotesStorage) -> list[tuple[Any, ...]]:
+    return storage.rows(
+        "SELECT tenant_id, user_id, operation_id, status FROM idempotency_records"
+        " ORDER BY tenant_id, user_id, operation_id"
+    )
+
+
+def claims(storage: NotesStorage) -> list[tuple[Any, ...]]:
+    return storage.rows("SELECT tenant_id, user_id, operation_id FROM idempotency_claims")
+
+
+# --- In process -----------------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def kit_app(storage: NotesStorage, **options: Any) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(storage, approval_verify_key=options.pop("approval_verify_key", APPROVAL_VERIFY_KEY), **options)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://kit") as http:
+        yield http
+
+
+async def post_note(
+    http: httpx.AsyncClient,
+    operation_id: str | None,
+    body: dict[str, Any],
+    *,
+    actor: dict[str, str] = U1,
+    token: str | None = None,
+) -> httpx.Response:
+    """POST /notes as `actor` under `operation_id`, with an approval of exactly that (unless `token` is given;
+    NO_TOKEN sends none)."""
+    headers = dict(actor)
+    if operation_id is not None:
+        headers["Idempotency-Key"] = operation_id
+        if token is None:
+            token = note_token(
+                APPROVAL_KEY, operation_id, body, user=actor["X-Actor-User"], tenant=actor["X-Actor-Tenant"]
+            )
+    if token:
+        headers["X-Approval-Token"] = token
+    return await http.post("/notes", json=body, headers=headers, timeout=30)
+
+
+async def status_of(http: httpx.AsyncClient, operation_id: str, actor: dict[str, str] = U1) -> dict[str, Any]:
+    response = await http.get(f"/operations/{operation_id}", headers=actor, timeout=30)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def problem_code(response: httpx.Response) -> str:
+    assert response.headers["content-type"] == PROBLEM_MEDIA_TYPE
+    return str(response.json()["code"])
+
+
+async def test_the_same_key_and_payload_get_the_stored_reply_and_make_one_effect(storage: NotesStorage) -> None:
+    async with kit_app(storage) as http:
+        first = await post_note(http, "op-replay", NOTE)
+        again = await post_note(http, "op-replay", NOTE)
+
+    assert first.status_code == 201 and "idempotent-replayed" not in first.headers
+    assert first.headers["content-type"] == "application/json"
+    assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+    assert again.json() == first.json() and first.json()["text"] == NOTE["text"]
+    assert notes_of(storage, "op-replay") == [("u1", "acme", NOTE["text"])]
+    assert records(storage) == [("acme", "u1", "op-replay", 201)]
+    assert storage.rows("SELECT digest FROM idempotency_records") == [(note_digest(NOTE),)]
+    assert claims(storage) == []
+
+
+async def test_a_key_is_unique_per_actor_not_across_actors(storage: NotesStorage) -> None:
+    async with kit_app(storage) as http:
+        answers = [await post_note(http, "op-shared", NOTE, actor=actor) for actor in (U1, U2, U1_ELSEWHERE)]
+
+    assert [a.status_code for a in answers] == [201, 201, 201]
+    assert not any("idempotent-replayed" in a.headers for a in answers)
+    assert len({a.json()["note_id"] for a in answers}) == 3
+    assert sorted(notes_of(storage, "op-shared")) == [
+        ("u1", "acme", NOTE["text"]),
+        ("u1", "globex", NOTE["text"]),
+        ("u2", "acme", NOTE["text"]),
+    ]
+    assert records(storage) == [
+        ("acme", "u1", "op-shared", 201),
+        ("acme", "u2", "op-shared", 201),
+        ("globex", "u1", "op-shared", 201),
+    ]
+
+
+async def test_the_same_key_with_another_payload_is_refused_and_changes_nothing(storage: NotesStorage) -> None:
+    async with kit_app(storage) as http:
+        first = await post_note(http, "op-reuse", NOTE)
+        # Properly approved for the other payload: the key, not the approval, is what refuses it.
+        reused = await post_note(http, "op-reuse", OTHER_NOTE)
+
+    assert first.status_code == 201
+    assert reused.status_code == 422 and problem_code(reused) == "IDEMPOTENCY_KEY_REUSED"
+    assert notes_of(storage, "op-reuse") == [("u1", "acme", NOTE["text"])]
+    assert storage.rows("SELECT digest, status FROM idempotency_records") == [(note_digest(NOTE), 201)]
+
+
+@pytest.mark.parametrize("key", [None, "", "has space", "x" * 101], ids=["missing", "empty", "bad-chars", "too-long"])
+async def test_a_write_without_a_valid_key_is_refused_before_anything(storage: NotesStorage, key: str | None) -> None:
+    async with kit_app(storage) as http:
+        headers = {**U1, "X-Approval-Token": note_token(APPROVAL_KEY, "op-any", NOTE)}
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        answer = await http.post("/notes", json=NOTE, headers=headers)
+
+    assert answer.status_code == 400 and problem_code(answer) == "IDEMPOTENCY_KEY_REQUIRED"
+    assert all_notes(storage) == [] and records(storage) == [] and claims(storage) == []
+
+
+async def wait_for(event: threading.Event, what: str) -> None:
+    async def is_set() -> bool:
+        return event.is_set()
+
+    await assert_eventually(is_set, within=10, what=what)
+
+
+async def test_an_attempt_in_flight_makes_another_one_with_its_key_wait_409(storage: NotesStorage) -> None:
+    claimed, go = threading.Event(), threading.Event()
+
+    def hold_the_first(write: IdempotentWrite) -> None:
+        if not claimed.is_set():
+            claimed.set()
+            go.wait(timeout=15)
+
+    async with kit_app(storage, after_claim=hold_the_first) as http:
+        try:
+            first = asyncio.create_task(post_note(http, "op-flight", NOTE))
+            await wait_for(claimed, "the first attempt claimed the key")
+            assert claims(storage) == [("acme", "u1", "op-flight")]
+            second = await post_note(http, "op-flight", NOTE)
+            in_flight = await status_of(http, "op-flight")
+        finally:
+            go.set()
+        done = await first
+
+    assert second.status_code == 409 and problem_code(second) == "IN_PROGRESS"
+    assert in_flight == {
+        "operation_id": "op-flight",
+        "state": "in_progress",
+        "status_code": None,
+        "body": None,
+        "retention_seconds": 86_400.0,
+    }
+    assert done.status_code == 201 and "idempotent-replayed" not in done.headers
+    assert len(notes_of(storage, "op-flight")) == 1
+    assert records(storage) == [("acme", "u1", "op-flight", 201)] and claims(storage) == []
+
+
+FORGERIES = ["none", "forged", "expired", "other_digest", "other_actor", "other_key", "rejected", "no_verify_key"]
+
+
+@pytest.mark.parametrize("forgery", FORGERIES)
+async def test_a_write_without_a_valid_approval_is_refused_403_and_makes_no_effect(
+    storage: NotesStorage, forgery: str
+) -> None:
+    op = "op-approval"
+    token = {
+        "none": NO_TOKEN,
+        "forged": note_token(OTHER_SIGNING_KEY, op, NOTE),
+        "expired": note_token(APPROVAL_KEY, op, NOTE, expires_in=-1),
+        "other_digest": note_token(APPROVAL_KEY, op, OTHER_NOTE),
+        "other_actor": note_token(APPROVAL_KEY, op, NOTE, user="u2"),
+        "other_key": note_token(APPROVAL_KEY, "op-elsewhere", NOTE),
+        "rejected": note_token(APPROVAL_KEY, op, NOTE, decision="reject"),
+        "no_verify_key": note_token(APPROVAL_KEY, op, NOTE),
+    }[forgery]
+    verify_key = None if forgery == "no_verify_key" else APPROVAL_VERIFY_KEY
+    async with kit_app(storage, approval_verify_key=verify_key) as http:
+        answer = await post_note(http, op, NOTE, token=token)
+        status = await status_of(http, op)
+
+    assert answer.status_code == 403 and problem_code(answer) == "APPROVAL_REQUIRED"
+    assert status["state"] == "not_found"
+    assert all_notes(storage) == [] and records(storage) == [] and claims(storage) == []
+
+
+async def test_a_refusal_is_stored_and_replayed_and_what_the_effect_wrote_before_it_is_rolled_back(
+    storage: NotesStorage,
+) -> None:
+    refused = {"text": "REFUSE: the effect writes a note, then says no"}
+    async with kit_app(storage) as http:
+        first = await post_note(http, "op-refused", refused)
+        again = await post_note(http, "op-refused", refused)
+        status = await status_of(http, "op-refused")
+
+    assert first.status_code == 409 and problem_code(first) == NOTE_REFUSED
+    assert "idempotent-replayed" not in first.headers
+    assert again.status_code == 409 and again.headers["idempotent-replayed"] == "true"
+    assert again.json() == first.json()
+    assert (status["state"], status["status_code"], status["body"]["code"]) == ("completed", 409, NOTE_REFUSED)
+    # The note the effect inserted before refusing went back with the savepoint; the refusal is recorded.
+    assert all_notes(storage) == []
+    assert records(storage) == [("acme", "u1", "op-refused", 409)] and claims(storage) == []
+
+
+async def test_the_status_declares_the_retention_and_is_scoped_per_actor(storage: NotesStorage) -> None:
+    async with kit_app(storage, retention_seconds=RETENTION) as http:
+        before = await status_of(http, "op-status")
+        made = await post_note(http, "op-status", NOTE)
+        mine = await status_of(http, "op-status")
+        # Another actor's key of the same name is not theirs to see: it looks unknown.
+        theirs = await status_of(http, "op-status", actor=U2)
+        elsewhere = await status_of(http, "op-status", actor=U1_ELSEWHERE)
+        anonymous = await http.get("/operations/op-status")
+        bad_id = await http.get("/operations/has%20space", headers=U1)
+
+    assert before == {
+        "operation_id": "op-status",
+        "state": "not_found",
+        "status_code": None,
+        "body": None,
+        "retention_seconds": RETENTION,
+    }
+    assert made.status_code == 201
+    assert mine == {
+        "operation_id": "op-status",
+        "state": "completed",
+        "status_code": 201,
+        "body": made.json(),
+        "retention_seconds": RETENTION,
+    }
+    assert theirs == elsewhere == before
+    assert anonymous.status_code == 401 and problem_code(anonymous) == "ACTOR_REQUIRED"
+    assert bad_id.status_code == 422
+
+
+async def test_a_record_past_retention_no_longer_counts(storage: NotesStorage) -> None:
+    async with kit_app(storage, retention_seconds=RETENTION) as http:
+        first = await post_note(http, "op-old", NOTE)
+        # The record grows older than the retention (its clock, not ours, moved).
+        storage.execute("UPDATE idempotency_records SET created_at = created_at - ?", 2 * RETENTION)
+        forgotten = await status_of(http, "op-old")
+        # Forgotten means forgotten: the key is free again, even for another payload.
+        second = await post_note(http, "op-old", OTHER_NOTE)
+        remembered = await status_of(http, "op-old")
+
+    assert first.status_code == 201
+    assert (forgotten["state"], forgotten["retention_seconds"]) == ("not_found", RETENTION)
+    assert second.status_code == 201 and "idempotent-replayed" not in second.headers
+    assert remembered["state"] == "completed" and remembered["body"] == second.json()
+    assert sorted(t for _, _, t in notes_of(storage, "op-old")) == sorted([NOTE["text"], OTHER_NOTE["text"]])
+    # Only the new record is kept under the key (the old one was purged).
+    assert storage.rows("SELECT digest FROM idempotency_records") == [(note_digest(OTHER_NOTE),)]
+
+
+async def test_the_approvals_expiry_is_checked_again_inside_the_commit(storage: NotesStorage) -> None:
+    token = note_token(APPROVAL_KEY, "op-late", NOTE, expires_in=1.0)
+    expires_at = read_approval_claims(token).expires_at
+    stalled = threading.Event()
+
+    def stall_past_the_expiry(write: IdempotentWrite) -> None:
+        # Valid when checked before the claim; the attempt then stalls until the approval has run out.
+        stalled.set()
+        deadline = time.monotonic() + 5
+        while time.time() <= expires_at + 0.05 and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    async with kit_app(storage, after_claim=stall_past_the_expiry) as http:
+        late = await post_note(http, "op-late", NOTE, token=token)
+        status = await status_of(http, "op-late")
+
+    assert stalled.is_set()  # it did get past the first check and claim the key
+    assert late.status_code == 403 and problem_code(late) == "APPROVAL_REQUIRED"
+    assert "expired before the write could be committed" in late.json()["detail"]
+    assert status["state"] == "not_found"
+    assert all_notes(storage) == [] and records(storage) == [] and claims(storage) == []
+
+
+# --- Two real processes racing one key ------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def two_services(
+    storage: NotesStorage, tmp_path: Path
+) -> AsyncIterator[tuple[KitServiceProcess, KitServiceProcess, Path]]:
+    """Two kit service processes on one database (started at once: their schema set-ups meet too), with
+    hold points armed by files in one directory and a claim lease of 2 s."""
+    holds = tmp_path / "holds"
+    holds.mkdir()
+
+    def start(name: str) -> KitServiceProcess:
+        return start_kit_service(
+            storage, tmp_path / f"{name}.log", verify_key=APPROVAL_VERIFY_KEY, hold_dir=holds, claim_lease_seconds=2
+        )
+
+    results = await asyncio.gather(asyncio.to_thread(start, "a"), asyncio.to_thread(start, "b"), return_exceptions=True)
+    started = [r for r in results if isinstance(r, KitServiceProcess)]
+    try:
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        yield started[0], started[1], holds
+    finally:
+        for service in started:
+            service.stop()
+
+
+async def arrivals(holds: Path, point: HoldPoint, count: int, what: str) -> None:
+    async def there() -> bool:
+        return len(reached(holds, point)) == count
+
+    await assert_eventually(there, within=15, what=what)
+
+
+@pytest.mark.e2e
+async def test_two_processes_meeting_between_check_and_insert_make_one_claim_and_one_effect(
+    storage: NotesStorage, two_services: tuple[KitServiceProcess, KitServiceProcess, Path]
+) -> None:
+    a, b, holds = two_services
+    async with httpx.AsyncClient(base_url=a.url) as first, httpx.AsyncClient(base_url=b.url) as second:
+        # Whichever attempt claims the key then stays in flight until the test lets it go.
+        for http in (first, second):
+            (await http.put("/admin/fault", json={"kind": "stall_after_claim"})).raise_for_status()
+        (holds / "claim_checked.armed").touch()
+        attempt_a = asyncio.create_task(post_note(first, "op-meet", NOTE))
+        await arrivals(holds, "claim_checked", 1, "A found the key free and stopped before its claim")
+        attempt_b = asyncio.create_task(post_note(second, "op-meet", NOTE))
+        if storage.kind == "postgres":
+            # Nothing locks a key that has no row yet: B finds it free too, and both stand before the insert.
+            await arrivals(holds, "claim_checked", 2, "B met A between check and insert")
+        else:
+            # SQLite's single writer: B waits for A's write transaction and never gets in between.
+            await asyncio.sleep(1.0)  # time enough for B to get there, were it let in
+            assert len(reached(holds, "claim_checked")) == 1
+        (holds / "claim_checked.release").touch()
+
+        done, _ = await asyncio.wait({attempt_a, attempt_b}, return_when=asyncio.FIRST_COMPLETED, timeout=20)
+        [loser] = done
+        loser_answer = loser.result()
+        # The loser is answered while the winner still holds its claim, before any effect.
+        assert loser_answer.status_code == 409 and problem_code(loser_answer) == "IN_PROGRESS"
+        assert claims(storage) == [("acme", "u1", "op-meet")] and notes_of(storage, "op-meet") == []
+        if storage.kind == "sqlite":
+            assert loser is attempt_b
+        for http in (first, second):
+            (await http.post("/admin/fault/release")).raise_for_status()
+        winner_answer = await (attempt_b if loser is attempt_a else attempt_a)
+
+    assert winner_answer.status_code == 201 and "idempotent-replayed" not in winner_answer.headers
+    assert notes_of(storage, "op-meet") == [("u1", "acme", NOTE["text"])]
+    assert records(storage) == [("acme", "u1", "op-meet", 201)]
+    assert claims(storage) == []
+
+
+def idle_transactions(storage: NotesStorage) -> int:
+    [(count,)] = storage.rows(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND state IN ('idle in transaction', 'idle in transaction (aborted)')"
+    )
+    return int(count)
+
+
+@pytest.mark.e2e
+async def test_a_process_killed_between_effect_and_record_leaves_neither_and_the_key_then_makes_one(
+    storage: NotesStorage, two_services: tuple[KitServiceProcess, KitServiceProcess, Path]
+) -> None:
+    a, b, holds = two_services
+    (holds / "effect_written.armed").touch()
+    async with httpx.AsyncClient(base_url=a.url) as first, httpx.AsyncClient(base_url=b.url) as second:
+        attempt_a = asyncio.create_task(post_note(first, "op-killed", NOTE))
+        await arrivals(holds, "effect_written", 1, "A wrote its note and stopped before the record")
+        a.process.kill9()
+        with pytest.raises(httpx.TransportError):
+            await attempt_a
+        if storage.kind == "postgres":
+
+            async def rolled_back() -> bool:
+                return idle_transactions(storage) == 0
+
+            await assert_eventually(rolled_back, within=10, what="the server rolled back the dead attempt")
+        # A died inside the commit's transaction: neither its note nor its record stands.
+        assert notes_of(storage, "op-killed") == [] and records(storage) == []
+        # Its claim keeps the key in progress until the lease (2 s) runs out.
+        assert claims(storage) == [("acme", "u1", "op-killed")]
+        assert (await status_of(second, "op-killed"))["state"] == "in_progress"
+        (holds / "effect_written.armed").unlink()
+
+        async def key_free() -> bool:
+            return bool((await status_of(second, "op-killed"))["state"] == "not_found")
+
+        await assert_eventually(key_free, within=15, what="the dead attempt's claim expired")
+        retried = await post_note(second, "op-killed", NOTE)
+        replayed = await post_note(second, "op-killed", NOTE)
+
+    assert retried.status_code == 201 and "idempotent-replayed" not in retried.headers
+    assert replayed.status_code == 201 and replayed.headers["idempotent-replayed"] == "true"
+    assert notes_of(storage, "op-killed") == [("u1", "acme", NOTE["text"])]
+    assert records(storage) == [("acme", "u1", "op-killed", 201)] and claims(storage) == []
+
+
+# --- The Ledger's methods on their own -------------------------------------------------------------------------
+
+KEY = LedgerKey("acme", "u1", "op-ledger")
+LEASE = 30.0
+
+
+def ready(storage: NotesStorage) -> NotesStorage:
+    storage.ledger.init()
+    storage.create_schema()
+    return storage
+
+
+def note_effect(storage: NotesStorage, key: LedgerKey, runs: list[str], text: str = "direct") -> Any:
+    """An effect that writes one note under `key` and answers 201 with it."""
+
+    def effect(tx: Any) -> tuple[int, dict[str, Any]]:
+        note_id = f"N{uuid.uuid4().hex[:16]}"
+        runs.append(note_id)
+        actor = KitActor(tenant_id=key.tenant_id, user_id=key.user_id)
+        storage.insert_note(tx, note_id, actor, key.operation_id, text)
+        return 201, {"note_id": note_id, "text": text}
+
+    return effect
+
+
+def test_claims_are_atomic_scoped_leased_and_released_by_their_own_id(storage: NotesStorage) -> None:
+    ledger = ready(storage).ledger
+    now = time.time()
+    not_before = now - 3600
+    assert ledger.lookup(KEY, now, not_before) == "not_found"
+
+    first = ledger.claim(KEY, now, not_before, LEASE)
+    assert isinstance(first, str)
+    assert ledger.lookup(KEY, now, not_before) == "in_progress"
+    with pytest.raises(ClaimTaken):
+        ledger.claim(KEY, now + 1, not_before, LEASE)
+    # The same operation id of another actor is another key.
+    other = LedgerKey("acme", "u2", KEY.operation_id)
+    theirs = ledger.claim(other, now, not_before, LEASE)
+    assert isinstance(theirs, str) and theirs != first
+    ledger.release(other, theirs)
+
+    ledger.release(KEY, "not-the-claim-id")
+    assert claims(storage) == [("acme", "u1", "op-ledger")]
+    # Past its lease the claim frees the key; a late release of the old claim leaves the new one alone.
+    later = now + LEASE + 1
+    assert ledger.lookup(KEY, later, not_before) == "not_found"
+    second = ledger.claim(KEY, later, not_before, LEASE)
+    assert isinstance(second, str) and second != first
+    ledger.release(KEY, first)
+    assert storage.rows("SELECT claim_id FROM idempotency_claims") == [(second,)]
+    ledger.release(KEY, second)
+    assert claims(storage) == [] and ledger.lookup(KEY, later, not_before) == "not_found"
+
+
+def test_complete_writes_once_and_the_record_answers_lookup_and_claim_until_purged(storage: NotesStorage) -> None:
+    ledger = ready(storage).ledger
+    now = time.time()
+    not_before = now - 3600
+    runs: list[str] = []
+
+    record, made = ledger.complete(KEY, "sha256:a", note_effect(storage, KEY, runs), now, not_before)
+    assert made is True and record == LedgerRecord("sha256:a", 201, {"note_id": runs[0], "text": "direct"})
+    # Another attempt that gets as far as completing (or claiming) finds that record and changes nothing.
+    again, made_again = ledger.complete(KEY, "sha256:b", note_effect(storage, KEY, runs), now, not_before)
+    assert (again, made_again) == (record, False)
+    assert ledger.claim(KEY, now, not_before, LEASE) == record
+    assert ledger.lookup(KEY, now, not_before) == record
+    assert runs == [record.body["note_id"]] and len(notes_of(storage, KEY.operation_id)) == 1
+    assert claims(storage) == []
+
+    # Past retention the record no longer counts, and a new one may take its place.
+    assert ledger.lookup(KEY, now, now + 1) == "not_found"
+    newer, made_newer = ledger.complete(KEY, "sha256:c", note_effect(storage, KEY, runs, "newer"), now + 2, now + 1)
+    assert made_newer is True and newer.digest == "sha256:c"
+    assert storage.rows("SELECT digest FROM idempotency_records") == [("sha256:c",)]
+
+    ledger.purge(now + 1)  # keeps what is not older than that
+    assert ledger.lookup(KEY, now + 2, now + 1) == newer
+    ledger.purge(now + 3)
+    assert records(storage) == [] and ledger.lookup(KEY, now + 2, 0) == "not_found"
+
+
+def test_an_effect_that_fails_leaves_no_rows_and_no_record(storage: NotesStorage) -> None:
+    ledger = ready(storage).ledger
+    now = time.time()
+    runs: list[str] = []
+    write_note = note_effect(storage, KEY, runs)
+
+    def effect_then_fail(tx: Any) -> tuple[int, dict[str, Any]]:
+        write_note(tx)
+        raise RuntimeError("the effect broke after writing")
+
+    with pytest.raises(RuntimeError):
+        ledger.complete(KEY, "sha256:a", effect_then_fail, now, now - 3600)
+    assert len(runs) == 1
+    assert all_notes(storage) == [] and records(storage) == []
+
+
+class MeetingPoint:
+    """A hold for in-process threads: every arrival at `point` is counted and waits until `go`."""
+
+    def __init__(self, point: HoldPoint) -> None:
+        self.point = point
+        self.arrived: list[str] = []
+        self.go = threading.Event()
+        self._lock = threading.Lock()
+
+    def __call__(self, point: HoldPoint) -> None:
+        if point != self.point:
+            return
+        with self._lock:
+            self.arrived.append(threading.current_thread().name)
+        self.go.wait(timeout=15)
+
+    async def until(self, count: int, what: str) -> None:
+        async def there() -> bool:
+            return len(self.arrived) == count
+
+        await assert_eventually(there, within=10, what=what)
+
+
+async def test_two_completes_for_one_key_at_once_make_one_effect_and_return_the_same_record(
+    storage: NotesStorage,
+) -> None:
+    ledger = ready(storage).ledger
+    now = time.time()
+    meeting = MeetingPoint("effect_written")
+    runs: list[str] = []
+    results: dict[str, tuple[LedgerRecord, bool]] = {}
+    failures: list[BaseException] = []
+
+    def attempt(name: str) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                results[name] = ledger.complete(
+                    KEY, "sha256:same", note_effect(storage, KEY, runs, name), now, now - 3600, meeting
+                )
+            except BaseException as exc:
+                failures.append(exc)
+
+        return run
+
+    threads = [threading.Thread(target=attempt(name), name=name) for name in ("a", "b")]
+    try:
+        threads[0].start()
+        await meeting.until(1, "A wrote its note and stopped before its record")
+        threads[1].start()
+        if storage.kind == "postgres":
+            # Two transactions, each with its own uncommitted note: the record's primary key must decide.
+            await meeting.until(2, "B wrote its note too")
+        else:
+            await asyncio.sleep(0.5)  # time enough for B to get there, were it let in
+            assert meeting.arrived == ["a"]  # B waits for A's write transaction
+    finally:
+        meeting.go.set()
+        for thread in threads:
+            await asyncio.to_thread(thread.join, 20)
+
+    assert failures == []
+    (record_a, made_a), (record_b, made_b) = results["a"], results["b"]
+    assert record_a == record_b and sorted([made_a, made_b]) == [False, True]
+    [(note_id, text)] = storage.rows("SELECT note_id, text FROM notes WHERE operation_id = ?", KEY.operation_id)
+    assert record_a.body == {"note_id": note_id, "text": text}
+    assert records(storage) == [("acme", "u1", "op-ledger", 201)]
+    assert len(runs) == (2 if storage.kind == "postgres" else 1)
+
+
+async def test_a_status_read_while_an_attempt_commits_and_releases_never_says_not_found(
+    pg_server: PgServer,  # noqa: F811 - the fixture imported above
+) -> None:
+    # PostgreSQL only: a lock on the claims table stops the lookup between its two reads, while the attempt
+    # commits its record and then releases its claim (the order the kit always keeps).
+    with pg_server.database() as dsn:
+        storage = ready(PostgresNotes(dsn))
+        ledger = storage.ledger
+        now = time.time()
+        claim_id = ledger.claim(KEY, now, now - 3600, LEASE)
+        assert isinstance(claim_id, str)
+        with psycopg.connect(dsn) as locker:
+            locker.execute("LOCK TABLE idempotency_claims IN ACCESS EXCLUSIVE MODE")
+            reading = asyncio.create_task(asyncio.to_thread(ledger.lookup, KEY, now, now - 3600))
+            try:
+
+                async def waiting_for_claims() -> bool:
+                    return bool(
+                        storage.rows(
+                            "SELECT 1 FROM pg_locks WHERE NOT granted AND relation = 'idempotency_claims'::regclass"
+                        )
+                    )
+
+                await assert_eventually(waiting_for_claims, within=10, what="the lookup waits to read the claims")
+                _, made = ledger.complete(KEY, "sha256:a", note_effect(storage, KEY, []), now, now - 3600)
+                assert made
+                locker.execute("DELETE FROM idempotency_claims WHERE claim_id = %s", (claim_id,))
+            finally:
+                locker.commit()
+            found = await asyncio.wait_for(reading, timeout=10)
+
+    # What the lookup saw was one moment, and then the attempt was in flight: never "not_found".
+    assert found == "in_progress"

@@ -1,0 +1,350 @@
+"""Pure tests of the public tool API: declaring read and write tools (functions, classes, the HTTP contract),
+what a declaration puts on the checked call (per-tool timeout and attempts, redaction, the digest target),
+every registration trap refused with its reason, and running one tool without Temporal."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+
+import toolloop
+from toolloop import Actor, Arguments, ReadBack, ToolContext, Toolset
+from toolloop._core.arguments import JsonSchemaArguments
+from toolloop._core.contracts import FunctionCallItem
+from toolloop._core.validation import check_call
+from toolloop.testing import run_tool
+
+U1 = Actor(user_id="u1", tenant_id="acme")
+
+
+class OrderArgs(Arguments):
+    order_id: str = Field(alias="orderId", pattern=r"^A[0-9]{3}$", description="Order id.")
+
+
+class Order(BaseModel):
+    order_id: str
+    status: str
+
+
+class NoteArgs(Arguments):
+    ticket_id: str = Field(alias="ticketId", pattern=r"^T[0-9]{4}$", description="Ticket id.")
+    text: toolloop.PlainText = Field(min_length=1, max_length=50, description="The note.")
+
+
+class Note(BaseModel):
+    note_id: str
+    text: str
+
+
+async def no_status(ctx: ToolContext, operation_id: str) -> toolloop.OperationStatus:
+    return toolloop.OperationStatus(state="not_found")
+
+
+async def no_evidence(ctx: ToolContext, args: Any, output: Any) -> toolloop.Evidence:
+    return toolloop.Evidence(verified=False, detail="n/a")
+
+
+def checked(tools: Toolset, name: str, arguments: dict[str, Any]) -> Any:
+    return check_call(tools.registry, FunctionCallItem(call_id="c1", name=name, arguments=json.dumps(arguments)))
+
+
+# --- Declaring tools ---------------------------------------------------------------------------------------
+
+
+def test_a_read_function_gets_its_models_description_and_limits_from_the_declaration() -> None:
+    tools = Toolset()
+
+    @tools.read(timeout=2.5, attempts=4, redact=("orderId",))
+    async def get_order(ctx: ToolContext, args: OrderArgs) -> Order:
+        """Status of one of the current user's orders."""
+        return Order(order_id=args.order_id, status="shipped")
+
+    spec = tools.registry.get("get_order")
+    assert spec is not None and spec.read_only
+    assert (spec.arguments, spec.result, spec.description) == (
+        OrderArgs,
+        Order,
+        "Status of one of the current user's orders.",
+    )
+    call = checked(tools, "get_order", {"orderId": "A100"})
+    assert call.rejection is None
+    # What the workflow reads from the checked call: this tool's own timeout and attempts, what to redact.
+    assert (call.timeout_seconds, call.max_attempts, call.redact) == (2.5, 4, ["orderId"])
+    assert call.target is None  # a read binds no digest
+    assert tools.registry.definitions()[0]["parameters"]["additionalProperties"] is False
+
+
+def test_a_tool_class_declares_itself_with_attributes_and_methods() -> None:
+    tools = Toolset()
+
+    @tools.write
+    class AddNote:
+        """Add a note to a ticket."""
+
+        timeout = 3.0
+        redact = ("text",)
+
+        async def __call__(self, ctx: ToolContext, args: NoteArgs) -> Note:
+            return Note(note_id="N1", text=args.text)
+
+        async def status(self, ctx: ToolContext, operation_id: str) -> toolloop.OperationStatus:
+            return toolloop.OperationStatus(state="not_found")
+
+        async def read_back(self, ctx: ToolContext, args: NoteArgs, output: Any) -> toolloop.Evidence:
+            return toolloop.Evidence(verified=True, detail="seen")
+
+    spec = tools.registry.get("AddNote")
+    assert spec is not None and spec.effect == "side_effecting"
+    assert (spec.description, spec.timeout_seconds, spec.redact, spec.result) == (
+        "Add a note to a ticket.",
+        3.0,
+        ("text",),
+        Note,
+    )
+    assert spec.status is not None and spec.read_back is not None
+    call = checked(tools, "AddNote", {"ticketId": "T1001", "text": "hi"})
+    assert (call.read_only, call.has_status, call.has_read_back) == (False, True, True)
+
+
+def test_a_write_declared_without_status_or_read_back_says_so_on_its_checked_calls() -> None:
+    tools = Toolset()
+
+    @tools.write(status=None, read_back=None)
+    async def fire(ctx: ToolContext, args: NoteArgs) -> Note:
+        """Fire and forget."""
+        return Note(note_id="N1", text=args.text)
+
+    call = checked(tools, "fire", {"ticketId": "T1001", "text": "x"})
+    # The workflow never resends such a write after a doubtful attempt, and never calls it verified.
+    assert (call.has_status, call.has_read_back) == (False, False)
+
+
+def test_the_canonical_form_decides_the_payload_that_is_approved() -> None:
+    tools = Toolset()
+
+    @tools.write(
+        status=no_status, read_back=no_evidence, canonical=lambda a: a.model_copy(update={"text": a.text.lower()})
+    )
+    async def shout(ctx: ToolContext, args: NoteArgs) -> Note:
+        """Write a note."""
+        return Note(note_id="N1", text=args.text)
+
+    one = checked(tools, "shout", {"ticketId": "T1001", "text": "HELLO"})
+    two = checked(tools, "shout", {"ticketId": "T1001", "text": "hello"})
+    assert one.arguments == two.arguments == {"ticketId": "T1001", "text": "hello"}
+
+
+def test_a_canonical_form_that_does_not_validate_back_is_internal_and_runs_nothing() -> None:
+    tools = Toolset()
+
+    @tools.write(
+        status=no_status, read_back=no_evidence, canonical=lambda a: a.model_copy(update={"text": a.text + "!"})
+    )
+    async def grow(ctx: ToolContext, args: NoteArgs) -> Note:
+        """Write a note."""
+        return Note(note_id="N1", text=args.text)
+
+    call = checked(tools, "grow", {"ticketId": "T1001", "text": "x"})
+    assert call.arguments is None and call.rejection is not None
+    assert call.rejection["code"] == "INTERNAL"
+
+
+def test_an_http_write_binds_its_method_and_the_path_the_service_receives() -> None:
+    tools = Toolset()
+    shop = toolloop.HttpSource("shop", base_url="http://shop.internal/api/v1")
+    tools.http_write(
+        "add_note",
+        source=shop,
+        path="/tickets/{ticketId}/notes",
+        arguments=NoteArgs,
+        result=Note,
+        description="Add a note.",
+        read_back=ReadBack("/tickets/{ticketId}/notes/{note_id}", Note, lambda a, c, f: {"text": f.text == a.text}),
+    )
+    call = checked(tools, "add_note", {"ticketId": "T1001", "text": "hi"})
+    assert call.target == "POST /api/v1/tickets/T1001/notes"
+    assert (call.has_status, call.has_read_back) == (True, True)
+
+
+# --- Registration traps --------------------------------------------------------------------------------------
+
+
+class OpenArgs(BaseModel):
+    x: int = Field(description="x")
+
+
+class MapArgs(Arguments):
+    tags: dict[str, str] = Field(description="free-form")
+
+
+class OptionalArgs(Arguments):
+    limit: int = Field(default=5, description="not nullable")
+
+
+class UnicodeArgs(Arguments):
+    code: str = Field(pattern=r"^\d{3}$", description="digits")
+
+
+class SplitArgs(Arguments):
+    model_config = ConfigDict(extra="forbid")
+    item: str = Field(validation_alias="itemId", serialization_alias="item_id", description="x")
+
+
+def _declare_read(arguments: type[BaseModel], description: str = "A tool.") -> None:
+    tools = Toolset()
+
+    async def tool(ctx: ToolContext, args: Any) -> Order:
+        return Order(order_id="A100", status="x")
+
+    tool.__annotations__["args"] = arguments
+    tools.read(tool, description=description)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "reason"),
+    [
+        (OpenArgs, "extra='forbid'"),
+        (MapArgs, "free-form map"),
+        (OptionalArgs, "optional but not nullable"),
+        (UnicodeArgs, r"uses \d or \w"),
+        (SplitArgs, "read as 'itemId' but written as 'item_id'"),
+    ],
+)
+def test_registration_refuses_what_strict_mode_cannot_honour_with_the_reason(
+    arguments: type[BaseModel], reason: str
+) -> None:
+    with pytest.raises(ValueError, match="tool 'tool'") as info:
+        _declare_read(arguments)
+    assert reason in str(info.value)
+
+
+def test_registration_refuses_declarations_it_cannot_run() -> None:
+    tools = Toolset()
+
+    def not_async(ctx: ToolContext, args: OrderArgs) -> Order:
+        return Order(order_id="A100", status="x")
+
+    async def no_model(ctx: ToolContext, args: dict[str, Any]) -> Order:
+        return Order(order_id="A100", status="x")
+
+    async def three(ctx: ToolContext, args: OrderArgs, extra: int) -> Order:
+        return Order(order_id="A100", status="x")
+
+    async def undocumented(ctx: ToolContext, args: OrderArgs) -> Order:
+        return Order(order_id="A100", status="x")
+
+    with pytest.raises(ValueError, match="must be an async function"):
+        tools.read(not_async)  # type: ignore[call-overload]
+    with pytest.raises(ValueError, match="pydantic argument model"):
+        tools.read(no_model)
+    with pytest.raises(ValueError, match=r"exactly \(ctx, args\)"):
+        tools.read(three)
+    with pytest.raises(ValueError, match="needs a description"):
+        tools.read(undocumented)
+    with pytest.raises(ValueError, match="needs status= and read_back="):
+        tools.write()(undocumented)
+    with pytest.raises(ValueError, match="timeout_seconds must be"):
+        tools.read(timeout=0, description="d")(undocumented)
+    with pytest.raises(ValueError, match="max_attempts must be"):
+        tools.read(attempts=50, description="d")(undocumented)
+    tools.read(undocumented, description="Now documented.")
+    with pytest.raises(ValueError, match="registered twice"):
+        tools.read(undocumented, description="Again.")
+
+
+def test_the_http_contract_refuses_paths_that_name_no_argument() -> None:
+    tools = Toolset()
+    shop = toolloop.HttpSource("shop", base_url="http://shop")
+    common: dict[str, Any] = {
+        "source": shop,
+        "arguments": NoteArgs,
+        "result": Note,
+        "description": "d",
+        "read_back": None,
+    }
+    with pytest.raises(ValueError, match="names ticket_id, which is not an argument"):
+        tools.http_write("w1", path="/tickets/{ticket_id}/notes", **common)
+    with pytest.raises(ValueError, match="status_path must name exactly"):
+        tools.http_write("w2", path="/tickets/{ticketId}/notes", status_path="/ops/{id}", **common)
+    rb = ReadBack("/notes/{nope}", Note, lambda a, c, f: {})
+    with pytest.raises(ValueError, match="names nope, which is neither an argument nor a field"):
+        tools.http_write("w3", path="/tickets/{ticketId}/notes", **{**common, "read_back": rb})
+    with pytest.raises(ValueError, match="uses POST, PUT, PATCH or DELETE"):
+        tools.http_write("w4", path="/tickets/{ticketId}/notes", method="GET", **common)
+    other = toolloop.HttpSource("shop", base_url="http://elsewhere")
+    tools.http_write("w5", path="/tickets/{ticketId}/notes", **common)
+    with pytest.raises(ValueError, match="two different tool sources are both named 'shop'"):
+        tools.http_write("w6", path="/tickets/{ticketId}/notes", **{**common, "source": other})
+
+
+def test_a_json_schema_tool_is_made_strict_or_refused_with_the_reason() -> None:
+    strict = JsonSchemaArguments(
+        {"type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "integer"}}, "required": ["q"]}
+    ).parameters()
+    assert strict["additionalProperties"] is False and strict["required"] == ["q", "n"]
+    assert strict["properties"]["n"]["type"] == ["integer", "null"]  # optional became nullable
+    for schema, reason in [
+        ({"type": "object", "properties": {"m": {"type": "object", "additionalProperties": True}}}, "free-form map"),
+        ({"type": "object", "properties": {"m": {"type": "object"}}}, "without declared properties"),
+        ({"type": "object", "properties": {"v": {"oneOf": [{"type": "string"}, {"type": "integer"}]}}}, "oneOf"),
+        ({"type": "object", "properties": {"d": {"type": "string", "pattern": "^\\d+$"}}}, r"\d or \w"),
+    ]:
+        arguments = JsonSchemaArguments(schema)
+        assert any(reason in p for p in arguments.problems(arguments.parameters())), (schema, reason)
+
+
+def test_a_json_schema_rejection_names_the_field_never_the_value() -> None:
+    arguments = JsonSchemaArguments(
+        {"type": "object", "properties": {"q": {"type": "string", "maxLength": 5}}, "required": ["q"]}
+    )
+    for text, hint in [
+        ('{"q": "secret-and-long"}', "q: breaks maxLength 5"),
+        ('{"q": 7}', "q: must be a string"),
+        ("{}", "q: is required"),
+        ('{"q": "ok", "zz": "SECRET"}', "has a field that is not accepted"),
+    ]:
+        with pytest.raises(ValueError) as info:
+            arguments.check(text)
+        assert hint in str(info.value) and "secret" not in str(info.value).lower()
+    assert arguments.without_nulls({"q": "x"}) == {"q": "x"}
+
+
+# --- Running one tool without Temporal (toolloop.testing.run_tool) ------------------------------------------
+
+
+async def test_run_tool_checks_like_the_loop_and_returns_what_the_model_reads() -> None:
+    tools = Toolset()
+    shop = toolloop.HttpSource("shop", base_url="http://shop")
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"order_id": "A100", "status": "shipped", "internal": "dropped"})
+
+    tools.http_read(
+        "get_order", source=shop, path="/orders/{orderId}", arguments=OrderArgs, result=Order, description="d"
+    )
+
+    @tools.read(source=shop)
+    async def wrong(ctx: ToolContext, args: OrderArgs) -> Order:
+        """Answers something that is not its declared result."""
+        return {"order_id": "A100"}  # type: ignore[return-value]
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer), base_url="http://shop") as http:
+        out = await run_tool(tools, "get_order", {"orderId": "A100"}, actor=U1, http=http)
+        bad = await run_tool(tools, "get_order", {"orderId": "A100", "userId": "u2"}, actor=U1, http=http)
+        # The answer is checked against the declared result model, as the activity does.
+        undeclared = await run_tool(tools, "wrong", {"orderId": "A100"}, actor=U1, http=http)
+    assert out == {"ok": True, "order_id": "A100", "status": "shipped"}
+    assert bad["code"] == "BAD_ARGUMENTS" and "userId" in bad["message"]
+    assert undeclared["code"] == "INTERNAL"
+    [request] = seen  # the rejected call sent nothing
+    assert (request.url.path, request.headers["x-actor-user"], request.headers["x-actor-tenant"]) == (
+        "/orders/A100",
+        "u1",
+        "acme",
+    )

@@ -1,0 +1,54 @@
+"""A user's own tools, declared with toolloop's public API only, for `python worker.py --tools tests.user_tools:build`
+(tests/test_user_tools_e2e.py). The other functions are the mistakes a user makes, each refused in one line."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+import toolloop
+
+
+class AddArgs(toolloop.Arguments):
+    a: int = Field(ge=-1000, le=1000, description="The first number.")
+    b: int = Field(ge=-1000, le=1000, description="The second number.")
+
+
+class Sum(BaseModel):
+    total: int
+
+
+class Lookup(toolloop.Arguments):
+    tags: dict[str, str] = Field(description="A free-form map, which strict mode cannot express.")
+
+
+def build() -> toolloop.Toolset:
+    tools = toolloop.Toolset()
+
+    @tools.read(timeout=5, attempts=2)
+    async def add(ctx: toolloop.ToolContext, args: AddArgs) -> Sum:
+        """Add two integers."""
+        return Sum(total=args.a + args.b)
+
+    return tools
+
+
+def refused() -> toolloop.Toolset:
+    tools = toolloop.Toolset()
+
+    @tools.read
+    async def lookup(ctx: toolloop.ToolContext, args: Lookup) -> Sum:
+        """Look something up."""
+        return Sum(total=0)
+
+    return tools
+
+
+def not_a_toolset() -> int:
+    return 3
+
+
+def unopenable() -> toolloop.Toolset:
+    """An MCP server whose command does not exist: the worker cannot open its tools."""
+    tools = toolloop.Toolset()
+    tools.include(toolloop.McpSource.stdio("gone", ["/nonexistent/mcp-server"], connect_timeout_seconds=5))
+    return tools

@@ -1,0 +1,308 @@
+"""Testing helpers for users' own tools and agents: scripted model turns, running one tool without Temporal,
+a worker for a test, starting a request, approving like the trusted channel does, and reading back what the
+model was shown - including the check that every call was answered exactly once.
+
+    tools = my_tools()
+    out = await toolloop.testing.run_tool(tools, "get_order", {"orderId": "A100"}, actor=Actor(user_id="u1"))
+
+    async with toolloop.testing.worker(client, tools, task_queue="t1"):
+        handle = await toolloop.testing.start_request(
+            client, "Refund A100", actor=Actor(user_id="u1"), task_queue="t1", model=script(
+                [call("refund", {"orderId": "A100"}, "c1")], [say("Refunded.")]),
+            approval_verify_key=verify_key)
+        async with approve_all(handle, signing_key=key, approver=Actor(user_id="u1")):
+            result = await handle.result()
+        outputs = await answered_once(handle)   # call_id -> the output the model read
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import httpx
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import Worker
+
+from toolloop._core.approvals import generate_signing_key, verify_key_for
+from toolloop._core.contracts import (
+    Actor,
+    AgentInput,
+    AgentProgress,
+    AgentResult,
+    ConversationItem,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    Limits,
+    ModelSpec,
+    ModelTurnInput,
+    ModelTurnResult,
+    OperationRecord,
+)
+from toolloop._core.names import AGENT_WORKFLOW, GET_PROGRESS_QUERY, MODEL_TURN_ACTIVITY
+from toolloop._core.registry import ResultRejected, ToolContext, ToolError
+from toolloop._core.validation import check_call
+from toolloop._models.adapter import ModelAdapter
+from toolloop._temporal.approval_channel import fetch_approval_request, send_decision
+from toolloop._temporal.plugin import ToolloopPlugin
+from toolloop._tools.http import default_actor_headers
+from toolloop._tools.toolset import AgentSpec, Toolset
+
+__all__ = [
+    "answered_once",
+    "approve_all",
+    "call",
+    "conversation",
+    "decide",
+    "eventually",
+    "generate_signing_key",
+    "model_turns",
+    "run_tool",
+    "say",
+    "script",
+    "start_request",
+    "verify_key_for",
+    "waiting_operation",
+    "worker",
+]
+
+# --- Scripted model turns ---------------------------------------------------------------------------------
+
+
+def call(name: str, arguments: Mapping[str, Any] | str, call_id: str) -> dict[str, Any]:
+    """A scripted `function_call` item; a str is sent verbatim (malformed JSON included)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(dict(arguments))
+    return {"type": "function_call", "name": name, "arguments": args, "call_id": call_id}
+
+
+def say(text: str) -> dict[str, Any]:
+    """A scripted assistant message (the model's answer)."""
+    return {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
+
+
+def script(*turns: list[dict[str, Any]]) -> ModelSpec:
+    """The script model: turn N answers with the N-th list of items."""
+    return ModelSpec.model_validate({"provider": "script", "script": [list(t) for t in turns]})
+
+
+# --- One tool, without Temporal ----------------------------------------------------------------------------
+
+
+async def run_tool(
+    tools: Toolset,
+    name: str,
+    arguments: Mapping[str, Any] | str,
+    *,
+    actor: Actor,
+    http: httpx.AsyncClient | None = None,
+    operation_id: str | None = None,
+    approval_token: str | None = None,
+) -> dict[str, Any]:
+    """Check `arguments` as the loop does and run the tool's executor once: the output the model would read
+    (a rejection included). `http` replaces the tool source's client (an ASGI or mock transport, say); without
+    it the toolset must be open (`async with tools.opened():`). A temporary failure raises ToolTemporaryError,
+    which the loop would retry; a write's outcome exceptions (WriteOutcomeUnknown, ...) propagate too."""
+    text = arguments if isinstance(arguments, str) else json.dumps(dict(arguments))
+    checked = check_call(tools.registry, FunctionCallItem(call_id="test-call", name=name, arguments=text))
+    if checked.rejection is not None or checked.arguments is None:
+        return dict(checked.rejection or {})
+    spec = tools.registry.get(name)
+    assert spec is not None  # check_call found it
+    source = spec.source
+    client = http or (source.http if source is not None else None)
+    if client is None:
+        raise ValueError(f"tool {name!r} has no source: pass http=")
+    headers = getattr(source, "actor_headers", default_actor_headers)(actor)
+    ctx = ToolContext(
+        actor=actor,
+        http=client,
+        workflow_id="test",
+        call_id="test-call",
+        operation_id=operation_id,
+        approval_token=approval_token,
+        headers=dict(headers),
+    )
+    try:
+        return spec.output_of(await spec.execute(ctx, spec.schema.load(checked.arguments)))
+    except ToolError as err:
+        return {"ok": False, "code": str(err.code), "message": err.message}
+    except ResultRejected:
+        return {"ok": False, "code": "INTERNAL", "message": "the tool gave an answer it does not declare"}
+
+
+# --- A worker, a request, approvals ------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def worker(
+    client: Client,
+    tools: Toolset | AgentSpec,
+    *,
+    task_queue: str,
+    models: Mapping[str, ModelAdapter] | None = None,
+    instructions: str | None = None,
+    **worker_options: Any,
+) -> AsyncIterator[Worker]:
+    """A started worker with the toolloop plugin for `tools`, shut down explicitly at the end of the block."""
+    plugin = ToolloopPlugin(tools, models=models, instructions=instructions)
+    async with Worker(client, task_queue=task_queue, plugins=[plugin], **worker_options) as running:
+        yield running
+
+
+async def start_request(
+    client: Client,
+    request: str,
+    *,
+    actor: Actor,
+    task_queue: str,
+    model: ModelSpec | None = None,
+    limits: Limits | None = None,
+    approval_verify_key: str | None = None,
+    instructions: str | None = None,
+    workflow_id: str | None = None,
+) -> WorkflowHandle[Any, AgentResult]:
+    """Start one request (an AgentWorkflow run); `model` defaults to the script model with no turns."""
+    return await client.start_workflow(
+        AGENT_WORKFLOW,
+        AgentInput(
+            request=request,
+            actor=actor,
+            model=model or script(),
+            limits=limits or Limits(),
+            approval_verify_key=approval_verify_key,
+            instructions=instructions,
+        ),
+        id=workflow_id or f"test-{uuid.uuid4().hex[:12]}",
+        task_queue=task_queue,
+        result_type=AgentResult,
+    )
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within: float = 30.0, what: str = "") -> None:
+    """Poll `check` every 0.1 s until it is true; AssertionError after `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not true within {within} s: {what}")
+
+
+async def waiting_operation(handle: WorkflowHandle[Any, Any], within: float = 30.0) -> OperationRecord:
+    """The first operation waiting for approval, once the workflow has one."""
+    found: list[OperationRecord] = []
+
+    async def check() -> bool:
+        progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
+        found[:] = [op for op in progress.operations if op.state == "awaiting_approval"]
+        return bool(found)
+
+    await eventually(check, within, what="an operation waits for approval")
+    return found[0]
+
+
+async def decide(
+    handle: WorkflowHandle[Any, Any],
+    operation_id: str,
+    *,
+    signing_key: str,
+    decider: Actor,
+    approve: bool = True,
+    ttl: float = 600,
+) -> OperationRecord:
+    """What the trusted approval channel does: fetch the whole payload, check its digest, sign, send."""
+    request = await fetch_approval_request(handle, operation_id)
+    if request is None:
+        raise LookupError(f"no operation {operation_id}")
+    return await send_decision(handle, request, approve=approve, decider=decider, key=signing_key, ttl_seconds=ttl)
+
+
+@contextlib.asynccontextmanager
+async def approve_all(
+    handle: WorkflowHandle[Any, Any], *, signing_key: str, approver: Actor, ttl: float = 600
+) -> AsyncIterator[list[str]]:
+    """Approve every operation the request asks about while the block runs (what `ask --auto-approve`
+    does); yields the operation ids approved so far."""
+    approved: list[str] = []
+
+    async def loop() -> None:
+        while True:
+            progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
+            for op in progress.operations:
+                if op.state == "awaiting_approval" and op.operation_id not in approved:
+                    await decide(handle, op.operation_id, signing_key=signing_key, decider=approver, ttl=ttl)
+                    approved.append(op.operation_id)
+            await asyncio.sleep(0.1)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield approved
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+# --- What the model was shown ------------------------------------------------------------------------------
+
+
+async def model_turns(handle: WorkflowHandle[Any, Any]) -> list[tuple[ModelTurnInput, ModelTurnResult | None]]:
+    """Every model turn's input and result, decoded from the workflow's history."""
+    converter = handle._client.data_converter
+    inputs: dict[int, ModelTurnInput] = {}
+    results: dict[int, ModelTurnResult] = {}
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name == MODEL_TURN_ACTIVITY:
+                [inputs[event.event_id]] = await converter.decode(attrs.input.payloads, [ModelTurnInput])
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            done = event.activity_task_completed_event_attributes
+            if done.scheduled_event_id in inputs:
+                [results[done.scheduled_event_id]] = await converter.decode(done.result.payloads, [ModelTurnResult])
+    return [(inputs[k], results.get(k)) for k in sorted(inputs)]
+
+
+async def conversation(handle: WorkflowHandle[Any, Any]) -> list[ConversationItem]:
+    """Every item the model was shown and answered, in order."""
+    items: list[ConversationItem] = []
+    for turn_input, turn_result in await model_turns(handle):
+        items += turn_input.new_items
+        if turn_result is not None:
+            items += turn_result.items
+    return items
+
+
+async def answered_once(handle: WorkflowHandle[Any, AgentResult]) -> dict[str, dict[str, Any]]:
+    """call_id -> the output the model read. Asserts that every function_call of the finished run was answered
+    exactly once: calls followed by another model turn in that turn's input, the calls of the last turn (a
+    limit stopped the loop before the model saw their outputs) by exactly one record in the result."""
+    turns = await model_turns(handle)
+    result = await handle.result()
+    outputs: list[FunctionCallOutputItem] = []
+    calls: list[str] = []
+    for turn_input, _ in turns:
+        outputs += [i for i in turn_input.new_items if isinstance(i, FunctionCallOutputItem)]
+    for number, (_, turn_result) in enumerate(turns):
+        if turn_result is None:
+            continue
+        turn_calls = [i.call_id for i in turn_result.items if isinstance(i, FunctionCallItem)]
+        calls += turn_calls
+        if number + 1 < len(turns):
+            answered = [o.call_id for o in turns[number + 1][0].new_items if isinstance(o, FunctionCallOutputItem)]
+            assert sorted(answered) == sorted(set(turn_calls)), (
+                f"turn {number + 1}: calls {turn_calls}, outputs {answered}"
+            )
+    answered = [o.call_id for o in outputs]
+    assert len(answered) == len(set(answered)), f"a call_id was answered twice: {answered}"
+    assert set(answered) <= set(calls), "an output answers no call"
+    recorded = [c.call_id for c in result.calls]
+    assert len(recorded) == len(set(recorded)), f"a call_id was recorded twice: {recorded}"
+    assert set(recorded) == set(calls), f"calls {calls} but records {recorded}"
+    return {o.call_id: json.loads(o.output) for o in outputs}
