@@ -16,24 +16,16 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    StringConstraints,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 import toolloop
+from demo.rules import CALENDAR_ID, MAX_SAFE_INTEGER, ORDER_ID, TICKET_ID, Email, event_end, whole_second
 from toolloop import Arguments, Instant, PlainText, ReadBack, ResultCode, ToolContext, sorted_unique
 
-ORDER_ID = r"^A[0-9]{3}$"
-TICKET_ID = r"^T[0-9]{4}$"
-CALENDAR_ID = r"^cal-[a-z0-9-]{1,32}$"
-MAX_SAFE_INTEGER = 2**53 - 1
 MAX_SLOT_RANGE = timedelta(days=14)
-MAX_EVENT_DURATION = timedelta(hours=8)
-# local@domain.tld, ASCII only: no look-alike or invisible characters in an address.
-EMAIL = r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}$"
 
 # The service's own problem codes, as the model should read them (others go by HTTP status).
 PROBLEM_CODES = {
@@ -97,9 +89,6 @@ class AppendTicketNoteArgs(_WriteArguments):
     )
 
 
-Email = Annotated[str, StringConstraints(max_length=254, pattern=EMAIL)]
-
-
 class CreateCalendarEventArgs(_WriteArguments):
     calendar_id: str = Field(alias="calendarId", pattern=CALENDAR_ID, description="Calendar id, e.g. cal-u1.")
     title: PlainText = Field(min_length=1, max_length=200, description="Event title, plain text (1-200 characters).")
@@ -111,23 +100,8 @@ class CreateCalendarEventArgs(_WriteArguments):
         description="Up to 20 attendee email addresses (a set: order and repeats do not matter); null for none.",
     )
 
-    @field_validator("start", "end")
-    @classmethod
-    def _whole_seconds(cls, value: datetime) -> datetime:
-        # The service keeps second precision; a fraction would make the read-back differ.
-        if value.microsecond:
-            raise PydanticCustomError("whole_seconds", "must be a whole second")
-        return value
-
-    @field_validator("end")
-    @classmethod
-    def _after_start(cls, end: datetime, info: ValidationInfo) -> datetime:
-        start = info.data.get("start")
-        if start is not None and end <= start:
-            raise PydanticCustomError("time_range", "must be later than start")
-        if start is not None and end - start > MAX_EVENT_DURATION:
-            raise PydanticCustomError("time_range", "an event may last at most 8 hours")
-        return end
+    _whole_seconds = field_validator("start", "end")(whole_second)
+    _after_start = field_validator("end")(event_end)
 
     @field_validator("attendees")
     @classmethod

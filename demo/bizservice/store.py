@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import sqlite3
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-BUSY_TIMEOUT_MS = 5000
+from toolloop.servicekit import SqliteLedger
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS users (
@@ -157,33 +157,20 @@ class Owner:
 
 
 class Store:
+    """The service's database. Its connections follow the idempotency kit's SQLite rules (one connection per
+    operation, autocommit, BEGIN IMMEDIATE for writes), since the kit's ledger lives in the same file and the
+    write effects run inside the ledger's transactions."""
+
     def __init__(self, db_path: str | Path) -> None:
         self.db_path = str(db_path)
+        self._sqlite = SqliteLedger(self.db_path)
 
-    @contextmanager
-    def connect(self) -> Iterator[sqlite3.Connection]:
-        # Autocommit mode: transactions are opened explicitly (BEGIN IMMEDIATE) where they matter.
-        conn = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-        try:
-            conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA foreign_keys = ON")
-            yield conn
-        finally:
-            conn.close()
+    def connect(self) -> AbstractContextManager[sqlite3.Connection]:
+        return self._sqlite.connect()
 
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction that takes the write lock up front, so read-then-write is atomic
-        across processes."""
-        with self.connect() as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        """A write transaction that takes the write lock up front, so read-then-write is atomic across processes."""
+        return self._sqlite.transaction()
 
     def init(self) -> None:
         """Create the schema if missing; WAL lets readers in other processes run beside a writer."""

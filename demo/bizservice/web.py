@@ -12,6 +12,7 @@ from fastapi import Depends, Header
 from fastapi.responses import JSONResponse
 
 from demo.bizservice.store import Owner
+from demo.rules import CALENDAR_ID, ORDER_ID, TICKET_ID
 from toolloop.servicekit import KitActor, KitProblem, describe_errors
 
 __all__ = [
@@ -28,9 +29,6 @@ __all__ = [
     "status_code_for",
 ]
 
-ORDER_ID = r"^A[0-9]{3}$"
-TICKET_ID = r"^T[0-9]{4}$"
-CALENDAR_ID = r"^cal-[a-z0-9-]{1,32}$"
 _PARAM_SOURCES = ("path", "query", "header", "body", "cookie")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI
@@ -18,23 +18,17 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    StringConstraints,
-    ValidationInfo,
     field_validator,
 )
-from pydantic_core import PydanticCustomError
 
 from demo.bizservice import faults, store
 from demo.bizservice.store import Owner, Provenance, Refused, Store
-from demo.bizservice.web import CALENDAR_ID, ORDER_ID, TICKET_ID, Problem, ServiceCode, kit_actor
+from demo.bizservice.web import Problem, ServiceCode, kit_actor
+from demo.rules import CALENDAR_ID, MAX_SAFE_INTEGER, ORDER_ID, TICKET_ID, Email, event_end, whole_second
 from toolloop import PlainText, sorted_unique
 from toolloop.servicekit import INVALID_BODY, Hold, IdempotencyKit, IdempotentWrite, Refusal, SqliteLedger, no_hold
 
-MAX_SAFE_INTEGER = 2**53 - 1
-MAX_EVENT_DURATION = timedelta(hours=8)
 CLAIM_LEASE_SECONDS = 30.0
-# A deliberately plain shape: local@domain.tld, ASCII only (no look-alike or invisible characters).
-EMAIL = r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}$"
 
 
 # --- Request bodies (camelCase, exactly the tools' arguments) ---------------------------------------
@@ -51,9 +45,6 @@ class NoteBody(_Body):
     expected_version: int = Field(alias="expectedVersion", ge=1, le=MAX_SAFE_INTEGER)
 
 
-Email = Annotated[str, StringConstraints(max_length=254, pattern=EMAIL)]
-
-
 class EventBody(_Body):
     calendar_id: str = Field(alias="calendarId", pattern=CALENDAR_ID)
     title: PlainText = Field(min_length=1, max_length=200)
@@ -62,23 +53,8 @@ class EventBody(_Body):
     # A set: stored sorted, as the orchestrator sends it.
     attendees: Annotated[list[Email], AfterValidator(sorted_unique)] = Field(default_factory=list, max_length=20)
 
-    @field_validator("start", "end")
-    @classmethod
-    def _whole_seconds(cls, value: datetime) -> datetime:
-        # Times are stored at second precision; a fraction would make the read-back differ.
-        if value.microsecond:
-            raise PydanticCustomError("whole_seconds", "must be a whole second")
-        return value
-
-    @field_validator("end")
-    @classmethod
-    def _after_start(cls, end: datetime, info: ValidationInfo) -> datetime:
-        start = info.data.get("start")
-        if start is not None and end <= start:
-            raise PydanticCustomError("time_range", "must be later than start")
-        if start is not None and end - start > MAX_EVENT_DURATION:
-            raise PydanticCustomError("time_range", "an event may last at most 8 hours")
-        return end
+    _whole_seconds = field_validator("start", "end")(whole_second)
+    _after_start = field_validator("end")(event_end)
 
 
 class RefundBody(_Body):

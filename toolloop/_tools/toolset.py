@@ -99,6 +99,19 @@ def _class_attribute(target: Any, name: str, given: Any, default: Any = None) ->
     return default
 
 
+def _declared(
+    fn: Any, name: str | None, description: str | None, redact: Iterable[str], timeout: float | None, source: Any
+) -> dict[str, Any]:
+    """What a read and a write declaration share: given to the decorator, else a tool class's attributes."""
+    return {
+        "name": name or _default_name(fn),
+        "description": _class_attribute(fn, "description", description) or inspect.getdoc(fn) or "",
+        "redact": tuple(redact) or tuple(_class_attribute(fn, "redact", None, ())),
+        "timeout_seconds": _class_attribute(fn, "timeout", timeout),
+        "source": _class_attribute(fn, "source", source),
+    }
+
+
 @dataclass
 class Toolset:
     """The tools one agent may call. Register them with the decorators `read` and `write`, with `http_read`
@@ -174,19 +187,17 @@ class Toolset:
 
         def register(fn: F) -> F:
             executor, arguments, result = _introspect(fn, "read")
+            declared = _declared(fn, name, description, redact, timeout, source)
+            attempts_of = _class_attribute(fn, "attempts", attempts)
             self.add(
                 ToolSpec(
-                    name=name or _default_name(fn),
-                    description=_class_attribute(fn, "description", description) or inspect.getdoc(fn) or "",
+                    **declared,
                     arguments=arguments,
                     effect="read_only",
                     execute=executor,
                     summarize=summary,
-                    redact=tuple(redact) or tuple(_class_attribute(fn, "redact", None, ())),
                     result=result,
-                    timeout_seconds=_class_attribute(fn, "timeout", timeout),
-                    max_attempts=_class_attribute(fn, "attempts", attempts),
-                    source=_class_attribute(fn, "source", source),
+                    max_attempts=attempts_of,
                 )
             )
             return fn
@@ -256,20 +267,16 @@ class Toolset:
                 )
             self.add(
                 ToolSpec(
-                    name=name or _default_name(fn),
-                    description=_class_attribute(fn, "description", description) or inspect.getdoc(fn) or "",
+                    **_declared(fn, name, description, redact, timeout, source),
                     arguments=arguments,
                     effect="side_effecting",
                     execute=executor,
                     summarize=summary,
                     status=chosen_status,
                     read_back=chosen_read_back,
-                    redact=tuple(redact) or tuple(_class_attribute(fn, "redact", None, ())),
                     result=result,
-                    timeout_seconds=_class_attribute(fn, "timeout", timeout),
                     target=target_of,
                     canonical=instance_methods.get("canonical", canonical),
-                    source=_class_attribute(fn, "source", source),
                     without_status=chosen_status is None,
                     without_read_back=chosen_read_back is None,
                 )
