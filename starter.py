@@ -5,7 +5,6 @@ Temporal UI; `approve`/`reject` decide from another shell; `up`/`down`/`status` 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import re
@@ -23,7 +22,6 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import (
     Client,
     WorkflowFailureError,
@@ -31,9 +29,6 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
 )
 from temporalio.common import (
-    SearchAttributeKey,
-    SearchAttributePair,
-    TypedSearchAttributes,
     WorkflowIDConflictPolicy,
     WorkflowIDReusePolicy,
 )
@@ -45,6 +40,7 @@ from typer._click.exceptions import UsageError
 
 from devstack.processes import StackError
 from devstack.stack import LocalStack, StackStatus
+from toolloop._api.tokens import TokenMap, TokensFileError
 from toolloop._core.approvals import generate_signing_key, verify_key_for
 from toolloop._core.contracts import (
     MODEL_NAME,
@@ -57,7 +53,7 @@ from toolloop._core.contracts import (
     ModelSpec,
     OperationRecord,
 )
-from toolloop._core.names import AGENT_WORKFLOW, GET_LEDGER_QUERY, GET_PROGRESS_QUERY, USER_SEARCH_ATTRIBUTE
+from toolloop._core.names import AGENT_WORKFLOW, GET_LEDGER_QUERY, GET_PROGRESS_QUERY
 from toolloop._models.errors import ScriptError
 from toolloop._models.script import load_script
 from toolloop._temporal.approval_channel import (
@@ -67,11 +63,17 @@ from toolloop._temporal.approval_channel import (
     send_decision,
 )
 from toolloop._temporal.converter import data_converter
+from toolloop._temporal.requests import (
+    REQUEST_ID,
+    acts_for,
+    request_search_attributes,
+    request_summary,
+    request_workflow_id,
+)
+from toolloop._temporal.results import failed_result
 from toolloop._temporal.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent
-USER_KEY = SearchAttributeKey.for_keyword(USER_SEARCH_ATTRIBUTE)
-REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 # Exit codes of `ask` (README, "Exit codes"). An unknown or unverified side effect outranks everything.
 EXIT_OK = 0  # answered; every side effect (if any) done and verified by read-back
@@ -193,30 +195,6 @@ def _verify_key(settings: Settings, signing_key: str | None) -> str | None:
         return verify_key_for(signing_key)
     except ValueError as exc:
         _fail(f"TOOLLOOP_APPROVAL_KEY: {exc}")
-
-
-def request_workflow_id(actor: Actor, request_id: str) -> str:
-    """The workflow id of a user's request id: readable, and scoped by tenant and user (the hash covers the
-    exact triple, so no other user or tenant can ever name the same workflow)."""
-    scope = hashlib.sha256(json.dumps([actor.tenant_id, actor.user_id, request_id]).encode()).hexdigest()[:12]
-    return f"ask-{actor.tenant_id}-{actor.user_id}-{request_id}-{scope}"
-
-
-async def _acts_for(client: Client, handle: WorkflowHandle[Any, Any]) -> Actor | None:
-    """Whom an existing workflow acts for, read from its own start event (not from anything a caller
-    says); None when there is no such workflow or it is not one of ours."""
-    try:
-        async for event in handle.fetch_history_events():
-            if event.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
-                return None
-            attrs = event.workflow_execution_started_event_attributes
-            if attrs.workflow_type.name != AGENT_WORKFLOW:
-                return None
-            [inp] = await client.data_converter.decode(attrs.input.payloads, [AgentInput])
-            return inp.actor if isinstance(inp, AgentInput) else None
-    except (RPCError, ValidationError, ValueError):
-        return None
-    return None
 
 
 def _not_found(workflow_id: str, actor: Actor) -> NoReturn:
@@ -489,14 +467,14 @@ async def _ask(
             id=workflow_id,
             task_queue=settings.task_queue,
             result_type=AgentResult,
-            search_attributes=TypedSearchAttributes([SearchAttributePair(USER_KEY, actor.user_id)]),
-            static_summary=f"{actor.user_id}: {request[:80]}",
+            search_attributes=request_search_attributes(actor),
+            static_summary=request_summary(actor, request),
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
         )
     except WorkflowAlreadyStartedError:
         handle = client.get_workflow_handle(workflow_id, result_type=AgentResult)
-        if await _acts_for(client, handle) != actor:
+        if await acts_for(client, handle) != actor:
             _not_found(workflow_id, actor)
         outcome.attached = True
         err_console.print(
@@ -505,6 +483,10 @@ async def _ask(
     try:
         outcome.result = await _watch(handle, show, mode, session)
     except WorkflowFailureError as exc:
+        # A request that failed (model error, no answer) is a failed run that carries its whole report.
+        outcome.result = failed_result(exc)
+        if outcome.result is not None:
+            return outcome
         outcome.failure = str(exc.cause or exc)
         try:
             outcome.operations = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
@@ -724,7 +706,7 @@ async def _decide_from_shell(
     )
     handle: WorkflowHandle[Any, AgentResult] = client.get_workflow_handle(workflow_id, result_type=AgentResult)
     # Whose request it is comes from the workflow's own start event, checked before anything is shown.
-    if await _acts_for(client, handle) != actor:
+    if await acts_for(client, handle) != actor:
         _not_found(workflow_id, actor)
     request = await fetch_approval_request(handle, operation_id)
     if request is None:
@@ -820,6 +802,53 @@ def status() -> None:
         table.add_row(component.name, state, str(component.pid or "-"), component.address)
     Console().print(table)
     Console().print(f"Temporal UI: {settings.ui_url()}")
+
+
+# --- the HTTP API ---------------------------------------------------------------------------------------
+
+
+async def _serve_api(settings: Settings, host: str, port: int, tokens: TokenMap, signing_key: str | None) -> None:
+    import uvicorn
+
+    from toolloop._api.app import ApiConfig, create_app
+
+    try:
+        client = await Client.connect(
+            settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
+        )
+    except RuntimeError as exc:
+        _fail(f"cannot reach Temporal at {settings.temporal_address}: {str(exc).splitlines()[0]}", code=1)
+    config = ApiConfig(
+        task_queue=settings.task_queue,
+        tokens=tokens,
+        signing_key=signing_key,
+        verify_key=_verify_key(settings, signing_key),
+        default_model=settings.api_default_model,
+    )
+    server = uvicorn.Server(uvicorn.Config(create_app(client, config), host=host, port=port, log_level="info"))
+    err_console.print(
+        f"api on http://{host}:{port} (docs /docs, page /), temporal {settings.temporal_address}, "
+        f"approval key {'set' if signing_key else 'unset: it cannot decide'}"
+    )
+    await server.serve()
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int | None, typer.Option(help="Port (default: TOOLLOOP_API_PORT, 8702).")] = None,
+) -> None:
+    """Run the HTTP API and its web page: start requests, follow them live, decide their side effects.
+    Bearer tokens (TOOLLOOP_API_TOKENS, a JSON file) say whom each caller is; it signs decisions with
+    TOOLLOOP_APPROVAL_KEY, as the CLI does."""
+    settings = Settings()
+    tokens_path = settings.api_tokens if settings.api_tokens.is_absolute() else REPO_ROOT / settings.api_tokens
+    try:
+        tokens = TokenMap.load(tokens_path)
+    except TokensFileError as exc:
+        _fail(str(exc))
+    signing_key = settings.approval_key.get_secret_value() if settings.approval_key is not None else None
+    asyncio.run(_serve_api(settings, host, port or settings.api_port, tokens, signing_key))
 
 
 @app.command()

@@ -96,6 +96,15 @@ class WriteActivities:
                 "duration_ms": outcome.duration_ms,
             },
         )
+        if outcome.kind == "unknown":
+            # Not green in the UI: the attempt ended without a definite answer. The workflow reads the outcome
+            # from the details and asks the operation's status (this is never retried by Temporal).
+            raise ApplicationError(
+                f"the outcome of this attempt is unknown: {outcome.detail}",
+                outcome.model_dump(mode="json"),
+                type=ErrorType.WRITE_OUTCOME_UNKNOWN,
+                non_retryable=True,
+            )
         return outcome
 
     @staticmethod

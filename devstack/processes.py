@@ -21,9 +21,12 @@ from typing import TypeVar
 
 import httpx
 
+from toolloop._core.names import SEARCH_ATTRIBUTES
+
 _T = TypeVar("_T")
 
-TEMPORAL_SEARCH_ATTRIBUTES: tuple[str, ...] = ("ToolloopUser=Keyword",)
+# Registered when the dev server starts, so the UI's list can filter by them (toolloop/_core/names.py).
+TEMPORAL_SEARCH_ATTRIBUTES: tuple[str, ...] = tuple(f"{name}={kind}" for name, kind in SEARCH_ATTRIBUTES.items())
 WORKER_READY_LINE = "worker ready"
 _POLL_INTERVAL = 0.1
 _LOG_TAIL_LINES = 40
@@ -477,6 +480,28 @@ def start_worker(
     _ready_or_stop(
         proc, lambda: wait_for_log_line(log_path, WORKER_READY_LINE, timeout, proc, start_offset=proc.log_offset)
     )
+    return proc
+
+
+def api_command(repo_root: Path, port: int) -> list[str]:
+    return [sys.executable, str(repo_root / "starter.py"), "serve", "--port", str(port)]
+
+
+def start_api(
+    repo_root: Path,
+    env: Mapping[str, str],
+    port: int,
+    log_path: Path,
+    detached: bool = False,
+    *,
+    timeout: float = 60.0,
+) -> ManagedProcess:
+    """Start `python starter.py serve` (the HTTP API) and return once GET /healthz answers."""
+    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    proc = ManagedProcess.spawn(
+        "api", api_command(repo_root, port), log_path, env=full_env, cwd=repo_root, detached=detached
+    )
+    _ready_or_stop(proc, lambda: wait_for_http_ok(f"http://127.0.0.1:{port}/healthz", timeout, proc))
     return proc
 
 

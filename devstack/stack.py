@@ -26,6 +26,7 @@ from .processes import (
     ManagedProcess,
     ProcessStartError,
     StackError,
+    api_command,
     business_service_command,
     cmdline_matches,
     http_ok,
@@ -33,6 +34,7 @@ from .processes import (
     port_accepts,
     port_in_use,
     run_coroutine_blocking,
+    start_api,
     start_business_service,
     start_temporal_dev_server,
     start_worker,
@@ -41,12 +43,13 @@ from .processes import (
     worker_command,
 )
 
-ComponentName = Literal["temporal", "service", "worker"]
-_START_ORDER: tuple[ComponentName, ...] = ("temporal", "service", "worker")
+ComponentName = Literal["temporal", "service", "worker", "api"]
+_START_ORDER: tuple[ComponentName, ...] = ("temporal", "service", "worker", "api")
 _LABELS: dict[ComponentName, str] = {
     "temporal": "Temporal dev server",
     "service": "business service",
     "worker": "worker",
+    "api": "HTTP API",
 }
 _LOCK_TIMEOUT = 120.0  # another `up` may legitimately take a while on a cold start
 
@@ -96,6 +99,7 @@ class StackStatus:
     temporal: ComponentStatus
     service: ComponentStatus
     worker: ComponentStatus
+    api: ComponentStatus
     ui_url: str
     data_dir: Path
     # The components the `up` call that produced this status started (the others were reused).
@@ -103,7 +107,7 @@ class StackStatus:
 
     @property
     def components(self) -> tuple[ComponentStatus, ...]:
-        return (self.temporal, self.service, self.worker)
+        return (self.temporal, self.service, self.worker, self.api)
 
     @property
     def all_running(self) -> bool:
@@ -156,11 +160,17 @@ class LocalStack:
     def ui_url(self) -> str:
         return f"http://127.0.0.1:{self._settings.ui_port}"
 
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self._settings.api_port}"
+
     def _address(self, name: ComponentName) -> str:
         if name == "temporal":
             return self.temporal_address
         if name == "service":
             return self.service_url
+        if name == "api":
+            return self.api_url
         return f"task queue {self._settings.task_queue!r}"
 
     def _log_path(self, name: ComponentName) -> Path:
@@ -238,6 +248,8 @@ class LocalStack:
         if name == "service":
             cmd = business_service_command(self.data_dir / "service.sqlite", s.service_port)
             return cmd, _digest({"admin_token": token.admin_token, "approval_key": token.approval_verify_key})
+        if name == "api":
+            return api_command(self._repo_root, s.api_port), _digest(self._api_env(token))
         return worker_command(self._repo_root), _digest(self._worker_env(token))
 
     def _ensure_component(
@@ -294,6 +306,9 @@ class LocalStack:
                     log_path=self._log_path(name),
                     cwd=self._repo_root,
                 )
+            if name == "api":
+                env = self._api_env(token)
+                return start_api(self._repo_root, env, s.api_port, self._log_path(name), detached=True)
             return start_worker(self._repo_root, self._worker_env(token), self._log_path(name), detached=True)
         except ProcessStartError as exc:
             raise StackError(f"could not start the {_LABELS[name]}: {exc}") from exc
@@ -314,6 +329,19 @@ class LocalStack:
             env["OPENAI_API_KEY"] = s.openai_api_key.get_secret_value()
         return env
 
+    def _api_env(self, token: StackSecrets) -> dict[str, str]:
+        """The API is a trusted approval channel: it, and not the worker, holds the signing key."""
+        s = self._settings
+        tokens = s.api_tokens if s.api_tokens.is_absolute() else self._repo_root / s.api_tokens
+        return {
+            "TEMPORAL_ADDRESS": self.temporal_address,
+            "TEMPORAL_NAMESPACE": s.temporal_namespace,
+            "TOOLLOOP_TASK_QUEUE": s.task_queue,
+            "TOOLLOOP_APPROVAL_KEY": token.approval_key,
+            "TOOLLOOP_API_TOKENS": str(tokens),
+            "TOOLLOOP_API_MODEL": s.api_default_model,
+        }
+
     def _check_ports_free(self, name: ComponentName) -> None:
         s = self._settings
         ports: list[tuple[int, str, str]] = []
@@ -324,6 +352,8 @@ class LocalStack:
             ]
         elif name == "service":
             ports = [(s.service_port, "business service", "TOOLLOOP_SERVICE_PORT")]
+        elif name == "api":
+            ports = [(s.api_port, "HTTP API", "TOOLLOOP_API_PORT")]
         for port, what, env_var in ports:
             # Only called once our own process on it is gone, so whoever holds it is someone else.
             if port_in_use(port):
@@ -338,6 +368,8 @@ class LocalStack:
                 )
             elif name == "service":
                 ok = http_ok(f"{self.service_url}/healthz")
+            elif name == "api":
+                ok = http_ok(f"{self.api_url}/healthz")
             else:
                 ok = self._is_ours(record)  # a worker has no probe; alive and ours is the best we know
             if ok or time.monotonic() >= deadline or not self._is_ours(record):
@@ -363,6 +395,8 @@ class LocalStack:
                 healthy = port_accepts(self._settings.temporal_port)
             elif name == "service":
                 healthy = http_ok(f"{self.service_url}/healthz", timeout=1.0)
+            elif name == "api":
+                healthy = http_ok(f"{self.api_url}/healthz", timeout=1.0)
             else:
                 healthy = True
             return ComponentStatus(
@@ -379,6 +413,7 @@ class LocalStack:
             temporal=one("temporal"),
             service=one("service"),
             worker=one("worker"),
+            api=one("api"),
             ui_url=self.ui_url,
             data_dir=self.data_dir,
         )

@@ -11,7 +11,7 @@ import httpx
 from temporalio.client import Client, WorkflowHandle
 
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY
-from toolloop import testing
+from toolloop import request_result, testing
 from toolloop._core.contracts import (
     Actor,
     AgentInput,
@@ -90,7 +90,7 @@ async def run_agent(
     client: Client, settings: Settings, request: str, **kwargs: Any
 ) -> tuple[AgentResult, WorkflowHandle[Any, AgentResult]]:
     handle = await start_agent(client, settings, request, **kwargs)
-    return await asyncio.wait_for(handle.result(), timeout=120), handle
+    return await asyncio.wait_for(request_result(handle), timeout=120), handle
 
 
 async def service_requests(admin: httpx.AsyncClient, path_prefix: str = "/") -> list[dict[str, Any]]:

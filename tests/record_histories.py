@@ -26,6 +26,7 @@ from demo.agent import build as build_demo
 from devstack.processes import free_port, start_business_service, start_temporal_dev_server
 from tests.agent_helpers import approving, call, decide, say, script_spec, set_faults, start_agent, waiting_operation
 from tests.conftest import APPROVAL_VERIFY_KEY, REPO_ROOT
+from toolloop import request_result
 from toolloop._core.contracts import AgentResult, Limits, ModelSpec
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.settings import Settings
@@ -37,7 +38,7 @@ Scenario = Callable[[Client, Settings, httpx.AsyncClient], Awaitable[WorkflowHan
 
 
 async def _finished(handle: WorkflowHandle[Any, AgentResult]) -> WorkflowHandle[Any, AgentResult]:
-    await asyncio.wait_for(handle.result(), timeout=120)
+    await asyncio.wait_for(request_result(handle), timeout=120)
     return handle
 
 

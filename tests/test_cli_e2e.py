@@ -47,6 +47,7 @@ def cli_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         "TOOLLOOP_TEMPORAL_PORT": str(free_port()),
         "TOOLLOOP_UI_PORT": str(free_port()),
         "TOOLLOOP_SERVICE_PORT": str(free_port()),
+        "TOOLLOOP_API_PORT": str(free_port()),
     }
     yield env
     # Whatever a test left running, the stack is ours: stop it by its recorded PIDs.
@@ -69,7 +70,7 @@ def test_ask_starts_the_stack_and_prints_the_stable_json_shape(cli_env: dict[str
     [record] = result["calls"]
     assert {"call_id", "tool", "ok", "code", "duration_ms"} <= set(record)
     assert (record["tool"], record["ok"], record["code"]) == ("get_order_status", True, None)
-    assert len(recorded_pids(cli_env)) == 3
+    assert len(recorded_pids(cli_env)) == 4  # dev server, service, worker, API
     # The first ask started the stack, and says that it keeps running and how to stop it.
     assert "keeps running in the background" in done.stderr and " down" in done.stderr
 

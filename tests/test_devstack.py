@@ -42,6 +42,7 @@ def _settings(data_dir: Path, **ports: int) -> Settings:
         TOOLLOOP_TEMPORAL_PORT=temporal_port,
         TOOLLOOP_UI_PORT=ports.get("ui", free_port()),
         TOOLLOOP_SERVICE_PORT=ports.get("service", free_port()),
+        TOOLLOOP_API_PORT=ports.get("api", free_port()),
         TOOLLOOP_TASK_QUEUE=f"tq-{uuid.uuid4().hex[:8]}",
     )
 
@@ -200,6 +201,24 @@ class Handler(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer((args.host, int(args.port)), Handler).serve_forever()
 """
 
+FAKE_API = """
+import argparse, http.server, json, sys
+parser = argparse.ArgumentParser()
+parser.add_argument("command")
+parser.add_argument("--port", type=int)
+args = parser.parse_args()
+assert args.command == "serve"
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/healthz" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps({"ok": self.path == "/healthz"}).encode())
+
+http.server.HTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
+"""
+
 FAKE_WORKER = """
 import os, time
 print("worker ready", os.environ["TEMPORAL_ADDRESS"], os.environ["TOOLLOOP_SERVICE_URL"], flush=True)
@@ -216,6 +235,7 @@ def fake_repo(tmp_path: Path) -> Path:
     (root / "demo" / "bizservice" / "__init__.py").write_text("")
     (root / "demo" / "bizservice" / "__main__.py").write_text(FAKE_SERVICE)
     (root / "worker.py").write_text(FAKE_WORKER)
+    (root / "starter.py").write_text(FAKE_API)
     return root
 
 

@@ -39,6 +39,7 @@ from tests.fake_responses_server import (
     message_item,
     reasoning_item,
 )
+from toolloop import request_result
 from toolloop._core.contracts import FunctionCallOutputItem, Limits, ModelSpec, OtherItem
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.settings import Settings
@@ -66,7 +67,7 @@ async def test_worker_killed_mid_request_new_worker_finishes_with_every_call_ans
         first.kill9()
         assert not first.alive()
         second = await asyncio.to_thread(start_worker, REPO_ROOT, env, tmp_path / "second.log")
-        result = await asyncio.wait_for(handle.result(), timeout=90)
+        result = await asyncio.wait_for(request_result(handle), timeout=90)
     finally:
         first.kill9()
         if second is not None:
@@ -102,7 +103,7 @@ async def test_stored_histories_replay_deterministically(
             limits=Limits(write_timeout_seconds=3),
         )
         async with approving(handle, business_service.approval_key):
-            result = await asyncio.wait_for(handle.result(), timeout=60)
+            result = await asyncio.wait_for(request_result(handle), timeout=60)
         assert [op.state for op in result.operations] == ["verified"]
         handles.append(handle)
 

@@ -21,7 +21,7 @@ import toolloop
 from devstack.processes import start_worker
 from tests.agent_helpers import run_agent, script_spec, tool_outputs, worker_env
 from tests.conftest import REPO_ROOT, TemporalServer
-from toolloop import Actor, ModelRequest, ToolContext, Toolset
+from toolloop import Actor, ModelRequest, ToolContext, Toolset, request_result
 from toolloop._temporal.settings import Settings
 from toolloop.testing import call, say, start_request
 from toolloop.testing import worker as toolloop_worker
@@ -166,7 +166,7 @@ async def test_a_users_model_adapter_gets_the_requests_instructions_or_the_worke
         default = await start_request(
             client, "add", actor=actor, task_queue=settings.task_queue, model=toolloop.ModelSpec(provider="recording")
         )
-        first, second = await own.result(), await default.result()
+        first, second = await request_result(own), await request_result(default)
     assert (first.final_text, first.model_label) == ('saw {"ok":true,"total":2}', "recording:m1")
     assert second.model_label == "recording:default"
     by_run: dict[str, list[ModelRequest]] = {}
@@ -190,7 +190,7 @@ async def test_a_request_for_a_model_the_worker_lacks_fails_and_names_it(client:
             task_queue=settings.task_queue,
             model=toolloop.ModelSpec(provider="nonexistent"),
         )
-        result = await handle.result()
+        result = await request_result(handle)
     assert (result.status, result.stop_reason) == ("failed", "model_error")
     assert result.error is not None and "no model 'nonexistent'" in result.error and "script" in result.error
 
@@ -209,7 +209,7 @@ async def test_the_plugin_on_the_client_configures_its_workers(temporal_server: 
             task_queue=task_queue,
             model=script_spec([call("add", {"a": 40, "b": 2}, "c1")], [say("42")]),
         )
-        result: Any = await handle.result()
+        result: Any = await request_result(handle)
     assert (result.status, result.calls[0].ok) == ("completed", True)
     # A client without toolloop's converter cannot serve the workflow: said at once, in words.
     bare = await Client.connect(temporal_server.address)

@@ -24,6 +24,7 @@ from temporalio.worker import Worker
 
 from tests.agent_helpers import U1, approving, call, decide, say, tool_outputs, waiting_operation
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY
+from toolloop import request_result
 from toolloop._core.codes import ErrorType
 from toolloop._core.contracts import (
     Actor,
@@ -209,7 +210,7 @@ class Harness:
     async def run_approved(self, limits: Limits | None = None) -> tuple[AgentResult, WorkflowHandle[Any, AgentResult]]:
         handle = await self.start(limits)
         async with approving(handle):
-            result = await asyncio.wait_for(handle.result(), timeout=60)
+            result = await asyncio.wait_for(request_result(handle), timeout=60)
         return result, handle
 
 
@@ -426,7 +427,7 @@ async def test_validator_refuses_unknown_operation_missing_token_and_not_waiting
     assert "not waiting for approval" in str(late.value.cause)
     second = await waiting_operation(handle)
     await decide(handle, second.operation_id, approve=False)
-    result = await asyncio.wait_for(handle.result(), timeout=30)
+    result = await asyncio.wait_for(request_result(handle), timeout=30)
     assert [op.state for op in result.operations] == ["denied", "denied"] and s.sent == []
 
 
@@ -444,7 +445,7 @@ async def test_the_same_approval_twice_is_recorded_once(harness: Harness) -> Non
     first = await handle.execute_update(APPROVE_OPERATION_UPDATE, decision, result_type=dict)
     again = await handle.execute_update(APPROVE_OPERATION_UPDATE, decision, result_type=dict)
     assert first["state"] == "approved" and again["approval"] == first["approval"]
-    result = await asyncio.wait_for(handle.result(), timeout=30)
+    result = await asyncio.wait_for(request_result(handle), timeout=30)
     [done] = result.operations
     assert done.transitions.count("approved") == 1 and done.state == "verified"
 
@@ -462,7 +463,7 @@ async def test_an_update_before_the_run_starts_is_refused_and_the_run_goes_on(cl
             await early
         assert "unknown operation" in str(refused.value.cause)
         async with approving(handle):
-            result = await asyncio.wait_for(handle.result(), timeout=30)
+            result = await asyncio.wait_for(request_result(handle), timeout=30)
     assert [op.state for op in result.operations] == ["verified"]
 
 
@@ -474,7 +475,7 @@ async def test_a_request_started_without_the_channels_key_takes_no_decisions(har
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await decide(handle, op.operation_id)
     assert "without the approval channel's key" in str(refused.value.cause)
-    result = await asyncio.wait_for(handle.result(), timeout=30)
+    result = await asyncio.wait_for(request_result(handle), timeout=30)
     assert result.operations[0].state == "expired" and s.sent == []
 
 
@@ -484,7 +485,7 @@ async def test_a_request_started_without_the_channels_key_takes_no_decisions(har
 async def test_model_retries_running_out_stop_with_model_error(harness: Harness) -> None:
     harness.stand_ins.model_error = ApplicationError("503 from the model", type=ErrorType.MODEL_TEMPORARILY_UNAVAILABLE)
     handle = await harness.start(Limits(**FAST, model_max_attempts=2))
-    result = await asyncio.wait_for(handle.result(), timeout=30)
+    result = await asyncio.wait_for(request_result(handle), timeout=30)
 
     assert (result.status, result.stop_reason, result.calls) == ("failed", "model_error", [])
     assert result.error is not None and "503 from the model" in result.error
@@ -499,7 +500,7 @@ async def test_model_retries_running_out_stop_with_model_error(harness: Harness)
 async def test_a_turn_with_neither_text_nor_calls_stops_with_no_answer(harness: Harness) -> None:
     harness.stand_ins.turns = [[]]
     handle = await harness.start()
-    result = await asyncio.wait_for(handle.result(), timeout=30)
+    result = await asyncio.wait_for(request_result(handle), timeout=30)
     assert (result.status, result.stop_reason, result.final_text) == ("failed", "no_answer", None)
 
 
@@ -533,7 +534,7 @@ async def test_an_update_of_another_users_decision_names_no_one(harness: Harness
     for approve in (True, False):
         with pytest.raises(WorkflowUpdateFailedError):
             await decide(handle, op.operation_id, approve=approve, decider=Actor(user_id="u2", tenant_id="acme"))
-    result = await asyncio.wait_for(handle.result(), timeout=30)
+    result = await asyncio.wait_for(request_result(handle), timeout=30)
     assert (result.operations[0].state, result.operations[0].approval) == ("expired", None)
 
 
@@ -567,7 +568,7 @@ async def test_a_doubtful_attempt_is_settled_by_one_more_status_once_the_approva
     s.statuses = [status("not_found")]
     handle = await harness.start(Limits(**FAST, deadline_seconds=5, settle_seconds=10))
     async with approving(handle, ttl=token_ttl):
-        result = await asyncio.wait_for(handle.result(), timeout=60)
+        result = await asyncio.wait_for(request_result(handle), timeout=60)
 
     [op] = result.operations
     # Asked after the doubtful attempt, and once more when nothing could be sent any more: not there.

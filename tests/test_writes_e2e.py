@@ -32,6 +32,7 @@ from tests.agent_helpers import (
     worker_env,
 )
 from tests.conftest import APPROVAL_KEY, OTHER_SIGNING_KEY, REPO_ROOT, BusinessService, approval_token, start_service
+from toolloop import request_result
 from toolloop._core.approvals import payload_digest
 from toolloop._core.contracts import Actor, AgentResult, ApprovalDecision, ApprovalRequest, Limits
 from toolloop._core.names import APPROVE_OPERATION_UPDATE
@@ -56,7 +57,7 @@ async def run_approved(
 ) -> tuple[AgentResult, WorkflowHandle[Any, AgentResult]]:
     handle = await start_agent(client, settings, "write", model=script_spec(*turns), limits=Limits(**limits))
     async with approving(handle, service.approval_key):
-        result = await asyncio.wait_for(handle.result(), timeout=120)
+        result = await asyncio.wait_for(request_result(handle), timeout=120)
     return result, handle
 
 
@@ -107,7 +108,7 @@ async def test_no_approval_within_ttl_sends_nothing(
     handle = await start_agent(
         client, settings, "write", model=script_spec(*turns), limits=Limits(approval_ttl_seconds=1)
     )
-    result = await asyncio.wait_for(handle.result(), timeout=60)
+    result = await asyncio.wait_for(request_result(handle), timeout=60)
 
     [op] = result.operations
     assert (op.state, op.attempts, op.approval) == ("expired", 0, None)
@@ -129,7 +130,7 @@ async def test_rejected_operation_sends_nothing(
     )
     op = await waiting_operation(handle)
     await decide(handle, op.operation_id, approve=False)
-    result = await asyncio.wait_for(handle.result(), timeout=60)
+    result = await asyncio.wait_for(request_result(handle), timeout=60)
 
     [done] = result.operations
     assert done.state == "denied" and done.approval is not None
@@ -213,7 +214,7 @@ async def test_update_validator_refuses_bad_decisions_and_nothing_is_sent(
 
     with pytest.raises(WorkflowUpdateFailedError):
         await handle.execute_update(APPROVE_OPERATION_UPDATE, decision)
-    result = await asyncio.wait_for(handle.result(), timeout=60)
+    result = await asyncio.wait_for(request_result(handle), timeout=60)
 
     [done] = result.operations
     assert (done.state, done.approval) == ("expired", None)
@@ -239,7 +240,7 @@ async def test_the_requests_own_user_rejects_through_the_channel_and_the_receipt
     assert "not waiting" in str(late.value.cause)
     second = await waiting_operation(handle)
     await decide(handle, second.operation_id, approve=False)
-    result = await asyncio.wait_for(handle.result(), timeout=60)
+    result = await asyncio.wait_for(request_result(handle), timeout=60)
 
     done = result.operations[0]
     assert done.state == "denied" and done.approval is not None and done.approval.by == "u1 via cli"
@@ -262,7 +263,7 @@ async def test_service_refuses_an_approval_that_expired_before_execution(
     )
     op = await waiting_operation(handle)
     await decide(handle, op.operation_id, ttl=1.5)
-    result = await asyncio.wait_for(handle.result(), timeout=60)
+    result = await asyncio.wait_for(request_result(handle), timeout=60)
 
     [done] = result.operations
     # The attempt was cut off when the approval ran out; the service's status (asked after that) decides.
@@ -290,7 +291,7 @@ async def test_the_deadline_ends_the_approval_wait_and_nothing_is_sent(
     )
     op = await waiting_operation(handle)
     # The approval TTL is 300 s, but the request's deadline comes first.
-    result = await asyncio.wait_for(handle.result(), timeout=30)
+    result = await asyncio.wait_for(request_result(handle), timeout=30)
 
     [done] = result.operations
     assert (done.state, done.attempts, done.approval) == ("expired", 0, None)
@@ -321,7 +322,7 @@ async def test_a_write_stalled_at_the_service_past_the_deadline_is_never_committ
         limits=Limits(deadline_seconds=5, settle_seconds=20, write_timeout_seconds=10),
     )
     async with approving(handle):
-        result = await asyncio.wait_for(handle.result(), timeout=60)
+        result = await asyncio.wait_for(request_result(handle), timeout=60)
 
     [done] = result.operations
     assert done.deadline is not None
@@ -519,7 +520,7 @@ async def test_worker_killed_after_commit_before_reply_recorded_makes_one_effect
             await assert_eventually(committed, what="the service committed the note")
             first.kill9()
             second = await asyncio.to_thread(start_worker, REPO_ROOT, env, tmp_path / "second.log")
-            result = await asyncio.wait_for(handle.result(), timeout=90)
+            result = await asyncio.wait_for(request_result(handle), timeout=90)
     finally:
         first.kill9()
         if second is not None:
@@ -585,7 +586,7 @@ async def test_late_retry_past_retention_is_not_resent_and_stays_unknown(
                 first.kill9()
             await asyncio.sleep(RETENTION_SECONDS + 0.5)
             second = await asyncio.to_thread(start_worker, REPO_ROOT, env, tmp_path / "second.log")
-            result = await asyncio.wait_for(handle.result(), timeout=60)
+            result = await asyncio.wait_for(request_result(handle), timeout=60)
         finally:
             first.kill9()
             if second is not None:

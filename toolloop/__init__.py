@@ -53,6 +53,7 @@ from toolloop._models.errors import ModelCallError
 from toolloop._models.responses import ResponsesClient, ResponsesModel
 from toolloop._models.script import ScriptModel
 from toolloop._temporal.plugin import ToolloopPlugin
+from toolloop._temporal.results import request_result
 from toolloop._tools.http import HttpSource, ReadBack
 from toolloop._tools.mcp import McpSource
 from toolloop._tools.toolset import AgentSpec, Toolset
@@ -90,6 +91,7 @@ __all__ = [
     "ModelSpec",
     "AgentResult",
     "OperationRecord",
+    "request_result",
     # models
     "ModelAdapter",
     "ModelRequest",

@@ -51,6 +51,7 @@ from toolloop._core.validation import check_call
 from toolloop._models.adapter import ModelAdapter
 from toolloop._temporal.approval_channel import fetch_approval_request, send_decision
 from toolloop._temporal.plugin import ToolloopPlugin
+from toolloop._temporal.results import request_result
 from toolloop._tools.http import default_actor_headers
 from toolloop._tools.toolset import AgentSpec, Toolset
 
@@ -284,7 +285,7 @@ async def answered_once(handle: WorkflowHandle[Any, AgentResult]) -> dict[str, d
     exactly once: calls followed by another model turn in that turn's input, the calls of the last turn (a
     limit stopped the loop before the model saw their outputs) by exactly one record in the result."""
     turns = await model_turns(handle)
-    result = await handle.result()
+    result = await request_result(handle)
     outputs: list[FunctionCallOutputItem] = []
     calls: list[str] = []
     for turn_input, _ in turns:

@@ -7,7 +7,7 @@ import asyncio
 from datetime import datetime, timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
         CallRecord,
         CheckedCall,
         ConversationItem,
+        EventsPage,
         FunctionCallOutputItem,
         ModelTurnInput,
         ModelTurnResult,
@@ -38,12 +39,18 @@ with workflow.unsafe.imports_passed_through():
         AGENT_WORKFLOW,
         APPROVE_OPERATION_UPDATE,
         GET_APPROVAL_REQUEST_QUERY,
+        GET_EVENTS_QUERY,
         GET_LEDGER_QUERY,
         GET_PROGRESS_QUERY,
         MODEL_TURN_ACTIVITY,
+        OUTCOME_SEARCH_ATTRIBUTE,
+        REQUEST_FAILED_PATCH,
         RUN_TOOL_ACTIVITY,
+        UNSETTLED_SEARCH_ATTRIBUTE,
+        USER_SEARCH_ATTRIBUTE,
     )
     from toolloop._core.planning import CallGroup, plan_round
+    from workflows.narration import Narrator
     from workflows.operations import OperationStateMachine
 
     # The workflow's own stateless helper modules: passed through, or the sandbox imports them again for
@@ -51,6 +58,13 @@ with workflow.unsafe.imports_passed_through():
     from workflows.retries import io_retry_policy
 
 _MIN_TIMEOUT = timedelta(seconds=1)
+_MAX_EVENTS_PER_QUERY = 500
+USER_KEY = SearchAttributeKey.for_keyword(USER_SEARCH_ATTRIBUTE)
+OUTCOME_KEY = SearchAttributeKey.for_keyword(OUTCOME_SEARCH_ATTRIBUTE)
+UNSETTLED_KEY = SearchAttributeKey.for_bool(UNSETTLED_SEARCH_ATTRIBUTE)
+# Operation states that settle a side effect: done and verified, or certainly not done.
+SETTLED_STATES = frozenset({"verified", "failed", "denied", "expired"})
+_OUTCOMES = {"completed": "answered", "stopped": "stopped", "failed": "failed"}
 
 
 def _failure_message(err: ActivityError) -> str:
@@ -68,14 +82,23 @@ class AgentWorkflow:
     def __init__(self, inp: AgentInput) -> None:
         self._progress = AgentProgress(phase="starting", round=0, actor=inp.actor)
         self._deadline = workflow.now() + timedelta(seconds=inp.limits.deadline_seconds)
+        self._narrator = Narrator(lambda: self._writes.snapshot())
         # Built here, not in run(): an approval update may arrive before run() has started.
         self._writes = OperationStateMachine(
-            inp.actor, inp.limits, self._deadline, inp.approval_verify_key, self._set_phase
+            inp.actor, inp.limits, self._deadline, inp.approval_verify_key, self._set_phase, self._narrator
         )
 
     @workflow.query(name=GET_PROGRESS_QUERY)
     def get_progress(self) -> AgentProgress:
-        return self._progress.model_copy(update={"operations": self._writes.snapshot()})
+        return self._progress.model_copy(
+            update={"operations": self._writes.snapshot(), "events": len(self._narrator.events)}
+        )
+
+    @workflow.query(name=GET_EVENTS_QUERY)
+    def get_events(self, after: int) -> EventsPage:
+        """The events after event number `after` (at most 500 at a time), for a client following the request."""
+        events = self._narrator.events[max(after, 0) : max(after, 0) + _MAX_EVENTS_PER_QUERY]
+        return EventsPage(events=[e.model_copy() for e in events], done=self._progress.done)
 
     @workflow.query(name=GET_LEDGER_QUERY)
     def get_ledger(self) -> list[OperationRecord]:
@@ -96,7 +119,7 @@ class AgentWorkflow:
 
     def _set_phase(self, phase: str) -> None:
         self._progress.phase = phase
-        workflow.set_current_details(phase)
+        self._narrator.set_phase(phase)
 
     @workflow.run
     async def run(self, inp: AgentInput) -> AgentResult:
@@ -153,16 +176,16 @@ class AgentWorkflow:
             for call in turn.calls:
                 result = results[call.call_id]
                 new_items.append(FunctionCallOutputItem(call_id=call.call_id, output=output_json(result.output)))
-                records.append(
-                    CallRecord(
-                        call_id=call.call_id,
-                        tool=call.name,
-                        round=rounds,
-                        ok=bool(result.output.get("ok")),
-                        code=result.output.get("code"),
-                        duration_ms=result.duration_ms,
-                    )
+                record = CallRecord(
+                    call_id=call.call_id,
+                    tool=call.name,
+                    round=rounds,
+                    ok=bool(result.output.get("ok")),
+                    code=result.output.get("code"),
+                    duration_ms=result.duration_ms,
                 )
+                records.append(record)
+                self._narrator.tool_finished(record, rejected=call.call_id in plan.immediate)
             if plan.limit_hit is not None:
                 stop = plan.limit_hit
                 break
@@ -173,9 +196,7 @@ class AgentWorkflow:
         status: RunStatus = "completed" if stop == "final_answer" else "stopped"
         if stop in ("model_error", "no_answer"):
             status = "failed"
-        self._progress.done = True
-        self._set_phase(f"finished: {stop}")
-        return AgentResult(
+        report = AgentResult(
             workflow_id=workflow.info().workflow_id,
             status=status,
             stop_reason=stop,
@@ -185,6 +206,31 @@ class AgentWorkflow:
             model_label=model_label,
             error=error,
             operations=self._writes.snapshot(),
+        )
+        # Added later: histories recorded before it complete as they did.
+        monitored = workflow.patched(REQUEST_FAILED_PATCH)
+        if monitored:
+            self._mark_outcome(report)
+        self._set_phase(f"finished: {stop}")
+        self._narrator.final(status=status, stop_reason=stop, final_text=final_text, error=error)
+        self._progress.done = True
+        if monitored and status == "failed":
+            # Failed is failed in Temporal too (red in the UI's list); the report travels in the failure's
+            # details, so clients still get the whole report (toolloop.request_result reads it).
+            raise ApplicationError(
+                error or f"the request failed: {stop}", report, type=ErrorType.REQUEST_FAILED, non_retryable=True
+            )
+        return report
+
+    def _mark_outcome(self, result: AgentResult) -> None:
+        """The search attributes that find this request in the UI's list: how it ended, and whether a side
+        effect is unknown or done but not verified. Set only on requests started with toolloop's attributes
+        (a namespace without them registered would refuse the upsert)."""
+        if workflow.info().typed_search_attributes.get(USER_KEY) is None:
+            return
+        unsettled = any(op.state not in SETTLED_STATES for op in result.operations)
+        workflow.upsert_search_attributes(
+            [OUTCOME_KEY.value_set(_OUTCOMES[result.status]), UNSETTLED_KEY.value_set(unsettled)]
         )
 
     async def _model_turn(
@@ -226,7 +272,11 @@ class AgentWorkflow:
     ) -> list[ToolCallResult]:
         if not group.parallel:
             # A side-effecting call is a barrier: alone, after everything before it, in the model's order.
-            return [await self._writes.run(call, turn) for call in group.calls]
+            results = []
+            for call in group.calls:
+                self._narrator.tool_started(call, turn)
+                results.append(await self._writes.run(call, turn))
+            return results
         gate = asyncio.Semaphore(inp.limits.max_parallel_reads)
 
         async def run_one(call: CheckedCall) -> ToolCallResult:
@@ -239,6 +289,7 @@ class AgentWorkflow:
         limits = inp.limits
         assert call.arguments is not None  # the planner only schedules validated calls
         started = workflow.now()
+        self._narrator.tool_started(call, turn)
         self._progress.running.append(call.summary)
         self._set_phase(f"round {turn}: running {', '.join(self._progress.running)}")
         try:

@@ -23,9 +23,11 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
     from toolloop._core.approvals import (
         ApprovalInvalid,
         derive_operation_id,
@@ -33,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
         read_approval_claims,
         verify_approval_token,
     )
-    from toolloop._core.codes import ResultCode
+    from toolloop._core.codes import ErrorType, ResultCode
     from toolloop._core.contracts import (
         Actor,
         ApprovalDecision,
@@ -54,6 +56,7 @@ with workflow.unsafe.imports_passed_through():
     from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
     from toolloop._core.registry import Evidence, OperationStatus
 
+from workflows.narration import Narrator, short_id
 from workflows.retries import io_retry_policy
 
 _ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
@@ -70,12 +73,14 @@ class OperationStateMachine:
         deadline: datetime,
         verify_key: str | None,
         set_phase: Callable[[str], None],
+        narrator: Narrator | None = None,
     ) -> None:
         self._actor = actor
         self._limits = limits
         self._deadline = deadline
         self._verify_key = verify_key
         self._set_phase = set_phase
+        self._narrator = narrator
         self.ledger: dict[str, OperationRecord] = {}
         # Kept out of the ledger: queries and results never show decision tokens.
         self._tokens: dict[str, str] = {}
@@ -188,11 +193,14 @@ class OperationStateMachine:
         now = workflow.now()
         op.approval_expires_at = min(now + timedelta(seconds=limits.approval_ttl_seconds), self._deadline)
         self._move(op, "awaiting_approval")
-        self._set_phase(f"round {turn}: waiting for approval of {op.operation_id} ({call.summary})")
+        until = f"{op.approval_expires_at:%H:%M:%S} UTC"
+        self._set_phase(f"round {turn}: waiting for approval of {op.operation_id} ({call.summary}) until {until}")
         if op.approval_expires_at > now:
             try:
                 await workflow.wait_condition(
-                    lambda: op.state != "awaiting_approval", timeout=op.approval_expires_at - now
+                    lambda: op.state != "awaiting_approval",
+                    timeout=op.approval_expires_at - now,
+                    timeout_summary=f"waiting for approval of {op.tool} {short_id(op.operation_id)} until {until}",
                 )
             except TimeoutError:
                 pass
@@ -306,7 +314,8 @@ class OperationStateMachine:
     async def _pause_before_resend(self, op: OperationRecord, seconds: float) -> None:
         left = (self._send_until(op) - workflow.now()).total_seconds()
         if left > 0:
-            await workflow.sleep(timedelta(seconds=min(seconds, left)))
+            summary = f"pause before resending {op.tool} {short_id(op.operation_id)} (same key)"
+            await workflow.sleep(timedelta(seconds=min(seconds, left)), summary=summary)
 
     async def _send(self, op: OperationRecord, call: CheckedCall) -> WriteOutcome:
         op.attempts += 1
@@ -335,7 +344,14 @@ class OperationStateMachine:
                 summary=f"{call.summary} attempt {op.attempts}",
             )
             return outcome
-        except ActivityError:
+        except ActivityError as err:
+            cause = err.cause
+            if isinstance(cause, ApplicationError) and cause.type == ErrorType.WRITE_OUTCOME_UNKNOWN and cause.details:
+                # The attempt reported an unclear outcome by failing (so it stands out in the UI).
+                try:
+                    return WriteOutcome.model_validate(cause.details[0])
+                except ValidationError:
+                    pass
             # A timeout or a lost worker after the request may have left: not "not executed".
             return WriteOutcome(kind="unknown", detail="the attempt ended without an answer")
 
@@ -359,7 +375,7 @@ class OperationStateMachine:
                     start_to_close_timeout=timedelta(seconds=limits.write_timeout_seconds),
                     schedule_to_close_timeout=max(until - workflow.now(), _MIN_TIMEOUT),
                     retry_policy=io_retry_policy(limits.status_max_attempts),
-                    summary=f"status of {op.operation_id}",
+                    summary=f"status of {op.tool} {op.operation_id} (after an unclear outcome)",
                 )
             except ActivityError:
                 op.status_checks.append(StatusCheck(at=workflow.now(), state="unavailable"))
@@ -368,7 +384,8 @@ class OperationStateMachine:
             op.retention_seconds = status.retention_seconds
             if status.state != "in_progress" or workflow.now() + timedelta(seconds=pause) >= until:
                 return status
-            await workflow.sleep(timedelta(seconds=pause))
+            summary = f"pause before status query of {op.tool} {short_id(op.operation_id)} (in progress)"
+            await workflow.sleep(timedelta(seconds=pause), summary=summary)
             pause = min(pause * 2, 5.0)
 
     async def _verify(self, op: OperationRecord, result: dict[str, Any]) -> dict[str, Any]:
@@ -386,7 +403,7 @@ class OperationStateMachine:
                 start_to_close_timeout=timedelta(seconds=self._limits.tool_timeout_seconds),
                 schedule_to_close_timeout=max(self._settle_until() - workflow.now(), _MIN_TIMEOUT),
                 retry_policy=io_retry_policy(self._limits.readback_max_attempts),
-                summary=f"read back {op.operation_id}",
+                summary=f"read back {op.tool} {op.operation_id}",
             )
         except ActivityError:
             evidence = Evidence(verified=False, detail="the read-back could not see the effect")
@@ -424,6 +441,8 @@ class OperationStateMachine:
             return
         op.state = state
         op.transitions.append(state)
+        if self._narrator is not None:
+            self._narrator.operation(op)
 
     def _op_error(self, op: OperationRecord, code: ResultCode, why: str, message: str | None = None) -> dict[str, Any]:
         """Record why on the operation and tell the model (message defaults to why)."""

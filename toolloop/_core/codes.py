@@ -10,9 +10,12 @@
 | ToolMisconfigured                  | tool activity  | no        | INTERNAL output, the loop goes on             |
 | OperationStatusUnavailable         | status activity| yes       | after the budget: the operation stays unknown |
 | EvidenceNotYetVisible              | read-back      | yes       | after the budget: completed, not verified     |
+| WriteOutcomeUnknown                | write attempt  | no        | ask the status (details: the WriteOutcome)    |
+| RequestFailed                      | the workflow   | no        | the run fails; details: the AgentResult       |
 
-Write attempts raise nothing: `execute_write` returns what it established (completed, refused, not sent,
-in progress, unknown) and the workflow runs the state machine of DESIGN.md; Temporal never resends a write.
+A write attempt returns what it established (completed, refused, not sent, in progress), or fails with
+WriteOutcomeUnknown when it is unclear; the workflow runs the state machine of DESIGN.md either way, and
+Temporal never resends a write.
 """
 
 from __future__ import annotations
@@ -50,6 +53,11 @@ class ErrorType(StrEnum):
     TOOL_MISCONFIGURED = "ToolMisconfigured"
     OPERATION_STATUS_UNAVAILABLE = "OperationStatusUnavailable"
     EVIDENCE_NOT_YET_VISIBLE = "EvidenceNotYetVisible"
+    # The request failed (model error, no answer): the workflow fails with the AgentResult as its details.
+    REQUEST_FAILED = "RequestFailed"
+    # A write attempt that ended without a definite answer: the attempt fails (visibly, in the UI) with the
+    # WriteOutcome as its details, and the workflow asks the operation's status.
+    WRITE_OUTCOME_UNKNOWN = "WriteOutcomeUnknown"
 
 
 NON_RETRYABLE_MODEL_ERRORS = (

@@ -383,6 +383,29 @@ class AgentProgress(BaseModel):
     calls: list[CallRecord] = Field(default_factory=list)
     done: bool = False
     operations: list[OperationRecord] = Field(default_factory=list)
+    # How many events the request has emitted so far (RequestEvent.seq of the last one).
+    events: int = 0
+
+
+RequestEventKind = Literal["phase", "tool_started", "tool_finished", "approval_needed", "operation", "final"]
+
+
+class RequestEvent(BaseModel):
+    """One step of a request as a client follows it (the API's server-sent events): numbered from 1 in the
+    order they happened, so a client that reconnects after event N asks for what came after N."""
+
+    seq: int
+    at: datetime
+    kind: RequestEventKind
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class EventsPage(BaseModel):
+    """Answer of the `get_events` query: the events after the one asked for, and whether the request is done
+    (then the last event is the `final` one)."""
+
+    events: list[RequestEvent]
+    done: bool
 
 
 # --- Tool results (the JSON the model reads) -----------------------------------------------------

@@ -11,3 +11,18 @@ READ_BACK_ACTIVITY = "read_back_operation"
 APPROVE_OPERATION_UPDATE = "approve_operation"
 GET_LEDGER_QUERY = "get_ledger"
 GET_APPROVAL_REQUEST_QUERY = "get_approval_request"
+GET_EVENTS_QUERY = "get_events"
+# Search attributes (registered on the server: the dev server of the local stack and the tests registers them
+# at start, docker-compose by a job). The starter sets user and tenant; the workflow sets outcome and unsettled.
+TENANT_SEARCH_ATTRIBUTE = "ToolloopTenant"
+OUTCOME_SEARCH_ATTRIBUTE = "ToolloopOutcome"  # Keyword: running | answered | stopped | failed
+UNSETTLED_SEARCH_ATTRIBUTE = "ToolloopUnsettled"  # Bool: a side effect is unknown or done but not verified
+SEARCH_ATTRIBUTES = {
+    USER_SEARCH_ATTRIBUTE: "Keyword",
+    TENANT_SEARCH_ATTRIBUTE: "Keyword",
+    OUTCOME_SEARCH_ATTRIBUTE: "Keyword",
+    UNSETTLED_SEARCH_ATTRIBUTE: "Bool",
+}
+# Patch ids (workflow.patched): behaviour added after histories were stored.
+REQUEST_FAILED_PATCH = "request-failed-status"
+UNKNOWN_OUTCOME_FAILS_ATTEMPT_PATCH = "unknown-outcome-fails-attempt"

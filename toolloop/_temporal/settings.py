@@ -38,6 +38,11 @@ class Settings(BaseSettings):
     temporal_port: int = Field(default=7233, validation_alias="TOOLLOOP_TEMPORAL_PORT")
     ui_port: int = Field(default=8233, validation_alias="TOOLLOOP_UI_PORT")
     service_port: int = Field(default=8701, validation_alias="TOOLLOOP_SERVICE_PORT")
+    api_port: int = Field(default=8702, validation_alias="TOOLLOOP_API_PORT")
+
+    # The HTTP API (`starter.py serve`): the bearer tokens file, and the model a request gets by default.
+    api_tokens: Path = Field(default=Path("config/api_tokens.json"), validation_alias="TOOLLOOP_API_TOKENS")
+    api_default_model: str = Field(default="offline", validation_alias="TOOLLOOP_API_MODEL")
 
     def ui_url(self, workflow_id: str | None = None) -> str:
         host = self.temporal_address.rsplit(":", 1)[0]

@@ -1,0 +1,310 @@
+"""End to end over real HTTP: the API process (`starter.py serve`) against the real stack (the session's dev
+server and business service, a worker with the demo's tools). Judged by what a client sees (status codes,
+problem+json codes, events) and by the service's own effect table."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from httpx_sse import aconnect_sse
+from temporalio.client import Client
+
+from demo.agent import build as build_demo
+from devstack.processes import ManagedProcess, free_port, start_api
+from tests.agent_helpers import assert_eventually, effects
+from tests.conftest import APPROVAL_KEY, REPO_ROOT, BusinessService, TemporalServer
+from toolloop import Actor
+from toolloop._temporal.requests import request_workflow_id
+from toolloop._temporal.settings import Settings
+from toolloop._temporal.worker_factory import running_worker
+
+pytestmark = pytest.mark.e2e
+
+U1 = {"Authorization": "Bearer demo-token-u1-acme-0001"}
+U2 = {"Authorization": "Bearer demo-token-u2-acme-0002"}
+U1_GLOBEX = {"Authorization": "Bearer demo-token-u1-globex-0004"}
+READ = "Where is my order A100?"
+WRITE = "Refund 5 EUR on order A100 because it arrived late"
+
+
+@dataclass(frozen=True)
+class Api:
+    url: str
+    task_queue: str
+    process: ManagedProcess
+
+
+@pytest.fixture(scope="module")
+async def api(
+    temporal_server: TemporalServer, business_service: BusinessService, client: Client, tmp_path_factory: Any
+) -> AsyncIterator[Api]:
+    """One API process and one worker for this module's requests, on a task queue of their own."""
+    task_queue = f"api-{uuid.uuid4().hex[:8]}"
+    settings = Settings.model_validate({"TEMPORAL_ADDRESS": temporal_server.address, "TOOLLOOP_TASK_QUEUE": task_queue})
+    port = free_port()
+    env = {
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "TOOLLOOP_TASK_QUEUE": task_queue,
+        "TOOLLOOP_APPROVAL_KEY": APPROVAL_KEY,
+        "TOOLLOOP_API_TOKENS": str(REPO_ROOT / "config" / "api_tokens.json"),
+        "TOOLLOOP_API_MODEL": "offline",
+    }
+    log = Path(tmp_path_factory.mktemp("api")) / "api.log"
+    process = await asyncio.to_thread(start_api, REPO_ROOT, env, port, log)
+    try:
+        async with running_worker(client, settings, build_demo(business_service.url)):
+            yield Api(url=f"http://127.0.0.1:{port}", task_queue=task_queue, process=process)
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+async def http(api: Api) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=api.url, timeout=30, trust_env=False) as c:
+        yield c
+
+
+def key() -> str:
+    return f"k-{uuid.uuid4().hex[:12]}"
+
+
+def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body: dict[str, Any] = response.json()
+    assert (body["status"], body["code"]) == (status, code)
+    for leak in ("Traceback", 'File "', "/work/", "sqlite"):
+        assert leak not in response.text
+    return body
+
+
+async def submit(
+    http: httpx.AsyncClient, question: str, headers: dict[str, str], idem: str | None = None
+) -> httpx.Response:
+    extra = {"Idempotency-Key": idem} if idem is not None else {}
+    return await http.post("/v1/requests", json={"question": question}, headers={**headers, **extra})
+
+
+async def finished(http: httpx.AsyncClient, request_id: str, headers: dict[str, str] = U1) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+
+    async def done() -> bool:
+        found.update((await http.get(f"/v1/requests/{request_id}", headers=headers)).json())
+        return found.get("status") not in (None, "running")
+
+    await assert_eventually(done, within=60, what=f"request {request_id} finished")
+    return found
+
+
+async def pending_operation(http: httpx.AsyncClient, request_id: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = []
+
+    async def waiting() -> bool:
+        view = (await http.get(f"/v1/requests/{request_id}", headers=U1)).json()
+        found[:] = [op for op in view.get("operations", []) if op["state"] == "awaiting_approval"]
+        return bool(found)
+
+    await assert_eventually(waiting, within=60, what="an operation waits for approval")
+    return found[0]
+
+
+# --- Auth and scoping ----------------------------------------------------------------------------------------
+
+
+async def test_a_missing_or_wrong_token_is_401_and_a_valid_one_says_who(http: httpx.AsyncClient) -> None:
+    assert_problem(await http.get("/v1/me"), 401, "UNAUTHORIZED")
+    assert_problem(
+        await http.get("/v1/me", headers={"Authorization": "Bearer not-a-token-at-all"}), 401, "UNAUTHORIZED"
+    )
+    assert_problem(await http.get("/v1/requests", headers={"Authorization": "Basic dTE6eA=="}), 401, "UNAUTHORIZED")
+    assert (await http.get("/v1/me", headers=U1)).json() == {"user_id": "u1", "tenant_id": "acme"}
+    assert (await http.get("/v1/me", headers=U1_GLOBEX)).json() == {"user_id": "u1", "tenant_id": "globex"}
+
+
+async def test_another_users_or_tenants_request_is_answered_like_a_missing_one(http: httpx.AsyncClient) -> None:
+    request_id, missing_id = key(), key()
+    mine = await submit(http, READ, U1, request_id)
+    assert mine.status_code == 201
+    await finished(http, request_id)
+    answers = [await http.get(f"/v1/requests/{request_id}", headers=who) for who in (U2, U1_GLOBEX)]
+    missing = await http.get(f"/v1/requests/{missing_id}", headers=U2)
+    for answer in [*answers, missing]:
+        assert_problem(answer, 404, "NOT_FOUND")
+    # Byte for byte the same answer once the asked-for id is swapped: nothing tells "someone else's" apart.
+    swapped = missing.content.replace(missing_id.encode(), request_id.encode())
+    assert answers[0].content == answers[1].content == swapped
+    events = await http.get(f"/v1/requests/{request_id}/events", headers=U2)
+    assert_problem(events, 404, "NOT_FOUND")
+    # The same id from another tenant is another request: it starts its own workflow.
+    other = await submit(http, READ, U1_GLOBEX, request_id)
+    assert other.status_code == 201 and other.json()["id"] == request_id
+    assert other.json()["workflow_id"] != mine.json()["workflow_id"]
+    listed = (await http.get("/v1/requests", headers=U2)).json()["requests"]
+    assert request_id not in [r["id"] for r in listed]
+
+
+# --- Idempotent submission -------------------------------------------------------------------------------------
+
+
+async def test_the_same_key_and_body_is_the_same_request_also_after_it_finished(
+    http: httpx.AsyncClient, client: Client
+) -> None:
+    request_id = key()
+    first = await submit(http, READ, U1, request_id)
+    assert first.status_code == 201 and first.headers["location"] == f"/v1/requests/{request_id}"
+    again = await submit(http, READ, U1, request_id)
+    assert again.status_code == 200 and again.json()["workflow_id"] == first.json()["workflow_id"]
+    view = await finished(http, request_id)
+    after = await submit(http, READ, U1, request_id)
+    assert after.status_code == 200 and after.json()["workflow_id"] == first.json()["workflow_id"]
+    assert after.json()["status"] == "completed" and view["stop_reason"] == "final_answer"
+    other = await submit(http, "Where is my order A101?", U1, request_id)
+    assert_problem(other, 422, "IDEMPOTENCY_KEY_REUSED")
+    runs = [w async for w in client.list_workflows(f'WorkflowId = "{first.json()["workflow_id"]}"')]
+    assert len(runs) == 1
+
+
+async def test_two_identical_posts_at_once_make_one_workflow(http: httpx.AsyncClient, client: Client) -> None:
+    request_id = key()
+    answers = await asyncio.gather(*(submit(http, READ, U1, request_id) for _ in range(4)))
+    assert sorted(a.status_code for a in answers) == [200, 200, 200, 201]
+    assert len({a.json()["workflow_id"] for a in answers}) == 1
+    workflow_id = request_workflow_id(Actor(user_id="u1", tenant_id="acme"), request_id)
+    await finished(http, request_id)
+    runs = [w async for w in client.list_workflows(f'WorkflowId = "{workflow_id}"')]
+    assert len(runs) == 1
+
+
+async def test_the_callers_requests_are_listed_with_paging(http: httpx.AsyncClient) -> None:
+    ids = [key() for _ in range(3)]
+    for request_id in ids:
+        assert (await submit(http, READ, U2, request_id)).status_code == 201
+
+    async def all_listed() -> bool:
+        seen: list[str] = []
+        token = None
+        for _ in range(10):
+            params = {"page_size": 2, **({"page_token": token} if token else {})}
+            page = (await http.get("/v1/requests", headers=U2, params=params)).json()
+            assert len(page["requests"]) <= 2
+            seen += [r["id"] for r in page["requests"]]
+            token = page["next_page_token"]
+            if token is None:
+                break
+        return set(ids) <= set(seen)
+
+    await assert_eventually(all_listed, within=30, what="the three requests are listed (visibility is eventual)")
+
+
+# --- Decisions -----------------------------------------------------------------------------------------------
+
+
+async def test_only_the_requests_user_with_the_right_digest_decides_and_then_it_is_done_once(
+    http: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    request_id = key()
+    assert (await submit(http, WRITE, U1, request_id)).status_code == 201
+    op = await pending_operation(http, request_id)
+    path = f"/v1/requests/{request_id}/operations/{op['operation_id']}"
+    payload = (await http.get(path, headers=U1)).json()  # the whole payload the digest covers
+    assert payload["arguments"] == {"orderId": "A100", "amountCents": 500, "reason": "it arrived late"}
+    assert payload["target"] == "POST /orders/A100/refunds" and payload["digest"] == op["digest"]
+    approve = {"decision": "approve", "digest": op["digest"]}
+    assert_problem(await http.post(f"{path}/decision", json=approve, headers=U2), 404, "NOT_FOUND")
+    assert_problem(await http.post(f"{path}/decision", json=approve, headers=U1_GLOBEX), 404, "NOT_FOUND")
+    wrong = {"decision": "approve", "digest": "sha256:" + "0" * 64}
+    assert_problem(await http.post(f"{path}/decision", json=wrong, headers=U1), 409, "DIGEST_MISMATCH")
+    decided = await http.post(f"{path}/decision", json=approve, headers=U1)
+    assert decided.status_code == 200 and decided.json()["state"] == "approved"
+    assert decided.json()["approval"]["by"] == "u1 via api"
+    assert_problem(await http.post(f"{path}/decision", json=approve, headers=U1), 409, "NOT_PENDING")
+    view = await finished(http, request_id)
+    assert [o["state"] for o in view["operations"]] == ["verified"]
+    assert len(await effects(admin, op["operation_id"])) == 1
+
+
+async def test_a_rejection_is_recorded_and_nothing_is_done(http: httpx.AsyncClient, admin: httpx.AsyncClient) -> None:
+    request_id = key()
+    assert (await submit(http, WRITE, U1, request_id)).status_code == 201
+    op = await pending_operation(http, request_id)
+    path = f"/v1/requests/{request_id}/operations/{op['operation_id']}/decision"
+    rejected = await http.post(path, json={"decision": "reject", "digest": op["digest"]}, headers=U1)
+    assert rejected.status_code == 200 and rejected.json()["state"] == "denied"
+    view = await finished(http, request_id)
+    assert [o["state"] for o in view["operations"]] == ["denied"]
+    assert await effects(admin, op["operation_id"]) == []
+
+
+# --- Events --------------------------------------------------------------------------------------------------
+
+
+async def read_events(http: httpx.AsyncClient, request_id: str, last_event_id: str | None = None) -> list[Any]:
+    headers = {**U1, **({"Last-Event-ID": last_event_id} if last_event_id else {})}
+    events = []
+    async with aconnect_sse(http, "GET", f"/v1/requests/{request_id}/events", headers=headers) as source:
+        async for sse in source.aiter_sse():
+            events.append(sse)
+            if sse.event == "final":
+                break
+    return events
+
+
+async def test_events_are_complete_in_order_and_resumable(http: httpx.AsyncClient) -> None:
+    request_id = key()
+    assert (await submit(http, WRITE, U1, request_id)).status_code == 201
+    op = await pending_operation(http, request_id)
+    path = f"/v1/requests/{request_id}/operations/{op['operation_id']}/decision"
+    assert (await http.post(path, json={"decision": "approve", "digest": op["digest"]}, headers=U1)).status_code == 200
+    events = await read_events(http, request_id)
+    seqs = [int(e.id) for e in events]
+    assert seqs == list(range(1, len(events) + 1))
+    kinds = [e.event for e in events]
+    for kind in ("phase", "tool_started", "approval_needed", "operation", "tool_finished", "final"):
+        assert kind in kinds, kinds
+    states = [json.loads(e.data)["data"]["state"] for e in events if e.event == "operation"]
+    assert states[0] == "awaiting_approval" and states[-1] == "verified" and "sent" in states
+    finished_tool = next(json.loads(e.data)["data"] for e in events if e.event == "tool_finished")
+    assert (finished_tool["tool"], finished_tool["ok"]) == ("refund_order", True)
+    final = json.loads(events[-1].data)["data"]
+    assert (final["status"], final["stop_reason"]) == ("completed", "final_answer")
+    # Reconnecting after event 3 gives exactly what came after it.
+    resumed = await read_events(http, request_id, last_event_id="3")
+    assert [int(e.id) for e in resumed] == seqs[3:]
+    assert [e.data for e in resumed] == [e.data for e in events[3:]]
+
+
+# --- Bad input -----------------------------------------------------------------------------------------------
+
+
+async def test_bad_input_is_problem_json_with_a_clear_code_never_a_500(http: httpx.AsyncClient) -> None:
+    headers = {**U1, "Content-Type": "application/json"}
+    bad_json = await http.post("/v1/requests", content=b'{"question": "x",', headers=headers)
+    assert "json" in assert_problem(bad_json, 422, "INVALID_REQUEST")["detail"].lower()
+    unknown = await http.post("/v1/requests", json={"question": "x", "userId": "u2"}, headers=U1)
+    assert "userId: is not an accepted field" in assert_problem(unknown, 422, "INVALID_REQUEST")["detail"]
+    empty = await http.post("/v1/requests", json={"question": ""}, headers=U1)
+    assert "question" in assert_problem(empty, 422, "INVALID_REQUEST")["detail"]
+    huge = await http.post("/v1/requests", content=b"{" + b" " * 70_000 + b"}", headers=headers)
+    assert_problem(huge, 413, "BODY_TOO_LARGE")
+    bad_key = await http.post("/v1/requests", json={"question": "x"}, headers={**U1, "Idempotency-Key": "has space"})
+    assert_problem(bad_key, 400, "INVALID_IDEMPOTENCY_KEY")
+    bad_model = await http.post("/v1/requests", json={"question": "x", "model": "NOT A MODEL"}, headers=U1)
+    assert_problem(bad_model, 422, "INVALID_REQUEST")
+    assert_problem(await http.get("/v1/requests/bad%20id", headers=U1), 422, "INVALID_REQUEST")
+    assert_problem(await http.get("/v1/nothing-here", headers=U1), 404, "NOT_FOUND")
+    decision = await http.post(f"/v1/requests/{key()}/operations/op_x/decision", json={"decision": "maybe"}, headers=U1)
+    assert_problem(decision, 422, "INVALID_REQUEST")
+
+
+async def test_the_openapi_document_is_served(http: httpx.AsyncClient) -> None:
+    document = (await http.get("/openapi.json")).json()
+    assert {"/v1/requests", "/v1/requests/{request_id}", "/v1/requests/{request_id}/events"} <= set(document["paths"])
+    assert "/v1/requests/{request_id}/operations/{operation_id}/decision" in document["paths"]

@@ -1,0 +1,538 @@
+"""I/O: the HTTP API (FastAPI) - start a request, list and read the caller's requests, follow one as
+server-sent events, and decide its pending approvals. It is a trusted approval channel: it holds the approval
+signing key and mints the decision token, as the CLI does.
+
+Identity comes from the bearer token and nowhere else. A request id is scoped to the token's tenant and user
+(the workflow id is derived from all three), so another user's or tenant's request is simply not found: the
+same 404 as a request that does not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from toolloop._api.tokens import TokenMap
+from toolloop._core.approvals import canonical_json
+from toolloop._core.contracts import (
+    MODEL_NAME,
+    Actor,
+    AgentInput,
+    AgentProgress,
+    AgentResult,
+    ApprovalRequest,
+    CallRecord,
+    EventsPage,
+    Limits,
+    ModelSpec,
+    OperationRecord,
+)
+from toolloop._core.names import AGENT_WORKFLOW, GET_EVENTS_QUERY, GET_PROGRESS_QUERY
+from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request, send_decision
+from toolloop._temporal.requests import (
+    OUTCOME_KEY,
+    REQUEST_ID,
+    TENANT_KEY,
+    USER_KEY,
+    list_query,
+    request_search_attributes,
+    request_summary,
+    request_workflow_id,
+)
+from toolloop._temporal.results import request_result
+from toolloop.servicekit import KitProblem, describe_errors
+
+MAX_BODY_BYTES = 65_536
+_EVENT_POLL_SECONDS = 0.25
+# A stream ends by itself at the latest after this long (the client reconnects with Last-Event-ID).
+_STREAM_SECONDS = 3600.0
+_STATIC = Path(__file__).resolve().parent / "static"
+
+Problem = KitProblem
+
+
+# --- Bodies and views --------------------------------------------------------------------------------------
+
+
+class LimitsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_rounds: int | None = Field(default=None, ge=1, le=100)
+    max_total_calls: int | None = Field(default=None, ge=1, le=1000)
+    deadline_seconds: float | None = Field(default=None, gt=0, le=86_400)
+    approval_ttl_seconds: float | None = Field(default=None, gt=0, le=86_400)
+
+
+class RequestBody(BaseModel):
+    """What a client asks: the question, and optionally the model (a name the worker has, `provider[:model]`),
+    instructions and limits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(min_length=1, max_length=20_000)
+    model: str | None = Field(default=None, max_length=100)
+    instructions: str | None = Field(default=None, max_length=20_000)
+    limits: LimitsBody | None = None
+
+
+class DecisionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["approve", "reject"]
+    digest: str = Field(min_length=1, max_length=200)
+
+
+class RequestSummary(BaseModel):
+    id: str
+    workflow_id: str
+    status: str
+    outcome: str | None = None
+    question: str | None = None
+    started_at: datetime | None = None
+    closed_at: datetime | None = None
+
+
+class RequestPage(BaseModel):
+    requests: list[RequestSummary]
+    next_page_token: str | None = None
+
+
+class RequestView(BaseModel):
+    id: str
+    workflow_id: str
+    status: str  # running, or the result's status (completed | stopped | failed), or Temporal's (terminated, ...)
+    phase: str
+    rounds: int
+    calls: list[CallRecord]
+    operations: list[OperationRecord]
+    final_text: str | None = None
+    stop_reason: str | None = None
+    error: str | None = None
+    events: int = 0
+
+
+class Me(BaseModel):
+    user_id: str
+    tenant_id: str
+
+
+# --- Settings -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    task_queue: str
+    tokens: TokenMap
+    # The approval channel's keys: the private one signs decisions, the public one goes into each request.
+    signing_key: str | None
+    verify_key: str | None
+    default_model: str = "offline"
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+# --- Helpers --------------------------------------------------------------------------------------------------
+
+
+class BodyLimit:
+    """Refuses a body over `max_bytes` with 413 before the app reads it all (by Content-Length, or by counting
+    what arrives)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = _problem(413, "BODY_TOO_LARGE", f"the body may be at most {self.max_bytes} bytes")
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await too_large(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _BodyTooLarge:
+            await too_large(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _problem(status: int, code: str, detail: str) -> JSONResponse:
+    return Problem(status, code, detail).response()
+
+
+def _not_found(request_id: str) -> Problem:
+    # The same words whether the request does not exist or belongs to someone else.
+    return Problem(404, "NOT_FOUND", f"no request {request_id}")
+
+
+def submission_digest(body: RequestBody, model: ModelSpec, limits: Limits) -> str:
+    """What an Idempotency-Key is bound to: the request as it would be started."""
+    text = canonical_json(
+        {
+            "question": body.question,
+            "model": model.model_dump(mode="json"),
+            "instructions": body.instructions,
+            "limits": limits.model_dump(mode="json"),
+        }  # fmt: skip
+    )
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _model_spec(name: str | None, default: str) -> ModelSpec:
+    chosen = name or default
+    provider, _, model_name = chosen.partition(":")
+    try:
+        return ModelSpec(provider=provider, name=model_name or None)
+    except ValidationError:
+        raise Problem(422, "INVALID_REQUEST", f"model: {MODEL_NAME} expected, optionally :MODEL") from None
+
+
+def _limits(body: LimitsBody | None) -> Limits:
+    given = body.model_dump(exclude_none=True) if body is not None else {}
+    return Limits(**given)
+
+
+async def _describe(handle: WorkflowHandle[Any, Any], actor: Actor, request_id: str) -> WorkflowExecutionDescription:
+    """The request's workflow, if it is this actor's; 404 otherwise."""
+    try:
+        description = await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise _not_found(request_id) from None
+        raise
+    attributes = description.typed_search_attributes
+    if attributes.get(USER_KEY) != actor.user_id or attributes.get(TENANT_KEY) != actor.tenant_id:
+        raise _not_found(request_id)
+    return description
+
+
+def _status_name(status: WorkflowExecutionStatus | None) -> str:
+    if status is None:
+        return "unknown"
+    return status.name.lower()
+
+
+# --- Who calls ------------------------------------------------------------------------------------------------
+
+
+async def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Actor:
+    """The actor of the bearer token; 401 for a missing or unknown token."""
+    config: ApiConfig = request.app.state.config
+    scheme, _, token = (authorization or "").partition(" ")
+    actor = config.tokens.actor_for(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+    if actor is None:
+        challenge = {"WWW-Authenticate": "Bearer"}
+        raise Problem(401, "UNAUTHORIZED", "a valid bearer token is required", headers=challenge)
+    return actor
+
+
+Caller = Annotated[Actor, Depends(caller)]
+RequestId = Annotated[str, PathParam(pattern=REQUEST_ID.pattern, max_length=64)]
+OperationId = Annotated[str, PathParam(max_length=100)]
+
+
+# --- The app --------------------------------------------------------------------------------------------------
+
+
+def create_app(client: Client, config: ApiConfig) -> ASGIApp:
+    """The API over a connected Temporal client (with toolloop's data converter)."""
+    app = FastAPI(
+        title="toolloop API",
+        version="1",
+        description="Start tool-calling requests, follow them live, and decide their side effects.",
+    )
+    app.state.config = config
+
+    @app.exception_handler(Problem)
+    async def on_problem(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, Problem)
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(_: Request, exc: RequestValidationError) -> Response:
+        errors = [{**e, "loc": [str(p) for p in e.get("loc", ())][1:] or ["body"]} for e in exc.errors()]
+        return _problem(422, "INVALID_REQUEST", describe_errors(errors) or "the request is invalid")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(exc.status_code, "INVALID_REQUEST")
+        return _problem(exc.status_code, code, "no such resource" if exc.status_code == 404 else str(exc.detail))
+
+    @app.exception_handler(RPCError)
+    async def on_temporal_error(_: Request, exc: Exception) -> Response:
+        return _problem(503, "TEMPORAL_UNAVAILABLE", "Temporal did not answer; try again")
+
+    def handle_of(actor: Actor, request_id: str) -> WorkflowHandle[Any, Any]:
+        return client.get_workflow_handle(request_workflow_id(actor, request_id))
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.get("/v1/me", response_model=Me)
+    async def me(actor: Caller) -> Me:
+        return Me(user_id=actor.user_id, tenant_id=actor.tenant_id)
+
+    @app.post("/v1/requests", response_model=RequestSummary, status_code=201)
+    async def start_request(
+        body: RequestBody,
+        actor: Caller,
+        response: Response,
+        idempotency_key: Annotated[str | None, Header(max_length=64)] = None,
+    ) -> RequestSummary:
+        if idempotency_key is not None and not REQUEST_ID.fullmatch(idempotency_key):
+            raise Problem(
+                400, "INVALID_IDEMPOTENCY_KEY", "Idempotency-Key: 1-64 of A-Z a-z 0-9 _ . - (first a letter or digit)"
+            )
+        request_id = idempotency_key or uuid.uuid4().hex[:16]
+        model, limits = _model_spec(body.model, config.default_model), _limits(body.limits)
+        digest = submission_digest(body, model, limits)
+        workflow_id = request_workflow_id(actor, request_id)
+        summary = RequestSummary(id=request_id, workflow_id=workflow_id, status="running", question=body.question[:200])
+        try:
+            await client.start_workflow(
+                AGENT_WORKFLOW,
+                AgentInput(
+                    request=body.question,
+                    actor=actor,
+                    model=model,
+                    limits=limits,
+                    approval_verify_key=config.verify_key,
+                    instructions=body.instructions,
+                ),
+                id=workflow_id,
+                task_queue=config.task_queue,
+                search_attributes=request_search_attributes(actor),
+                memo={"request_id": request_id, "question": body.question[:200], "submission": digest},
+                static_summary=request_summary(actor, body.question),
+                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            )
+        except WorkflowAlreadyStartedError:
+            # The same key again: the same request if it is the same body (also after it finished).
+            description = await _describe(client.get_workflow_handle(workflow_id), actor, request_id)
+            if await description.memo_value("submission", default=None, type_hint=str) != digest:
+                raise Problem(
+                    422, "IDEMPOTENCY_KEY_REUSED", "this Idempotency-Key was already used for another request"
+                ) from None
+            response.status_code = 200
+            summary.status = _status_name(description.status)
+            summary.started_at = description.start_time
+        else:
+            response.headers["Location"] = f"/v1/requests/{request_id}"
+        return summary
+
+    @app.get("/v1/requests", response_model=RequestPage)
+    async def list_requests(
+        actor: Caller,
+        page_size: Annotated[int, Query(ge=1, le=100)] = 20,
+        page_token: Annotated[str | None, Query(max_length=2000)] = None,
+    ) -> RequestPage:
+        try:
+            token = bytes.fromhex(page_token) if page_token else None
+        except ValueError:
+            raise Problem(422, "INVALID_REQUEST", "page_token: not a token this API gave") from None
+        listing = client.list_workflows(list_query(actor), page_size=page_size, next_page_token=token)
+        await listing.fetch_next_page()
+        summaries = []
+        for execution in listing.current_page or []:
+            request_id = await execution.memo_value("request_id", default=None, type_hint=str)
+            if request_id is None:
+                continue  # not started by a toolloop starter
+            summaries.append(
+                RequestSummary(
+                    id=request_id,
+                    workflow_id=execution.id,
+                    status=_status_name(execution.status),
+                    outcome=execution.typed_search_attributes.get(OUTCOME_KEY),
+                    question=await execution.memo_value("question", default=None, type_hint=str),
+                    started_at=execution.start_time,
+                    closed_at=execution.close_time,
+                )
+            )
+        next_token = listing.next_page_token.hex() if listing.next_page_token else None
+        return RequestPage(requests=summaries, next_page_token=next_token)
+
+    @app.get("/v1/requests/{request_id}", response_model=RequestView)
+    async def get_request(request_id: RequestId, actor: Caller) -> RequestView:
+        handle = handle_of(actor, request_id)
+        description = await _describe(handle, actor, request_id)
+        if description.status == WorkflowExecutionStatus.RUNNING:
+            progress: AgentProgress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
+            return RequestView(
+                id=request_id,
+                workflow_id=handle.id,
+                status="running",
+                phase=progress.phase,
+                rounds=progress.round,
+                calls=progress.calls,
+                operations=progress.operations,
+                events=progress.events,
+            )
+        try:
+            result = await request_result(handle)
+        except Exception:  # terminated, timed out, ...: Temporal's word is all there is
+            status = _status_name(description.status)
+            return RequestView(
+                id=request_id, workflow_id=handle.id, status=status, phase=f"finished: {status}", rounds=0, calls=[],
+                operations=[],
+            )  # fmt: skip
+        return _finished_view(request_id, result)
+
+    @app.get("/v1/requests/{request_id}/events")
+    async def request_events(
+        request_id: RequestId,
+        actor: Caller,
+        request: Request,
+        last_event_id: Annotated[str | None, Header(max_length=20)] = None,
+        after: Annotated[int | None, Query(ge=0)] = None,
+    ) -> EventSourceResponse:
+        handle = handle_of(actor, request_id)
+        await _describe(handle, actor, request_id)
+        resume = last_event_id or ""
+        start = after if after is not None else int(resume) if resume.isdigit() else 0
+        return EventSourceResponse(_event_stream(handle, request, start), ping=15)
+
+    @app.get("/v1/requests/{request_id}/operations/{operation_id}", response_model=ApprovalRequest)
+    async def get_operation(request_id: RequestId, operation_id: OperationId, actor: Caller) -> ApprovalRequest:
+        """The whole payload the operation's digest covers (unredacted: the approver sees what is signed)."""
+        handle = handle_of(actor, request_id)
+        await _describe(handle, actor, request_id)
+        found = await fetch_approval_request(handle, operation_id)
+        if found is None:
+            raise Problem(404, "NOT_FOUND", f"request {request_id} has no operation {operation_id}")
+        return found
+
+    @app.post("/v1/requests/{request_id}/operations/{operation_id}/decision", response_model=OperationRecord)
+    async def decide(
+        request_id: RequestId,
+        operation_id: OperationId,
+        body: DecisionBody,
+        actor: Caller,
+    ) -> OperationRecord:
+        if config.signing_key is None:
+            raise Problem(503, "NO_APPROVAL_KEY", "this API holds no approval key; it cannot decide")
+        handle = handle_of(actor, request_id)
+        await _describe(handle, actor, request_id)
+        pending = await fetch_approval_request(handle, operation_id)
+        if pending is None:
+            raise Problem(404, "NOT_FOUND", f"request {request_id} has no operation {operation_id}")
+        if pending.state != "awaiting_approval":
+            raise Problem(
+                409, "NOT_PENDING", f"operation {operation_id} is {pending.state}, not waiting for a decision"
+            )
+        if body.digest != pending.digest:
+            raise Problem(409, "DIGEST_MISMATCH", "the digest is not the pending operation's; fetch it again")
+        try:
+            return await send_decision(
+                handle,
+                pending,
+                approve=body.decision == "approve",
+                decider=actor,
+                key=config.signing_key,
+                channel="api",
+            )
+        except (ApprovalRefused, WorkflowUpdateFailedError) as exc:
+            reason = exc.cause if isinstance(exc, WorkflowUpdateFailedError) else exc
+            raise Problem(409, "DECISION_REFUSED", f"the decision was not recorded: {reason}") from None
+
+    if _STATIC.is_dir():
+        _add_page(app)
+
+    return BodyLimit(app, config.max_body_bytes)
+
+
+def _finished_view(request_id: str, result: AgentResult) -> RequestView:
+    return RequestView(
+        id=request_id,
+        workflow_id=result.workflow_id,
+        status=result.status,
+        phase=f"finished: {result.stop_reason}",
+        rounds=result.rounds,
+        calls=result.calls,
+        operations=result.operations,
+        final_text=result.final_text,
+        stop_reason=result.stop_reason,
+        error=result.error,
+    )
+
+
+async def _event_stream(
+    handle: WorkflowHandle[Any, Any], request: Request, after: int
+) -> AsyncIterator[dict[str, str]]:
+    """The request's events after number `after`, as they happen, ending with the final one."""
+    ends = time.monotonic() + _STREAM_SECONDS
+    while time.monotonic() < ends and not await request.is_disconnected():
+        page: EventsPage = await handle.query(GET_EVENTS_QUERY, after, result_type=EventsPage)
+        for event in page.events:
+            after = event.seq
+            yield {"id": str(event.seq), "event": event.kind, "data": event.model_dump_json()}
+        if page.done and not page.events:
+            return
+        if not page.events:
+            await asyncio.sleep(_EVENT_POLL_SECONDS)
+
+
+def _add_page(app: FastAPI) -> None:
+    """The web page for approvals and live requests (plain HTML and a little JS, no build step)."""
+    from fastapi.staticfiles import StaticFiles
+
+    app.mount("/static", StaticFiles(directory=_STATIC), name="static")
+
+    # Only this origin's own script, style and API; no framing (an approval button must not be clickjacked).
+    headers = {
+        "Content-Security-Policy": (
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+            "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+        ),
+        "X-Frame-Options": "DENY",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-store",
+    }
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> Response:
+        body = (_STATIC / "index.html").read_bytes()
+        return Response(body, media_type="text/html; charset=utf-8", headers=headers)

@@ -1,0 +1,86 @@
+"""Pure (plus one file read): bearer tokens and whom they stand for. The actor of every request the API starts
+comes from here and nowhere else.
+
+The tokens file is JSON: {"tokens": [{"token": "...", "tenant_id": "acme", "user_id": "u1"}, ...]}. An entry
+may give "token_sha256" (the hex SHA-256 of the token) instead of the token itself, so a deployment's file
+holds no usable secret. Tokens are compared by their digests in constant time."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from toolloop._core.contracts import Actor
+
+
+class TokensFileError(ValueError):
+    """The tokens file is missing or malformed (one line for the operator)."""
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    token: str | None = Field(default=None, min_length=16)
+    token_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    tenant_id: str
+    user_id: str
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> _Entry:
+        if (self.token is None) == (self.token_sha256 is None):
+            raise ValueError("give exactly one of token and token_sha256")
+        return self
+
+
+class _File(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    comment: str = Field(default="", alias="_comment")
+    tokens: list[_Entry]
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+class TokenMap:
+    def __init__(self, entries: list[tuple[bytes, Actor]]) -> None:
+        self._entries = entries
+
+    @classmethod
+    def load(cls, path: str | Path) -> TokenMap:
+        file = Path(path)
+        try:
+            data = _File.model_validate(json.loads(file.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            raise TokensFileError(f"tokens file not found: {file}") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TokensFileError(f"tokens file {file} cannot be read as JSON ({type(exc).__name__})") from None
+        except ValidationError as exc:
+            first = exc.errors(include_input=False)[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise TokensFileError(f"tokens file {file}: {where}: {first['msg']}") from None
+        entries = []
+        for entry in data.tokens:
+            try:
+                actor = Actor(user_id=entry.user_id, tenant_id=entry.tenant_id)
+            except ValidationError:
+                raise TokensFileError(
+                    f"tokens file {file}: {entry.user_id!r}/{entry.tenant_id!r} is not an actor"
+                ) from None
+            digest = bytes.fromhex(entry.token_sha256) if entry.token_sha256 else _digest(entry.token or "")
+            entries.append((digest, actor))
+        return cls(entries)
+
+    def actor_for(self, token: str) -> Actor | None:
+        digest = _digest(token)
+        found = None
+        for known, actor in self._entries:
+            # Every entry is compared, so the time taken says nothing about which one matched.
+            if hmac.compare_digest(known, digest):
+                found = actor
+        return found

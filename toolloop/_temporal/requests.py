@@ -1,0 +1,80 @@
+"""Wiring (client side): how a user's request is named and found - its workflow id scoped by tenant and user,
+the search attributes that find it in the UI's list, and whom an existing workflow acts for, read from the
+workflow's own start event. The CLI and the HTTP API share them, so a request id means the same in both."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from pydantic import ValidationError
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError
+
+from toolloop._core.contracts import Actor, AgentInput
+from toolloop._core.names import (
+    AGENT_WORKFLOW,
+    OUTCOME_SEARCH_ATTRIBUTE,
+    TENANT_SEARCH_ATTRIBUTE,
+    UNSETTLED_SEARCH_ATTRIBUTE,
+    USER_SEARCH_ATTRIBUTE,
+)
+
+REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+USER_KEY = SearchAttributeKey.for_keyword(USER_SEARCH_ATTRIBUTE)
+TENANT_KEY = SearchAttributeKey.for_keyword(TENANT_SEARCH_ATTRIBUTE)
+OUTCOME_KEY = SearchAttributeKey.for_keyword(OUTCOME_SEARCH_ATTRIBUTE)
+UNSETTLED_KEY = SearchAttributeKey.for_bool(UNSETTLED_SEARCH_ATTRIBUTE)
+
+
+def request_search_attributes(actor: Actor) -> TypedSearchAttributes:
+    """What finds a request in the UI's list: whose it is, and (until the workflow says how it ended) running."""
+    return TypedSearchAttributes(
+        [
+            SearchAttributePair(USER_KEY, actor.user_id),
+            SearchAttributePair(TENANT_KEY, actor.tenant_id),
+            SearchAttributePair(OUTCOME_KEY, "running"),
+        ]
+    )
+
+
+def request_workflow_id(actor: Actor, request_id: str) -> str:
+    """The workflow id of a user's request id: readable, and scoped by tenant and user (the hash covers the
+    exact triple, so no other user or tenant can ever name the same workflow)."""
+    scope = hashlib.sha256(json.dumps([actor.tenant_id, actor.user_id, request_id]).encode()).hexdigest()[:12]
+    return f"ask-{actor.tenant_id}-{actor.user_id}-{request_id}-{scope}"
+
+
+async def acts_for(client: Client, handle: WorkflowHandle[Any, Any]) -> Actor | None:
+    """Whom an existing workflow acts for, read from its own start event (not from anything a caller
+    says); None when there is no such workflow or it is not one of ours."""
+    try:
+        async for event in handle.fetch_history_events():
+            if event.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+                return None
+            attrs = event.workflow_execution_started_event_attributes
+            if attrs.workflow_type.name != AGENT_WORKFLOW:
+                return None
+            [inp] = await client.data_converter.decode(attrs.input.payloads, [AgentInput])
+            return inp.actor if isinstance(inp, AgentInput) else None
+    except (RPCError, ValidationError, ValueError):
+        return None
+    return None
+
+
+def request_summary(actor: Actor, question: str) -> str:
+    """The workflow's summary in the UI's list: who asked what (shortened)."""
+    one_line = " ".join(question.split())
+    return f"{actor.user_id}@{actor.tenant_id}: {one_line[:100]}{'…' if len(one_line) > 100 else ''}"
+
+
+def list_query(actor: Actor) -> str:
+    """The visibility query of one user's requests (ids are ASCII letters, digits and _ . @ -: nothing to escape)."""
+    return (
+        f'WorkflowType = "{AGENT_WORKFLOW}" AND {TENANT_SEARCH_ATTRIBUTE} = "{actor.tenant_id}" '
+        f'AND {USER_SEARCH_ATTRIBUTE} = "{actor.user_id}"'
+    )

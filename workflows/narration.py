@@ -1,0 +1,99 @@
+"""Workflow (deterministic): what a request tells the people watching it - the numbered event log a client
+follows (phase changes, tools started and finished with their result codes, approvals needed, operations'
+states, the final answer) and the current details the Temporal UI shows: the phase, each call with its
+result code (calls rejected before they ran included), and each operation's state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from toolloop._core.contracts import (
+        CallRecord,
+        CheckedCall,
+        OperationRecord,
+        RequestEvent,
+        RequestEventKind,
+    )
+
+# The UI's details stay readable: the last calls only.
+_DETAIL_CALLS = 30
+_MARK = {"verified": "✅", "completed": "⚠️ not verified", "unknown": "❗ UNKNOWN", "failed": "✖", "denied": "✖"}
+
+
+def short_id(operation_id: str) -> str:
+    return operation_id[:14] + "…" if len(operation_id) > 15 else operation_id
+
+
+class Narrator:
+    def __init__(self, operations: Callable[[], list[OperationRecord]]) -> None:
+        self.events: list[RequestEvent] = []
+        self.phase = "starting"
+        self.calls: list[CallRecord] = []
+        self.rejected: set[str] = set()
+        self._operations = operations
+
+    def emit(self, kind: RequestEventKind, **data: Any) -> None:
+        self.events.append(RequestEvent(seq=len(self.events) + 1, at=workflow.now(), kind=kind, data=data))
+
+    def set_phase(self, phase: str) -> None:
+        if phase != self.phase:
+            self.phase = phase
+            self.emit("phase", phase=phase)
+        self.show()
+
+    def tool_started(self, call: CheckedCall, turn: int) -> None:
+        self.emit("tool_started", call_id=call.call_id, tool=call.name, summary=call.summary, round=turn)
+
+    def tool_finished(self, record: CallRecord, rejected: bool) -> None:
+        self.calls.append(record)
+        if rejected:
+            self.rejected.add(record.call_id)
+        self.emit(
+            "tool_finished",
+            call_id=record.call_id,
+            tool=record.tool,
+            round=record.round,
+            ok=record.ok,
+            code=record.code,
+            duration_ms=record.duration_ms,
+            rejected=rejected,
+        )
+
+    def operation(self, op: OperationRecord) -> None:
+        self.emit("operation", operation_id=op.operation_id, tool=op.tool, state=op.state)
+        if op.state == "awaiting_approval":
+            self.emit(
+                "approval_needed",
+                operation_id=op.operation_id,
+                tool=op.tool,
+                target=op.target,
+                arguments=op.arguments,  # redacted; the approver fetches the whole payload
+                digest=op.digest,
+                expires_at=op.approval_expires_at.isoformat() if op.approval_expires_at else None,
+            )
+        self.show()
+
+    def final(self, **data: Any) -> None:
+        self.emit("final", **data)
+
+    def show(self) -> None:
+        """The Temporal UI's current details (markdown): readable without opening any JSON."""
+        lines = [f"**{self.phase}**"]
+        if self.calls:
+            lines += ["", "| round | call | result |", "|---|---|---|"]
+            for record in self.calls[-_DETAIL_CALLS:]:
+                result = "ok" if record.ok else (record.code or "failed")
+                if record.call_id in self.rejected:
+                    result += " (rejected, not run)"
+                lines.append(f"| {record.round} | {record.tool} `{record.call_id}` | {result} |")
+        operations = self._operations()
+        if operations:
+            lines += ["", "**side effects**"]
+            for op in operations:
+                mark = _MARK.get(op.state, "")
+                lines.append(f"- {op.tool} `{short_id(op.operation_id)}`: {op.state} {mark}".rstrip())
+        workflow.set_current_details("\n".join(lines))
