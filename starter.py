@@ -63,6 +63,7 @@ from toolloop._temporal.approval_channel import (
     send_decision,
 )
 from toolloop._temporal.converter import data_converter
+from toolloop._temporal.logs import configure_logging
 from toolloop._temporal.requests import (
     REQUEST_ID,
     acts_for,
@@ -72,6 +73,7 @@ from toolloop._temporal.requests import (
 )
 from toolloop._temporal.results import failed_result
 from toolloop._temporal.settings import Settings
+from toolloop._temporal.telemetry import configure_otlp_tracing, metrics_runtime, tracing_interceptor
 
 REPO_ROOT = Path(__file__).resolve().parent
 
@@ -812,9 +814,14 @@ async def _serve_api(settings: Settings, host: str, port: int, tokens: TokenMap,
 
     from toolloop._api.app import ApiConfig, create_app
 
+    runtime = metrics_runtime(settings.api_metrics_address)
     try:
         client = await Client.connect(
-            settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
+            settings.temporal_address,
+            namespace=settings.temporal_namespace,
+            data_converter=data_converter(),
+            runtime=runtime,
+            interceptors=[tracing_interceptor()] if settings.otel else [],
         )
     except RuntimeError as exc:
         _fail(f"cannot reach Temporal at {settings.temporal_address}: {str(exc).splitlines()[0]}", code=1)
@@ -824,8 +831,13 @@ async def _serve_api(settings: Settings, host: str, port: int, tokens: TokenMap,
         signing_key=signing_key,
         verify_key=_verify_key(settings, signing_key),
         default_model=settings.api_default_model,
+        meter=runtime.metric_meter if runtime is not None else None,
     )
-    server = uvicorn.Server(uvicorn.Config(create_app(client, config), host=host, port=port, log_level="info"))
+    # log_config=None: uvicorn's records go through the JSON logs; each request has its own line.
+    uvicorn_config = uvicorn.Config(
+        create_app(client, config), host=host, port=port, log_config=None, access_log=False, log_level="info"
+    )
+    server = uvicorn.Server(uvicorn_config)
     err_console.print(
         f"api on http://{host}:{port} (docs /docs, page /), temporal {settings.temporal_address}, "
         f"approval key {'set' if signing_key else 'unset: it cannot decide'}"
@@ -842,6 +854,12 @@ def serve(
     Bearer tokens (TOOLLOOP_API_TOKENS, a JSON file) say whom each caller is; it signs decisions with
     TOOLLOOP_APPROVAL_KEY, as the CLI does."""
     settings = Settings()
+    configure_logging("api")
+    if settings.otel:
+        try:
+            configure_otlp_tracing("toolloop-api")
+        except RuntimeError as exc:
+            _fail(str(exc))
     tokens_path = settings.api_tokens if settings.api_tokens.is_absolute() else REPO_ROOT / settings.api_tokens
     try:
         tokens = TokenMap.load(tokens_path)

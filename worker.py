@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import sys
 
+from toolloop._temporal.logs import configure_logging
 from toolloop._temporal.settings import Settings
+from toolloop._temporal.telemetry import configure_otlp_tracing, metrics_runtime
 from toolloop._temporal.worker_factory import ToolsLoadError, connect, load_tools, running_worker
 from toolloop._tools.toolset import AgentSpec
 
@@ -39,7 +40,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def _run(settings: Settings, spec: AgentSpec, target: str) -> None:
-    client = await connect(settings)
+    # Temporal's runtime serves the Prometheus endpoint: its own metrics and toolloop's counts.
+    client = await connect(settings, metrics_runtime(settings.metrics_address))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -47,7 +49,8 @@ async def _run(settings: Settings, spec: AgentSpec, target: str) -> None:
     async with running_worker(client, settings, spec):
         print(
             f"worker ready task_queue={settings.task_queue} temporal={settings.temporal_address} tools={target} "
-            f"({len(spec.tools.registry)} tools) openai={'set' if settings.openai_api_key else 'unset'}",
+            f"({len(spec.tools.registry)} tools) openai={'set' if settings.openai_api_key else 'unset'} "
+            f"metrics={settings.metrics_address or 'off'} tracing={'on' if settings.otel else 'off'}",
             flush=True,
         )
         await stop.wait()
@@ -63,8 +66,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     settings = Settings()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    configure_logging("worker")
+    if settings.otel:
+        try:
+            configure_otlp_tracing("toolloop-worker")
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     try:
         spec = load_tools(args.tools)
     except ToolsLoadError as exc:

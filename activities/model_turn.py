@@ -113,7 +113,14 @@ def checked_turn(registry: ToolRegistry, items: list[ConversationItem], label: s
     final_text = "\n".join(t for t in texts if t.strip()).strip() or None
     activity.logger.info(
         "model turn done",
-        extra={"turn": turn, "calls": len(calls), "label": label, "has_text": final_text is not None},
+        extra={
+            "request_id": activity.info().workflow_id,
+            "round": turn,
+            "calls": len(calls),
+            "rejected": sum(1 for c in checked if c.rejection is not None),
+            "model": label,
+            "has_text": final_text is not None,
+        },
     )
     return ModelTurnResult(
         items=items, calls=checked, final_text=final_text, model_label=label, protocol_error=protocol_error

@@ -16,6 +16,7 @@ from toolloop._core.codes import ErrorType, ResultCode
 from toolloop._core.contracts import Actor, ToolCallInput, ToolCallResult, error_output
 from toolloop._core.names import RUN_TOOL_ACTIVITY
 from toolloop._core.outputs import cap_output
+from toolloop._core.redaction import for_logs, log_rules
 from toolloop._core.registry import (
     ResultRejected,
     ToolContext,
@@ -24,7 +25,16 @@ from toolloop._core.registry import (
     ToolSpec,
     ToolTemporaryError,
 )
+from toolloop._temporal.telemetry import TOOL_RESULTS, count
 from toolloop._tools.http import default_actor_headers
+
+
+def log_arguments(spec: ToolSpec, arguments: dict[str, Any], cache: dict[str, dict[str, bool]]) -> dict[str, Any]:
+    """The arguments as logs may show them: masked field by field (free text, amounts, `redact`)."""
+    rules = cache.get(spec.name)
+    if rules is None:
+        rules = cache[spec.name] = log_rules(spec.definition()["parameters"], spec.redact)
+    return for_logs(arguments, rules)
 
 
 def tool_context(
@@ -55,6 +65,7 @@ class ToolActivities:
         self._registry = registry
         # For tools without a source of their own.
         self._http = http
+        self._log_rules: dict[str, dict[str, bool]] = {}
 
     @activity.defn(name=RUN_TOOL_ACTIVITY)
     async def run_tool(self, inp: ToolCallInput) -> ToolCallResult:
@@ -99,15 +110,20 @@ class ToolActivities:
             activity.logger.exception("tool executor failed", extra={"tool": inp.tool, "call_id": inp.call_id})
             output = error_output(ResultCode.INTERNAL, "the tool failed unexpectedly; this is not your fault.")
         duration_ms = int((time.monotonic() - started) * 1000)
+        code = output.get("code") or "ok"
+        count(activity.metric_meter(), TOOL_RESULTS, "tool call results by tool and code", tool=inp.tool, code=code)
         activity.logger.info(
             "tool call done",
             extra={
+                "request_id": info.workflow_id,
                 "call_id": inp.call_id,
                 "tool": inp.tool,
                 "round": inp.round,
                 "ok": output.get("ok"),
                 "code": output.get("code"),
                 "duration_ms": duration_ms,
+                "side_effect": False,
+                "arguments": log_arguments(spec, inp.arguments, self._log_rules),
                 "attempt": info.attempt,
             },
         )

@@ -12,7 +12,7 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.tool_calls import tool_context
+from activities.tool_calls import log_arguments, tool_context
 from toolloop._core.arguments import ArgumentsRejected
 from toolloop._core.codes import ErrorType, ResultCode
 from toolloop._core.contracts import OperationQuery, ReadBackInput, WriteInput, WriteOutcome, error_output
@@ -31,7 +31,9 @@ from toolloop._core.registry import (
     WriteNotSent,
     WriteOutcomeUnknown,
 )
+from toolloop._temporal.telemetry import WRITE_ATTEMPTS, count
 
+_SIDE_EFFECT = {"completed": "yes", "refused": "no", "not_sent": "no", "in_progress": "maybe", "unknown": "maybe"}
 # Stored write outputs are small receipts; this cap only guards history against a misbehaving tool.
 _MAX_WRITE_OUTPUT_BYTES = 16_384
 
@@ -40,6 +42,7 @@ class WriteActivities:
     def __init__(self, registry: ToolRegistry, http: httpx.AsyncClient, retention_seconds: float | None = None) -> None:
         self._registry = registry
         self._http = http
+        self._log_rules: dict[str, dict[str, bool]] = {}
         # The worker's configured key retention, for services that do not declare theirs.
         self._retention_seconds = retention_seconds
 
@@ -85,15 +88,21 @@ class WriteActivities:
         else:
             outcome = self._completed(spec, data, inp)
         outcome.duration_ms = int((time.monotonic() - started) * 1000)
+        count(activity.metric_meter(), WRITE_ATTEMPTS, "write attempts by outcome", tool=inp.tool, outcome=outcome.kind)
         activity.logger.info(
             "write attempt done",
             extra={
+                "request_id": activity.info().workflow_id,
                 "operation_id": inp.operation_id,
                 "tool": inp.tool,
                 "attempt": inp.attempt,
                 "call_id": inp.call_id,
                 "kind": outcome.kind,
+                "code": (outcome.output or {}).get("code"),
                 "duration_ms": outcome.duration_ms,
+                # Whether this attempt made the effect: yes, no, or maybe (an unclear outcome asks the status).
+                "side_effect": _SIDE_EFFECT[outcome.kind],
+                "arguments": log_arguments(spec, inp.arguments, self._log_rules),
             },
         )
         if outcome.kind == "unknown":

@@ -52,6 +52,7 @@ from toolloop._models.adapter import ModelAdapter, ModelRequest
 from toolloop._models.errors import ModelCallError
 from toolloop._models.responses import ResponsesClient, ResponsesModel
 from toolloop._models.script import ScriptModel
+from toolloop._temporal.logs import configure_logging
 from toolloop._temporal.plugin import ToolloopPlugin
 from toolloop._temporal.results import request_result
 from toolloop._tools.http import HttpSource, ReadBack
@@ -85,6 +86,7 @@ __all__ = [
     "AgentWorkflow",
     "Limits",
     "ResultCode",
+    "configure_logging",
     # requests and their results
     "Actor",
     "AgentInput",

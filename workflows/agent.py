@@ -43,8 +43,10 @@ with workflow.unsafe.imports_passed_through():
         GET_LEDGER_QUERY,
         GET_PROGRESS_QUERY,
         MODEL_TURN_ACTIVITY,
+        OPERATIONS_METRIC,
         OUTCOME_SEARCH_ATTRIBUTE,
         REQUEST_FAILED_PATCH,
+        REQUESTS_FINISHED_METRIC,
         RUN_TOOL_ACTIVITY,
         UNSETTLED_SEARCH_ATTRIBUTE,
         USER_SEARCH_ATTRIBUTE,
@@ -211,6 +213,7 @@ class AgentWorkflow:
         monitored = workflow.patched(REQUEST_FAILED_PATCH)
         if monitored:
             self._mark_outcome(report)
+        self._count(report)
         self._set_phase(f"finished: {stop}")
         self._narrator.final(status=status, stop_reason=stop, final_text=final_text, error=error)
         self._progress.done = True
@@ -221,6 +224,18 @@ class AgentWorkflow:
                 error or f"the request failed: {stop}", report, type=ErrorType.REQUEST_FAILED, non_retryable=True
             )
         return report
+
+    @staticmethod
+    def _count(report: AgentResult) -> None:
+        """Operation outcomes and request outcomes, for the worker's metrics (not counted again on replay)."""
+        meter = workflow.metric_meter()
+        meter.create_counter(REQUESTS_FINISHED_METRIC, "requests finished by outcome").add(
+            1, {"outcome": report.status}
+        )
+        for op in report.operations:
+            meter.create_counter(OPERATIONS_METRIC, "operations by final state").add(
+                1, {"tool": op.tool, "state": op.state}
+            )
 
     def _mark_outcome(self, result: AgentResult) -> None:
         """The search attributes that find this request in the UI's list: how it ended, and whether a side

@@ -10,6 +10,7 @@ import sys
 
 import uvicorn
 
+import toolloop
 from demo.bizservice.app import create_app
 from demo.bizservice.writes import CLAIM_LEASE_SECONDS
 from toolloop.servicekit import FileHolds, check_verify_key, no_hold
@@ -54,13 +55,15 @@ async def _serve(server: uvicorn.Server, host: str) -> None:
         await asyncio.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
     # Callers wait for this line; it carries the real port when --port 0 was given.
-    logger.info("bizservice listening on http://%s:%d", host, port)
+    # Callers wait for this plain line (it carries the real port when --port 0 was given); the logs are JSON.
+    print(f"bizservice listening on http://{host}:{port}", file=sys.stderr, flush=True)
+    logger.info("listening", extra={"url": f"http://{host}:{port}"})
     await task
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    toolloop.configure_logging("service")
     # The approval channel's public key: the service verifies approvals with it and can sign none.
     verify_key = os.environ.get(APPROVAL_VERIFY_KEY_ENV) or None
     if verify_key is not None:

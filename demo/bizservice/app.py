@@ -40,7 +40,7 @@ from demo.bizservice.web import (
     status_code_for,
 )
 from demo.bizservice.writes import CLAIM_LEASE_SECONDS, add_write_routes, write_kit
-from toolloop.servicekit import Hold, no_hold
+from toolloop.servicekit import COMMITTED_FLAG, Hold, no_hold
 
 OPERATION_ID = r"^[A-Za-z0-9_-]{1,100}$"
 
@@ -267,6 +267,20 @@ def create_app(
             response = problem_response(500, ServiceCode.SERVER_ERROR, "the service failed to answer this request")
         if log_id is not None:
             await run_in_threadpool(store.log_request_end, log_id, time.time(), response.status_code)
+            logger.info(
+                "request",
+                extra={
+                    "method": request.method,
+                    "path": path,
+                    "status": response.status_code,
+                    "duration_ms": int((time.time() - started_at) * 1000),
+                    "user_id": request.headers.get("x-actor-user"),
+                    "tenant_id": request.headers.get("x-actor-tenant"),
+                    "operation_id": request.headers.get("idempotency-key"),
+                    # Whether this request committed a write's effect (the kit's flag).
+                    "side_effect": bool(getattr(request.state, COMMITTED_FLAG, False)),
+                },
+            )
         return response
 
     async def require_admin(x_admin_token: Annotated[str | None, Header()] = None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -34,7 +35,7 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import MetricMeter, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -66,7 +67,10 @@ from toolloop._temporal.requests import (
     request_workflow_id,
 )
 from toolloop._temporal.results import request_result
+from toolloop._temporal.telemetry import API_DECISIONS, API_RESPONSES
 from toolloop.servicekit import KitProblem, describe_errors
+
+logger = logging.getLogger("toolloop.api")
 
 MAX_BODY_BYTES = 65_536
 _EVENT_POLL_SECONDS = 0.25
@@ -154,6 +158,8 @@ class ApiConfig:
     verify_key: str | None
     default_model: str = "offline"
     max_body_bytes: int = MAX_BODY_BYTES
+    # Temporal's metric meter of the API's runtime (its Prometheus endpoint); None: counts are not kept.
+    meter: MetricMeter | None = None
 
 
 # --- Helpers --------------------------------------------------------------------------------------------------
@@ -264,6 +270,7 @@ async def caller(request: Request, authorization: Annotated[str | None, Header()
     if actor is None:
         challenge = {"WWW-Authenticate": "Bearer"}
         raise Problem(401, "UNAUTHORIZED", "a valid bearer token is required", headers=challenge)
+    request.state.actor = actor  # for the request's log line
     return actor
 
 
@@ -283,6 +290,30 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         description="Start tool-calling requests, follow them live, and decide their side effects.",
     )
     app.state.config = config
+
+    @app.middleware("http")
+    async def log_and_count(request: Request, call_next: Any) -> Response:
+        started = time.monotonic()
+        response: Response = await call_next(request)
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        actor = getattr(request.state, "actor", None)
+        duration_ms = int((time.monotonic() - started) * 1000)
+        if config.meter is not None:
+            attributes = {"route": route, "method": request.method, "status": str(response.status_code)}
+            config.meter.create_counter(API_RESPONSES, "API responses by route and status").add(1, attributes)
+        logger.info(
+            "api request",
+            extra={
+                "method": request.method,
+                "route": route,
+                "status": response.status_code,
+                "duration_ms": duration_ms,
+                "user_id": actor.user_id if actor else None,
+                "tenant_id": actor.tenant_id if actor else None,
+                "request_id": request.path_params.get("request_id"),
+            },
+        )
+        return response
 
     @app.exception_handler(Problem)
     async def on_problem(_: Request, exc: Exception) -> Response:
@@ -464,6 +495,8 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             )
         if body.digest != pending.digest:
             raise Problem(409, "DIGEST_MISMATCH", "the digest is not the pending operation's; fetch it again")
+        if config.meter is not None:
+            config.meter.create_counter(API_DECISIONS, "decisions sent by the API").add(1, {"decision": body.decision})
         try:
             return await send_decision(
                 handle,

@@ -26,3 +26,10 @@ SEARCH_ATTRIBUTES = {
 # Patch ids (workflow.patched): behaviour added after histories were stored.
 REQUEST_FAILED_PATCH = "request-failed-status"
 UNKNOWN_OUTCOME_FAILS_ATTEMPT_PATCH = "unknown-outcome-fails-attempt"
+# Metric names (Prometheus, through Temporal's metric meter).
+TOOL_RESULTS_METRIC = "toolloop_tool_results"
+WRITE_ATTEMPTS_METRIC = "toolloop_write_attempts"
+OPERATIONS_METRIC = "toolloop_operations"
+REQUESTS_FINISHED_METRIC = "toolloop_requests_finished"
+API_RESPONSES_METRIC = "toolloop_api_responses"
+API_DECISIONS_METRIC = "toolloop_api_decisions"

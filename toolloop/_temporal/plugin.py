@@ -20,6 +20,7 @@ from activities.write_operations import WriteActivities
 from toolloop._models.adapter import ModelAdapter
 from toolloop._models.script import ScriptModel
 from toolloop._temporal.converter import data_converter
+from toolloop._temporal.telemetry import tracing_interceptor
 from toolloop._tools.toolset import AgentSpec, Toolset
 from workflows.agent import AgentWorkflow
 
@@ -44,7 +45,8 @@ class ToolloopPlugin(SimplePlugin):
     The "script" model is always there; `models` adds others by the name a request asks for (an AgentSpec
     brings its own). `retention_seconds` is how long the services keep operation ids when they do not say
     so on their status answers (unknown means a resend after a doubtful attempt fails closed). `http` is
-    the client of tools that have no source of their own."""
+    the client of tools that have no source of their own. `tracing` adds Temporal's OpenTelemetry
+    interceptor (spans with the globally configured tracer provider)."""
 
     def __init__(
         self,
@@ -54,6 +56,7 @@ class ToolloopPlugin(SimplePlugin):
         instructions: str | None = None,
         retention_seconds: float | None = None,
         http: httpx.AsyncClient | None = None,
+        tracing: bool = False,
     ) -> None:
         spec = tools if isinstance(tools, AgentSpec) else AgentSpec(tools=tools)
         self.toolset = spec.tools
@@ -67,6 +70,8 @@ class ToolloopPlugin(SimplePlugin):
             data_converter=data_converter(),
             workflows=[AgentWorkflow],
             workflow_runner=workflow_runner,
+            # OpenTelemetry spans for workflows and activities, off by default.
+            interceptors=[tracing_interceptor()] if tracing else None,
         )
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:

@@ -44,6 +44,11 @@ class Settings(BaseSettings):
     api_tokens: Path = Field(default=Path("config/api_tokens.json"), validation_alias="TOOLLOOP_API_TOKENS")
     api_default_model: str = Field(default="offline", validation_alias="TOOLLOOP_API_MODEL")
 
+    # Observability: Prometheus endpoints ("127.0.0.1:9464"; unset: none) and OpenTelemetry tracing (off).
+    metrics_address: str | None = Field(default=None, validation_alias="TOOLLOOP_METRICS_ADDRESS")
+    api_metrics_address: str | None = Field(default=None, validation_alias="TOOLLOOP_API_METRICS_ADDRESS")
+    otel: bool = Field(default=False, validation_alias="TOOLLOOP_OTEL")
+
     def ui_url(self, workflow_id: str | None = None) -> str:
         host = self.temporal_address.rsplit(":", 1)[0]
         base = f"http://{host}:{self.ui_port}"

@@ -12,6 +12,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from temporalio.client import Client
+from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
 from toolloop._models.adapter import ModelAdapter
@@ -26,9 +27,12 @@ __all__ = ["ToolsLoadError", "connect", "load_tools", "running_worker", "workflo
 _TARGET = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
 
 
-async def connect(settings: Settings) -> Client:
+async def connect(settings: Settings, runtime: Runtime | None = None) -> Client:
     return await Client.connect(
-        settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
+        settings.temporal_address,
+        namespace=settings.temporal_namespace,
+        data_converter=data_converter(),
+        runtime=runtime,
     )
 
 
@@ -92,7 +96,9 @@ async def running_worker(
     """A started worker, shut down explicitly on exit (an implicit shutdown at interpreter exit can
     abort the process in temporalio 1.35)."""
     async with settings_models(settings) as models:
-        plugin = ToolloopPlugin(tools, models=models, retention_seconds=settings.idempotency_retention_seconds)
+        plugin = ToolloopPlugin(
+            tools, models=models, retention_seconds=settings.idempotency_retention_seconds, tracing=settings.otel
+        )
         # Opened before the worker starts, so a source that cannot open (an MCP server that does not start)
         # is reported at once and no worker is left half-started; the plugin's own opening nests in this one.
         async with plugin.toolset.opened():
