@@ -89,10 +89,10 @@ async def test_a_finished_read_shows_who_asked_what_and_how_it_ended(
     assert result.status == "completed" and description.status == WorkflowExecutionStatus.COMPLETED
     shown = await details(handle)
     # Each call with its result code, readable without opening any JSON; rejected calls say so.
-    assert "| 1 | get_order_status `c1` | ok |" in shown
-    assert "| 1 | nope `c2` | UNKNOWN_TOOL (rejected, not run) |" in shown
-    assert "| 1 | get_ticket `c3` | BAD_JSON (rejected, not run) |" in shown
-    assert shown.startswith("**finished: final_answer**")
+    assert "| 1 | get\\_order\\_status c1 | ok |" in shown
+    assert "| 1 | nope c2 | UNKNOWN\\_TOOL \\(rejected, not run\\) |" in shown
+    assert "| 1 | get\\_ticket c3 | BAD\\_JSON \\(rejected, not run\\) |" in shown
+    assert shown.startswith("**finished: final\\_answer**")
     # Found by a filter in the UI's list.
     query = f'{USER_KEY.name} = "u1" AND {OUTCOME_KEY.name} = "answered" AND WorkflowId = "{handle.id}"'
 
@@ -100,6 +100,26 @@ async def test_a_finished_read_shows_who_asked_what_and_how_it_ended(
         return len([w async for w in client.list_workflows(query)]) == 1
 
     await assert_eventually(listed, what="the request is found by user and outcome")
+
+
+async def test_text_from_the_user_or_the_model_shows_as_text_never_as_markup(
+    client: Client, settings: Settings, worker: Worker
+) -> None:
+    # The UI renders summaries and details as Markdown and HTML: an image tag would make an operator's browser
+    # fetch its URL, a link could disguise what the request says.
+    hostile = '<img src="http://198.51.100.7/x.png"> [click](http://198.51.100.7) **urgent**'
+    model = script_spec([call('<b onmouseover="x">evil</b>', {}, "`c1`|")], [say("done")])
+    handle = await start(client, settings, hostile, model)
+    await request_result(handle)
+    summary = await (await handle.describe()).static_summary()
+    shown = await details(handle)
+    for text in (summary or "", shown):
+        assert "<img" not in text and "<b" not in text and "](" not in text and "**urgent**" not in text
+    assert summary == (
+        'u1@acme: &lt;img src="http://198\\.51\\.100\\.7/x\\.png"&gt; \\[click\\]\\(http://198\\.51\\.100\\.7\\) '
+        "\\*\\*urgent\\*\\*"
+    )
+    assert '&lt;b onmouseover="x"&gt;evil&lt;/b&gt;' in shown and "\\`c1\\`\\|" in shown
 
 
 async def test_an_approval_wait_is_a_labelled_timer_and_its_operation_is_in_the_details(
@@ -111,7 +131,8 @@ async def test_an_approval_wait_is_a_labelled_timer_and_its_operation_is_in_the_
     handle = await start(client, settings, "Refund 1 EUR on A100", model)
     op = await waiting_operation(handle)
     shown = await details(handle)
-    assert f"waiting for approval of {op.operation_id}" in shown and "awaiting_approval" in shown
+    escaped_id = op.operation_id.replace("_", "\\_")
+    assert f"waiting for approval of {escaped_id}" in shown and "awaiting_approval" in shown
     async with approving(handle):
         result = await request_result(handle)
     assert [o.state for o in result.operations] == ["verified"]
@@ -120,7 +141,7 @@ async def test_an_approval_wait_is_a_labelled_timer_and_its_operation_is_in_the_
     assert timer.endswith(" UTC")
     attributes = (await handle.describe()).typed_search_attributes
     assert (attributes.get(OUTCOME_KEY), attributes.get(UNSETTLED_KEY)) == ("answered", False)
-    assert "refund_order" in await details(handle) and "verified ✅" in await details(handle)
+    assert "refund\\_order" in await details(handle) and "verified ✅" in await details(handle)
 
 
 async def test_an_unknown_outcome_is_not_green_and_marks_the_request_unsettled(

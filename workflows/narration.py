@@ -18,6 +18,7 @@ with workflow.unsafe.imports_passed_through():
         RequestEvent,
         RequestEventKind,
     )
+    from toolloop._core.text import markdown_literal
 
 # The UI's details stay readable: the last calls only.
 _DETAIL_CALLS = 30
@@ -82,18 +83,21 @@ class Narrator:
 
     def show(self) -> None:
         """The Temporal UI's current details (markdown): readable without opening any JSON."""
-        lines = [f"**{self.phase}**"]
+        # Everything here may come from the model (a made-up tool name, a call id): shown literally, never as markup.
+        lines = [f"**{markdown_literal(self.phase)}**"]
         if self.calls:
             lines += ["", "| round | call | result |", "|---|---|---|"]
             for record in self.calls[-_DETAIL_CALLS:]:
                 result = "ok" if record.ok else (record.code or "failed")
                 if record.call_id in self.rejected:
                     result += " (rejected, not run)"
-                lines.append(f"| {record.round} | {record.tool} `{record.call_id}` | {result} |")
+                call = f"{markdown_literal(record.tool)} {markdown_literal(record.call_id)}"
+                lines.append(f"| {record.round} | {call} | {markdown_literal(result)} |")
         operations = self._operations()
         if operations:
             lines += ["", "**side effects**"]
             for op in operations:
                 mark = _MARK.get(op.state, "")
-                lines.append(f"- {op.tool} `{short_id(op.operation_id)}`: {op.state} {mark}".rstrip())
+                line = f"- {markdown_literal(op.tool)} {markdown_literal(short_id(op.operation_id))}: {op.state} {mark}"
+                lines.append(line.rstrip())
         workflow.set_current_details("\n".join(lines))

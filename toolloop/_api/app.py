@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import time
 import uuid
@@ -537,7 +538,14 @@ async def _event_stream(
     """The request's events after number `after`, as they happen, ending with the final one."""
     ends = time.monotonic() + _STREAM_SECONDS
     while time.monotonic() < ends and not await request.is_disconnected():
-        page: EventsPage = await handle.query(GET_EVENTS_QUERY, after, result_type=EventsPage)
+        try:
+            page: EventsPage = await handle.query(GET_EVENTS_QUERY, after, result_type=EventsPage)
+        except RPCError:
+            # The response has started: the failure is said in the stream itself, and the stream ends (the
+            # client may reconnect with Last-Event-ID once the workflow answers again).
+            problem = {"code": "TEMPORAL_UNAVAILABLE", "detail": "the request's events could not be read; retry"}
+            yield {"event": "error", "data": json.dumps(problem)}
+            return
         for event in page.events:
             after = event.seq
             yield {"id": str(event.seq), "event": event.kind, "data": event.model_dump_json()}

@@ -23,6 +23,7 @@ from toolloop._core.names import (
     UNSETTLED_SEARCH_ATTRIBUTE,
     USER_SEARCH_ATTRIBUTE,
 )
+from toolloop._core.text import markdown_literal
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 USER_KEY = SearchAttributeKey.for_keyword(USER_SEARCH_ATTRIBUTE)
@@ -67,9 +68,11 @@ async def acts_for(client: Client, handle: WorkflowHandle[Any, Any]) -> Actor | 
 
 
 def request_summary(actor: Actor, question: str) -> str:
-    """The workflow's summary in the UI's list: who asked what (shortened)."""
+    """The workflow's summary in the UI: who asked what (shortened). The UI renders it as Markdown, so the
+    question is escaped to show as the text it is."""
     one_line = " ".join(question.split())
-    return f"{actor.user_id}@{actor.tenant_id}: {one_line[:100]}{'…' if len(one_line) > 100 else ''}"
+    shortened = one_line[:100] + ("…" if len(one_line) > 100 else "")
+    return f"{actor.user_id}@{actor.tenant_id}: {markdown_literal(shortened)}"
 
 
 def list_query(actor: Actor) -> str:

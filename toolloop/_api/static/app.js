@@ -1,0 +1,1115 @@
+// toolloop's web page: log in with a token, start requests, follow them live, decide their side effects.
+// Plain JS, no build step, nothing fetched from anywhere but this API. Every piece of server data is
+// rendered with textContent (tool results and arguments are untrusted text), never as HTML.
+"use strict";
+
+(() => {
+  const TOKEN_KEY = "toolloop.token";
+  const PAGE_SIZE = 20;
+  // Browsers open about six HTTP/1.1 connections per host: a few live streams leave room for the rest
+  // (an approval must never wait behind a stream). Requests beyond that are polled until a slot frees.
+  const MAX_STREAMS = 3;
+  const POLL_MS = 3000;
+  // Reconnects in a row without receiving anything, before the page stops and offers a button.
+  const MAX_RETRIES = 6;
+  const MAX_LINE_BUFFER = 1 << 20;
+
+  const $ = (id) => document.getElementById(id);
+
+  let token = null;
+  let session = 0; // bumped on logout: work started under an older session stops
+  let nextPageToken = null;
+  const requests = new Map(); // request id -> Req
+  let streamsInUse = 0;
+  const streamQueue = []; // Reqs waiting for a stream slot (polled meanwhile)
+
+  // --- Small helpers ---------------------------------------------------------------------------------------
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (name === "text") node.textContent = String(value);
+      else if (name === "className") node.className = value;
+      else node.setAttribute(name, value === true ? "" : String(value));
+    }
+    for (const child of children) {
+      if (child === null || child === undefined) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function field(root, name) {
+    return root.querySelector(`[data-field="${name}"]`);
+  }
+
+  function setText(node, text) {
+    const value = text === null || text === undefined ? "" : String(text);
+    if (node.textContent !== value) node.textContent = value;
+  }
+
+  function showError(node, text) {
+    setText(node, text || "");
+    node.hidden = !text;
+  }
+
+  function announce(text) {
+    const node = $("announcer");
+    node.textContent = "";
+    // A fresh text node after a tick, so screen readers announce the same words twice too.
+    setTimeout(() => { node.textContent = text; }, 50);
+  }
+
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+  function formatTime(iso) {
+    if (!iso) return "";
+    const date = new Date(iso);
+    if (Number.isNaN(date.getTime())) return String(iso);
+    return `${date.toLocaleString()} (${date.toISOString().replace(/\.\d+Z$/, "Z")})`;
+  }
+
+  function relative(iso) {
+    const ms = new Date(iso).getTime() - Date.now();
+    if (Number.isNaN(ms)) return "";
+    const s = Math.round(Math.abs(ms) / 1000);
+    const words = s >= 60 ? `${Math.floor(s / 60)} min ${s % 60} s` : `${s} s`;
+    return ms >= 0 ? `in ${words}` : `${words} ago`;
+  }
+
+  // Invisible or look-alike characters (controls, format characters such as bidi overrides and zero-width
+  // joiners, unusual spaces) are shown as \u escapes: what the approver reads is what will be sent.
+  const HIDDEN_CHARS = /[\p{Cc}\p{Cf}\p{Co}\p{Cn}\p{Zl}\p{Zp}\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]/gu;
+
+  function escapeHidden(text) {
+    return text.replace(HIDDEN_CHARS, (ch) => {
+      let out = "";
+      for (let i = 0; i < ch.length; i += 1) out += "\\u" + ch.charCodeAt(i).toString(16).padStart(4, "0");
+      return out;
+    });
+  }
+
+  function hasHidden(text) {
+    HIDDEN_CHARS.lastIndex = 0;
+    const found = HIDDEN_CHARS.test(text);
+    HIDDEN_CHARS.lastIndex = 0;
+    return found;
+  }
+
+  // The same text as the server's canonical_json: sorted keys (by code point), no whitespace, UTF-8 as is.
+  function byCodePoint(a, b) {
+    const x = Array.from(a);
+    const y = Array.from(b);
+    for (let i = 0; i < Math.min(x.length, y.length); i += 1) {
+      const d = x[i].codePointAt(0) - y[i].codePointAt(0);
+      if (d !== 0) return d;
+    }
+    return x.length - y.length;
+  }
+
+  function canonicalJson(value) {
+    if (Array.isArray(value)) return "[" + value.map(canonicalJson).join(",") + "]";
+    if (value !== null && typeof value === "object") {
+      const keys = Object.keys(value).sort(byCodePoint);
+      return "{" + keys.map((k) => JSON.stringify(k) + ":" + canonicalJson(value[k])).join(",") + "}";
+    }
+    return JSON.stringify(value);
+  }
+
+  async function payloadDigest(subject, args) {
+    const text = canonicalJson({ tool: subject, arguments: args });
+    const hash = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text));
+    return "sha256:" + Array.from(new Uint8Array(hash), (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  // --- HTTP ------------------------------------------------------------------------------------------------
+
+  class ApiError extends Error {
+    constructor(status, code, detail) {
+      super(detail);
+      this.status = status;
+      this.code = code;
+      this.detail = detail;
+    }
+  }
+
+  function describe(error) {
+    if (error instanceof ApiError) {
+      return error.status ? `${error.detail} (${error.status} ${error.code})` : error.detail;
+    }
+    return String(error && error.message ? error.message : error);
+  }
+
+  async function api(path, { method = "GET", body, headers = {}, signal, quiet401 = false } = {}) {
+    const mine = session;
+    const sent = { Accept: "application/json", Authorization: `Bearer ${token}`, ...headers };
+    if (body !== undefined) sent["Content-Type"] = "application/json";
+    let response;
+    try {
+      response = await fetch(path, {
+        method,
+        headers: sent,
+        body: body === undefined ? undefined : JSON.stringify(body),
+        signal,
+        cache: "no-store",
+        credentials: "omit",
+      });
+    } catch (error) {
+      if (error && error.name === "AbortError") throw error;
+      throw new ApiError(0, "NETWORK", "cannot reach the API");
+    }
+    const text = await response.text();
+    let data = null;
+    try {
+      data = text ? JSON.parse(text) : null;
+    } catch {
+      data = null;
+    }
+    if (!response.ok) {
+      const detail = (data && typeof data.detail === "string" && data.detail) || response.statusText || "failed";
+      const code = (data && typeof data.code === "string" && data.code) || `HTTP_${response.status}`;
+      if (response.status === 401 && !quiet401 && mine === session) signedOut("Your token is no longer accepted: log in again.");
+      throw new ApiError(response.status, code, detail);
+    }
+    return data;
+  }
+
+  const requestPath = (id) => `/v1/requests/${encodeURIComponent(id)}`;
+
+  // --- Server-sent events over fetch (EventSource cannot send an Authorization header) --------------------
+
+  // Calls onEvent({id, type, data}) for each complete event and onChunk() after each chunk read; resolves when
+  // the stream ends. Lines end with CRLF, LF or CR; a blank line ends an event; ":" lines are comments.
+  async function readEventStream(body, onEvent, onChunk) {
+    const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    let data = [];
+    let type = "";
+    let lastId = null;
+
+    function line(text) {
+      if (text === "") {
+        if (data.length) onEvent({ id: lastId, type: type || "message", data: data.join("\n") });
+        data = [];
+        type = "";
+        return;
+      }
+      if (text.startsWith(":")) return;
+      const colon = text.indexOf(":");
+      const name = colon === -1 ? text : text.slice(0, colon);
+      let value = colon === -1 ? "" : text.slice(colon + 1);
+      if (value.startsWith(" ")) value = value.slice(1);
+      if (name === "data") data.push(value);
+      else if (name === "event") type = value;
+      else if (name === "id" && !value.includes("\0")) lastId = value;
+    }
+
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) {
+          // A CR held back in case an LF followed ends its line after all; an unfinished event is dropped.
+          if (buffer.endsWith("\r")) line(buffer.slice(0, -1));
+          if (buffer.length) onChunk();
+          return;
+        }
+        buffer += value;
+        let pos = 0;
+        for (;;) {
+          const cr = buffer.indexOf("\r", pos);
+          const lf = buffer.indexOf("\n", pos);
+          if (cr === -1 && lf === -1) break;
+          let end;
+          let next;
+          if (cr !== -1 && (lf === -1 || cr < lf)) {
+            if (cr + 1 === buffer.length) break; // maybe CRLF split across chunks: wait for more
+            end = cr;
+            next = buffer[cr + 1] === "\n" ? cr + 2 : cr + 1;
+          } else {
+            end = lf;
+            next = lf + 1;
+          }
+          line(buffer.slice(pos, end));
+          pos = next;
+        }
+        buffer = buffer.slice(pos);
+        if (buffer.length > MAX_LINE_BUFFER) throw new Error("an event stream line is too long");
+        onChunk();
+      }
+    } finally {
+      reader.cancel().catch(() => {});
+    }
+  }
+
+  // --- A request as the page knows it ----------------------------------------------------------------------
+
+  class Req {
+    constructor(id, summary) {
+      this.id = id;
+      this.session = session;
+      this.question = (summary && summary.question) || "";
+      this.startedAt = (summary && summary.started_at) || null;
+      this.status = (summary && summary.status) || "running";
+      this.phase = "";
+      this.rounds = 0;
+      this.calls = new Map(); // call_id -> {call_id, tool, round, summary, ok, code, duration_ms, rejected, running}
+      this.ops = new Map(); // operation_id -> operation (see mergeOperation)
+      this.finalText = null;
+      this.stopReason = null;
+      this.error = null;
+      this.done = this.status !== "running";
+      this.lastEventId = null;
+      this.live = "";
+      this.abort = null;
+      this.pollTimer = null;
+      this.queued = false;
+      this.el = buildRequestCard(this);
+    }
+  }
+
+  function mergeOperation(req, data) {
+    const id = data.operation_id;
+    let op = req.ops.get(id);
+    if (!op) {
+      op = { operation_id: id, tool: "", state: "", payload: null, fetching: false, deciding: false, error: "" };
+      req.ops.set(id, op);
+    }
+    for (const key of ["tool", "state", "target", "digest", "arguments", "approval_expires_at", "approval", "note"]) {
+      if (data[key] !== undefined) op[key] = data[key];
+    }
+    if (op.state !== "awaiting_approval") {
+      op.payload = null;
+      op.error = "";
+    }
+    return op;
+  }
+
+  function applyView(req, view) {
+    req.status = view.status;
+    req.phase = view.phase;
+    req.rounds = view.rounds;
+    for (const call of view.calls || []) {
+      const known = req.calls.get(call.call_id) || {};
+      req.calls.set(call.call_id, { ...known, ...call, running: false });
+    }
+    for (const op of view.operations || []) mergeOperation(req, op);
+    req.finalText = view.final_text;
+    req.stopReason = view.stop_reason;
+    req.error = view.error;
+    if (view.status !== "running") req.done = true;
+    // The view counts the events it already reflects: a stream continues right after them.
+    else if (view.events) req.lastEventId = String(Math.max(Number(req.lastEventId) || 0, view.events));
+  }
+
+  function applyEvent(req, event) {
+    let parsed;
+    try {
+      parsed = JSON.parse(event.data);
+    } catch {
+      return;
+    }
+    const kind = parsed.kind || event.type;
+    const data = parsed.data || {};
+    if (event.id) req.lastEventId = event.id;
+    if (kind === "phase") {
+      req.phase = data.phase;
+    } else if (kind === "tool_started") {
+      const known = req.calls.get(data.call_id);
+      if (!known) req.calls.set(data.call_id, { ...data, running: true });
+      else known.summary = data.summary;
+    } else if (kind === "tool_finished") {
+      const known = req.calls.get(data.call_id) || {};
+      req.calls.set(data.call_id, { ...known, ...data, running: false });
+    } else if (kind === "operation") {
+      mergeOperation(req, data);
+    } else if (kind === "approval_needed") {
+      mergeOperation(req, { ...data, state: "awaiting_approval", approval_expires_at: data.expires_at });
+      announce(`Approval needed: ${data.tool} in request ${req.id}`);
+    } else if (kind === "final") {
+      req.status = data.status || "completed";
+      req.stopReason = data.stop_reason || null;
+      req.finalText = data.final_text === undefined ? req.finalText : data.final_text;
+      req.error = data.error || null;
+      req.done = true;
+    }
+  }
+
+  // --- Words for outcomes ----------------------------------------------------------------------------------
+
+  // [data-outcome, words, explanation] of one operation.
+  function operationOutcome(state, finished) {
+    switch (state) {
+      case "verified":
+        return ["verified", "verified", "done and verified by read-back"];
+      case "denied":
+        return ["not-done", "not done", "rejected: nothing was sent"];
+      case "expired":
+        return ["not-done", "not done", "no decision in time: nothing was sent"];
+      case "failed":
+        return ["not-done", "not done", "the service refused it"];
+      case "unknown":
+        return finished
+          ? ["unknown", "UNKNOWN", "it could not be established whether it happened"]
+          : ["unknown", "UNKNOWN", "asking the service whether it happened"];
+      case "completed":
+        return finished
+          ? ["not-verified", "not verified", "done, but the read-back did not confirm it"]
+          : ["pending", "checking", "done; reading it back"];
+      case "awaiting_approval":
+        return ["pending", "waiting for your decision", ""];
+      default:
+        return ["pending", "in progress", ""];
+    }
+  }
+
+  // [data-outcome, words] of a whole request; unsettled side effects outrank everything else.
+  function requestOutcome(req) {
+    if (!req.done) return ["running", "running"];
+    const states = Array.from(req.ops.values(), (op) => op.state);
+    if (states.includes("unknown")) return ["unsettled", "UNKNOWN: a side effect's outcome could not be established"];
+    if (states.includes("completed")) return ["unsettled", "not verified: a side effect was done but not verified"];
+    if (req.status === "failed") return ["failed", `failed${req.error ? `: ${req.error}` : ""}`];
+    if (req.status === "stopped") return ["stopped", `stopped: ${req.stopReason || "a limit"}`];
+    if (req.status !== "completed") return ["failed", `ended: ${req.status}`];
+    if (states.some((s) => ["denied", "expired", "failed"].includes(s))) {
+      return ["not-done", "answered, but a requested write was not done"];
+    }
+    if (states.length) return ["verified", "answered; every side effect done and verified"];
+    return ["answered", "answered"];
+  }
+
+  // --- Rendering -------------------------------------------------------------------------------------------
+
+  function buildRequestCard(req) {
+    const titleId = `q-${req.id}`;
+    const card = el(
+      "li",
+      { className: "request", "data-request-id": req.id, "data-status": req.status },
+      el(
+        "article",
+        { "aria-labelledby": titleId },
+        el(
+          "header",
+          { className: "request-head" },
+          el("h3", { id: titleId, className: "question", "data-field": "question" }),
+          el("span", { className: "badge", "data-field": "status" }),
+        ),
+        el(
+          "p",
+          { className: "meta" },
+          "Request ",
+          el("code", { "data-field": "id", text: req.id }),
+          el("span", { "data-field": "started" }),
+          " ",
+          el("span", { className: "live", "data-field": "live" }),
+          el("button", { type: "button", className: "link", "data-action": "reconnect", hidden: true, text: "Reconnect" }),
+        ),
+        el("p", { className: "phase" }, el("span", { className: "label", text: "Phase: " }), el("span", { "data-field": "phase" })),
+        el(
+          "section",
+          { className: "operations", "data-field": "operations-section", hidden: true },
+          el("h4", { text: "Side effects" }),
+          el("ul", { className: "ops", "data-field": "operations" }),
+        ),
+        el(
+          "table",
+          { className: "calls", "data-field": "calls-table", hidden: true },
+          el("caption", { text: "Tool calls" }),
+          el(
+            "thead",
+            {},
+            el(
+              "tr",
+              {},
+              el("th", { scope: "col", text: "Round" }),
+              el("th", { scope: "col", text: "Call" }),
+              el("th", { scope: "col", text: "Result" }),
+              el("th", { scope: "col", text: "Duration" }),
+            ),
+          ),
+          el("tbody", { "data-field": "calls" }),
+        ),
+        el(
+          "section",
+          { className: "answer", "data-field": "answer", hidden: true },
+          el("h4", { text: "Answer" }),
+          el("p", { className: "final-text", "data-field": "final-text" }),
+        ),
+        el("p", { className: "outcome", "data-field": "request-outcome" }),
+      ),
+    );
+    card.querySelector('[data-action="reconnect"]').addEventListener("click", () => {
+      if (!req.done) wantStream(req, true);
+    });
+    return card;
+  }
+
+  function render(req) {
+    if (req.session !== session) return;
+    const card = req.el;
+    const [outcome, outcomeWords] = requestOutcome(req);
+    card.dataset.status = req.status;
+    card.dataset.outcome = outcome;
+    setText(field(card, "question"), req.question || "(question not shown)");
+    setText(field(card, "status"), req.status);
+    setText(field(card, "started"), req.startedAt ? `, started ${formatTime(req.startedAt)}` : "");
+    setText(field(card, "phase"), req.phase || (req.done ? "finished" : "starting"));
+    const live = field(card, "live");
+    const liveWords = { live: "live", reconnecting: "reconnecting…", lost: "live updates stopped", polling: "updating every few seconds" };
+    setText(live, req.done ? "" : liveWords[req.live] || "");
+    live.dataset.live = req.done ? "done" : req.live;
+    card.querySelector('[data-action="reconnect"]').hidden = req.done || req.live !== "lost";
+
+    renderCalls(req, card);
+    renderOperations(req, card);
+
+    const answer = field(card, "answer");
+    answer.hidden = !req.done;
+    const finalText = field(card, "final-text");
+    setText(finalText, req.finalText || (req.done ? "(no answer)" : ""));
+    finalText.classList.toggle("empty", !req.finalText);
+    const outcomeNode = field(card, "request-outcome");
+    setText(outcomeNode, req.done ? `Outcome: ${outcomeWords}` : "");
+    outcomeNode.dataset.outcome = outcome;
+  }
+
+  function renderCalls(req, card) {
+    const table = field(card, "calls-table");
+    const body = field(card, "calls");
+    table.hidden = req.calls.size === 0;
+    const rows = [];
+    for (const call of req.calls.values()) {
+      let result;
+      if (call.running) result = "running…";
+      else if (call.ok) result = "ok";
+      else result = call.code || "failed";
+      if (call.rejected) result += " (rejected, not run)";
+      const outcome = call.running ? "running" : call.ok ? "ok" : "error";
+      rows.push(
+        el(
+          "tr",
+          { "data-call-id": call.call_id, "data-code": call.running ? null : call.ok ? "ok" : call.code || "failed" },
+          el("td", { text: call.round === undefined ? "" : call.round }),
+          el(
+            "td",
+            {},
+            el("span", { className: "tool", text: call.tool || "" }),
+            el("span", { className: "summary", text: summaryRest(call) }),
+            " ",
+            el("code", { className: "call-id", text: call.call_id }),
+          ),
+          el("td", { className: `result ${outcome}`, "data-field": "result", text: result }),
+          el("td", { text: call.running || call.duration_ms === undefined ? "" : `${call.duration_ms} ms` }),
+        ),
+      );
+    }
+    body.replaceChildren(...rows);
+  }
+
+  // What a call's summary ("refund_order A100 500") says besides the tool's name.
+  function summaryRest(call) {
+    const summary = call.summary || "";
+    const rest = call.tool && summary.startsWith(call.tool) ? summary.slice(call.tool.length) : summary ? ` ${summary}` : "";
+    return rest.trim() ? ` ${rest.trim()}` : "";
+  }
+
+  function renderOperations(req, card) {
+    const list = field(card, "operations");
+    field(card, "operations-section").hidden = req.ops.size === 0;
+    for (const op of req.ops.values()) {
+      let item = list.querySelector(`[data-operation-id="${CSS.escape(op.operation_id)}"]`);
+      if (!item) {
+        item = el(
+          "li",
+          { className: "operation", "data-operation-id": op.operation_id },
+          el("span", { className: "tool", "data-field": "tool" }),
+          " ",
+          el("code", { className: "op-id", "data-field": "operation-id", title: op.operation_id, text: shortId(op.operation_id) }),
+          " ",
+          el("span", { className: "state", "data-field": "state" }),
+          " ",
+          el("strong", { className: "op-outcome", "data-field": "outcome", tabindex: "-1" }),
+          " ",
+          el("span", { className: "why", "data-field": "why" }),
+          el("p", { className: "note", "data-field": "note", hidden: true }),
+        );
+        list.append(item);
+      }
+      const [outcome, words, why] = operationOutcome(op.state, req.done);
+      item.dataset.state = op.state;
+      item.dataset.outcome = outcome;
+      setText(field(item, "tool"), op.tool);
+      setText(field(item, "state"), `state: ${op.state}`);
+      setText(field(item, "outcome"), words);
+      setText(field(item, "why"), why ? `(${why})` : "");
+      const note = field(item, "note");
+      setText(note, op.note || "");
+      note.hidden = !op.note;
+      renderApproval(req, op, item);
+    }
+  }
+
+  function shortId(id) {
+    return id.length > 15 ? `${id.slice(0, 14)}…` : id;
+  }
+
+  // --- Approvals -------------------------------------------------------------------------------------------
+
+  function renderApproval(req, op, item) {
+    let card = item.querySelector(".approval");
+    const pending = op.state === "awaiting_approval" && !req.done;
+    if (!pending) {
+      if (card) card.remove();
+      return;
+    }
+    if (!op.payload) {
+      if (!op.fetching && Date.now() >= (op.retryAt || 0)) fetchPayload(req, op);
+      if (!card) {
+        card = el("section", { className: "approval loading", "data-operation-id": op.operation_id, "data-ready": "false" });
+        card.append(el("p", { "data-field": "approval-loading", text: "Loading the operation's whole payload…" }));
+        card.append(el("p", { className: "error", role: "alert", "data-field": "approval-error", hidden: true }));
+        item.append(card);
+      }
+      showError(field(card, "approval-error"), op.error);
+      return;
+    }
+    if (card && card.dataset.ready === "true" && card.dataset.digest === op.payload.digest) {
+      showError(field(card, "approval-error"), op.error);
+      for (const button of card.querySelectorAll("button[data-action]")) {
+        button.disabled = op.deciding || (button.dataset.action === "approve" && op.check === "mismatch");
+      }
+      return;
+    }
+    const fresh = buildApprovalCard(req, op);
+    if (card) card.replaceWith(fresh);
+    else item.append(fresh);
+  }
+
+  async function fetchPayload(req, op) {
+    op.fetching = true;
+    op.error = "";
+    const mine = session;
+    try {
+      const payload = await api(`${requestPath(req.id)}/operations/${encodeURIComponent(op.operation_id)}`);
+      if (mine !== session) return;
+      let check = "unavailable";
+      if (window.crypto && crypto.subtle) {
+        try {
+          const digest = await payloadDigest(payload.target || payload.tool, payload.arguments);
+          check = digest === payload.digest ? "ok" : "mismatch";
+        } catch {
+          check = "unavailable";
+        }
+      }
+      if (payload.state !== "awaiting_approval") {
+        // Decided or expired meanwhile: the server's word is newer than the events seen so far.
+        op.state = payload.state;
+        op.payload = null;
+      } else {
+        op.payload = payload;
+        op.check = check;
+      }
+    } catch (error) {
+      op.error = `Could not load the operation: ${describe(error)}`;
+      // Try again after a pause, so a hiccup does not leave the card empty (and no render fetches sooner).
+      op.retryAt = Date.now() + POLL_MS;
+      setTimeout(() => {
+        if (mine === session && op.state === "awaiting_approval" && !op.payload) render(req);
+      }, POLL_MS);
+    } finally {
+      op.fetching = false;
+    }
+    render(req);
+  }
+
+  // A value as its JSON text (compact: all whitespace shown is part of a string), so "500" and 500 differ.
+  function valueText(value) {
+    const text = JSON.stringify(value);
+    return escapeHidden(text === undefined ? String(value) : text);
+  }
+
+  function buildApprovalCard(req, op) {
+    const payload = op.payload;
+    const titleId = `approval-${op.operation_id}`;
+    const args = payload.arguments || {};
+    const canonical = canonicalJson(args);
+    const hidden = hasHidden(canonical);
+    const target = payload.target || payload.tool;
+    const checkWords = {
+      ok: "matches the arguments shown (recomputed in this page)",
+      mismatch: "DOES NOT MATCH the arguments shown: do not approve",
+      unavailable: "not recomputed in this browser (needs a secure context); the API checks it before signing",
+    }[op.check];
+
+    const rows = Object.keys(args).map((name) =>
+      el(
+        "tr",
+        { "data-arg": name },
+        el("th", { scope: "row" }, el("code", { text: escapeHidden(name) })),
+        el("td", {}, el("code", { className: "value", "data-field": "arg-value", text: valueText(args[name]) })),
+      ),
+    );
+
+    const approve = el("button", {
+      type: "button",
+      className: "approve",
+      "data-action": "approve",
+      "aria-describedby": titleId,
+      text: "Approve",
+    });
+    const reject = el("button", {
+      type: "button",
+      className: "reject",
+      "data-action": "reject",
+      "aria-describedby": titleId,
+      text: "Reject",
+    });
+    approve.disabled = op.check === "mismatch" || op.deciding;
+    reject.disabled = op.deciding;
+    approve.addEventListener("click", () => decide(req, op, "approve"));
+    reject.addEventListener("click", () => decide(req, op, "reject"));
+
+    const card = el(
+      "section",
+      {
+        className: "approval",
+        "data-operation-id": op.operation_id,
+        "data-ready": "true",
+        "data-digest": payload.digest,
+        "data-check": op.check,
+        "aria-labelledby": titleId,
+        role: "group",
+      },
+      el("h5", { id: titleId, text: `Approval needed: ${payload.tool} (${target})` }),
+      el(
+        "dl",
+        {},
+        el("dt", { text: "Tool" }),
+        el("dd", {}, el("code", { "data-field": "approval-tool", text: payload.tool })),
+        el("dt", { text: "Request" }),
+        el("dd", {}, el("code", { "data-field": "approval-target", text: target })),
+        el("dt", { text: "Operation" }),
+        el("dd", {}, el("code", { "data-field": "approval-operation", text: payload.operation_id })),
+        el("dt", { text: "Digest" }),
+        el("dd", {}, el("code", { className: "digest", "data-field": "approval-digest", text: payload.digest })),
+        el("dt", { text: "Digest check" }),
+        el("dd", { "data-field": "digest-check", "data-check": op.check, className: `check ${op.check}`, text: checkWords }),
+        el("dt", { text: "Approval expires" }),
+        el("dd", {
+          "data-field": "approval-expires",
+          "data-expires-at": payload.approval_expires_at || null,
+          text: payload.approval_expires_at ? formatTime(payload.approval_expires_at) : "no expiry given",
+        }),
+        el("dt", { text: "Request deadline" }),
+        el("dd", { "data-field": "approval-deadline", text: payload.deadline ? formatTime(payload.deadline) : "none" }),
+        el("dt", { text: "You decide as" }),
+        el("dd", { "data-field": "approval-decider", text: $("who").dataset.actor || "" }),
+      ),
+      el(
+        "table",
+        { className: "arguments", "data-field": "approval-arguments" },
+        el("caption", { text: `Arguments: all ${rows.length}, exactly as they will be sent` }),
+        el("thead", {}, el("tr", {}, el("th", { scope: "col", text: "Name" }), el("th", { scope: "col", text: "Value (JSON)" }))),
+        el("tbody", {}, ...rows),
+      ),
+      hidden
+        ? el("p", {
+            className: "warning",
+            "data-field": "hidden-characters",
+            text: "The arguments contain invisible or unusual characters; they are shown as \\u escapes.",
+          })
+        : null,
+      el(
+        "details",
+        {},
+        el("summary", { text: "The exact text the digest covers" }),
+        el("pre", {
+          className: "canonical",
+          "data-field": "approval-canonical",
+          text: escapeHidden(canonicalJson({ tool: target, arguments: args })),
+        }),
+      ),
+      el("div", { className: "actions" }, approve, reject),
+      el("p", { className: "error", role: "alert", "data-field": "approval-error", hidden: !op.error, text: op.error }),
+    );
+    updateExpiry(card);
+    return card;
+  }
+
+  async function decide(req, op, decision) {
+    if (op.deciding || !op.payload) return;
+    if (decision === "approve" && op.check === "mismatch") return;
+    op.deciding = true;
+    op.error = "";
+    render(req);
+    const mine = session;
+    try {
+      const record = await api(`${requestPath(req.id)}/operations/${encodeURIComponent(op.operation_id)}/decision`, {
+        method: "POST",
+        body: { decision, digest: op.payload.digest },
+      });
+      if (mine !== session) return;
+      mergeOperation(req, record);
+      announce(`${decision === "approve" ? "Approved" : "Rejected"}: ${record.tool}`);
+    } catch (error) {
+      if (mine !== session) return;
+      op.error = `The decision was not recorded: ${describe(error)}`;
+      if (error instanceof ApiError && (error.code === "NOT_PENDING" || error.code === "DIGEST_MISMATCH")) {
+        op.payload = null; // fetch it again: what is pending now is what may be decided
+      }
+    } finally {
+      op.deciding = false;
+    }
+    render(req);
+    const item = req.el.querySelector(`[data-operation-id="${CSS.escape(op.operation_id)}"]`);
+    if (item && op.state !== "awaiting_approval") field(item, "outcome").focus();
+  }
+
+  function updateExpiry(root) {
+    for (const node of root.querySelectorAll("[data-expires-at]")) {
+      const iso = node.dataset.expiresAt;
+      const left = new Date(iso).getTime() - Date.now();
+      setText(node, `${formatTime(iso)}, ${left > 0 ? relative(iso) : "expired"}`);
+      node.classList.toggle("expired", left <= 0);
+    }
+  }
+
+  // --- Following a request ---------------------------------------------------------------------------------
+
+  async function refreshView(req) {
+    const view = await api(requestPath(req.id));
+    if (req.session !== session) return view;
+    applyView(req, view);
+    render(req);
+    return view;
+  }
+
+  // After `final`, the workflow returns a moment later: read the finished view (the authoritative report).
+  async function settle(req) {
+    for (let i = 0; i < 20; i += 1) {
+      try {
+        const view = await api(requestPath(req.id));
+        if (req.session !== session) return;
+        if (view.status !== "running") {
+          applyView(req, view);
+          break;
+        }
+      } catch (error) {
+        if (error instanceof ApiError && (error.status === 401 || error.status === 404)) break;
+      }
+      await sleep(250 * Math.min(i + 1, 4));
+    }
+    render(req);
+    announce(`Request finished: ${requestOutcome(req)[1]}`);
+  }
+
+  function wantStream(req, front = false) {
+    if (req.done || req.session !== session || req.abort || req.queued) return;
+    if (streamsInUse < MAX_STREAMS) {
+      follow(req);
+      return;
+    }
+    req.queued = true;
+    if (front) streamQueue.unshift(req);
+    else streamQueue.push(req);
+    req.live = "polling";
+    render(req);
+    schedulePoll(req);
+  }
+
+  function schedulePoll(req) {
+    clearTimeout(req.pollTimer);
+    req.pollTimer = setTimeout(async () => {
+      if (!req.queued || req.done || req.session !== session) return;
+      try {
+        await refreshView(req);
+      } catch {
+        // the next poll tries again
+      }
+      if (req.done) {
+        dequeue(req);
+        settle(req);
+      } else schedulePoll(req);
+    }, POLL_MS);
+  }
+
+  function dequeue(req) {
+    const at = streamQueue.indexOf(req);
+    if (at !== -1) streamQueue.splice(at, 1);
+    req.queued = false;
+    clearTimeout(req.pollTimer);
+  }
+
+  function releaseSlot() {
+    streamsInUse -= 1;
+    while (streamQueue.length && streamsInUse < MAX_STREAMS) {
+      const next = streamQueue.shift();
+      next.queued = false;
+      clearTimeout(next.pollTimer);
+      if (!next.done && next.session === session) follow(next);
+    }
+  }
+
+  async function follow(req) {
+    streamsInUse += 1;
+    const controller = new AbortController();
+    req.abort = controller;
+    let failures = 0;
+    try {
+      while (!req.done && req.session === session && !controller.signal.aborted) {
+        let received = 0;
+        let problem = null;
+        try {
+          const headers = { Accept: "text/event-stream", Authorization: `Bearer ${token}` };
+          if (req.lastEventId) headers["Last-Event-ID"] = req.lastEventId;
+          const response = await fetch(`${requestPath(req.id)}/events`, {
+            headers,
+            signal: controller.signal,
+            cache: "no-store",
+            credentials: "omit",
+          });
+          if (response.status === 401) {
+            signedOut("Your token is no longer accepted: log in again.");
+            return;
+          }
+          if (response.status === 404) {
+            req.live = "lost";
+            req.phase = "this request is not found any more";
+            render(req);
+            return;
+          }
+          if (!response.ok || !response.body) throw new Error(`HTTP ${response.status}`);
+          req.live = "live";
+          render(req);
+          await readEventStream(
+            response.body,
+            (event) => {
+              received += 1;
+              applyEvent(req, event);
+            },
+            () => render(req),
+          );
+        } catch (error) {
+          if (controller.signal.aborted) return;
+          problem = error;
+        }
+        if (req.done) break;
+        if (received) failures = 0;
+        // The stream ended without `final` (dropped, or the server's own time bound): is it still running?
+        if (!problem) {
+          try {
+            await refreshView(req);
+          } catch {
+            // counted below
+          }
+          if (req.done) break;
+        }
+        failures += 1;
+        if (failures > MAX_RETRIES) {
+          req.live = "lost";
+          render(req);
+          return;
+        }
+        req.live = "reconnecting";
+        render(req);
+        await sleep(Math.min(500 * 2 ** (failures - 1), 8000) * (0.75 + Math.random() / 2));
+      }
+    } finally {
+      if (req.abort === controller) req.abort = null;
+      releaseSlot();
+    }
+    if (req.done && req.session === session) await settle(req);
+  }
+
+  // --- The list --------------------------------------------------------------------------------------------
+
+  function track(summary) {
+    let req = requests.get(summary.id);
+    if (!req) {
+      req = new Req(summary.id, summary);
+      requests.set(req.id, req);
+      render(req);
+      load(req);
+    } else if (summary.started_at && !req.startedAt) {
+      req.startedAt = summary.started_at;
+    }
+    return req;
+  }
+
+  async function load(req, front = false) {
+    try {
+      await refreshView(req);
+    } catch (error) {
+      if (req.session !== session) return;
+      req.phase = `could not load: ${describe(error)}`;
+      render(req);
+    }
+    if (!req.done) wantStream(req, front);
+  }
+
+  async function loadList(more = false) {
+    const mine = session;
+    const errorNode = $("list-error");
+    showError(errorNode, "");
+    const params = new URLSearchParams({ page_size: String(PAGE_SIZE) });
+    if (more && nextPageToken) params.set("page_token", nextPageToken);
+    let page;
+    try {
+      page = await api(`/v1/requests?${params}`);
+    } catch (error) {
+      if (mine === session) showError(errorNode, `Could not list your requests: ${describe(error)}`);
+      return;
+    }
+    if (mine !== session) return;
+    nextPageToken = page.next_page_token || null;
+    $("more").hidden = !nextPageToken;
+    const list = $("requests");
+    const listed = page.requests.map(track);
+    if (!more) {
+      // Requests started here that the list does not show yet (it is eventually consistent) stay on top.
+      const listedIds = new Set(listed.map((r) => r.id));
+      const unlisted = Array.from(list.children).filter((node) => !listedIds.has(node.dataset.requestId));
+      list.replaceChildren(...unlisted, ...listed.map((r) => r.el));
+    } else {
+      for (const req of listed) if (!req.el.isConnected) list.append(req.el);
+    }
+    $("list-empty").hidden = list.children.length > 0;
+  }
+
+  // --- Asking ----------------------------------------------------------------------------------------------
+
+  let pendingKey = null; // reused when the same question is sent again after a failure: one request, not two
+  let pendingQuestion = null;
+
+  function newKey() {
+    const bytes = new Uint8Array(8);
+    crypto.getRandomValues(bytes);
+    return "web-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  async function ask(event) {
+    event.preventDefault();
+    const input = $("question");
+    const errorNode = $("ask-error");
+    const question = input.value.trim();
+    if (!question) {
+      showError(errorNode, "Type a question first.");
+      input.focus();
+      return;
+    }
+    if (question !== pendingQuestion) {
+      pendingQuestion = question;
+      pendingKey = newKey();
+    }
+    const button = $("ask-submit");
+    button.disabled = true;
+    showError(errorNode, "");
+    const mine = session;
+    try {
+      const summary = await api("/v1/requests", {
+        method: "POST",
+        body: { question },
+        headers: { "Idempotency-Key": pendingKey },
+      });
+      if (mine !== session) return;
+      pendingKey = null;
+      pendingQuestion = null;
+      input.value = "";
+      const req = requests.get(summary.id) || new Req(summary.id, { ...summary, question });
+      requests.set(req.id, req);
+      $("requests").prepend(req.el);
+      $("list-empty").hidden = true;
+      render(req);
+      announce("Request started");
+      load(req, true);
+    } catch (error) {
+      if (mine === session) showError(errorNode, `The request was not started: ${describe(error)}`);
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  // --- Logging in and out ----------------------------------------------------------------------------------
+
+  async function logIn(candidate, remember) {
+    const errorNode = $("login-error");
+    showError(errorNode, "");
+    token = candidate;
+    let me;
+    try {
+      me = await api("/v1/me", { quiet401: true });
+    } catch (error) {
+      token = null;
+      sessionStorage.removeItem(TOKEN_KEY);
+      const words =
+        error instanceof ApiError && error.status === 401
+          ? "That token was not accepted. Check it and try again."
+          : `Could not check the token: ${describe(error)}`;
+      showError(errorNode, words);
+      $("token").focus();
+      return;
+    }
+    if (remember) sessionStorage.setItem(TOKEN_KEY, candidate);
+    const who = $("who");
+    who.dataset.state = "signed-in";
+    who.dataset.user = me.user_id;
+    who.dataset.tenant = me.tenant_id;
+    who.dataset.actor = `${me.user_id} in tenant ${me.tenant_id}`;
+    setText(who, `Logged in as ${me.user_id} in tenant ${me.tenant_id}`);
+    $("token").value = "";
+    $("login").hidden = true;
+    $("logout").hidden = false;
+    $("app").hidden = false;
+    $("question").focus();
+    await loadList();
+  }
+
+  function signedOut(message) {
+    session += 1;
+    token = null;
+    sessionStorage.removeItem(TOKEN_KEY);
+    for (const req of requests.values()) {
+      if (req.abort) req.abort.abort();
+      clearTimeout(req.pollTimer);
+    }
+    requests.clear();
+    streamQueue.length = 0;
+    nextPageToken = null;
+    $("requests").replaceChildren();
+    const who = $("who");
+    who.dataset.state = "signed-out";
+    delete who.dataset.user;
+    delete who.dataset.tenant;
+    delete who.dataset.actor;
+    setText(who, "Not logged in");
+    $("logout").hidden = true;
+    $("app").hidden = true;
+    $("login").hidden = false;
+    showError($("login-error"), message || "");
+    $("token").focus();
+  }
+
+  function start() {
+    $("login-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const candidate = $("token").value.trim();
+      if (!candidate) {
+        showError($("login-error"), "Type your API token first.");
+        $("token").focus();
+        return;
+      }
+      logIn(candidate, true);
+    });
+    $("logout").addEventListener("click", () => signedOut(""));
+    $("ask-form").addEventListener("submit", ask);
+    $("refresh").addEventListener("click", () => loadList());
+    $("more").addEventListener("click", () => loadList(true));
+    setInterval(() => updateExpiry(document), 1000);
+    const saved = sessionStorage.getItem(TOKEN_KEY);
+    if (saved) logIn(saved, true);
+    else $("token").focus();
+  }
+
+  start();
+})();
