@@ -63,6 +63,7 @@ from toolloop._temporal.approval_channel import (
     send_decision,
 )
 from toolloop._temporal.converter import data_converter
+from toolloop._temporal.following import RunFollower
 from toolloop._temporal.logs import configure_logging
 from toolloop._temporal.requests import (
     REQUEST_ID,
@@ -308,15 +309,18 @@ async def _prompt_until_decided(
     err_console.print(Text("  Approve this exact operation? [y/N] "), end="")
     answer = asyncio.ensure_future(stdin.readline())
     try:
-        while True:
-            done, _ = await asyncio.wait({answer}, timeout=0.3)
-            if answer in done:
-                line = answer.result()
-                return None if line is None else line.strip().lower() in ("y", "yes")
-            request = await fetch_approval_request(handle, operation_id)
-            if request is None or request.state != "awaiting_approval":
-                err_console.print()
-                return _decided_elsewhere(request)
+        async with RunFollower(handle) as follower:
+            while True:
+                changed = asyncio.ensure_future(follower.wait())
+                done, _ = await asyncio.wait({answer, changed}, return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+                if answer in done:
+                    line = answer.result()
+                    return None if line is None else line.strip().lower() in ("y", "yes")
+                request = await fetch_approval_request(handle, operation_id)
+                if request is None or request.state != "awaiting_approval":
+                    err_console.print()
+                    return _decided_elsewhere(request)
     finally:
         answer.cancel()
 
@@ -413,19 +417,24 @@ async def _watch(
         ) as live:
             if not show:
                 live.stop()
-            while not result_task.done():
-                try:
-                    progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
-                except RPCError:
-                    progress = None  # no worker has picked the workflow up yet; keep waiting
-                if progress is not None:
-                    if show:
-                        live.update(_progress_view(progress, handle.id))
-                    for op in progress.operations:
-                        if op.state == "awaiting_approval" and op.operation_id not in asked:
-                            asked.add(op.operation_id)
-                            await _answer_approval(handle, op.operation_id, mode, live if show else None, session)
-                await asyncio.wait({result_task}, timeout=0.3)
+            # Read the progress each time the run's history says it may have changed (a long poll, no
+            # polling interval): an operation waiting for approval is shown the moment it starts waiting.
+            async with RunFollower(handle) as follower:
+                while not result_task.done():
+                    try:
+                        progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
+                    except RPCError:
+                        progress = None  # no worker has picked the workflow up yet; keep waiting
+                    if progress is not None:
+                        if show:
+                            live.update(_progress_view(progress, handle.id))
+                        for op in progress.operations:
+                            if op.state == "awaiting_approval" and op.operation_id not in asked:
+                                asked.add(op.operation_id)
+                                await _answer_approval(handle, op.operation_id, mode, live if show else None, session)
+                    changed = asyncio.ensure_future(follower.wait())
+                    await asyncio.wait({result_task, changed}, return_when=asyncio.FIRST_COMPLETED)
+                    changed.cancel()
         return await result_task
     finally:
         result_task.cancel()

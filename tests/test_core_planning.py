@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from toolloop._core.contracts import CheckedCall, Limits, error_output, output_json
-from toolloop._core.outputs import TRUNCATION_MARKER, cap_output, output_size
+from toolloop._core.outputs import CAPPED_KEY, TRUNCATION_MARKER, cap_output, output_size
 from toolloop._core.planning import plan_round
 
 
@@ -63,9 +63,8 @@ def test_large_output_is_capped_to_valid_json_with_marker() -> None:
     out = {"ok": True, "text": 'é"<' * 50_000}
     capped = cap_output(out, 2048)
     assert output_size(capped) <= 2048
-    assert capped["truncated"] is True and capped["ok"] is True
-    assert capped["original_bytes"] == output_size(out)
-    assert capped["preview"].endswith(TRUNCATION_MARKER)
+    assert capped["ok"] is True and capped[CAPPED_KEY] == {"original_bytes": output_size(out)}
+    assert capped["text"].endswith(TRUNCATION_MARKER)
     json.loads(output_json(capped))
 
 

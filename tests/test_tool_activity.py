@@ -14,6 +14,7 @@ from activities.tool_calls import ToolActivities
 from activities.write_operations import WriteActivities
 from toolloop._core.codes import ErrorType, ResultCode
 from toolloop._core.contracts import Actor, FunctionCallItem, ToolCallInput, WriteInput
+from toolloop._core.outputs import output_size
 from toolloop._core.registry import (
     Evidence,
     OperationStatus,
@@ -83,7 +84,9 @@ async def test_temporary_error_raises_retryable_with_delay(activities: ToolActiv
 
 async def test_actor_comes_from_the_input_and_output_is_capped(activities: ToolActivities) -> None:
     result = await ActivityEnvironment().run(activities.run_tool, tool_input("ok", max_bytes=1024))
-    assert result.output["truncated"] is True and '"actor":"u1"' in result.output["preview"]
+    output = result.output
+    assert output["actor"] == "u1" and output["_truncated"]["original_bytes"] > 5000
+    assert output["blob"].endswith("...[truncated]") and output_size(output) <= 1024
 
 
 async def test_tool_missing_on_this_worker_is_non_retryable(activities: ToolActivities) -> None:

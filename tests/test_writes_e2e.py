@@ -17,6 +17,7 @@ from temporalio.worker import Worker
 from demo.agent import build as build_demo
 from devstack.processes import free_port, start_worker
 from tests.agent_helpers import (
+    U1,
     approving,
     assert_eventually,
     call,
@@ -36,7 +37,8 @@ from toolloop import request_result
 from toolloop._core.approvals import payload_digest
 from toolloop._core.contracts import Actor, AgentResult, ApprovalDecision, ApprovalRequest, Limits
 from toolloop._core.names import APPROVE_OPERATION_UPDATE
-from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request
+from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request, send_decision
+from toolloop._temporal.following import RunFollower, approvals_as_they_come, pending_approvals
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker
 
@@ -82,6 +84,48 @@ async def test_approved_note_is_written_once_and_verified(
     output = (await tool_outputs(handle))["w1"]
     assert output["ok"] is True and output["state"] == "verified" and output["operation_id"] == op.operation_id
     assert await ticket_version(business_service.url) == version + 1
+
+
+async def test_a_waiting_client_learns_of_each_approval_from_the_history_not_by_polling(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    # The fallback sleep is an hour: only the long poll on the run's history can wake this client.
+    version = await ticket_version(business_service.url)
+    turns = [[note_call(version, "first", "w1")], [note_call(version + 1, "second", "w2")], [say("Both noted.")]]
+    handle = await start_agent(client, settings, "write", model=script_spec(*turns))
+    approved: list[str] = []
+    async with RunFollower(handle, fallback_seconds=3600) as follower:
+        while len(approved) < 2:
+            if not await asyncio.wait_for(follower.wait(), timeout=60):
+                continue
+            for request in await pending_approvals(handle):
+                assert request.operation_id not in approved
+                await send_decision(handle, request, approve=True, decider=U1, key=APPROVAL_KEY)
+                approved.append(request.operation_id)
+    result = await asyncio.wait_for(request_result(handle), timeout=60)
+    assert [(op.operation_id, op.state, op.call_ids) for op in result.operations] == [
+        (approved[0], "verified", ["w1"]),
+        (approved[1], "verified", ["w2"]),
+    ]
+    for operation_id in approved:
+        assert len(await effects(admin, operation_id)) == 1
+    assert sorted(await tool_outputs(handle)) == ["w1", "w2"]
+
+
+async def test_approvals_as_they_come_yields_each_operation_once_and_ends_with_the_run(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    turns = [[note_call(version, "one", "w1")], [note_call(version + 1, "two", "w2")], [say("ok")]]
+    handle = await start_agent(client, settings, "write", model=script_spec(*turns))
+    seen: list[str] = []
+    async for request in approvals_as_they_come(handle):
+        seen.append(request.operation_id)
+        await send_decision(handle, request, approve=len(seen) == 1, decider=U1, key=APPROVAL_KEY)
+    # The iterator ended by itself when the run closed.
+    result = await request_result(handle)
+    assert [(op.operation_id, op.state) for op in result.operations] == [(seen[0], "verified"), (seen[1], "denied")]
+    assert len(await effects(admin, seen[0])) == 1 and await effects(admin, seen[1]) == []
 
 
 async def test_same_write_proposed_twice_makes_one_effect(

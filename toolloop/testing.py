@@ -34,7 +34,6 @@ from toolloop._core.approvals import generate_signing_key, verify_key_for
 from toolloop._core.contracts import (
     Actor,
     AgentInput,
-    AgentProgress,
     AgentResult,
     ConversationItem,
     FunctionCallItem,
@@ -45,11 +44,12 @@ from toolloop._core.contracts import (
     ModelTurnResult,
     OperationRecord,
 )
-from toolloop._core.names import AGENT_WORKFLOW, GET_PROGRESS_QUERY, MODEL_TURN_ACTIVITY
+from toolloop._core.names import AGENT_WORKFLOW, GET_LEDGER_QUERY, MODEL_TURN_ACTIVITY
 from toolloop._core.registry import ResultRejected, ToolContext, ToolError
 from toolloop._core.validation import check_call
 from toolloop._models.adapter import ModelAdapter
 from toolloop._temporal.approval_channel import fetch_approval_request, send_decision
+from toolloop._temporal.following import approvals_as_they_come
 from toolloop._temporal.plugin import ToolloopPlugin
 from toolloop._temporal.results import request_result
 from toolloop._tools.http import default_actor_headers
@@ -196,16 +196,19 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float = 30.0,
 
 
 async def waiting_operation(handle: WorkflowHandle[Any, Any], within: float = 30.0) -> OperationRecord:
-    """The first operation waiting for approval, once the workflow has one."""
-    found: list[OperationRecord] = []
+    """The first operation waiting for approval, as soon as the workflow has one (followed on the run's
+    history, no polling)."""
 
-    async def check() -> bool:
-        progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
-        found[:] = [op for op in progress.operations if op.state == "awaiting_approval"]
-        return bool(found)
+    async def first() -> OperationRecord:
+        async for request in approvals_as_they_come(handle):
+            ledger: list[OperationRecord] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
+            return next(op for op in ledger if op.operation_id == request.operation_id)
+        raise AssertionError("the request finished without waiting for an approval")
 
-    await eventually(check, within, what="an operation waits for approval")
-    return found[0]
+    try:
+        return await asyncio.wait_for(first(), within)
+    except TimeoutError:
+        raise AssertionError(f"not true within {within} s: an operation waits for approval") from None
 
 
 async def decide(
@@ -233,13 +236,9 @@ async def approve_all(
     approved: list[str] = []
 
     async def loop() -> None:
-        while True:
-            progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
-            for op in progress.operations:
-                if op.state == "awaiting_approval" and op.operation_id not in approved:
-                    await decide(handle, op.operation_id, signing_key=signing_key, decider=approver, ttl=ttl)
-                    approved.append(op.operation_id)
-            await asyncio.sleep(0.1)
+        async for request in approvals_as_they_come(handle):
+            await send_decision(handle, request, approve=True, decider=approver, key=signing_key, ttl_seconds=ttl)
+            approved.append(request.operation_id)
 
     task = asyncio.create_task(loop())
     try:

@@ -41,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         GET_APPROVAL_REQUEST_QUERY,
         GET_EVENTS_QUERY,
         GET_LEDGER_QUERY,
+        GET_PENDING_APPROVALS_QUERY,
         GET_PROGRESS_QUERY,
         MODEL_TURN_ACTIVITY,
         OPERATIONS_METRIC,
@@ -110,6 +111,11 @@ class AgentWorkflow:
     def get_approval_request(self, operation_id: str) -> ApprovalRequest | None:
         """The whole payload of one operation, for the approval channel to show and sign."""
         return self._writes.approval_request(operation_id)
+
+    @workflow.query(name=GET_PENDING_APPROVALS_QUERY)
+    def get_pending_approvals(self) -> list[ApprovalRequest]:
+        """Every operation waiting for approval, with its whole payload (one query for a waiting channel)."""
+        return self._writes.pending_approvals()
 
     @workflow.update(name=APPROVE_OPERATION_UPDATE)
     def approve_operation(self, decision: ApprovalDecision) -> OperationRecord:

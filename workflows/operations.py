@@ -104,6 +104,12 @@ class OperationStateMachine:
             target=op.target,
         )
 
+    def pending_approvals(self) -> list[ApprovalRequest]:
+        requests = (
+            self.approval_request(op_id) for op_id, op in self.ledger.items() if op.state == "awaiting_approval"
+        )
+        return [r for r in requests if r is not None]
+
     def validate_decision(self, decision: ApprovalDecision) -> None:
         """Runs before the update is accepted; raising rejects it and nothing is recorded. An approval and
         a rejection are checked alike: a token the approval channel signed for this request's own user,

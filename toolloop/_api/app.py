@@ -9,7 +9,6 @@ same 404 as a request that does not exist.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -57,6 +56,7 @@ from toolloop._core.contracts import (
 )
 from toolloop._core.names import AGENT_WORKFLOW, GET_EVENTS_QUERY, GET_PROGRESS_QUERY
 from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request, send_decision
+from toolloop._temporal.following import RunFollower
 from toolloop._temporal.requests import (
     OUTCOME_KEY,
     REQUEST_ID,
@@ -74,7 +74,7 @@ from toolloop.servicekit import KitProblem, describe_errors
 logger = logging.getLogger("toolloop.api")
 
 MAX_BODY_BYTES = 65_536
-_EVENT_POLL_SECONDS = 0.25
+_DISCONNECT_CHECK_SECONDS = 5.0
 # A stream ends by itself at the latest after this long (the client reconnects with Last-Event-ID).
 _STREAM_SECONDS = 3600.0
 _STATIC = Path(__file__).resolve().parent / "static"
@@ -537,22 +537,25 @@ async def _event_stream(
 ) -> AsyncIterator[dict[str, str]]:
     """The request's events after number `after`, as they happen, ending with the final one."""
     ends = time.monotonic() + _STREAM_SECONDS
-    while time.monotonic() < ends and not await request.is_disconnected():
-        try:
-            page: EventsPage = await handle.query(GET_EVENTS_QUERY, after, result_type=EventsPage)
-        except RPCError:
-            # The response has started: the failure is said in the stream itself, and the stream ends (the
-            # client may reconnect with Last-Event-ID once the workflow answers again).
-            problem = {"code": "TEMPORAL_UNAVAILABLE", "detail": "the request's events could not be read; retry"}
-            yield {"event": "error", "data": json.dumps(problem)}
-            return
-        for event in page.events:
-            after = event.seq
-            yield {"id": str(event.seq), "event": event.kind, "data": event.model_dump_json()}
-        if page.done and not page.events:
-            return
-        if not page.events:
-            await asyncio.sleep(_EVENT_POLL_SECONDS)
+    # Read the events each time the run's history says it may have changed (a long poll, no polling
+    # interval); the bounded wait lets the stream notice a client that went away.
+    async with RunFollower(handle) as follower:
+        while time.monotonic() < ends and not await request.is_disconnected():
+            try:
+                page: EventsPage = await handle.query(GET_EVENTS_QUERY, after, result_type=EventsPage)
+            except RPCError:
+                # The response has started: the failure is said in the stream itself, and the stream ends
+                # (the client may reconnect with Last-Event-ID once the workflow answers again).
+                problem = {"code": "TEMPORAL_UNAVAILABLE", "detail": "the request's events could not be read; retry"}
+                yield {"event": "error", "data": json.dumps(problem)}
+                return
+            for event in page.events:
+                after = event.seq
+                yield {"id": str(event.seq), "event": event.kind, "data": event.model_dump_json()}
+            if page.done and not page.events:
+                return
+            if not page.events:
+                await follower.wait(at_most=min(_DISCONNECT_CHECK_SECONDS, max(0.0, ends - time.monotonic())))
 
 
 def _add_page(app: FastAPI) -> None:

@@ -102,7 +102,8 @@ class Limits(BaseModel):
     max_rounds: int = Field(default=8, ge=1, le=100)
     max_calls_per_round: int = Field(default=8, ge=1, le=128)
     max_total_calls: int = Field(default=32, ge=1, le=1000)
-    max_parallel_reads: int = Field(default=4, ge=1, le=64)
+    # The per-round cap: the reads of one round run as one parallel wave.
+    max_parallel_reads: int = Field(default=8, ge=1, le=64)
     max_tool_output_bytes: int = Field(default=16_384, ge=256, le=1_000_000)
     tool_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
     tool_max_attempts: int = Field(default=3, ge=1, le=20)

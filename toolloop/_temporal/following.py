@@ -1,0 +1,134 @@
+"""I/O: following one request as it runs, without a polling loop - a long poll on the run's own history
+(the server answers as soon as an event is appended), and the queries that read what changed.
+
+The workflow's queryable state changes only in a workflow task, and every workflow task ends with an event,
+so a client that reads its queries after each `WorkflowTaskCompleted` (and after the run closes) misses
+nothing. An operation that starts waiting for approval starts a timer in that same task, so its
+`TimerStarted` event is when to look for pending approvals: one query, no sleeping in between."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import WorkflowHandle
+from temporalio.service import RPCError
+
+from toolloop._core.contracts import ApprovalRequest
+from toolloop._core.names import GET_PENDING_APPROVALS_QUERY
+
+_CLOSED = frozenset(
+    {
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Change:
+    """A point after which the request's queries may answer differently."""
+
+    # A timer started: an operation may have started waiting for approval.
+    timer_started: bool
+    closed: bool
+    # When the server appended the event.
+    at: datetime
+
+
+async def changes(handle: WorkflowHandle[Any, Any]) -> AsyncIterator[Change]:
+    """Every completed workflow task of the run and every timer it started (those already in its history
+    first), then its close; ends when the run has closed."""
+    event: HistoryEvent
+    async for event in handle.fetch_history_events(wait_new_event=True):
+        kind = event.event_type
+        # A task's commands (its timers among them) are appended right after its WorkflowTaskCompleted, in
+        # the same write, so the long poll hands them over together.
+        timer = kind == EventType.EVENT_TYPE_TIMER_STARTED
+        closed = kind in _CLOSED
+        if timer or closed or kind == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            yield Change(timer_started=timer, closed=closed, at=event.event_time.ToDatetime())
+            if closed:
+                return
+
+
+async def pending_approvals(handle: WorkflowHandle[Any, Any]) -> list[ApprovalRequest]:
+    """Every operation of the request waiting for approval, with the whole payload its digest covers."""
+    found: list[ApprovalRequest] = await handle.query(
+        GET_PENDING_APPROVALS_QUERY,
+        result_type=list[ApprovalRequest],
+    )
+    return found
+
+
+async def approvals_as_they_come(handle: WorkflowHandle[Any, Any]) -> AsyncIterator[ApprovalRequest]:
+    """Each operation once, as soon as it starts waiting for approval (an operation already waiting comes
+    first); ends when the run closes."""
+    seen: set[str] = set()
+    async for change in changes(handle):
+        if change.closed:
+            return
+        # Timers also pause resends; only a task that started one can have started an approval wait.
+        if not change.timer_started:
+            continue
+        for request in await pending_approvals(handle):
+            if request.operation_id not in seen:
+                seen.add(request.operation_id)
+                yield request
+
+
+class RunFollower:
+    """A background long poll on one run's history, for a client loop that reads queries: `wait()`
+    returns as soon as the run may have changed since the last `wait()`, with no polling interval. If the
+    long poll itself fails (the server is unreachable), `wait()` falls back to a short sleep so the
+    caller's own queries say what is wrong and nothing hangs."""
+
+    def __init__(self, handle: WorkflowHandle[Any, Any], *, fallback_seconds: float = 0.3) -> None:
+        self._handle = handle
+        self._fallback = fallback_seconds
+        self._changed = asyncio.Event()
+        self._changed.set()
+        self._timer_started = True
+        self._failed = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> RunFollower:
+        self._task = asyncio.create_task(self._follow())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _follow(self) -> None:
+        try:
+            async for change in changes(self._handle):
+                self._timer_started |= change.timer_started
+                self._changed.set()
+        except RPCError:
+            self._failed = True
+        self._changed.set()
+
+    async def wait(self, at_most: float | None = None) -> bool:
+        """Until the run may have changed (or `at_most` s); True if a timer started meanwhile, so an
+        operation may be waiting for approval. The first call returns at once: read everything once."""
+        if self._failed or (self._task is not None and self._task.done() and not self._changed.is_set()):
+            await asyncio.sleep(self._fallback if at_most is None else min(at_most, self._fallback))
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), at_most)
+        self._changed.clear()
+        timer, self._timer_started = self._timer_started, False
+        return timer
