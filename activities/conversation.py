@@ -1,25 +1,35 @@
 """Activity side (I/O): the conversation state of the model turns - what the model has seen so far in one
 workflow run, behind a small interface.
 
-A model turn's input carries only the items new since the previous turn (so each item is stored in history
-once and history grows linearly with the rounds). The state before a turn comes from a bounded per-worker
-cache; on a miss (another worker ran the earlier turns, or this one restarted) it is rebuilt from the run's
-own history: turn N's new items and its output items, for every earlier N, and the instructions of turn 1.
+A model turn's input carries only the items new since the previous turn, and refers to the tool outputs
+of the previous round instead of repeating them (so each item is stored in history once and history grows
+linearly with the rounds). The state before a turn comes from a bounded per-worker cache, and the outputs
+from the worker's output store; on a miss (another worker ran the earlier turns or the tools, or this one
+restarted) both are rebuilt from the run's own history: turn N's new items and its output items, for every
+earlier N, the instructions of turn 1, and the tool activities' results.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
-from toolloop._core.contracts import ConversationItem, ModelTurnInput, ModelTurnResult
-from toolloop._core.names import MODEL_TURN_ACTIVITY
+from toolloop._core.contracts import (
+    ConversationItem,
+    FunctionCallOutputItem,
+    ModelTurnInput,
+    ModelTurnResult,
+    ToolCallInput,
+    ToolCallResult,
+    output_json,
+)
+from toolloop._core.names import MODEL_TURN_ACTIVITY, RUN_TOOL_ACTIVITY
 
 logger = logging.getLogger(__name__)
 
@@ -43,56 +53,143 @@ class Conversation:
 
 
 class MissingTurn(Exception):
-    """The run's history lacks an earlier turn (retrying cannot fix that)."""
+    """The run's history lacks an earlier turn or a tool output (retrying cannot fix that)."""
+
+
+# A turn as recorded: its input (tool outputs filled in) and its output items, None while it runs.
+RecordedTurn = tuple[ModelTurnInput, list[ConversationItem] | None]
+
+
+def with_outputs(inp: ModelTurnInput, outputs: Mapping[str, str]) -> ModelTurnInput:
+    """The turn's input with the tool outputs it refers to filled in (what the model is shown). The
+    workflow sends an output by reference when it is exactly a tool activity's result of the previous
+    round, so it is stored in history once."""
+    if not inp.output_refs:
+        return inp
+    missing = [call_id for call_id in inp.output_refs if call_id not in outputs]
+    if missing:
+        raise MissingTurn(f"turn {inp.turn}: no tool output for {', '.join(missing)} in this run")
+    refs = set(inp.output_refs)
+    items: list[ConversationItem] = [
+        FunctionCallOutputItem(call_id=item.call_id, output=outputs[item.call_id])
+        if isinstance(item, FunctionCallOutputItem) and item.call_id in refs
+        else item
+        for item in inp.new_items
+    ]
+    return inp.model_copy(update={"new_items": items, "output_refs": []})
+
+
+async def recorded_turns(handle: WorkflowHandle[Any, Any]) -> list[tuple[ModelTurnInput, ModelTurnResult | None]]:
+    """Every model turn of the run in order, decoded from its history: its input, the tool outputs it
+    refers to filled in, and its result (None while it runs)."""
+    converter = handle._client.data_converter
+    inputs: dict[int, ModelTurnInput] = {}
+    results: dict[int, ModelTurnResult] = {}
+    tool_calls: dict[int, tuple[int, str]] = {}
+    tool_outputs: dict[tuple[int, str], str] = {}
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name == MODEL_TURN_ACTIVITY:
+                [turn_input] = await converter.decode(attrs.input.payloads, [ModelTurnInput])
+                # The outputs it refers to are results of the previous round, all earlier in history.
+                previous = {cid: out for (rnd, cid), out in tool_outputs.items() if rnd == turn_input.turn - 1}
+                inputs[event.event_id] = with_outputs(turn_input, previous)
+            elif attrs.activity_type.name == RUN_TOOL_ACTIVITY:
+                [call] = await converter.decode(attrs.input.payloads, [ToolCallInput])
+                tool_calls[event.event_id] = (call.round, call.call_id)
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            done = event.activity_task_completed_event_attributes
+            if done.scheduled_event_id in inputs:
+                [results[done.scheduled_event_id]] = await converter.decode(done.result.payloads, [ModelTurnResult])
+            elif done.scheduled_event_id in tool_calls:
+                [tool_result] = await converter.decode(done.result.payloads, [ToolCallResult])
+                tool_outputs[tool_calls[done.scheduled_event_id]] = output_json(tool_result.output)
+    return [(inputs[event_id], results.get(event_id)) for event_id in sorted(inputs)]
 
 
 class TurnHistory(Protocol):
-    """Where earlier turns are read back from: each finished model turn's input and output items."""
+    """Where turns are read back from: each model turn's input (tool outputs filled in) and output items."""
 
-    def turns(self, run: RunKey, before: int) -> AsyncIterator[tuple[ModelTurnInput, list[ConversationItem]]]: ...
+    async def turns(self, run: RunKey) -> list[RecordedTurn]: ...
 
 
 class TemporalTurnHistory:
-    """Earlier turns decoded from the workflow run's own history."""
+    """Turns decoded from the workflow run's own history."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
 
-    async def turns(self, run: RunKey, before: int) -> AsyncIterator[tuple[ModelTurnInput, list[ConversationItem]]]:
+    async def turns(self, run: RunKey) -> list[RecordedTurn]:
         handle = self._client.get_workflow_handle(run.workflow_id, run_id=run.run_id)
-        converter = self._client.data_converter
-        scheduled: dict[int, ModelTurnInput] = {}
-        async for event in handle.fetch_history_events():
-            if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-                attrs = event.activity_task_scheduled_event_attributes
-                if attrs.activity_type.name != MODEL_TURN_ACTIVITY:
-                    continue
-                [turn_input] = await converter.decode(attrs.input.payloads, [ModelTurnInput])
-                if turn_input.turn < before:
-                    scheduled[event.event_id] = turn_input
-            elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-                done = event.activity_task_completed_event_attributes
-                turn_input = scheduled.get(done.scheduled_event_id)
-                if turn_input is not None:
-                    [result] = await converter.decode(done.result.payloads, [ModelTurnResult])
-                    yield turn_input, list(result.items)
+        turns = await recorded_turns(handle)
+        return [(turn_input, None if result is None else list(result.items)) for turn_input, result in turns]
+
+
+class ToolOutputStore:
+    """Worker-local: the outputs this worker's tool activities returned, until the next model turn of the
+    same run takes them (the workflow refers to them rather than storing them again). Bounded by bytes; a
+    miss (another worker ran the tool, a retry, a restart) is read from the run's history instead."""
+
+    def __init__(self, max_bytes: int = 32 * 1024 * 1024) -> None:
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._entries: OrderedDict[tuple[RunKey, int, str], str] = OrderedDict()
+
+    def put(self, run: RunKey, round_: int, call_id: str, output: str) -> None:
+        key = (run, round_, call_id)
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= len(old)
+        self._entries[key] = output
+        self._bytes += len(output)
+        while self._bytes > self._max_bytes and self._entries:
+            _, evicted = self._entries.popitem(last=False)
+            self._bytes -= len(evicted)
+
+    def take(self, run: RunKey, round_: int, call_ids: Sequence[str]) -> dict[str, str] | None:
+        """Those outputs, removed from the store; None unless every one was here."""
+        found: dict[str, str] = {}
+        for call_id in call_ids:
+            output = self._entries.pop((run, round_, call_id), None)
+            if output is not None:
+                self._bytes -= len(output)
+                found[call_id] = output
+        return found if len(found) == len(call_ids) else None
 
 
 class ConversationState:
-    """The conversation before each model turn: from the cache, else rebuilt from the turn history."""
+    """The conversation before each model turn: from the cache, else rebuilt from the turn history; and
+    this turn's tool outputs, from the worker's output store, else from the turn history."""
 
-    def __init__(self, history: TurnHistory, capacity: int = 256) -> None:
+    def __init__(self, history: TurnHistory, outputs: ToolOutputStore | None = None, capacity: int = 256) -> None:
         self._history = history
+        self._outputs = outputs or ToolOutputStore()
         self._capacity = capacity
         self._entries: OrderedDict[RunKey, tuple[int, Conversation]] = OrderedDict()
 
+    @property
+    def outputs(self) -> ToolOutputStore:
+        return self._outputs
+
+    async def new_items(self, run: RunKey, inp: ModelTurnInput) -> list[ConversationItem]:
+        """This turn's new items, tool outputs filled in (what an adapter without a conversation is shown)."""
+        filled = self._from_store(run, inp)
+        if filled is None:
+            filled = self._current(await self._history.turns(run), inp)
+        return filled.new_items
+
     async def before(self, run: RunKey, inp: ModelTurnInput) -> Conversation:
         """The conversation through this turn's new items."""
-        if inp.turn == 1:
-            earlier = Conversation(instructions=inp.instructions)
-        else:
-            earlier = self._cached(run, inp.turn - 1) or await self._rebuild(run, inp.turn)
-        return earlier.extended(inp.new_items)
+        filled = self._from_store(run, inp)
+        earlier = Conversation(instructions=inp.instructions) if inp.turn == 1 else self._cached(run, inp.turn - 1)
+        if filled is None or earlier is None:
+            turns = await self._history.turns(run)
+            if filled is None:
+                filled = self._current(turns, inp)
+            if earlier is None:
+                earlier = self._rebuild(turns, inp.turn)
+        return earlier.extended(filled.new_items)
 
     def after(self, run: RunKey, turn: int, conversation: Conversation) -> None:
         """Remember the conversation through this turn's output."""
@@ -101,6 +198,19 @@ class ConversationState:
         while len(self._entries) > self._capacity:
             self._entries.popitem(last=False)
 
+    def _from_store(self, run: RunKey, inp: ModelTurnInput) -> ModelTurnInput | None:
+        if not inp.output_refs:
+            return inp
+        outputs = self._outputs.take(run, inp.turn - 1, inp.output_refs)
+        return None if outputs is None else with_outputs(inp, outputs)
+
+    @staticmethod
+    def _current(turns: list[RecordedTurn], inp: ModelTurnInput) -> ModelTurnInput:
+        for turn_input, _ in turns:
+            if turn_input.turn == inp.turn:
+                return turn_input
+        raise MissingTurn(f"turn {inp.turn} is not in this run's history")
+
     def _cached(self, run: RunKey, turn: int) -> Conversation | None:
         entry = self._entries.get(run)
         if entry is None or entry[0] != turn:
@@ -108,15 +218,14 @@ class ConversationState:
         self._entries.move_to_end(run)
         return Conversation(entry[1].instructions, list(entry[1].items))
 
-    async def _rebuild(self, run: RunKey, turn: int) -> Conversation:
-        found: dict[int, tuple[ModelTurnInput, list[ConversationItem]]] = {}
-        async for turn_input, output in self._history.turns(run, before=turn):
-            found[turn_input.turn] = (turn_input, output)
+    @staticmethod
+    def _rebuild(turns: list[RecordedTurn], turn: int) -> Conversation:
+        found = {turn_input.turn: (turn_input, output) for turn_input, output in turns if turn_input.turn < turn}
         conversation = Conversation(instructions=found[1][0].instructions if 1 in found else None)
         for number in range(1, turn):
-            if number not in found:
+            if number not in found or found[number][1] is None:
                 raise MissingTurn(f"cannot rebuild the conversation: turn {number} is missing from history")
             turn_input, output = found[number]
-            conversation.items += [*turn_input.new_items, *output]
+            conversation.items += [*turn_input.new_items, *(output or [])]
         logger.info("conversation rebuilt from history", extra={"turns": turn - 1})
         return conversation

@@ -7,6 +7,7 @@ output itself. The input carries only the items new since the last turn; the con
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import timedelta
 
@@ -18,11 +19,12 @@ from activities.conversation import Conversation, ConversationState, MissingTurn
 from toolloop._core.codes import ErrorType
 from toolloop._core.contracts import (
     Actor,
+    AgentInput,
     ConversationItem,
     FunctionCallItem,
-    MessageItem,
     ModelTurnInput,
     ModelTurnResult,
+    answer_text,
 )
 from toolloop._core.names import MODEL_TURN_ACTIVITY
 from toolloop._core.registry import ToolRegistry
@@ -58,6 +60,7 @@ class ModelActivities:
         self._models = dict(models)
         self._instructions = instructions or DEFAULT_INSTRUCTIONS
         self._conversations = conversations or ConversationState(TemporalTurnHistory(temporal))
+        self._scripts = RequestScripts(temporal)
 
     def _adapter(self, name: str) -> ModelAdapter:
         adapter = self._models.get(name)
@@ -79,12 +82,16 @@ class ModelActivities:
         info = activity.info()
         run = RunKey(info.workflow_id or "", info.workflow_run_id or "")
         adapter = self._adapter(inp.provider)
-        conversation = Conversation(inp.instructions, list(inp.new_items))
-        if adapter.needs_conversation:
-            try:
+        try:
+            if adapter.needs_conversation:
                 conversation = await self._conversations.before(run, inp)
-            except MissingTurn as exc:
-                raise ApplicationError(str(exc), type=ErrorType.MODEL_RESPONSE_MALFORMED, non_retryable=True) from None
+            else:
+                conversation = Conversation(inp.instructions, await self._conversations.new_items(run, inp))
+        except MissingTurn as exc:
+            raise ApplicationError(str(exc), type=ErrorType.MODEL_RESPONSE_MALFORMED, non_retryable=True) from None
+        scripted, script_length = inp.scripted_output, inp.script_length
+        if scripted is None and getattr(adapter, "reads_script", False):
+            scripted, script_length = await self._scripts.turn(run, inp.turn)
         request = ModelRequest(
             turn=inp.turn,
             conversation=conversation.items,
@@ -92,8 +99,8 @@ class ModelActivities:
             tools=self._registry.definitions(),
             actor=inp.actor or Actor(user_id="unknown"),
             model_name=inp.model_name,
-            scripted_output=inp.scripted_output,
-            script_length=inp.script_length,
+            scripted_output=scripted,
+            script_length=script_length,
         )
         try:
             items = await adapter.respond(request)
@@ -105,12 +112,39 @@ class ModelActivities:
         return checked_turn(self._registry, items, label, inp.turn)
 
 
+class RequestScripts:
+    """The script of a request whose model is a script, read once per run from the run's own start event
+    (the workflow does not copy it into every turn's input) and kept in a small per-worker cache."""
+
+    def __init__(self, client: Client, capacity: int = 256) -> None:
+        self._client = client
+        self._capacity = capacity
+        self._scripts: OrderedDict[RunKey, list[list[ConversationItem]]] = OrderedDict()
+
+    async def turn(self, run: RunKey, turn: int) -> tuple[list[ConversationItem] | None, int]:
+        """The turn's scripted items (None once the script has run out) and the script's length."""
+        script = self._scripts.get(run)
+        if script is None:
+            script = await self._read(run)
+            self._scripts[run] = script
+            while len(self._scripts) > self._capacity:
+                self._scripts.popitem(last=False)
+        self._scripts.move_to_end(run)
+        return (script[turn - 1] if turn <= len(script) else None), len(script)
+
+    async def _read(self, run: RunKey) -> list[list[ConversationItem]]:
+        handle = self._client.get_workflow_handle(run.workflow_id, run_id=run.run_id)
+        async for event in handle.fetch_history_events(page_size=1):
+            started = event.workflow_execution_started_event_attributes
+            [request] = await self._client.data_converter.decode(started.input.payloads, [AgentInput])
+            return list(request.model.script or [])
+        raise ApplicationError("the request's start event is not in its history", non_retryable=True)
+
+
 def checked_turn(registry: ToolRegistry, items: list[ConversationItem], label: str, turn: int) -> ModelTurnResult:
     """The turn's items with every proposed call checked against the registry."""
     calls = [item for item in items if isinstance(item, FunctionCallItem)]
     checked, protocol_error = check_turn(registry, calls)
-    texts = [i.text() for i in items if isinstance(i, MessageItem) and i.role == "assistant"]
-    final_text = "\n".join(t for t in texts if t.strip()).strip() or None
     activity.logger.info(
         "model turn done",
         extra={
@@ -119,12 +153,10 @@ def checked_turn(registry: ToolRegistry, items: list[ConversationItem], label: s
             "calls": len(calls),
             "rejected": sum(1 for c in checked if c.rejection is not None),
             "model": label,
-            "has_text": final_text is not None,
+            "has_text": answer_text(items) is not None,
         },
     )
-    return ModelTurnResult(
-        items=items, calls=checked, final_text=final_text, model_label=label, protocol_error=protocol_error
-    )
+    return ModelTurnResult(items=items, calls=checked, model_label=label, protocol_error=protocol_error)
 
 
 def _application_error(err: ModelCallError) -> ApplicationError:

@@ -11,9 +11,10 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.conversation import RunKey, ToolOutputStore
 from toolloop._core.arguments import ArgumentsRejected
 from toolloop._core.codes import ErrorType, ResultCode
-from toolloop._core.contracts import Actor, ToolCallInput, ToolCallResult, error_output
+from toolloop._core.contracts import Actor, ToolCallInput, ToolCallResult, error_output, output_json
 from toolloop._core.names import RUN_TOOL_ACTIVITY
 from toolloop._core.outputs import cap_output
 from toolloop._core.redaction import for_logs, log_rules
@@ -61,10 +62,12 @@ def tool_context(
 
 
 class ToolActivities:
-    def __init__(self, registry: ToolRegistry, http: httpx.AsyncClient) -> None:
+    def __init__(self, registry: ToolRegistry, http: httpx.AsyncClient, outputs: ToolOutputStore | None = None) -> None:
         self._registry = registry
         # For tools without a source of their own.
         self._http = http
+        # Where the next model turn on this worker picks the outputs up (the workflow refers to them).
+        self._outputs = outputs
         self._log_rules: dict[str, dict[str, bool]] = {}
 
     @activity.defn(name=RUN_TOOL_ACTIVITY)
@@ -127,6 +130,10 @@ class ToolActivities:
                 "attempt": info.attempt,
             },
         )
-        return ToolCallResult(
+        result = ToolCallResult(
             call_id=inp.call_id, output=cap_output(output, inp.max_output_bytes), duration_ms=duration_ms
         )
+        if self._outputs is not None:
+            run = RunKey(info.workflow_id or "", info.workflow_run_id or "")
+            self._outputs.put(run, inp.round, inp.call_id, output_json(result.output))
+        return result

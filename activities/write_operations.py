@@ -4,8 +4,9 @@ state machine decides (Temporal must not resend a write on its own)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -36,6 +37,16 @@ from toolloop._temporal.telemetry import WRITE_ATTEMPTS, count
 _SIDE_EFFECT = {"completed": "yes", "refused": "no", "not_sent": "no", "in_progress": "maybe", "unknown": "maybe"}
 # Stored write outputs are small receipts; this cap only guards history against a misbehaving tool.
 _MAX_WRITE_OUTPUT_BYTES = 16_384
+# What the in-activity read-back leaves of the attempt's time, so the attempt never times out over it.
+_READ_BACK_MARGIN_SECONDS = 0.5
+
+
+def _time_left(info: activity.Info) -> float:
+    """Seconds until this attempt's start-to-close timeout (none set: a bounded default)."""
+    if info.start_to_close_timeout is None:
+        return 5.0
+    started = info.started_time
+    return info.start_to_close_timeout.total_seconds() - (datetime.now(UTC) - started).total_seconds()
 
 
 class WriteActivities:
@@ -114,7 +125,32 @@ class WriteActivities:
                 type=ErrorType.WRITE_OUTCOME_UNKNOWN,
                 non_retryable=True,
             )
+        if outcome.kind == "completed" and spec.read_back is not None and outcome.output is not None:
+            outcome.evidence = await self._read_back_now(spec, args, inp, outcome.output)
         return outcome
+
+    async def _read_back_now(
+        self, spec: ToolSpec, args: Any, inp: WriteInput, output: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """The read-back on the happy path, in the write's own activity (it saves a workflow task and an
+        activity). It is the same real read of the service as the read-back activity, within what is left
+        of this attempt's time; anything short of a conclusion leaves it to that activity."""
+        assert spec.read_back is not None
+        budget = _time_left(activity.info()) - _READ_BACK_MARGIN_SECONDS
+        if budget <= 0:
+            return None
+        try:
+            ctx = tool_context(spec, inp.actor, self._http, operation_id=inp.operation_id)
+            async with asyncio.timeout(budget):
+                evidence = await spec.read_back(ctx, args, output)
+        except Exception as err:
+            # Not visible yet, a timeout, or a failure: the read-back activity reads again (it never writes).
+            activity.logger.info(
+                "read-back deferred to its own activity",
+                extra={"operation_id": inp.operation_id, "tool": inp.tool, "why": type(err).__name__},
+            )
+            return None
+        return evidence.model_dump(mode="json")
 
     @staticmethod
     def _completed(spec: ToolSpec, data: Any, inp: WriteInput) -> WriteOutcome:

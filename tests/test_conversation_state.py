@@ -4,11 +4,9 @@ instructions of turn 1 included - and a history that lacks a turn is an error, n
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
-from activities.conversation import Conversation, ConversationState, MissingTurn, RunKey
+from activities.conversation import Conversation, ConversationState, MissingTurn, RunKey, ToolOutputStore, with_outputs
 from toolloop._core.contracts import (
     ConversationItem,
     FunctionCallItem,
@@ -35,15 +33,13 @@ def turn_input(turn: int, *items: ConversationItem, instructions: str | None = N
 class RecordedHistory:
     """Turn history kept in memory (what TemporalTurnHistory decodes from a real run), counting its reads."""
 
-    def __init__(self, turns: list[tuple[ModelTurnInput, list[ConversationItem]]]) -> None:
+    def __init__(self, turns: list[tuple[ModelTurnInput, list[ConversationItem] | None]]) -> None:
         self._turns = turns
         self.reads = 0
 
-    async def turns(self, run: RunKey, before: int) -> AsyncIterator[tuple[ModelTurnInput, list[ConversationItem]]]:
+    async def turns(self, run: RunKey) -> list[tuple[ModelTurnInput, list[ConversationItem] | None]]:
         self.reads += 1
-        for turn_input_, output in self._turns:
-            if turn_input_.turn < before:
-                yield turn_input_, output
+        return list(self._turns)
 
 
 CALL = FunctionCallItem(call_id="c1", name="get_order_status", arguments='{"orderId":"A100"}')
@@ -108,3 +104,62 @@ async def test_the_cache_is_bounded_and_evicts_the_least_recent_run() -> None:
     assert history.reads == 0
     await state.before(runs[0], turn_input(2, OUTPUT))  # evicted: rebuilt from history
     assert history.reads == 1
+
+
+# --- Tool outputs by reference -------------------------------------------------------------------------
+
+REF = FunctionCallOutputItem(call_id="c1", output="")
+
+
+def referring(turn: int) -> ModelTurnInput:
+    """A turn whose c1 output is the previous round's tool activity result, sent by reference."""
+    return ModelTurnInput(turn=turn, new_items=[REF], provider="offline", output_refs=["c1"])
+
+
+def test_with_outputs_fills_only_the_referred_outputs_and_refuses_a_missing_one() -> None:
+    inline = FunctionCallOutputItem(call_id="c2", output='{"ok":false,"code":"LIMIT_REACHED"}')
+    inp = ModelTurnInput(turn=2, new_items=[REF, inline], provider="offline", output_refs=["c1"])
+    filled = with_outputs(inp, {"c1": '{"ok":true}', "c2": "not used"})
+    assert filled.new_items == [OUTPUT, inline] and filled.output_refs == []
+    with pytest.raises(MissingTurn, match="no tool output for c1"):
+        with_outputs(inp, {})
+
+
+async def test_a_referred_output_comes_from_this_workers_store_without_reading_history() -> None:
+    history = RecordedHistory([])
+    state = ConversationState(history)
+    state.after(RUN, 1, Conversation(None, [user("q"), CALL]))
+    state.outputs.put(RUN, 1, "c1", '{"ok":true}')
+    second = await state.before(RUN, referring(2))
+    assert second.items == [user("q"), CALL, OUTPUT]
+    assert history.reads == 0
+    # Taken once: a retry of the turn reads it from history.
+    assert state.outputs.take(RUN, 1, ["c1"]) is None
+
+
+async def test_a_referred_output_another_worker_produced_is_read_from_history() -> None:
+    history = RecordedHistory(
+        [(turn_input(1, user("q")), [CALL]), (with_outputs(referring(2), {"c1": '{"ok":true}'}), None)]
+    )
+    state = ConversationState(history)
+    state.after(RUN, 1, Conversation(None, [user("q"), CALL]))
+    second = await state.before(RUN, referring(2))
+    assert second.items == [user("q"), CALL, OUTPUT]
+    assert history.reads == 1
+    assert await state.new_items(RUN, referring(2)) == [OUTPUT]
+
+
+async def test_outputs_of_another_round_or_run_are_not_taken() -> None:
+    store = ToolOutputStore()
+    store.put(RUN, 1, "c1", "a")
+    assert store.take(RUN, 2, ["c1"]) is None
+    assert store.take(RunKey("wf-1", "run-2"), 1, ["c1"]) is None
+    assert store.take(RUN, 1, ["c1"]) == {"c1": "a"}
+
+
+def test_the_output_store_is_bounded_by_bytes_and_evicts_the_oldest() -> None:
+    store = ToolOutputStore(max_bytes=10)
+    store.put(RUN, 1, "c1", "x" * 6)
+    store.put(RUN, 1, "c2", "y" * 6)
+    assert store.take(RUN, 1, ["c1"]) is None
+    assert store.take(RUN, 1, ["c2"]) == {"c2": "y" * 6}

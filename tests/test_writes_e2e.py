@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
@@ -36,7 +37,12 @@ from tests.conftest import APPROVAL_KEY, OTHER_SIGNING_KEY, REPO_ROOT, BusinessS
 from toolloop import request_result
 from toolloop._core.approvals import payload_digest
 from toolloop._core.contracts import Actor, AgentResult, ApprovalDecision, ApprovalRequest, Limits
-from toolloop._core.names import APPROVE_OPERATION_UPDATE
+from toolloop._core.names import (
+    APPROVE_OPERATION_UPDATE,
+    EXECUTE_WRITE_ACTIVITY,
+    MODEL_TURN_ACTIVITY,
+    READ_BACK_ACTIVITY,
+)
 from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request, send_decision
 from toolloop._temporal.following import RunFollower, approvals_as_they_come, pending_approvals
 from toolloop._temporal.settings import Settings
@@ -84,6 +90,54 @@ async def test_approved_note_is_written_once_and_verified(
     output = (await tool_outputs(handle))["w1"]
     assert output["ok"] is True and output["state"] == "verified" and output["operation_id"] == op.operation_id
     assert await ticket_version(business_service.url) == version + 1
+
+
+async def activities_run(handle: WorkflowHandle[Any, Any]) -> list[str]:
+    """The activity types the run scheduled, in order (from its history)."""
+    names: list[str] = []
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            names.append(event.activity_task_scheduled_event_attributes.activity_type.name)
+    return names
+
+
+async def test_the_happy_path_reads_the_effect_back_inside_the_write_attempt(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    turns = [[note_call(version, "read me back", "w1")], [say("Noted.")]]
+    result, handle = await run_approved(client, settings, business_service, turns)
+
+    [op] = result.operations
+    assert op.state == "verified" and op.evidence is not None and op.evidence["verified"] is True
+    # One activity for the write and its read-back, none of its own for the read-back.
+    assert await activities_run(handle) == [MODEL_TURN_ACTIVITY, EXECUTE_WRITE_ACTIVITY, MODEL_TURN_ACTIVITY]
+    # And it is a real read of the service's state after the write, not the write's own reply.
+    requests = [(r["method"], r["path"]) for r in await service_requests(admin, "/tickets/T1001")]
+    assert requests[-2:] == [("POST", "/tickets/T1001/notes"), ("GET", "/tickets/T1001")]
+    assert len(await effects(admin, op.operation_id)) == 1
+
+
+async def test_a_read_back_the_attempt_cannot_conclude_is_read_again_by_its_own_activity(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    # The read right after the write fails once; the write itself is never resent.
+    await set_faults(admin, {"method": "GET", "path_regex": "^/tickets/T1001$", "status": 503, "times": 1})
+    turns = [[note_call(version, "read me later", "w1")], [say("Noted.")]]
+    result, handle = await run_approved(client, settings, business_service, turns)
+
+    [op] = result.operations
+    assert (op.state, op.attempts) == ("verified", 1)
+    assert await activities_run(handle) == [
+        MODEL_TURN_ACTIVITY,
+        EXECUTE_WRITE_ACTIVITY,
+        READ_BACK_ACTIVITY,
+        MODEL_TURN_ACTIVITY,
+    ]
+    requests = [(r["method"], r["path"]) for r in await service_requests(admin, "/tickets/T1001")]
+    assert requests[-3:] == [("POST", "/tickets/T1001/notes"), ("GET", "/tickets/T1001"), ("GET", "/tickets/T1001")]
+    assert len(await effects(admin, op.operation_id)) == 1
 
 
 async def test_a_waiting_client_learns_of_each_approval_from_the_history_not_by_polling(

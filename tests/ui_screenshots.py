@@ -154,7 +154,7 @@ async def run_requests(client: Client, settings: Settings, admin: httpx.AsyncCli
     expect_states(result, ["verified"], "the approved write")
     await record(
         "write-approved", question, handle, "Completed", ["refund_order", "verified ✅"],
-        ["waiting for approval of refund_order", "refund_order A100 500 attempt 1", "read back refund_order"],
+        ["waiting for approval of refund_order", "refund_order A100 500 attempt 1"],
     )  # fmt: skip
 
     # The service commits the refund and drops the reply; its status endpoint is down: nobody can tell.

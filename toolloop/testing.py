@@ -26,10 +26,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
+from activities.conversation import recorded_turns
 from toolloop._core.approvals import generate_signing_key, verify_key_for
 from toolloop._core.contracts import (
     Actor,
@@ -44,7 +44,7 @@ from toolloop._core.contracts import (
     ModelTurnResult,
     OperationRecord,
 )
-from toolloop._core.names import AGENT_WORKFLOW, GET_LEDGER_QUERY, MODEL_TURN_ACTIVITY
+from toolloop._core.names import AGENT_WORKFLOW, GET_LEDGER_QUERY
 from toolloop._core.registry import ResultRejected, ToolContext, ToolError
 from toolloop._core.validation import check_call
 from toolloop._models.adapter import ModelAdapter
@@ -253,20 +253,9 @@ async def approve_all(
 
 
 async def model_turns(handle: WorkflowHandle[Any, Any]) -> list[tuple[ModelTurnInput, ModelTurnResult | None]]:
-    """Every model turn's input and result, decoded from the workflow's history."""
-    converter = handle._client.data_converter
-    inputs: dict[int, ModelTurnInput] = {}
-    results: dict[int, ModelTurnResult] = {}
-    async for event in handle.fetch_history_events():
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            attrs = event.activity_task_scheduled_event_attributes
-            if attrs.activity_type.name == MODEL_TURN_ACTIVITY:
-                [inputs[event.event_id]] = await converter.decode(attrs.input.payloads, [ModelTurnInput])
-        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-            done = event.activity_task_completed_event_attributes
-            if done.scheduled_event_id in inputs:
-                [results[done.scheduled_event_id]] = await converter.decode(done.result.payloads, [ModelTurnResult])
-    return [(inputs[k], results.get(k)) for k in sorted(inputs)]
+    """Every model turn's input (the tool outputs it refers to filled in) and result, decoded from the
+    workflow's history."""
+    return await recorded_turns(handle)
 
 
 async def conversation(handle: WorkflowHandle[Any, Any]) -> list[ConversationItem]:

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         StopReason,
         ToolCallInput,
         ToolCallResult,
+        answer_text,
         error_output,
         output_json,
         user_message,
@@ -85,11 +86,14 @@ class AgentWorkflow:
     def __init__(self, inp: AgentInput) -> None:
         self._progress = AgentProgress(phase="starting", round=0, actor=inp.actor)
         self._deadline = workflow.now() + timedelta(seconds=inp.limits.deadline_seconds)
-        self._narrator = Narrator(lambda: self._writes.snapshot())
+        # The live ledger, read (never copied) each time the UI's details are drawn.
+        self._narrator = Narrator(lambda: self._writes.ledger.values())
         # Built here, not in run(): an approval update may arrive before run() has started.
         self._writes = OperationStateMachine(
             inp.actor, inp.limits, self._deadline, inp.approval_verify_key, self._set_phase, self._narrator
         )
+        # This round's calls whose output is a tool activity's result (so already in history).
+        self._outputs_in_history: set[str] = set()
 
     @workflow.query(name=GET_PROGRESS_QUERY)
     def get_progress(self) -> AgentProgress:
@@ -134,6 +138,7 @@ class AgentWorkflow:
         limits = inp.limits
         deadline = self._deadline
         new_items: list[ConversationItem] = [user_message(inp.request)]
+        output_refs: list[str] = []
         records = self._progress.calls
         executed = 0
         rounds = 0
@@ -153,7 +158,7 @@ class AgentWorkflow:
             self._progress.round = rounds
             self._set_phase(f"round {rounds}: waiting for the model")
             try:
-                turn = await self._model_turn(inp, rounds, new_items, deadline)
+                turn = await self._model_turn(inp, rounds, new_items, output_refs, deadline)
             except ActivityError as err:
                 stop = "deadline" if workflow.now() >= deadline else "model_error"
                 error = f"model turn {rounds} failed: {_failure_message(err)}"
@@ -161,14 +166,16 @@ class AgentWorkflow:
             model_label = turn.model_label
 
             if not turn.calls:
-                if turn.final_text:
-                    final_text = turn.final_text
+                answer = turn.final_text or answer_text(turn.items)
+                if answer:
+                    final_text = answer
                     stop = "final_answer"
                 else:
                     stop = "no_answer"
                     error = f"model turn {rounds} returned neither a message nor a tool call"
                 break
 
+            self._outputs_in_history.clear()
             plan = plan_round(turn.calls, limits, executed)
             results: dict[str, ToolCallResult] = {
                 call_id: ToolCallResult(call_id=call_id, output=output, duration_ms=0)
@@ -179,11 +186,17 @@ class AgentWorkflow:
                     results[result.call_id] = result
             executed += plan.runnable_count
 
-            # Stage 5: one output per call_id, in the model's order.
+            # Stage 5: one output per call_id, in the model's order. A tool activity's result is already in
+            # history: the next model turn refers to it instead of storing it again.
             new_items = []
+            output_refs = []
             for call in turn.calls:
                 result = results[call.call_id]
-                new_items.append(FunctionCallOutputItem(call_id=call.call_id, output=output_json(result.output)))
+                if call.call_id in self._outputs_in_history:
+                    new_items.append(FunctionCallOutputItem(call_id=call.call_id, output=""))
+                    output_refs.append(call.call_id)
+                else:
+                    new_items.append(FunctionCallOutputItem(call_id=call.call_id, output=output_json(result.output)))
                 record = CallRecord(
                     call_id=call.call_id,
                     tool=call.name,
@@ -255,13 +268,9 @@ class AgentWorkflow:
         )
 
     async def _model_turn(
-        self, inp: AgentInput, turn: int, new_items: list[ConversationItem], deadline: datetime
+        self, inp: AgentInput, turn: int, new_items: list[ConversationItem], output_refs: list[str], deadline: datetime
     ) -> ModelTurnResult:
         limits = inp.limits
-        script = inp.model.script
-        scripted = None
-        if script is not None and turn <= len(script):
-            scripted = script[turn - 1]
         result: ModelTurnResult = await workflow.execute_activity(
             MODEL_TURN_ACTIVITY,
             ModelTurnInput(
@@ -270,10 +279,9 @@ class AgentWorkflow:
                 provider=inp.model.provider,
                 model_name=inp.model.name,
                 actor=inp.actor,
-                scripted_output=scripted,
-                script_length=len(script) if script is not None else 0,
                 # Sent once: later turns find them in the conversation state.
                 instructions=inp.instructions if turn == 1 else None,
+                output_refs=output_refs,
             ),
             result_type=ModelTurnResult,
             start_to_close_timeout=timedelta(seconds=limits.model_timeout_seconds),
@@ -331,6 +339,7 @@ class AgentWorkflow:
                 retry_policy=io_retry_policy(call.max_attempts or limits.tool_max_attempts),
                 summary=call.summary,
             )
+            self._outputs_in_history.add(call.call_id)
             return result
         except ActivityError as err:
             workflow.logger.warning(

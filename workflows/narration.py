@@ -5,7 +5,7 @@ result code (calls rejected before they ran included), and each operation's stat
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from temporalio import workflow
@@ -30,7 +30,7 @@ def short_id(operation_id: str) -> str:
 
 
 class Narrator:
-    def __init__(self, operations: Callable[[], list[OperationRecord]]) -> None:
+    def __init__(self, operations: Callable[[], Iterable[OperationRecord]]) -> None:
         self.events: list[RequestEvent] = []
         self.phase = "starting"
         self.calls: list[CallRecord] = []
@@ -93,7 +93,7 @@ class Narrator:
                     result += " (rejected, not run)"
                 call = f"{markdown_literal(record.tool)} {markdown_literal(record.call_id)}"
                 lines.append(f"| {record.round} | {call} | {markdown_literal(result)} |")
-        operations = self._operations()
+        operations = list(self._operations())
         if operations:
             lines += ["", "**side effects**"]
             for op in operations:

@@ -85,6 +85,8 @@ class OperationStateMachine:
         # Kept out of the ledger: queries and results never show decision tokens.
         self._tokens: dict[str, str] = {}
         self._arguments: dict[str, dict[str, Any]] = {}
+        # Evidence an attempt read back right after it completed, for the read-back step to use.
+        self._read_in_attempt: dict[str, Evidence] = {}
 
     # --- Decisions (the Temporal Update's validator and handler, and what the channel is shown) ----
 
@@ -253,6 +255,8 @@ class OperationStateMachine:
             outcome = await self._send(op, call)
             if outcome.kind == "completed":
                 self._move(op, "completed")
+                if outcome.evidence is not None:
+                    self._read_in_attempt[op.operation_id] = Evidence.model_validate(outcome.evidence)
                 return True, dict(outcome.output or {})
             if outcome.kind == "refused":
                 self._move(op, "failed")
@@ -395,6 +399,16 @@ class OperationStateMachine:
             pause = min(pause * 2, 5.0)
 
     async def _verify(self, op: OperationRecord, result: dict[str, Any]) -> dict[str, Any]:
+        # The attempt that completed read the effect back itself (the happy path); otherwise the read-back
+        # activity reads it, retrying a read that does not see it yet.
+        evidence = self._read_in_attempt.pop(op.operation_id, None) or await self._read_back(op, result)
+        op.evidence = evidence.model_dump(mode="json")
+        if evidence.verified:
+            self._move(op, "verified")
+            return {"ok": True, "operation_id": op.operation_id, "state": "verified", "result": result}
+        return self._unverified(op, result, evidence.detail)
+
+    async def _read_back(self, op: OperationRecord, result: dict[str, Any]) -> Evidence:
         try:
             evidence: Evidence = await workflow.execute_activity(
                 READ_BACK_ACTIVITY,
@@ -413,11 +427,7 @@ class OperationStateMachine:
             )
         except ActivityError:
             evidence = Evidence(verified=False, detail="the read-back could not see the effect")
-        op.evidence = evidence.model_dump(mode="json")
-        if evidence.verified:
-            self._move(op, "verified")
-            return {"ok": True, "operation_id": op.operation_id, "state": "verified", "result": result}
-        return self._unverified(op, result, evidence.detail)
+        return evidence
 
     def _unverified(self, op: OperationRecord, result: dict[str, Any], why: str) -> dict[str, Any]:
         op.note = why

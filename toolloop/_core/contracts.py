@@ -6,14 +6,36 @@ Fields are only ever added with defaults, never renamed or retyped, so stored hi
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, SerializerFunctionWrapHandler, Tag, model_serializer
 
 # --- Conversation items (OpenAI Responses shape) -------------------------------------------------
 # Output items keep every field the provider sent (extra="allow"), so reasoning and other items go back
 # to the model unchanged; we never store the provider's raw response envelope.
+
+
+class Compact(BaseModel):
+    """An activity payload serialized without the fields that hold their empty default (None, or an empty
+    list or dict): it decodes to the same value, and history stores only what carries information. Only
+    empty defaults are left out, so changing a real default later can never change what a stored payload
+    means."""
+
+    @model_serializer(mode="wrap")
+    def _without_empty_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name, info in type(self).model_fields.items():
+            key = name if name in data else info.alias
+            if key not in data:
+                continue
+            value = data[key]
+            if value is None and info.default is None and info.default_factory is None:
+                del data[key]
+            elif value in ([], {}) and info.default_factory in (list, dict):
+                del data[key]
+        return data
 
 
 class FunctionCallItem(BaseModel):
@@ -154,7 +176,7 @@ class AgentInput(BaseModel):
 # --- Model turn activity ------------------------------------------------------------------------
 
 
-class ModelTurnInput(BaseModel):
+class ModelTurnInput(Compact):
     """One model call. Carries only what is new since the previous turn: the activity rebuilds the
     conversation from earlier turns (its cache, or this workflow's history), so history stays linear."""
 
@@ -163,14 +185,18 @@ class ModelTurnInput(BaseModel):
     provider: ModelProvider
     model_name: str | None = None
     actor: Actor | None = None
-    # Script mode only: this turn's items, or None when the script has run out.
+    # Ignored when None (now always): kept so stored inputs still decode. The worker reads a request's
+    # script from the run's start event instead of the workflow copying each turn into history again.
     scripted_output: list[ConversationItem] | None = None
     script_length: int = 0
     # Turn 1 only: the request's own instructions (later turns find them in the conversation state).
     instructions: str | None = None
+    # Call ids whose function_call_output in new_items is exactly the run_tool activity's result of the
+    # previous round: sent empty and filled in by the activity (stored in history once, as that result).
+    output_refs: list[str] = Field(default_factory=list)
 
 
-class CheckedCall(BaseModel):
+class CheckedCall(Compact):
     """A function call after validation: either runnable (`arguments` set) or `rejection` set."""
 
     call_id: str
@@ -193,9 +219,10 @@ class CheckedCall(BaseModel):
     has_read_back: bool = True
 
 
-class ModelTurnResult(BaseModel):
+class ModelTurnResult(Compact):
     items: list[ConversationItem]
     calls: list[CheckedCall]
+    # Set by older workers only; the answer's text is read from the items (answer_text), not stored twice.
     final_text: str | None = None
     model_label: str
     # Set when the turn itself broke the protocol (e.g. one call_id twice): nothing in it runs.
@@ -205,7 +232,7 @@ class ModelTurnResult(BaseModel):
 # --- Tool call activity -------------------------------------------------------------------------
 
 
-class ToolCallInput(BaseModel):
+class ToolCallInput(Compact):
     round: int
     call_id: str
     tool: str
@@ -307,7 +334,7 @@ class ApprovalDecision(BaseModel):
     by: str = Field(default="", max_length=128)  # informational only
 
 
-class WriteInput(BaseModel):
+class WriteInput(Compact):
     operation_id: str
     tool: str
     arguments: dict[str, Any]
@@ -317,7 +344,7 @@ class WriteInput(BaseModel):
     call_id: str
 
 
-class WriteOutcome(BaseModel):
+class WriteOutcome(Compact):
     """What one send attempt established (never raised: the workflow decides what follows)."""
 
     kind: Literal["completed", "refused", "not_sent", "in_progress", "unknown"]
@@ -325,6 +352,10 @@ class WriteOutcome(BaseModel):
     retry_after_seconds: float | None = None
     detail: str = ""
     duration_ms: int = 0
+    # A completed attempt's read-back, done in the same activity right after the write (an Evidence dump);
+    # None when there was none to do or it could not conclude yet (the workflow then runs the read-back
+    # activity, which retries a stale read).
+    evidence: dict[str, Any] | None = None
 
 
 class OperationQuery(BaseModel):
@@ -418,6 +449,12 @@ def ok_output(**data: Any) -> dict[str, Any]:
 
 def error_output(code: str, message: str) -> dict[str, Any]:
     return {"ok": False, "code": str(code), "message": message}
+
+
+def answer_text(items: Sequence[ConversationItem]) -> str | None:
+    """The text of the assistant's messages in a turn's items; None when there is none."""
+    texts = [i.text() for i in items if isinstance(i, MessageItem) and i.role == "assistant"]
+    return "\n".join(t for t in texts if t.strip()).strip() or None
 
 
 def output_json(output: dict[str, Any]) -> str:

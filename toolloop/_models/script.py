@@ -136,9 +136,11 @@ def _message(where: str, raw: dict[str, Any]) -> dict[str, Any]:
 
 class ScriptModel:
     """The model adapter of `--model script:FILE`: turn N answers with the script's N-th turn, which the
-    workflow passes along (a script is per request). It needs no conversation."""
+    worker reads from the request (a script is per request). It needs no conversation."""
 
     needs_conversation = False
+    # The worker reads the request's script from the run's start event and passes this turn's part.
+    reads_script = True
 
     def label(self, model_name: str | None) -> str:
         return "script"

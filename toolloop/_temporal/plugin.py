@@ -14,6 +14,7 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import Worker, WorkerConfig
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities.conversation import ConversationState, TemporalTurnHistory, ToolOutputStore
 from activities.model_turn import ModelActivities
 from activities.tool_calls import ToolActivities
 from activities.write_operations import WriteActivities
@@ -84,10 +85,13 @@ class ToolloopPlugin(SimplePlugin):
         registry = self.toolset.registry
         http = self._shared_http()
         writes = WriteActivities(registry, http, self.retention_seconds)
+        # Tool outputs pass from the tool activities to the next model turn on this worker, not through history.
+        outputs = ToolOutputStore()
+        conversations = ConversationState(TemporalTurnHistory(client), outputs)
         config["activities"] = [
             *config.get("activities", []),
-            ModelActivities(registry, client, self.models, self.instructions).model_turn,
-            ToolActivities(registry, http).run_tool,
+            ModelActivities(registry, client, self.models, self.instructions, conversations).model_turn,
+            ToolActivities(registry, http, outputs).run_tool,
             writes.execute_write,
             writes.query_operation_status,
             writes.read_back_operation,
