@@ -4,7 +4,10 @@ must fail CI).
 
 Refresh them only after a deliberate change that old histories may not survive (and say so in the commit):
 
-    .venv/bin/python -m tests.record_histories
+    .venv/bin/python -m tests.record_histories [NAME ...]
+
+With names, only those are recorded: the others stay as earlier code recorded them, so they keep checking
+that today's code still replays what is already in flight.
 
 It starts its own Temporal dev server, business service and in-process worker on free loopback ports, runs
 each scenario against them, writes tests/histories/<name>.json and stops everything it started."""
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import sys
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -27,7 +31,8 @@ from devstack.processes import free_port, start_business_service, start_temporal
 from tests.agent_helpers import approving, call, decide, say, script_spec, set_faults, start_agent, waiting_operation
 from tests.conftest import APPROVAL_VERIFY_KEY, REPO_ROOT
 from toolloop import request_result
-from toolloop._core.contracts import AgentResult, Limits, ModelSpec
+from toolloop._core.contracts import AgentResult, Limits, ModelSpec, OperationRecord
+from toolloop._core.names import GET_LEDGER_QUERY
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker
@@ -125,6 +130,37 @@ async def model_error(client: Client, settings: Settings, admin: httpx.AsyncClie
     return await _finished(handle)
 
 
+async def reads_by_reference(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> WorkflowHandle[Any, AgentResult]:
+    """Reads whose outputs the next turn refers to (stored once), read whole by the offline model."""
+    question = "Where are my orders A100 and A102?"
+    handle = await start_agent(client, settings, question, model=ModelSpec(provider="offline"))
+    return await _finished(handle)
+
+
+async def write_verified_in_attempt(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> WorkflowHandle[Any, AgentResult]:
+    """An approved note read back inside its write attempt; then one whose first read-back fails, read
+    again by the read-back activity."""
+    first = call("append_ticket_note", {"ticketId": "T1001", "text": "in the attempt", "expectedVersion": 1}, "w1")
+    second = call("append_ticket_note", {"ticketId": "T1001", "text": "by its activity", "expectedVersion": 2}, "w2")
+    handle = await start_agent(client, settings, "w", model=script_spec([first], [second], [say("ok")]))
+    async with approving(handle):
+        await asyncio.wait_for(_first_verified(handle), timeout=60)
+        await set_faults(admin, {"method": "GET", "path_regex": "^/tickets/T1001$", "status": 503, "times": 1})
+        return await _finished(handle)
+
+
+async def _first_verified(handle: WorkflowHandle[Any, AgentResult]) -> None:
+    while True:
+        ledger = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
+        if any(op.call_ids == ["w1"] and op.state == "verified" for op in ledger):
+            return
+        await asyncio.sleep(0.01)
+
+
 SCENARIOS: dict[str, Scenario] = {
     "read_loop": read_loop,
     "offline_model": offline_model,
@@ -133,10 +169,12 @@ SCENARIOS: dict[str, Scenario] = {
     "write_expired_at_deadline": write_expired_at_deadline,
     "per_round_cap": per_round_cap,
     "model_error": model_error,
+    "reads_by_reference": reads_by_reference,
+    "write_verified_in_attempt": write_verified_in_attempt,
 }
 
 
-async def record(directory: Path) -> None:
+async def record(directory: Path, only: set[str]) -> None:
     temporal = start_temporal_dev_server(directory / "temporal", free_port(), ui_port=None)
     port = free_port()
     token = secrets.token_urlsafe(16)
@@ -159,6 +197,8 @@ async def record(directory: Path) -> None:
             httpx.AsyncClient(base_url=settings.service_url, headers={"X-Admin-Token": token}) as admin,
         ):
             for name, scenario in SCENARIOS.items():
+                if only and name not in only:
+                    continue
                 (await admin.post("/admin/reset")).raise_for_status()
                 handle = await scenario(client, settings, admin)
                 history = await handle.fetch_history()
@@ -173,8 +213,13 @@ async def record(directory: Path) -> None:
 
 
 def main() -> None:
+    # Names given: record only those (the others stay as recorded by earlier code, which must still replay).
+    only = set(sys.argv[1:])
+    unknown = only - set(SCENARIOS)
+    if unknown:
+        raise SystemExit(f"error: no scenario {', '.join(sorted(unknown))}; known: {', '.join(SCENARIOS)}")
     with tempfile.TemporaryDirectory(prefix="toolloop-histories-") as directory:
-        asyncio.run(record(Path(directory)))
+        asyncio.run(record(Path(directory), only))
 
 
 if __name__ == "__main__":
