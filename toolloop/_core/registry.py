@@ -5,8 +5,8 @@ toolloop._core.arguments."""
 
 from __future__ import annotations
 
-import copy
 import functools
+import json
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -238,6 +238,7 @@ class ToolRegistry:
     _tools: dict[str, ToolSpec] = field(default_factory=dict)
     # Built once at registration: exactly what is checked is what the model is sent.
     _definitions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _definitions_json: str | None = None
 
     def register(self, spec: ToolSpec) -> None:
         problems = registration_problems(spec)
@@ -247,6 +248,7 @@ class ToolRegistry:
             raise ValueError(f"tool {spec.name!r}: {'; '.join(problems)}")
         self._tools[spec.name] = spec
         self._definitions[spec.name] = spec.definition()
+        self._definitions_json = None
 
     def get(self, name: str) -> ToolSpec | None:
         return self._tools.get(name)
@@ -261,7 +263,12 @@ class ToolRegistry:
         return list(self._tools)
 
     def definitions(self) -> list[dict[str, Any]]:
-        return [copy.deepcopy(d) for d in self._definitions.values()]
+        """A fresh copy for each model call (an adapter may change it): decoded from JSON kept since the
+        last registration, several times cheaper than a deep copy on every turn."""
+        if self._definitions_json is None:
+            self._definitions_json = json.dumps(list(self._definitions.values()))
+        copied: list[dict[str, Any]] = json.loads(self._definitions_json)
+        return copied
 
 
 def registration_problems(spec: ToolSpec) -> list[str]:
