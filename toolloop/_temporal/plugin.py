@@ -31,8 +31,13 @@ PLUGIN_NAME = "toolloop.ToolloopPlugin"
 def workflow_runner(existing: object = None) -> SandboxedWorkflowRunner:
     """The sandbox AgentWorkflow runs in, for workers and replayers alike. `cryptography` is passed through:
     the approval validator verifies Ed25519 signatures, and cryptography imports its OpenSSL backend lazily,
-    on first use; inside the sandbox that import would run again and be refused (it creates a lock)."""
-    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("cryptography"))
+    on first use; inside the sandbox that import would run again and be refused (it creates a lock).
+    `workflows` (the workflow and its helpers, which keep no module state) is passed through too: the
+    sandbox would otherwise import and run the workflow module again for every run, several ms of worker
+    CPU per request (measured with py-spy). Determinism is still checked by replaying recorded histories
+    (tests/test_replay_histories.py), which a non-deterministic change fails."""
+    restrictions = SandboxRestrictions.default.with_passthrough_modules("cryptography", "workflows")
+    return SandboxedWorkflowRunner(restrictions=restrictions)
 
 
 class ToolloopPlugin(SimplePlugin):

@@ -102,6 +102,7 @@ async def running_worker(
         # Opened before the worker starts, so a source that cannot open (an MCP server that does not start)
         # is reported at once and no worker is left half-started; the plugin's own opening nests in this one.
         async with plugin.toolset.opened():
-            worker = Worker(client, task_queue=task_queue or settings.task_queue, plugins=[plugin], **worker_options)
+            options = {"max_cached_workflows": settings.max_cached_workflows, **worker_options}
+            worker = Worker(client, task_queue=task_queue or settings.task_queue, plugins=[plugin], **options)
             async with worker:
                 yield worker
