@@ -8,34 +8,62 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, SerializerFunctionWrapHandler, Tag, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    Tag,
+    model_serializer,
+)
 
 # --- Conversation items (OpenAI Responses shape) -------------------------------------------------
 # Output items keep every field the provider sent (extra="allow"), so reasoning and other items go back
 # to the model unchanged; we never store the provider's raw response envelope.
 
 
+# The serialization context toolloop's payload converter passes (toolloop._temporal.converter): what goes
+# into Temporal payloads, so into history.
+PAYLOAD_CONTEXT = {"toolloop_payload": True}
+
+
 class Compact(BaseModel):
-    """An activity payload serialized without the fields that hold their empty default (None, or an empty
-    list or dict): it decodes to the same value, and history stores only what carries information. Only
-    empty defaults are left out, so changing a real default later can never change what a stored payload
-    means."""
+    """A model whose Temporal payloads leave out the fields that hold their empty default (None, or an
+    empty list or dict): it decodes to the same value, and history stores only what carries information.
+    Only empty defaults are left out, so changing a real default later can never change what a stored
+    payload means. Elsewhere (the API, `--json`) every field is written, unless the class says
+    `compact_always` (activity payloads, never shown)."""
+
+    compact_always: ClassVar[bool] = False
 
     @model_serializer(mode="wrap")
-    def _without_empty_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        for name, info in type(self).model_fields.items():
-            key = name if name in data else info.alias
+    def _without_empty_defaults(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        data = handler(self)
+        context = info.context
+        if not isinstance(data, dict) or not (
+            self.compact_always or (isinstance(context, dict) and context.get("toolloop_payload"))
+        ):
+            return data
+        for name, field in type(self).model_fields.items():
+            key = name if name in data else field.alias
             if key not in data:
                 continue
             value = data[key]
-            if value is None and info.default is None and info.default_factory is None:
+            if value is None and field.default is None and field.default_factory is None:
                 del data[key]
-            elif value in ([], {}) and info.default_factory in (list, dict):
+            elif value in ([], {}) and field.default_factory in (list, dict):
                 del data[key]
         return data
+
+
+class ActivityPayload(Compact):
+    """An activity's input or result: compact wherever it is written."""
+
+    compact_always: ClassVar[bool] = True
 
 
 class FunctionCallItem(BaseModel):
@@ -153,7 +181,7 @@ MODEL_NAME = r"^[a-z][a-z0-9_-]{0,31}$"
 ModelProvider = Annotated[str, Field(pattern=MODEL_NAME)]
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(Compact):
     provider: ModelProvider = "offline"
     # Provider model name (openai); ignored offline.
     name: str | None = None
@@ -161,7 +189,7 @@ class ModelSpec(BaseModel):
     script: list[list[ConversationItem]] | None = None
 
 
-class AgentInput(BaseModel):
+class AgentInput(Compact):
     request: str = Field(min_length=1, max_length=20_000)
     actor: Actor
     model: ModelSpec = Field(default_factory=ModelSpec)
@@ -176,7 +204,7 @@ class AgentInput(BaseModel):
 # --- Model turn activity ------------------------------------------------------------------------
 
 
-class ModelTurnInput(Compact):
+class ModelTurnInput(ActivityPayload):
     """One model call. Carries only what is new since the previous turn: the activity rebuilds the
     conversation from earlier turns (its cache, or this workflow's history), so history stays linear."""
 
@@ -196,7 +224,7 @@ class ModelTurnInput(Compact):
     output_refs: list[str] = Field(default_factory=list)
 
 
-class CheckedCall(Compact):
+class CheckedCall(ActivityPayload):
     """A function call after validation: either runnable (`arguments` set) or `rejection` set."""
 
     call_id: str
@@ -219,7 +247,7 @@ class CheckedCall(Compact):
     has_read_back: bool = True
 
 
-class ModelTurnResult(Compact):
+class ModelTurnResult(ActivityPayload):
     items: list[ConversationItem]
     calls: list[CheckedCall]
     # Set by older workers only; the answer's text is read from the items (answer_text), not stored twice.
@@ -232,7 +260,7 @@ class ModelTurnResult(Compact):
 # --- Tool call activity -------------------------------------------------------------------------
 
 
-class ToolCallInput(Compact):
+class ToolCallInput(ActivityPayload):
     round: int
     call_id: str
     tool: str
@@ -241,7 +269,7 @@ class ToolCallInput(Compact):
     max_output_bytes: int
 
 
-class ToolCallResult(BaseModel):
+class ToolCallResult(Compact):
     call_id: str
     output: dict[str, Any]
     duration_ms: int
@@ -263,19 +291,19 @@ OperationState = Literal[
 ]
 
 
-class ApprovalRecord(BaseModel):
+class ApprovalRecord(Compact):
     decision: Literal["approved", "rejected"]
     by: str
     at: datetime
     expires_at: datetime | None = None
 
 
-class StatusCheck(BaseModel):
+class StatusCheck(Compact):
     at: datetime
     state: Literal["completed", "in_progress", "not_found", "unavailable"]
 
 
-class OperationRecord(BaseModel):
+class OperationRecord(Compact):
     """One side-effecting operation as the workflow knows it: the receipt the user is shown."""
 
     operation_id: str
@@ -322,7 +350,7 @@ class ApprovalRequest(BaseModel):
         return self.target or self.tool
 
 
-class ApprovalDecision(BaseModel):
+class ApprovalDecision(Compact):
     """The trusted channel's answer for one operation (Temporal Update `approve_operation`)."""
 
     operation_id: str
@@ -334,7 +362,7 @@ class ApprovalDecision(BaseModel):
     by: str = Field(default="", max_length=128)  # informational only
 
 
-class WriteInput(Compact):
+class WriteInput(ActivityPayload):
     operation_id: str
     tool: str
     arguments: dict[str, Any]
@@ -344,7 +372,7 @@ class WriteInput(Compact):
     call_id: str
 
 
-class WriteOutcome(Compact):
+class WriteOutcome(ActivityPayload):
     """What one send attempt established (never raised: the workflow decides what follows)."""
 
     kind: Literal["completed", "refused", "not_sent", "in_progress", "unknown"]
@@ -358,13 +386,13 @@ class WriteOutcome(Compact):
     evidence: dict[str, Any] | None = None
 
 
-class OperationQuery(BaseModel):
+class OperationQuery(Compact):
     operation_id: str
     tool: str
     actor: Actor
 
 
-class ReadBackInput(BaseModel):
+class ReadBackInput(Compact):
     operation_id: str
     tool: str
     arguments: dict[str, Any]
@@ -386,7 +414,7 @@ StopReason = Literal[
 RunStatus = Literal["completed", "stopped", "failed"]
 
 
-class CallRecord(BaseModel):
+class CallRecord(Compact):
     call_id: str
     tool: str
     round: int
@@ -395,7 +423,7 @@ class CallRecord(BaseModel):
     duration_ms: int = 0
 
 
-class AgentResult(BaseModel):
+class AgentResult(Compact):
     workflow_id: str
     status: RunStatus
     stop_reason: StopReason

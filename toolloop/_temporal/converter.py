@@ -1,8 +1,46 @@
-"""Wiring: the one data converter shared by worker, starter and tests (pydantic models as payloads)."""
+"""Wiring: the one data converter shared by worker, starter and tests (pydantic models as payloads).
 
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DataConverter
+Payloads are written with toolloop's serialization context, so models leave out the fields that hold their
+empty default (toolloop._core.contracts.Compact): a smaller history that decodes to the same values."""
+
+from typing import Any
+
+import temporalio.api.common.v1
+from pydantic_core import to_json
+from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter, PydanticPayloadConverter
+from temporalio.converter import (
+    CompositePayloadConverter,
+    DataConverter,
+    DefaultPayloadConverter,
+    JSONPlainPayloadConverter,
+)
+
+from toolloop._core.contracts import PAYLOAD_CONTEXT
+
+
+class _PayloadJSONConverter(PydanticJSONPlainPayloadConverter):
+    def to_payload(self, value: Any) -> temporalio.api.common.v1.Payload | None:
+        return temporalio.api.common.v1.Payload(
+            metadata={"encoding": self.encoding.encode()}, data=to_json(value, context=PAYLOAD_CONTEXT)
+        )
+
+
+class ToolloopPayloadConverter(PydanticPayloadConverter):
+    """Temporal's pydantic payload converter, writing with toolloop's payload context."""
+
+    def __init__(self) -> None:
+        json_converter = _PayloadJSONConverter()
+        CompositePayloadConverter.__init__(
+            self,
+            *(
+                json_converter if isinstance(c, JSONPlainPayloadConverter) else c
+                for c in DefaultPayloadConverter.default_encoding_payload_converters
+            ),
+        )
+
+
+_DATA_CONVERTER = DataConverter(payload_converter_class=ToolloopPayloadConverter)
 
 
 def data_converter() -> DataConverter:
-    return pydantic_data_converter
+    return _DATA_CONVERTER
