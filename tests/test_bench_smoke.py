@@ -1,27 +1,198 @@
-"""The benchmark script still runs end to end (tiny sizes; its numbers are not checked here)."""
+"""The benchmark: its pure figures (statistics, targets, the report) without a server, and one quick run end
+to end (`python -m bench --quick`) whose JSON must hold every section with numbers - the figures themselves
+are not judged here (shared, noisy machines)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bench.report import (
+    FLOOR,
+    OURS,
+    PLAIN,
+    READS,
+    WRITE,
+    Cpu,
+    GrowthPoint,
+    Handoff,
+    Latency,
+    ParallelPoint,
+    Recovery,
+    Results,
+    ScaleRun,
+    StackRun,
+    latency_of,
+    percentile,
+    ratio,
+    render_markdown,
+    targets,
+    to_json,
+)
+from bench.scenarios import Scenario, calls_for_turn, content_bytes, scenario_of
 from tests.conftest import REPO_ROOT
 
-pytestmark = pytest.mark.e2e
+QUICK_RUN_TIMEOUT_S = 240
 
 
-def test_request_cost_benchmark_runs_and_prints_ratios() -> None:
+def _run(stack: str, scenario: str, *, median: float, rps: float, cpu: float, history: float | None) -> StackRun:
+    return StackRun(
+        stack=stack,
+        scenario=scenario,
+        requests=10,
+        errors=0,
+        calls_expected=40,
+        calls_answered=40,
+        latency=Latency(median_ms=median, p95_ms=median * 1.5, max_ms=median * 2, samples=10),
+        throughput_rps=rps,
+        cpu=Cpu(worker_ms=cpu, server_ms=10, client_ms=5, service_ms=3),
+        history_events=30 if history else None,
+        history_bytes=history,
+        worker_peak_rss_mib=100 if stack != PLAIN else None,
+    )
+
+
+def _results() -> Results:
+    results = Results(meta={"sizes": {"spaced": 10}})
+    results.stacks[WRITE] = {
+        OURS: _run(OURS, WRITE, median=90, rps=12, cpu=30, history=12_000),
+        FLOOR: _run(FLOOR, WRITE, median=100, rps=10, cpu=20, history=10_000),
+        PLAIN: _run(PLAIN, WRITE, median=50, rps=40, cpu=5, history=None),
+    }
+    results.stacks[READS] = {
+        OURS: _run(OURS, READS, median=100, rps=10, cpu=22, history=8_000),
+        FLOOR: _run(FLOOR, READS, median=100, rps=10, cpu=20, history=7_000),
+    }
+    lat = latency_of([0.1, 0.2])
+    results.parallel = [ParallelPoint(reads=8, latency={OURS: lat, FLOOR: lat, PLAIN: None})]
+    results.growth = [
+        GrowthPoint(rounds=1, content_bytes=1000, history_bytes={OURS: 1100, FLOOR: 2000}, history_events={},
+                    latency_s={}),
+        GrowthPoint(rounds=5, content_bytes=5000, history_bytes={OURS: 6500, FLOOR: 10_000}, history_events={},
+                    latency_s={}),
+    ]  # fmt: skip
+    results.scale = [
+        ScaleRun(OURS, 100, 98, 2, 5.0, 100, idle_rss_mib=100, peak_rss_mib=105, cpu=Cpu(24, 10, 5, 3)),
+    ]
+    results.recovery = [Recovery(OURS, "op_1", True, "verified", 0.5, 1.5, 9.0, 10.5, effects=1)]
+    results.handoff = Handoff(spaced=latency_of([0.005, 0.010, 0.030]))
+    return results
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([10], 95) == 10
+    assert percentile([0, 10], 95) == pytest.approx(9.5)
+    stats = latency_of([0.1, 0.3, 0.2])
+    assert stats is not None and (stats.median_ms, stats.max_ms, stats.samples) == (200, 300, 3)
+    assert latency_of([]) is None
+
+
+def test_ratio_is_none_without_both_figures() -> None:
+    assert ratio(3, 2) == 1.5
+    assert ratio(None, 2) is None and ratio(3, None) is None and ratio(3, 0) is None
+
+
+def test_targets_compare_ours_with_the_floor_and_say_met_or_not() -> None:
+    found = {(t.area, t.name): t for t in targets(_results())}
+    latency = found[("write request", "median latency vs floor")]
+    assert latency.measured == pytest.approx(0.9) and latency.met is True  # 0.9 <= 0.95
+    assert found[("write request", "throughput vs floor")].met is True  # 1.2 >= 1.0
+    cpu = found[("write request", "worker CPU per request vs floor")]
+    assert cpu.measured == pytest.approx(1.5) and cpu.met is False
+    assert found[("write request", "history bytes per request vs floor")].met is False  # 1.2 > 1.0
+    assert found[("reads only", "worker CPU per request vs floor")].met is True  # 1.1 <= 1.1
+    assert found[("growth", "history vs content produced, 1 rounds")].met is True  # 1.1
+    assert found[("growth", "history vs content produced, 5 rounds")].met is False  # 1.3
+    scale = {name: t for (area, name), t in found.items() if area == "scale"}
+    assert scale["100 at once: requests not completed or failed"].measured == 2
+    assert scale["100 at once: requests not completed or failed"].met is False
+    assert scale["100 at once: worker CPU per request vs the throughput run"].measured == pytest.approx(24 / 22)
+    assert scale["100 at once: memory per open request"].measured == pytest.approx(0.05)
+    assert found[("recovery", "effects after a SIGKILL mid-write")].met is True
+    handoff = found[("approval hand-off", "p95 from the wait's start to the client knowing")]
+    assert handoff.met is False  # p95 of 5, 10, 30 ms is 28 ms
+
+
+def test_a_phase_left_out_is_neither_met_nor_not_met() -> None:
+    found = targets(Results(meta={}))
+    assert found and all(t.measured is None and t.met is None for t in found)
+    assert "n/a" in render_markdown(Results(meta={}))
+
+
+def test_report_has_every_section_and_the_json_every_figure() -> None:
+    results = _results()
+    text = render_markdown(results, plots=["growth.png", "latency.png"])
+    for heading in ("## Per stack", "## Parallel reads", "## Growth with rounds", "## Scale", "## Recovery",
+                    "## Approval hand-off", "## Targets", "![growth](growth.png)"):  # fmt: skip
+        assert heading in text
+    assert "| **(a) / (b)** | 0.90x |" in text
+    assert "**not met**" in text
+    doc = json.loads(json.dumps(to_json(results)))
+    assert doc["ratios_vs_floor"][WRITE]["history"] == pytest.approx(1.2)
+    assert doc["growth"][1]["ratio_to_content"][OURS] == pytest.approx(1.3)
+    assert doc["scale"][0]["mib_per_open_request"] == pytest.approx(0.05)
+
+
+def test_scenarios_describe_the_same_calls_for_every_stack() -> None:
+    write = Scenario(reads=3, write=True, tag="x")
+    assert scenario_of(write.request_text()) == write
+    turns = [calls_for_turn(write, n) for n in range(1, write.model_turns + 1)]
+    assert [len(t) if t else 0 for t in turns] == [3, 1, 0] and write.calls == 4
+    report = Scenario(reads=1, rounds=2, output_bytes=1000)
+    # Two tool outputs of 1000 characters of text each, plus the calls and the answer.
+    assert 2000 < content_bytes(report) < 2400
+    with pytest.raises(ValueError):
+        content_bytes(write)
+
+
+def _numbers(value: Any) -> list[float]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int | float):
+        return [float(value)]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _numbers(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in _numbers(v)]
+    return []
+
+
+@pytest.mark.e2e
+def test_quick_benchmark_runs_every_phase_and_writes_its_results(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "bench.request_cost", "--requests", "2", "--concurrency", "1"],
+        [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=QUICK_RUN_TIMEOUT_S,
         check=False,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.splitlines()
-    assert lines[-1].startswith("ratio ours / baseline")
-    assert len(lines[-1].split()) == 8  # label (4 words) + 4 ratios
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads((tmp_path / "latest.json").read_text())
+    assert doc["problems"] == []
+    for scenario in (WRITE, READS):
+        for stack in (OURS, FLOOR, PLAIN):
+            run = doc["stacks"][scenario][stack]
+            assert run["errors"] == 0 and run["calls_answered"] == run["calls_expected"] > 0
+            assert run["latency"]["median_ms"] > 0 and run["throughput_rps"] > 0 and run["cpu"]["worker_ms"] > 0
+        assert doc["stacks"][scenario][OURS]["history_bytes"] > 0
+        assert doc["ratios_vs_floor"][scenario]["latency"] > 0
+    assert {p["reads"] for p in doc["parallel"]} == {1, 8}
+    assert all(lat["median_ms"] > 0 for p in doc["parallel"] for lat in p["latency"].values())
+    assert [g["rounds"] for g in doc["growth"]] == [1, 3]
+    assert all(g["ratio_to_content"][OURS] > 0 and g["ratio_to_content"][FLOOR] > 0 for g in doc["growth"])
+    assert {(s["stack"], s["errors"], s["completed"]) for s in doc["scale"]} == {(OURS, 0, 20), (FLOOR, 0, 20)}
+    assert all(s["drain_s"] > 0 and s["mib_per_open_request"] is not None for s in doc["scale"])
+    assert {(r["stack"], r["effects"], r["completed"]) for r in doc["recovery"]} == {(OURS, 1, True), (FLOOR, 1, True)}
+    assert doc["handoff"]["spaced"]["samples"] == 3 and doc["handoff"]["spaced"]["median_ms"] > 0
+    assert doc["targets"] and all(t["measured"] is not None and t["met"] in (True, False) for t in doc["targets"])
+    assert _numbers(doc) and all(n == n for n in _numbers(doc))  # numbers, no NaN
+    report = (tmp_path / "latest.md").read_text()
+    assert "## Targets" in report and ("met" in report)
+    assert {p.name for p in tmp_path.glob("*.png")} == {"growth.png", "latency.png", "parallel_reads.png", "scale.png"}

@@ -1,0 +1,371 @@
+"""I/O: one benchmark request on each stack, from the client's side - (a) toolloop's AgentWorkflow started
+the way the CLI starts it and approved through the approval channel, (b) the floor started and approved by
+its one Update, (c) the plain asyncio loop making the same HTTP calls with no Temporal at all - and what a
+finished run's history holds."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+
+from bench.floor_types import operation_key
+from bench.floor_workflow import APPROVE_UPDATE, FLOOR_WORKFLOW
+from bench.scenarios import (
+    ANSWER,
+    CALENDAR,
+    REPORT_TOOL,
+    WRITE_TOOL,
+    Call,
+    Scenario,
+    calls_for_turn,
+    report_output,
+    write_body,
+)
+from toolloop._core.approvals import ApprovalClaims, http_subject, mint_approval_token, payload_digest
+from toolloop._core.contracts import Actor, AgentInput, AgentResult, Limits, ModelSpec
+from toolloop._core.names import AGENT_WORKFLOW
+from toolloop._temporal.approval_channel import send_decision
+from toolloop._temporal.following import approvals_as_they_come, changes
+from toolloop._temporal.requests import request_search_attributes, request_summary, request_workflow_id
+from toolloop._temporal.results import request_result
+
+ACTOR = Actor(user_id="u1", tenant_id="acme")
+ACTOR_HEADERS = {"X-Actor-User": ACTOR.user_id, "X-Actor-Tenant": ACTOR.tenant_id}
+WRITE_SUBJECT = http_subject("POST", f"/calendars/{CALENDAR}/events")
+REQUEST_TIMEOUT_S = 120.0
+_APPROVAL_TTL_S = 600.0
+
+
+@dataclass
+class Outcome:
+    """One request as its client saw it."""
+
+    stack: str
+    request_id: str
+    latency_s: float
+    ok: bool
+    calls_answered: int
+    error: str | None = None
+    workflow_id: str | None = None
+    # Unix time at which the client had the approval request in hand ((a)'s writes), and (when traced) at
+    # which its long poll delivered the wait's TimerStarted event.
+    approval_known_at: float | None = None
+    timer_seen_at: float | None = None
+    operation_id: str | None = None
+    final_state: str | None = None
+
+
+@dataclass
+class History:
+    events: int
+    bytes: int
+    completed_activities: Counter[str] = field(default_factory=Counter)
+    # Unix time of the first TimerStarted event ((a)'s approval wait).
+    first_timer_at: float | None = None
+
+
+class Stack(Protocol):
+    name: str
+
+    async def run(self, scenario: Scenario, request_id: str) -> Outcome: ...
+
+
+Run = Callable[[Scenario, str], Coroutine[Any, Any, Outcome]]
+
+
+def limits_for(scenario: Scenario) -> Limits:
+    """toolloop's limits, raised where a scenario needs more than the defaults allow, so that (a) makes the
+    same calls as the floor: all reads of a round in one parallel wave, every round, and whole outputs."""
+    defaults = Limits()
+    return Limits(
+        max_rounds=max(defaults.max_rounds, scenario.model_turns),
+        max_calls_per_round=max(defaults.max_calls_per_round, scenario.reads),
+        max_parallel_reads=max(defaults.max_parallel_reads, scenario.reads),
+        max_total_calls=max(defaults.max_total_calls, scenario.calls),
+        max_tool_output_bytes=max(defaults.max_tool_output_bytes, 2 * scenario.output_bytes),
+    )
+
+
+def approval_token(signing_key: str, operation_id: str, body: dict[str, Any]) -> str:
+    """What the approval channel signs for a write the client sends itself ((b) and (c)): the user's approval
+    of exactly this POST's body under this operation id."""
+    now = time.time()
+    claims = ApprovalClaims(
+        user_id=ACTOR.user_id,
+        tenant_id=ACTOR.tenant_id,
+        operation_id=operation_id,
+        digest=payload_digest(WRITE_SUBJECT, body),
+        approved_by=ACTOR.user_id,
+        approved_at=now,
+        expires_at=now + _APPROVAL_TTL_S,
+        channel="bench",
+    )
+    return mint_approval_token(signing_key, claims)
+
+
+def _failed(stack: str, request_id: str, started: float, exc: BaseException, workflow_id: str | None) -> Outcome:
+    return Outcome(
+        stack, request_id, time.perf_counter() - started, False, 0, f"{type(exc).__name__}: {exc}", workflow_id
+    )
+
+
+# --- (a) toolloop -------------------------------------------------------------------------------------------
+
+
+class OursStack:
+    name = "ours"
+
+    def __init__(self, client: Client, task_queue: str, signing_key: str, verify_key: str) -> None:
+        self.client = client
+        self._queue = task_queue
+        self._signing_key = signing_key
+        self._verify_key = verify_key
+
+    async def start(self, scenario: Scenario, request_id: str) -> WorkflowHandle[Any, AgentResult]:
+        """Start one request as `starter.py ask` does: a scoped workflow id, the search attributes, a summary."""
+        text = scenario.request_text()
+        return await self.client.start_workflow(
+            AGENT_WORKFLOW,
+            AgentInput(
+                request=text,
+                actor=ACTOR,
+                model=ModelSpec(provider="bench"),
+                limits=limits_for(scenario),
+                approval_verify_key=self._verify_key,
+            ),
+            id=request_workflow_id(ACTOR, request_id),
+            task_queue=self._queue,
+            result_type=AgentResult,
+            search_attributes=request_search_attributes(ACTOR),
+            static_summary=request_summary(ACTOR, text),
+        )
+
+    async def run(self, scenario: Scenario, request_id: str, *, trace: bool = False) -> Outcome:
+        """One request, its writes approved as soon as they wait. `trace` also follows the run's history on
+        its own, to tell when the approval wait's TimerStarted event reached the client."""
+        started = time.perf_counter()
+        handle: WorkflowHandle[Any, AgentResult] | None = None
+        approvals: list[float] = []
+        timers: list[float] = []
+        helpers: list[asyncio.Task[None]] = []
+        try:
+            handle = await self.start(scenario, request_id)
+            if scenario.write:
+                helpers.append(asyncio.create_task(self._approve(handle, approvals)))
+                if trace:
+                    helpers.append(asyncio.create_task(_first_timer(handle, timers)))
+            result = await asyncio.wait_for(request_result(handle), REQUEST_TIMEOUT_S)
+        except Exception as exc:
+            return _failed(self.name, request_id, started, exc, handle.id if handle else None)
+        finally:
+            for helper in helpers:
+                helper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await helper
+        latency = time.perf_counter() - started
+        outcome = outcome_of_result(result, scenario, request_id, latency)
+        outcome.approval_known_at = approvals[0] if approvals else None
+        outcome.timer_seen_at = timers[0] if timers else None
+        return outcome
+
+    async def _approve(self, handle: WorkflowHandle[Any, AgentResult], known_at: list[float]) -> None:
+        """The approval channel of a user who approves at once: each operation as soon as it waits."""
+        async for request in approvals_as_they_come(handle):
+            known_at.append(time.time())
+            await send_decision(handle, request, approve=True, decider=ACTOR, key=self._signing_key, channel="bench")
+
+
+async def _first_timer(handle: WorkflowHandle[Any, AgentResult], seen_at: list[float]) -> None:
+    async for change in changes(handle):
+        if change.timer_started:
+            seen_at.append(time.time())
+            return
+
+
+def outcome_of_result(result: AgentResult, scenario: Scenario, request_id: str, latency_s: float) -> Outcome:
+    answered = len({c.call_id for c in result.calls if c.ok})
+    op = result.operations[0] if result.operations else None
+    ok = (
+        result.status == "completed"
+        and result.stop_reason == "final_answer"
+        and result.final_text == ANSWER
+        and answered == scenario.calls
+        and (not scenario.write or (op is not None and op.state == "verified"))
+    )
+    error = None if ok else f"{result.status}/{result.stop_reason}: {result.error or ''} ({answered} calls ok)"
+    return Outcome(
+        "ours",
+        request_id,
+        latency_s,
+        ok,
+        answered,
+        error,
+        result.workflow_id,
+        operation_id=op.operation_id if op else None,
+        final_state=op.state if op else None,
+    )
+
+
+# --- (b) the floor ------------------------------------------------------------------------------------------
+
+
+class FloorStack:
+    name = "floor"
+
+    def __init__(self, client: Client, task_queue: str, signing_key: str) -> None:
+        self.client = client
+        self._queue = task_queue
+        self._signing_key = signing_key
+
+    def workflow_id(self, request_id: str) -> str:
+        return f"floor-{request_id}"
+
+    async def start(self, scenario: Scenario, request_id: str) -> WorkflowHandle[Any, str]:
+        handle: WorkflowHandle[Any, str] = await self.client.start_workflow(
+            FLOOR_WORKFLOW,
+            scenario.request_text(),
+            id=self.workflow_id(request_id),
+            task_queue=self._queue,
+            result_type=str,
+        )
+        if scenario.write:
+            # The user approves up front; the workflow holds the token until its write.
+            call = _write_call(scenario)
+            key = operation_key(handle.id, call.call_id)
+            await handle.execute_update(
+                APPROVE_UPDATE, approval_token(self._signing_key, key, write_body(call.arguments))
+            )
+        return handle
+
+    async def run(self, scenario: Scenario, request_id: str) -> Outcome:
+        started = time.perf_counter()
+        handle: WorkflowHandle[Any, str] | None = None
+        try:
+            handle = await self.start(scenario, request_id)
+            answer = await asyncio.wait_for(handle.result(), REQUEST_TIMEOUT_S)
+        except Exception as exc:
+            return _failed(self.name, request_id, started, exc, handle.id if handle else None)
+        latency = time.perf_counter() - started
+        ok = answer == ANSWER
+        # The calls answered are counted from its history afterwards (floor_answered); none until then.
+        operation_id = operation_key(handle.id, _write_call(scenario).call_id) if scenario.write else None
+        return Outcome(
+            self.name,
+            request_id,
+            latency,
+            ok,
+            calls_answered=0,
+            error=None if ok else f"answer {answer!r}",
+            workflow_id=handle.id,
+            operation_id=operation_id,
+        )
+
+
+def floor_answered(history: History) -> int:
+    """Calls the floor answered: each read, and each write once read back."""
+    return history.completed_activities["floor_read"] + history.completed_activities["floor_read_back"]
+
+
+def _write_call(scenario: Scenario) -> Call:
+    calls = calls_for_turn(scenario, scenario.rounds + 1)
+    assert calls is not None and calls[0].name == WRITE_TOOL
+    return calls[0]
+
+
+# --- (c) the plain asyncio loop -----------------------------------------------------------------------------
+
+
+class PlainStack:
+    """The same calls with no durability: the model's turns are function calls, the reads of a round run
+    in parallel, the write carries its idempotency key and approval, and is read back."""
+
+    name = "plain"
+
+    def __init__(self, http: httpx.AsyncClient, signing_key: str) -> None:
+        self._http = http
+        self._signing_key = signing_key
+
+    async def run(self, scenario: Scenario, request_id: str) -> Outcome:
+        started = time.perf_counter()
+        answered = 0
+        try:
+            turn = 0
+            while (calls := calls_for_turn(scenario, turn := turn + 1)) is not None:
+                reads = [c for c in calls if c.name != WRITE_TOOL]
+                outputs = list(await asyncio.gather(*(self._read(c) for c in reads)))
+                for call in (c for c in calls if c.name == WRITE_TOOL):
+                    outputs.append(await self._write(call, f"plain-{request_id}-{call.call_id}"))
+                answered += len(outputs)
+        except Exception as exc:
+            outcome = _failed(self.name, request_id, started, exc, None)
+            outcome.calls_answered = answered
+            return outcome
+        return Outcome(self.name, request_id, time.perf_counter() - started, answered == scenario.calls, answered)
+
+    async def _read(self, call: Call) -> str:
+        if call.name == REPORT_TOOL:
+            return json.dumps(report_output(call.arguments["reportId"], call.arguments["size"]))
+        response = await self._http.get(f"/orders/{call.arguments['orderId']}", headers=ACTOR_HEADERS)
+        response.raise_for_status()
+        return response.text
+
+    async def _write(self, call: Call, key: str) -> str:
+        body = write_body(call.arguments)
+        headers = {
+            **ACTOR_HEADERS,
+            "Idempotency-Key": key,
+            "X-Approval-Token": approval_token(self._signing_key, key, body),
+        }
+        response = await self._http.post(f"/calendars/{CALENDAR}/events", json=body, headers=headers)
+        response.raise_for_status()
+        event_id = response.json()["event_id"]
+        seen = await self._http.get(f"/calendars/{CALENDAR}/events/{event_id}", headers=ACTOR_HEADERS)
+        seen.raise_for_status()
+        return seen.text
+
+
+def plain_http(service_url: str) -> httpx.AsyncClient:
+    """The loop's client, set up like toolloop's tool sources (no transport retries, the same timeouts)."""
+    return httpx.AsyncClient(
+        base_url=service_url,
+        timeout=httpx.Timeout(10.0, connect=3.0),
+        transport=httpx.AsyncHTTPTransport(retries=0),
+        trust_env=False,
+    )
+
+
+# --- Histories ----------------------------------------------------------------------------------------------
+
+
+async def history_of(client: Client, workflow_id: str) -> History:
+    """Events and bytes (each event's serialized size) of a run's history, and its completed activities."""
+    handle = client.get_workflow_handle(workflow_id)
+    history = History(events=0, bytes=0)
+    activity_types: dict[int, str] = {}
+    async for event in handle.fetch_history_events():
+        history.events += 1
+        history.bytes += event.ByteSize()
+        kind = event.event_type
+        if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            activity_types[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            scheduled = event.activity_task_completed_event_attributes.scheduled_event_id
+            history.completed_activities[activity_types.get(scheduled, "?")] += 1
+        elif kind == EventType.EVENT_TYPE_TIMER_STARTED and history.first_timer_at is None:
+            history.first_timer_at = event.event_time.ToNanoseconds() / 1e9
+    return history
+
+
+def new_request_id(phase: str, i: int) -> str:
+    return f"{phase}-{i}-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,46 @@
+"""Pure: the floor's activity inputs and outputs, and the key of its write."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class FloorCall:
+    name: str
+    arguments: dict[str, Any]
+    call_id: str
+    write: bool = False
+
+
+@dataclass
+class Plan:
+    calls: list[FloorCall] = field(default_factory=list)
+    answer: str | None = None
+
+
+@dataclass
+class FloorTurn:
+    request: str
+    turn: int
+    # The previous round's outputs (what a hand-written loop feeds the model).
+    outputs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FloorWrite:
+    key: str
+    arguments: dict[str, Any]
+    token: str
+
+
+@dataclass
+class FloorReadBack:
+    event_id: str
+
+
+def operation_key(workflow_id: str, call_id: str) -> str:
+    """The write's Idempotency-Key, so also the operation id its approval names (the client mints the
+    approval for it before the workflow gets there)."""
+    return f"{workflow_id}-{call_id}"

@@ -1,0 +1,657 @@
+"""Pure: the benchmark's figures - the sizes a run measures at, latency statistics, per-request costs, the
+targets with the measured ratio and whether each is met, the JSON document and the Markdown report. No I/O:
+the harness measures, this module computes and renders."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+OURS, FLOOR, PLAIN = "ours", "floor", "plain"
+STACKS = (OURS, FLOOR, PLAIN)
+STACK_LABELS = {OURS: "(a) toolloop", FLOOR: "(b) floor", PLAIN: "(c) plain asyncio"}
+WRITE, READS = "write", "reads"
+SCENARIO_LABELS = {
+    WRITE: "write request (3 reads, then an approved write and its read-back)",
+    READS: "reads only (3 reads)",
+}
+MIB = 1024 * 1024
+
+
+# --- Sizes ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each phase measures."""
+
+    warmup: int = 5
+    spaced: int = 30
+    spacing_s: float = 0.3
+    throughput: int = 100
+    in_flight: int = 20
+    parallel_reads: tuple[int, ...] = (1, 2, 4, 8, 16)
+    parallel_spaced: int = 10
+    growth_rounds: tuple[int, ...] = (1, 5, 10, 20, 40)
+    growth_output_bytes: int = 50_000
+    growth_requests: int = 2
+    scale: tuple[int, ...] = (1000, 5000)
+    scale_start_concurrency: int = 200
+    handoff: int = 20
+
+
+QUICK = Sizes(
+    warmup=1,
+    spaced=3,
+    throughput=6,
+    in_flight=3,
+    parallel_reads=(1, 8),
+    parallel_spaced=2,
+    growth_rounds=(1, 3),
+    growth_requests=1,
+    scale=(20,),
+    scale_start_concurrency=20,
+    handoff=3,
+)
+
+
+# --- Statistics -------------------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), linearly interpolated between the closest ranks (numpy's default)."""
+    if not values:
+        raise ValueError("no values")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass
+class Latency:
+    median_ms: float
+    p95_ms: float
+    max_ms: float
+    samples: int
+
+
+def latency_of(seconds: Sequence[float]) -> Latency | None:
+    """Median, p95 and max in milliseconds; None without samples."""
+    if not seconds:
+        return None
+    ms = [s * 1000 for s in seconds]
+    return Latency(median_ms=percentile(ms, 50), p95_ms=percentile(ms, 95), max_ms=max(ms), samples=len(ms))
+
+
+def ratio(ours: float | None, base: float | None) -> float | None:
+    if ours is None or base is None or base == 0:
+        return None
+    return ours / base
+
+
+def per_request_ms(cpu_seconds: Mapping[str, float], name: str, requests: int) -> float | None:
+    value = cpu_seconds.get(name)
+    if value is None or requests <= 0:
+        return None
+    return 1000 * value / requests
+
+
+# --- Figures ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cpu:
+    """CPU milliseconds (user + system) per request, by process."""
+
+    worker_ms: float | None
+    server_ms: float | None
+    client_ms: float | None
+    service_ms: float | None
+
+
+@dataclass
+class StackRun:
+    stack: str
+    scenario: str
+    requests: int
+    errors: int
+    calls_expected: int
+    calls_answered: int
+    latency: Latency | None
+    throughput_rps: float | None
+    cpu: Cpu
+    history_events: float | None
+    history_bytes: float | None
+    worker_peak_rss_mib: float | None
+
+
+@dataclass
+class ParallelPoint:
+    reads: int
+    latency: dict[str, Latency | None]
+
+
+@dataclass
+class GrowthPoint:
+    rounds: int
+    content_bytes: int
+    history_bytes: dict[str, float]
+    history_events: dict[str, float]
+    latency_s: dict[str, float]
+    ratio_to_content: dict[str, float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ratio_to_content = {s: b / self.content_bytes for s, b in self.history_bytes.items()}
+
+
+@dataclass
+class ScaleRun:
+    stack: str
+    requests: int
+    completed: int
+    errors: int
+    drain_s: float | None
+    peak_open: int
+    idle_rss_mib: float | None
+    peak_rss_mib: float | None
+    cpu: Cpu
+    # [seconds since the first start, open requests, worker RSS MiB]
+    timeline: list[list[float]] = field(default_factory=list)
+    # Why requests did not complete with an answer: how many for each reason.
+    failures: dict[str, int] = field(default_factory=dict)
+    mib_per_open_request: float | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.mib_per_open_request = None
+        if self.peak_rss_mib is not None and self.idle_rss_mib is not None and self.peak_open > 0:
+            self.mib_per_open_request = max(self.peak_rss_mib - self.idle_rss_mib, 0.0) / self.peak_open
+
+
+@dataclass
+class Recovery:
+    stack: str
+    operation_id: str
+    completed: bool
+    final_state: str
+    # From the write's POST being seen in flight at the service to the SIGKILL.
+    kill_after_post_s: float
+    restart_to_ready_s: float
+    ready_to_done_s: float | None
+    restart_to_done_s: float | None
+    effects: int
+
+
+@dataclass
+class Handoff:
+    """How long after an operation's approval wait started (its TimerStarted event) a waiting client had the
+    approval request in hand."""
+
+    spaced: Latency | None
+    loaded: Latency | None = None
+    # The part of `spaced` until the long poll delivered the TimerStarted event (the rest is one query).
+    event_delivered: Latency | None = None
+
+
+Comparison = Literal["max", "min", "eq"]
+
+
+@dataclass
+class Target:
+    area: str
+    name: str
+    measured: float | None
+    limit: float
+    comparison: Comparison
+    unit: str
+    met: bool | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.measured is None:
+            self.met = None
+        elif self.comparison == "max":
+            self.met = self.measured <= self.limit
+        elif self.comparison == "min":
+            self.met = self.measured >= self.limit
+        else:
+            self.met = self.measured == self.limit
+
+
+@dataclass
+class Results:
+    meta: dict[str, Any]
+    stacks: dict[str, dict[str, StackRun]] = field(default_factory=dict)
+    parallel: list[ParallelPoint] = field(default_factory=list)
+    growth: list[GrowthPoint] = field(default_factory=list)
+    scale: list[ScaleRun] = field(default_factory=list)
+    recovery: list[Recovery] = field(default_factory=list)
+    handoff: Handoff | None = None
+    # Anything that broke (a request that failed outside the scale phase, a recovery with != 1 effect).
+    problems: list[str] = field(default_factory=list)
+
+
+# --- Targets ----------------------------------------------------------------------------------------------
+
+
+def _stack_value(results: Results, scenario: str, stack: str, what: str) -> float | None:
+    run = results.stacks.get(scenario, {}).get(stack)
+    if run is None:
+        return None
+    if what == "latency":
+        return run.latency.median_ms if run.latency else None
+    if what == "throughput":
+        return run.throughput_rps
+    if what == "worker_cpu":
+        return run.cpu.worker_ms
+    if what == "history":
+        return run.history_bytes
+    raise ValueError(what)
+
+
+def _versus_floor(results: Results, scenario: str, what: str) -> float | None:
+    return ratio(_stack_value(results, scenario, OURS, what), _stack_value(results, scenario, FLOOR, what))
+
+
+_STACK_TARGETS: dict[str, list[tuple[str, float, Comparison]]] = {
+    WRITE: [("latency", 0.95, "max"), ("throughput", 1.0, "min"), ("worker_cpu", 1.1, "max"), ("history", 1.0, "max")],
+    READS: [("latency", 1.0, "max"), ("throughput", 1.0, "min"), ("worker_cpu", 1.1, "max")],
+}
+_MEASURE_NAMES = {
+    "latency": "median latency",
+    "throughput": "throughput",
+    "worker_cpu": "worker CPU per request",
+    "history": "history bytes per request",
+}
+
+
+def targets(results: Results) -> list[Target]:
+    """Every target of the issue with the measured value: a ratio of (a) against the floor (b) unless the
+    unit says otherwise. A figure that was not measured (a phase left out) is None: neither met nor not."""
+    out: list[Target] = []
+    for scenario, rows in _STACK_TARGETS.items():
+        area = SCENARIO_LABELS[scenario].split(" (")[0]
+        for what, limit, comparison in rows:
+            measured = _versus_floor(results, scenario, what)
+            out.append(Target(area, f"{_MEASURE_NAMES[what]} vs floor", measured, limit, comparison, "x"))
+    eight = next((p for p in results.parallel if p.reads == 8), None)
+    if eight is not None:
+        ours, floor = eight.latency.get(OURS), eight.latency.get(FLOOR)
+        measured = ratio(ours.median_ms if ours else None, floor.median_ms if floor else None)
+        out.append(Target("parallel reads", "8 reads in one turn: median latency vs floor", measured, 1.05, "max", "x"))
+    for point in results.growth:
+        measured = point.ratio_to_content.get(OURS)
+        out.append(Target("growth", f"history vs content produced, {point.rounds} rounds", measured, 1.2, "max", "x"))
+    base_cpu = _stack_value(results, READS, OURS, "worker_cpu")
+    for run in results.scale:
+        if run.stack != OURS:
+            continue
+        n = f"{run.requests:,} at once"
+        out += [
+            Target("scale", f"{n}: requests not completed or failed", float(run.requests - run.completed), 0, "eq", ""),
+            Target(
+                "scale",
+                f"{n}: worker CPU per request vs the throughput run",
+                ratio(run.cpu.worker_ms, base_cpu),
+                1.1,
+                "max",
+                "x",
+            ),
+            Target("scale", f"{n}: memory per open request", run.mib_per_open_request, 0.1, "max", "MiB"),
+        ]
+    for rec in results.recovery:
+        if rec.stack == OURS:
+            out.append(Target("recovery", "effects after a SIGKILL mid-write", float(rec.effects), 1, "eq", ""))
+    if results.handoff is not None:
+        spaced = results.handoff.spaced
+        measured = spaced.p95_ms if spaced else None
+        out.append(
+            Target("approval hand-off", "p95 from the wait's start to the client knowing", measured, 20, "max", "ms")
+        )
+    return out
+
+
+# --- JSON ---------------------------------------------------------------------------------------------------
+
+
+def to_json(results: Results) -> dict[str, Any]:
+    """The whole run as one JSON document: every figure, the ratios against the floor, and the targets."""
+    doc = asdict(results)
+    doc["ratios_vs_floor"] = {
+        scenario: {
+            what: _versus_floor(results, scenario, what) for what in ("latency", "throughput", "worker_cpu", "history")
+        }
+        for scenario in results.stacks
+    }
+    doc["targets"] = [asdict(t) for t in targets(results)]
+    return doc
+
+
+# --- Markdown -----------------------------------------------------------------------------------------------
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:,.{digits}f}"
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _kib(value: float | None) -> float | None:
+    return None if value is None else value / 1024
+
+
+def _per_stack_rows(runs: Mapping[str, StackRun]) -> list[list[str]]:
+    rows = []
+    for stack in STACKS:
+        run = runs.get(stack)
+        if run is None:
+            continue
+        lat = run.latency
+        rows.append(
+            [
+                STACK_LABELS[stack],
+                fmt(lat.median_ms if lat else None),
+                fmt(lat.p95_ms if lat else None),
+                fmt(run.throughput_rps),
+                fmt(run.cpu.worker_ms),
+                fmt(run.cpu.server_ms),
+                fmt(run.cpu.client_ms),
+                fmt(run.cpu.service_ms),
+                fmt(_kib(run.history_bytes), 2),
+                fmt(run.history_events),
+                fmt(run.worker_peak_rss_mib),
+                f"{run.calls_answered}/{run.calls_expected}",
+                str(run.errors),
+            ]
+        )
+    ours, floor = runs.get(OURS), runs.get(FLOOR)
+    if ours is not None and floor is not None:
+
+        def r(a: float | None, b: float | None) -> str:
+            return fmt_ratio(ratio(a, b))
+
+        rows.append(
+            [
+                "**(a) / (b)**",
+                r(ours.latency.median_ms if ours.latency else None, floor.latency.median_ms if floor.latency else None),
+                r(ours.latency.p95_ms if ours.latency else None, floor.latency.p95_ms if floor.latency else None),
+                r(ours.throughput_rps, floor.throughput_rps),
+                r(ours.cpu.worker_ms, floor.cpu.worker_ms),
+                r(ours.cpu.server_ms, floor.cpu.server_ms),
+                r(ours.cpu.client_ms, floor.cpu.client_ms),
+                r(ours.cpu.service_ms, floor.cpu.service_ms),
+                r(ours.history_bytes, floor.history_bytes),
+                r(ours.history_events, floor.history_events),
+                r(ours.worker_peak_rss_mib, floor.worker_peak_rss_mib),
+                "",
+                "",
+            ]
+        )
+    return rows
+
+
+def _met(target: Target) -> str:
+    return {True: "met", False: "**not met**", None: "n/a"}[target.met]
+
+
+def _limit(target: Target) -> str:
+    sign = {"max": "≤", "min": "≥", "eq": "="}[target.comparison]
+    return f"{sign} {target.limit:g}{target.unit and ' ' + target.unit if target.unit != 'x' else 'x'}"
+
+
+def _measured(target: Target) -> str:
+    if target.measured is None:
+        return "n/a"
+    if target.unit == "x":
+        return fmt_ratio(target.measured)
+    if target.unit == "MiB":
+        return f"{target.measured:.4f} MiB"
+    if target.unit == "ms":
+        return f"{target.measured:.1f} ms"
+    return f"{target.measured:g}"
+
+
+def target_lines(results: Results) -> list[str]:
+    """One line per target, for the console."""
+    return [f"{_met(t).strip('*'):8} {t.area}: {t.name}: {_measured(t)} (target {_limit(t)})" for t in targets(results)]
+
+
+def render_markdown(results: Results, plots: Sequence[str] = ()) -> str:
+    meta = results.meta
+    lines = ["# toolloop benchmark", ""]
+    lines.append(
+        "Measured side by side in one run on one machine: one Temporal dev server (SQLite, WAL), one business "
+        f"service with {meta.get('latency_ms', 50)} ms of injected latency per business call. (a) is toolloop's "
+        "AgentWorkflow, (b) the floor (a minimal hand-written workflow making the same business calls), (c) a "
+        "plain asyncio loop with no durability. Ratios are (a) / (b)."
+    )
+    lines.append("")
+    facts = [f"{k}: {v}" for k, v in meta.items() if not isinstance(v, dict) and k != "latency_ms"]
+    if facts:
+        lines += ["- " + "; ".join(facts)]
+    for worker, counts in meta.get("worker_log_counts", {}).items():
+        lines.append(
+            f"- {worker} log: {counts.get('conversation_rebuilds', 0)} conversations rebuilt from history, "
+            f"{counts.get('slow_workflow_tasks', 0)} workflow tasks over 5 s"
+        )
+    lines.append("")
+    if results.problems:
+        lines += ["## Problems", ""] + [f"- {p}" for p in results.problems] + [""]
+
+    if results.stacks:
+        lines += ["## Per stack", ""]
+        sizes = meta.get("sizes", {})
+        lines.append(
+            f"Latency: {sizes.get('spaced', '?')} requests started {sizes.get('spacing_s', '?')} s apart (after "
+            f"{sizes.get('warmup', '?')} warm-up requests). Throughput, CPU and history: "
+            f"{sizes.get('throughput', '?')} requests with {sizes.get('in_flight', '?')} in flight. CPU is user + "
+            "system of each process: the worker (for (c) the loop's own process), the Temporal server, the "
+            "benchmark's client and the business service. "
+            "(a)'s client approves each write as soon as the workflow asks (a long poll on the run's history); "
+            "(b)'s client sends its approval Update right after the start."
+        )
+        lines.append("")
+        for scenario, runs in results.stacks.items():
+            lines += [f"### {SCENARIO_LABELS.get(scenario, scenario)}", ""]
+            lines += _table(
+                [
+                    "stack",
+                    "median ms",
+                    "p95 ms",
+                    "req/s",
+                    "worker CPU ms/req",
+                    "server CPU ms/req",
+                    "client CPU ms/req",
+                    "service CPU ms/req",
+                    "history KiB/req",
+                    "events/req",
+                    "worker peak RSS MiB",
+                    "calls answered",
+                    "errors",
+                ],
+                _per_stack_rows(runs),
+            )
+            lines.append("")
+        lines += [p for p in (f"![latency]({p})" for p in plots if "latency" in p)] + [""]
+
+    if results.parallel:
+        lines += [
+            "## Parallel reads",
+            "",
+            "Median latency of a request with N reads in one round (then the answer).",
+            "",
+        ]
+        rows = []
+        for point in results.parallel:
+            med = {s: (lat.median_ms if lat else None) for s, lat in point.latency.items()}
+            rows.append(
+                [str(point.reads), *(fmt(med.get(s)) for s in STACKS), fmt_ratio(ratio(med.get(OURS), med.get(FLOOR)))]
+            )
+        lines += _table(["reads", *(f"{STACK_LABELS[s]} ms" for s in STACKS), "(a) / (b)"], rows)
+        lines += [""] + [f"![parallel reads]({p})" for p in plots if "parallel" in p] + [""]
+
+    if results.growth:
+        out_kb = meta.get("sizes", {}).get("growth_output_bytes", 0) / 1000
+        lines += [
+            "## Growth with rounds",
+            "",
+            f"One read per round returning {out_kb:g} KB. Content produced: the model's calls and answer and the "
+            "tools' outputs, as compact JSON. History: the sum of the events' sizes.",
+            "",
+        ]
+        rows = [
+            [
+                str(p.rounds),
+                fmt(p.content_bytes / 1024),
+                fmt(_kib(p.history_bytes.get(OURS))),
+                fmt(_kib(p.history_bytes.get(FLOOR))),
+                fmt_ratio(p.ratio_to_content.get(OURS)),
+                fmt_ratio(p.ratio_to_content.get(FLOOR)),
+                fmt(p.history_events.get(OURS), 0),
+                fmt(p.history_events.get(FLOOR), 0),
+                fmt(p.latency_s.get(OURS), 2),
+                fmt(p.latency_s.get(FLOOR), 2),
+            ]
+            for p in results.growth
+        ]
+        lines += _table(
+            [
+                "rounds",
+                "content KiB",
+                "(a) history KiB",
+                "(b) history KiB",
+                "(a) / content",
+                "(b) / content",
+                "(a) events",
+                "(b) events",
+                "(a) s",
+                "(b) s",
+            ],
+            rows,
+        )
+        lines += [""] + [f"![growth]({p})" for p in plots if "growth" in p] + [""]
+
+    if results.scale:
+        lines += [
+            "## Scale",
+            "",
+            "N reads-only requests started at once (the start calls bounded in flight); drain: from the first "
+            "start to the last completion; memory per open request: (worker peak RSS - idle RSS) / peak open "
+            "requests; worker CPU per request against the same stack's reads-only throughput run above.",
+            "",
+        ]
+        base = {s: (results.stacks.get(READS, {}).get(s)) for s in (OURS, FLOOR)}
+        rows = []
+        for run in results.scale:
+            ref = base.get(run.stack)
+            rows.append(
+                [
+                    STACK_LABELS[run.stack],
+                    f"{run.requests:,}",
+                    f"{run.completed:,}",
+                    str(run.errors),
+                    fmt(run.drain_s),
+                    f"{run.peak_open:,}",
+                    fmt(run.mib_per_open_request, 4),
+                    fmt(run.cpu.worker_ms),
+                    fmt_ratio(ratio(run.cpu.worker_ms, ref.cpu.worker_ms if ref else None)),
+                    fmt(run.cpu.server_ms),
+                    fmt(run.peak_rss_mib),
+                ]
+            )
+        lines += _table(
+            [
+                "stack",
+                "requests",
+                "completed",
+                "errors",
+                "drain s",
+                "peak open",
+                "MiB / open request",
+                "worker CPU ms/req",
+                "vs throughput run",
+                "server CPU ms/req",
+                "worker peak RSS MiB",
+            ],
+            rows,
+        )
+        for run in results.scale:
+            for why, count in run.failures.items():
+                lines += ["", f"- {STACK_LABELS[run.stack]}, {run.requests:,}: {count} not answered: {why}"]
+        lines += [""] + [f"![scale]({p})" for p in plots if "scale" in p] + [""]
+
+    if results.recovery:
+        lines += [
+            "## Recovery",
+            "",
+            "The write's POST made slow at the service; the worker SIGKILLed while it is in flight, then a new "
+            "worker started. Effects: rows the service holds for the operation id.",
+            "",
+        ]
+        rows = [
+            [
+                STACK_LABELS[r.stack],
+                fmt(r.kill_after_post_s, 2),
+                fmt(r.restart_to_ready_s, 2),
+                fmt(r.ready_to_done_s, 2),
+                fmt(r.restart_to_done_s, 2),
+                r.final_state,
+                str(r.effects),
+            ]
+            for r in results.recovery
+        ]
+        lines += _table(
+            [
+                "stack",
+                "POST in flight → kill s",
+                "restart → worker ready s",
+                "ready → done s",
+                "restart → done s",
+                "final state",
+                "effects",
+            ],
+            rows,
+        )
+        lines.append("")
+
+    if results.handoff is not None:
+        lines += [
+            "## Approval hand-off",
+            "",
+            "From the TimerStarted event of an operation's approval wait (server time) to the moment a client "
+            "following the run (`approvals_as_they_come`: a long poll on the history, then one query) has the "
+            "approval request in hand (same clock).",
+            "",
+        ]
+        rows = []
+        handoff = results.handoff
+        for label, lat in (
+            ("spaced", handoff.spaced),
+            ("spaced: until the long poll delivers the TimerStarted event", handoff.event_delivered),
+            (f"under load ({meta.get('sizes', {}).get('in_flight', '?')} in flight)", handoff.loaded),
+        ):
+            if lat is not None:
+                rows.append([label, str(lat.samples), fmt(lat.median_ms), fmt(lat.p95_ms), fmt(lat.max_ms)])
+        lines += _table(["requests", "samples", "median ms", "p95 ms", "max ms"], rows)
+        lines.append("")
+
+    found = targets(results)
+    if found:
+        lines += ["## Targets", ""]
+        lines += _table(
+            ["area", "target", "measured", "limit", ""],
+            [[t.area, t.name, _measured(t), _limit(t), _met(t)] for t in found],
+        )
+        lines.append("")
+    return "\n".join(lines)
