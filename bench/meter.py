@@ -22,6 +22,19 @@ class Window:
 
     cpu: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
+    # CPU seconds every other process on the machine spent meanwhile (a shared machine perturbs the figures).
+    others_s: float = 0.0
+
+    @property
+    def other_load_cores(self) -> float | None:
+        """How many cores the other processes kept busy on average during the window."""
+        return self.others_s / self.wall_s if self.wall_s > 0 else None
+
+
+def _machine_busy_seconds() -> float:
+    """CPU seconds all processes of the machine have spent so far (every state but idle and I/O wait)."""
+    times = psutil.cpu_times()
+    return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
 
 
 class ProcessMeter:
@@ -85,11 +98,12 @@ class ProcessMeter:
     def window(self) -> Iterator[Window]:
         """CPU per process over the block (processes that died meanwhile are left out)."""
         window = Window()
-        before, started = self.cpu_seconds(), time.perf_counter()
+        before, busy_before, started = self.cpu_seconds(), _machine_busy_seconds(), time.perf_counter()
         yield window
-        after = self.cpu_seconds()
+        after, busy_after = self.cpu_seconds(), _machine_busy_seconds()
         window.wall_s = time.perf_counter() - started
         window.cpu = {name: after[name] - before[name] for name in after if name in before}
+        window.others_s = max(busy_after - busy_before - sum(window.cpu.values()), 0.0)
 
     def _note(self, name: str) -> None:
         value = self.rss(name)

@@ -33,7 +33,7 @@ class Sizes:
     throughput: int = 100
     in_flight: int = 20
     parallel_reads: tuple[int, ...] = (1, 2, 4, 8, 16)
-    parallel_spaced: int = 10
+    parallel_spaced: int = 20
     growth_rounds: tuple[int, ...] = (1, 5, 10, 20, 40)
     growth_output_bytes: int = 50_000
     growth_requests: int = 2
@@ -126,12 +126,15 @@ class StackRun:
     history_events: float | None
     history_bytes: float | None
     worker_peak_rss_mib: float | None
+    # Cores kept busy by processes outside the benchmark during the throughput run (a shared machine).
+    other_load_cores: float | None = None
 
 
 @dataclass
 class ParallelPoint:
     reads: int
     latency: dict[str, Latency | None]
+    other_load_cores: float | None = None
 
 
 @dataclass
@@ -162,6 +165,7 @@ class ScaleRun:
     timeline: list[list[float]] = field(default_factory=list)
     # Why requests did not complete with an answer: how many for each reason.
     failures: dict[str, int] = field(default_factory=dict)
+    other_load_cores: float | None = None
     mib_per_open_request: float | None = field(init=False)
 
     def __post_init__(self) -> None:
@@ -373,6 +377,7 @@ def _per_stack_rows(runs: Mapping[str, StackRun]) -> list[list[str]]:
                 fmt(run.worker_peak_rss_mib),
                 f"{run.calls_answered}/{run.calls_expected}",
                 str(run.errors),
+                fmt(run.other_load_cores, 2),
             ]
         )
     ours, floor = runs.get(OURS), runs.get(FLOOR)
@@ -394,6 +399,7 @@ def _per_stack_rows(runs: Mapping[str, StackRun]) -> list[list[str]]:
                 r(ours.history_bytes, floor.history_bytes),
                 r(ours.history_events, floor.history_events),
                 r(ours.worker_peak_rss_mib, floor.worker_peak_rss_mib),
+                "",
                 "",
                 "",
             ]
@@ -457,7 +463,8 @@ def render_markdown(results: Results, plots: Sequence[str] = ()) -> str:
             f"{sizes.get('warmup', '?')} warm-up requests). Throughput, CPU and history: "
             f"{sizes.get('throughput', '?')} requests with {sizes.get('in_flight', '?')} in flight. CPU is user + "
             "system of each process: the worker (for (c) the loop's own process), the Temporal server, the "
-            "benchmark's client and the business service. "
+            "benchmark's client and the business service. Other load: the cores that processes outside the "
+            "benchmark kept busy meanwhile (the machine may be shared; well above 0 means perturbed figures). "
             "(a)'s client approves each write as soon as the workflow asks (a long poll on the run's history); "
             "(b)'s client sends its approval Update right after the start."
         )
@@ -479,6 +486,7 @@ def render_markdown(results: Results, plots: Sequence[str] = ()) -> str:
                     "worker peak RSS MiB",
                     "calls answered",
                     "errors",
+                    "other load (cores)",
                 ],
                 _per_stack_rows(runs),
             )
@@ -489,16 +497,23 @@ def render_markdown(results: Results, plots: Sequence[str] = ()) -> str:
         lines += [
             "## Parallel reads",
             "",
-            "Median latency of a request with N reads in one round (then the answer).",
+            "Median latency of a request with N reads in one round (then the answer); the spaced requests in two "
+            "passes, the stacks in one order and then the reverse.",
             "",
         ]
         rows = []
         for point in results.parallel:
             med = {s: (lat.median_ms if lat else None) for s, lat in point.latency.items()}
             rows.append(
-                [str(point.reads), *(fmt(med.get(s)) for s in STACKS), fmt_ratio(ratio(med.get(OURS), med.get(FLOOR)))]
+                [
+                    str(point.reads),
+                    *(fmt(med.get(s)) for s in STACKS),
+                    fmt_ratio(ratio(med.get(OURS), med.get(FLOOR))),
+                    fmt(point.other_load_cores, 2),
+                ]
             )
-        lines += _table(["reads", *(f"{STACK_LABELS[s]} ms" for s in STACKS), "(a) / (b)"], rows)
+        header = ["reads", *(f"{STACK_LABELS[s]} ms" for s in STACKS), "(a) / (b)", "other load (cores)"]
+        lines += _table(header, rows)
         lines += [""] + [f"![parallel reads]({p})" for p in plots if "parallel" in p] + [""]
 
     if results.growth:
@@ -568,6 +583,7 @@ def render_markdown(results: Results, plots: Sequence[str] = ()) -> str:
                     fmt_ratio(ratio(run.cpu.worker_ms, ref.cpu.worker_ms if ref else None)),
                     fmt(run.cpu.server_ms),
                     fmt(run.peak_rss_mib),
+                    fmt(run.other_load_cores, 2),
                 ]
             )
         lines += _table(
@@ -583,6 +599,7 @@ def render_markdown(results: Results, plots: Sequence[str] = ()) -> str:
                 "vs throughput run",
                 "server CPU ms/req",
                 "worker peak RSS MiB",
+                "other load (cores)",
             ],
             rows,
         )
