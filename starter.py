@@ -49,6 +49,7 @@ from toolloop._core.contracts import (
     AgentProgress,
     AgentResult,
     ApprovalRequest,
+    DecisionReceipt,
     Limits,
     ModelSpec,
     OperationRecord,
@@ -711,7 +712,7 @@ def ask(
 
 async def _decide_from_shell(
     workflow_id: str, operation_id: str, approve: bool, actor: Actor, settings: Settings, key: str
-) -> OperationRecord:
+) -> DecisionReceipt:
     client = await Client.connect(
         settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
     )

@@ -502,3 +502,17 @@ def test_error_counts_at_the_shown_limit_and_model_level_errors() -> None:
     reg.register(ToolSpec("range", "d", Range, "read_only", nothing))
     whole = check_call(reg, call("range", '{"low": 2, "high": 1}')).rejection
     assert whole is not None and whole["message"] == "arguments: Value error, high must not be below low"
+
+
+def test_a_checked_read_is_stored_without_the_write_only_fields(registry: ToolRegistry) -> None:
+    from toolloop._temporal.converter import data_converter
+
+    read = check_call(registry, FunctionCallItem(call_id="c1", name="lookup", arguments='{"itemId": "I01"}'))
+    write = check_call(registry, FunctionCallItem(call_id="c2", name="note", arguments='{"text": "hi"}'))
+    converter = data_converter().payload_converter
+    [read_payload, write_payload] = converter.to_payloads([read, write])
+    # A read has no status query or read-back to lack: history holds neither flag for it (nor empty fields).
+    assert set(json.loads(read_payload.data)) == {"call_id", "name", "summary", "arguments"}
+    assert (read.has_status, read.has_read_back) == (True, True)
+    # Both decode to what was checked.
+    assert converter.from_payloads([read_payload, write_payload], [type(read), type(write)]) == [read, write]

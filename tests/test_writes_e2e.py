@@ -5,6 +5,7 @@ Every test counts effects in the service's own tables (GET /admin/effects), not 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -173,13 +174,27 @@ async def test_approvals_as_they_come_yields_each_operation_once_and_ends_with_t
     turns = [[note_call(version, "one", "w1")], [note_call(version + 1, "two", "w2")], [say("ok")]]
     handle = await start_agent(client, settings, "write", model=script_spec(*turns))
     seen: list[str] = []
+    answers = []
     async for request in approvals_as_they_come(handle):
         seen.append(request.operation_id)
-        await send_decision(handle, request, approve=len(seen) == 1, decider=U1, key=APPROVAL_KEY)
+        answers.append(await send_decision(handle, request, approve=len(seen) == 1, decider=U1, key=APPROVAL_KEY))
     # The iterator ended by itself when the run closed.
     result = await request_result(handle)
     assert [(op.operation_id, op.state) for op in result.operations] == [(seen[0], "verified"), (seen[1], "denied")]
     assert len(await effects(admin, seen[0])) == 1 and await effects(admin, seen[1]) == []
+    # Each decision is answered with the operation's state right after it, and history stores only that
+    # answer: not the operation's whole record (its arguments) once more per decision.
+    assert [(a.operation_id, a.tool, a.state) for a in answers] == [
+        (seen[0], "append_ticket_note", "approved"),
+        (seen[1], "append_ticket_note", "denied"),
+    ]
+    assert [a.approval.by if a.approval else None for a in answers] == ["u1 via cli"] * 2
+    stored = [
+        json.loads(event.workflow_execution_update_completed_event_attributes.outcome.success.payloads[0].data)
+        async for event in handle.fetch_history_events()
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED
+    ]
+    assert [sorted(answer) for answer in stored] == [["approval", "operation_id", "state", "tool"]] * 2
 
 
 async def test_same_write_proposed_twice_makes_one_effect(

@@ -36,6 +36,7 @@ from toolloop._core.contracts import (
     AgentInput,
     AgentResult,
     ConversationItem,
+    DecisionReceipt,
     FunctionCallItem,
     FunctionCallOutputItem,
     Limits,
@@ -219,7 +220,7 @@ async def decide(
     decider: Actor,
     approve: bool = True,
     ttl: float = 600,
-) -> OperationRecord:
+) -> DecisionReceipt:
     """What the trusted approval channel does: fetch the whole payload, check its digest, sign, send."""
     request = await fetch_approval_request(handle, operation_id)
     if request is None:

@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
         CallRecord,
         CheckedCall,
         ConversationItem,
+        DecisionReceipt,
         EventsPage,
         FunctionCallOutputItem,
         ModelTurnInput,
@@ -121,8 +122,8 @@ class AgentWorkflow:
         return self._writes.pending_approvals()
 
     @workflow.update(name=APPROVE_OPERATION_UPDATE)
-    def approve_operation(self, decision: ApprovalDecision) -> OperationRecord:
-        return self._writes.record_decision(decision).model_copy(deep=True)
+    def approve_operation(self, decision: ApprovalDecision) -> DecisionReceipt:
+        return self._writes.record_decision(decision).receipt()
 
     @approve_operation.validator
     def _check_approval(self, decision: ApprovalDecision) -> None:

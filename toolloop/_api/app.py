@@ -49,6 +49,7 @@ from toolloop._core.contracts import (
     AgentResult,
     ApprovalRequest,
     CallRecord,
+    DecisionReceipt,
     EventsPage,
     Limits,
     ModelSpec,
@@ -476,13 +477,13 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             raise Problem(404, "NOT_FOUND", f"request {request_id} has no operation {operation_id}")
         return found
 
-    @app.post("/v1/requests/{request_id}/operations/{operation_id}/decision", response_model=OperationRecord)
+    @app.post("/v1/requests/{request_id}/operations/{operation_id}/decision", response_model=DecisionReceipt)
     async def decide(
         request_id: RequestId,
         operation_id: OperationId,
         body: DecisionBody,
         actor: Caller,
-    ) -> OperationRecord:
+    ) -> DecisionReceipt:
         if config.signing_key is None:
             raise Problem(503, "NO_APPROVAL_KEY", "this API holds no approval key; it cannot decide")
         handle = handle_of(actor, request_id)

@@ -32,13 +32,16 @@ PAYLOAD_CONTEXT = {"toolloop_payload": True}
 
 
 class Compact(BaseModel):
-    """A model whose Temporal payloads leave out the fields that hold their empty default (None, or an
+    """A model whose Temporal payloads leave out the fields that hold their empty default (None, "", or an
     empty list or dict): it decodes to the same value, and history stores only what carries information.
     Only empty defaults are left out, so changing a real default later can never change what a stored
     payload means. Elsewhere (the API, `--json`) every field is written, unless the class says
     `compact_always` (activity payloads, never shown)."""
 
     compact_always: ClassVar[bool] = False
+    # Fields whose default is fixed for good (never to change, since a stored payload that leaves one out
+    # means that default): left out too when they hold it.
+    fixed_defaults: ClassVar[frozenset[str]] = frozenset()
 
     @model_serializer(mode="wrap")
     def _without_empty_defaults(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
@@ -56,6 +59,10 @@ class Compact(BaseModel):
             if value is None and field.default is None and field.default_factory is None:
                 del data[key]
             elif value in ([], {}) and field.default_factory in (list, dict):
+                del data[key]
+            elif value == "" and field.default == "":
+                del data[key]
+            elif name in self.fixed_defaults and value == field.default:
                 del data[key]
         return data
 
@@ -227,6 +234,8 @@ class ModelTurnInput(ActivityPayload):
 class CheckedCall(ActivityPayload):
     """A function call after validation: either runnable (`arguments` set) or `rejection` set."""
 
+    fixed_defaults: ClassVar[frozenset[str]] = frozenset({"read_only", "has_status", "has_read_back"})
+
     call_id: str
     name: str
     read_only: bool = True
@@ -328,6 +337,24 @@ class OperationRecord(Compact):
     retention_seconds: float | None = None
     # What the digest binds besides the arguments (an HTTP write's "POST /path"); None: the tool's name.
     target: str | None = None
+
+    def receipt(self) -> DecisionReceipt:
+        return DecisionReceipt(
+            operation_id=self.operation_id,
+            tool=self.tool,
+            state=self.state,
+            approval=self.approval.model_copy() if self.approval else None,
+        )
+
+
+class DecisionReceipt(Compact):
+    """The answer to a decision (the `approve_operation` Update, and the API's decision call): the operation's
+    state right after it, not its whole record (that would be stored once more in history per decision)."""
+
+    operation_id: str
+    tool: str
+    state: OperationState
+    approval: ApprovalRecord | None = None
 
 
 class ApprovalRequest(BaseModel):

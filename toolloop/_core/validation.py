@@ -79,8 +79,9 @@ def check_call(registry: ToolRegistry, call: FunctionCallItem) -> CheckedCall:
         target=target,
         timeout_seconds=spec.timeout_seconds,
         max_attempts=spec.max_attempts,
-        has_status=spec.status is not None,
-        has_read_back=spec.read_back is not None,
+        # Only a write has a status query and a read-back to lack (a read keeps the defaults, left out of history).
+        has_status=spec.read_only or spec.status is not None,
+        has_read_back=spec.read_only or spec.read_back is not None,
     )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from temporalio.client import WorkflowHandle
 
 from toolloop._core.approvals import ApprovalClaims, mint_approval_token, payload_digest
-from toolloop._core.contracts import Actor, ApprovalDecision, ApprovalRequest, OperationRecord
+from toolloop._core.contracts import Actor, ApprovalDecision, ApprovalRequest, DecisionReceipt
 from toolloop._core.names import APPROVE_OPERATION_UPDATE, GET_APPROVAL_REQUEST_QUERY
 
 DEFAULT_APPROVAL_TTL_SECONDS = 600.0
@@ -80,8 +80,9 @@ async def send_decision(
     key: str | None,
     channel: str = "cli",
     ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
-) -> OperationRecord:
-    """Approve or reject; raises temporalio's WorkflowUpdateFailedError if the workflow refuses it."""
+) -> DecisionReceipt:
+    """Approve or reject; the operation's state right after. Raises temporalio's WorkflowUpdateFailedError
+    if the workflow refuses it."""
     if key is None:
         raise ApprovalRefused("no approval key: set TOOLLOOP_APPROVAL_KEY or use the local stack")
     token = sign_decision(request, decider, key, approve=approve, channel=channel, ttl_seconds=ttl_seconds)
@@ -92,7 +93,7 @@ async def send_decision(
         token=token,
         by=f"{decider.user_id} via {channel}",
     )
-    result: OperationRecord = await handle.execute_update(
-        APPROVE_OPERATION_UPDATE, decision, result_type=OperationRecord
+    result: DecisionReceipt = await handle.execute_update(
+        APPROVE_OPERATION_UPDATE, decision, result_type=DecisionReceipt
     )
     return result
