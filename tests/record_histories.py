@@ -153,6 +153,18 @@ async def write_verified_in_attempt(
         return await _finished(handle)
 
 
+async def short_payloads(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> WorkflowHandle[Any, AgentResult]:
+    """Reads and an approved note in today's payloads: checked calls leave out what their items hold, and
+    the decision is answered by a short receipt."""
+    reads = [call("get_order_status", {"orderId": order}, f"r-{order}") for order in ("A100", "A102")]
+    note = call("append_ticket_note", {"ticketId": "T1001", "text": "short payloads", "expectedVersion": 1}, "w1")
+    handle = await start_agent(client, settings, "w", model=script_spec(reads, [note], [say("ok")]))
+    async with approving(handle):
+        return await _finished(handle)
+
+
 async def _first_verified(handle: WorkflowHandle[Any, AgentResult]) -> None:
     while True:
         ledger = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
@@ -171,6 +183,7 @@ SCENARIOS: dict[str, Scenario] = {
     "model_error": model_error,
     "reads_by_reference": reads_by_reference,
     "write_verified_in_attempt": write_verified_in_attempt,
+    "short_payloads": short_payloads,
 }
 
 

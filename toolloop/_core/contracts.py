@@ -19,6 +19,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     Tag,
     model_serializer,
+    model_validator,
 )
 
 # --- Conversation items (OpenAI Responses shape) -------------------------------------------------
@@ -64,6 +65,10 @@ class Compact(BaseModel):
                 del data[key]
             elif name in self.fixed_defaults and value == field.default:
                 del data[key]
+        return self._without_repeats(data)
+
+    def _without_repeats(self, data: dict[str, Any]) -> dict[str, Any]:
+        """A subclass's payload may also leave out what it holds twice (and restore it when validated)."""
         return data
 
 
@@ -257,6 +262,10 @@ class CheckedCall(ActivityPayload):
 
 
 class ModelTurnResult(ActivityPayload):
+    """The model's items and its calls as checked. In a payload a checked call leaves out its `name`, and
+    its `arguments` where they are its item's own, parsed: both are in the call's item already, and are
+    restored from it when the payload is read."""
+
     items: list[ConversationItem]
     calls: list[CheckedCall]
     # Set by older workers only; the answer's text is read from the items (answer_text), not stored twice.
@@ -264,6 +273,59 @@ class ModelTurnResult(ActivityPayload):
     model_label: str
     # Set when the turn itself broke the protocol (e.g. one call_id twice): nothing in it runs.
     protocol_error: str | None = None
+
+    def _without_repeats(self, data: dict[str, Any]) -> dict[str, Any]:
+        items = _function_calls(data.get("items"))
+        for call in data.get("calls") or []:
+            item = items.get(str(call.get("call_id")))
+            if item is None:
+                continue
+            if call.get("name") == item.get("name"):
+                del call["name"]
+            if "rejection" not in call and "arguments" in call and call["arguments"] == _parsed(item):
+                del call["arguments"]
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _with_repeats(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("calls"), list):
+            return data
+
+        def shortened(call: Any) -> bool:
+            return isinstance(call, dict) and ("name" not in call or not {"arguments", "rejection"} & set(call))
+
+        if not any(shortened(call) for call in data["calls"]):
+            return data
+        items = _function_calls(data.get("items"))
+        calls = []
+        for call in data["calls"]:
+            item = items.get(str(call.get("call_id"))) if shortened(call) else None
+            if item is not None:
+                call = dict(call)
+                call.setdefault("name", item.get("name"))
+                if "arguments" not in call and "rejection" not in call:
+                    call["arguments"] = _parsed(item)
+            calls.append(call)
+        return {**data, "calls": calls}
+
+
+def _function_calls(items: Any) -> dict[str, dict[str, Any]]:
+    """The first function_call item of each call_id (as serialized dicts, or models)."""
+    found: dict[str, dict[str, Any]] = {}
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, BaseModel):
+            item = item.model_dump()
+        if isinstance(item, dict) and item.get("type") == "function_call" and isinstance(item.get("call_id"), str):
+            found.setdefault(item["call_id"], item)
+    return found
+
+
+def _parsed(item: dict[str, Any]) -> Any:
+    try:
+        return json.loads(item.get("arguments") or "")
+    except ValueError:
+        return None
 
 
 # --- Tool call activity -------------------------------------------------------------------------
