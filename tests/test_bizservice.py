@@ -267,6 +267,35 @@ async def test_status_fault_with_times_applies_once(client: httpx.AsyncClient) -
     assert [e["status"] for e in log] == [503, 200]
 
 
+async def test_a_fault_on_the_nth_matching_request_fires_there_and_is_counted(client: httpx.AsyncClient) -> None:
+    # The 3rd and 4th GETs of A100 fail; other paths neither count nor fail.
+    rule = {"method": "GET", "path_regex": "^/orders/A100$", "status": 503, "skip": 2, "times": 2}
+    await client.put("/admin/faults", json={"rules": [rule]}, headers=ADMIN)
+    statuses = []
+    for _ in range(6):
+        statuses.append((await client.get("/orders/A100", headers=U1)).status_code)
+        assert (await client.get("/orders/A102", headers=U1)).status_code == 200
+    assert statuses == [200, 200, 503, 503, 200, 200]
+    [listed] = (await client.get("/admin/faults", headers=ADMIN)).json()["rules"]
+    assert (listed["matched"], listed["fired"], listed["remaining"]) == (6, 2, 0)
+
+
+async def test_a_seeded_fault_fires_on_the_same_requests_for_the_same_seed(db: Path, tmp_path: Path) -> None:
+    from faultbed.firing import draw
+
+    async def statuses(path: Path, seed: int) -> list[int]:
+        rule = {"path_regex": "^/orders/A100$", "status": 500, "probability": 0.5, "seed": seed, "label": "f0"}
+        async with _client(path) as c:
+            await c.put("/admin/faults", json={"rules": [rule]}, headers=ADMIN)
+            return [(await c.get("/orders/A100", headers=U1)).status_code for _ in range(24)]
+
+    first, again, other = await statuses(db, 7), await statuses(tmp_path / "other.db", 7), await statuses(db, 8)
+    assert first == again
+    # Exactly where the shared draw says, and neither never nor always.
+    assert first == [500 if draw(7, "f0", n) < 0.5 else 200 for n in range(1, 25)]
+    assert 0 < first.count(500) < 24 and first != other
+
+
 async def test_429_fault_sends_retry_after(client: httpx.AsyncClient) -> None:
     await client.put("/admin/faults", json={"rules": [{"path_regex": "^/tickets/", "status": 429}]}, headers=ADMIN)
     r = await client.get("/tickets/T1001", headers=U1)

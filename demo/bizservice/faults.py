@@ -11,7 +11,6 @@ only) an `action` on the reply. Points:
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Literal
 
@@ -19,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from demo.bizservice.store import Store
 from demo.bizservice.web import Problem, ServiceCode
+from faultbed.firing import fires
 
 FaultPoint = Literal["before_handler", "after_claim", "after_commit"]
 FaultAction = Literal["drop", "truncate"]
@@ -45,6 +45,12 @@ class FaultRule(BaseModel):
         default=None, description="after_commit only: drop the reply (no bytes) or truncate its body"
     )
     times: int | None = Field(default=None, ge=1, description="how many matching requests it applies to; null: all")
+    skip: int = Field(default=0, ge=0, le=100_000, description="let this many matching requests pass first")
+    probability: float | None = Field(
+        default=None, gt=0, le=1, description="fire on each matching request with this probability (seeded)"
+    )
+    seed: int = Field(default=0, ge=0, description="with probability: the seed of the draws")
+    label: str = Field(default="", max_length=100, description="with probability: the rule's name in the draws")
 
     @field_validator("path_regex")
     @classmethod
@@ -81,9 +87,12 @@ class FaultRuleSet(BaseModel):
 
 
 class StoredFaultRule(FaultRule):
-    """A rule as listed by the admin API: `remaining` counts down from `times` (null: unlimited)."""
+    """A rule as listed by the admin API: `remaining` counts down from `times` (null: unlimited);
+    `matched` and `fired` count the requests it matched and those it acted on."""
 
     remaining: int | None = None
+    matched: int = 0
+    fired: int = 0
 
 
 def fault_problem(status: int) -> Problem:
@@ -111,27 +120,51 @@ def clear_rules(store: Store) -> None:
 
 def list_rules(store: Store) -> list[StoredFaultRule]:
     with store.connect() as conn:
-        rows = conn.execute("SELECT rule_json, times_left FROM fault_rules ORDER BY position").fetchall()
-    return [StoredFaultRule(**json.loads(r["rule_json"]), remaining=r["times_left"]) for r in rows]
+        rows = conn.execute("SELECT rule_json, matched, fired FROM fault_rules ORDER BY position").fetchall()
+    listed = []
+    for row in rows:
+        rule = FaultRule.model_validate_json(row["rule_json"])
+        remaining = None if rule.times is None else max(rule.times - row["fired"], 0)
+        listed.append(
+            StoredFaultRule(**rule.model_dump(), remaining=remaining, matched=row["matched"], fired=row["fired"])
+        )
+    return listed
 
 
 def claim(store: Store, method: str, path: str, when: FaultPoint = "before_handler") -> FaultRule | None:
-    """The first rule that applies to this request at this point, using up one of its `times`.
+    """The first rule that applies to this request at this point, counting the request as matched.
 
-    The common case (no rules) is a single read; a counted rule is used up by one conditional UPDATE,
-    which is atomic across processes, so two concurrent requests never both get a rule's last time."""
+    The common case (no rules) is a single read. Each matching rule numbers the request with one atomic
+    UPDATE (so concurrent requests get distinct numbers, in every process on the file); whether it fires
+    on that number is `faultbed.firing.fires` - the Nth request and the `times` after it, or a seeded draw -
+    and a firing is counted by a conditional UPDATE, so a rule never fires more than `times` times."""
     with store.connect() as conn:
-        rows = conn.execute("SELECT id, rule_json, times_left FROM fault_rules ORDER BY position").fetchall()
+        rows = conn.execute("SELECT id, rule_json FROM fault_rules ORDER BY position").fetchall()
     for row in rows:
         rule = FaultRule.model_validate_json(row["rule_json"])
         if not rule.matches(method, path, when):
             continue
-        if row["times_left"] is None:
-            return rule
         with store.connect() as conn:
-            updated = conn.execute(
-                "UPDATE fault_rules SET times_left = times_left - 1 WHERE id = ? AND times_left > 0", (row["id"],)
+            numbered = conn.execute(
+                "UPDATE fault_rules SET matched = matched + 1 WHERE id = ? RETURNING matched, fired", (row["id"],)
+            ).fetchone()
+        if numbered is None:  # the rules were replaced meanwhile
+            continue
+        if not fires(
+            numbered["matched"],
+            skip=rule.skip,
+            times=rule.times,
+            fired_before=numbered["fired"],
+            probability=rule.probability,
+            seed=rule.seed,
+            label=rule.label,
+        ):
+            continue
+        with store.connect() as conn:
+            counted = conn.execute(
+                "UPDATE fault_rules SET fired = fired + 1 WHERE id = ? AND (? IS NULL OR fired < ?)",
+                (row["id"], rule.times, rule.times),
             ).rowcount
-        if updated == 1:
+        if counted == 1:
             return rule
     return None

@@ -131,6 +131,10 @@ _ADDED_COLUMNS = [
     (table, column, "TEXT")
     for table in ("ticket_notes", "calendar_events")
     for column in ("operation_id", "actor_user", "actor_tenant")
+] + [
+    # How many requests a fault rule matched, and how often it fired (the Nth-call and seeded rules).
+    ("fault_rules", "matched", "INTEGER NOT NULL DEFAULT 0"),
+    ("fault_rules", "fired", "INTEGER NOT NULL DEFAULT 0"),
 ]
 _EFFECT_INDEXES = """
 CREATE INDEX IF NOT EXISTS notes_by_operation ON ticket_notes (operation_id);

@@ -1,0 +1,261 @@
+"""I/O: the fault proxy - a TCP proxy on loopback between the tools and the business service that reads
+just enough HTTP/1.1 to count requests, and injects a plan's wire faults on the real socket.
+
+Each client connection gets its own connection to the service. A request is read whole (head and
+Content-Length body), numbered for every wire fault it matches, and the first fault that fires on its
+number acts on it (faultbed.plan.fault_fires: the Nth matching call, or a seeded draw):
+
+- `latency`: the request waits `latency_ms`, then goes through;
+- `reset`: the request reaches the service, then the client's connection is reset before any byte of the
+  reply (the service may have acted: an unknown outcome for the client);
+- `timeout`: the request reaches the service and the reply is withheld; the connection stays open and
+  silent until the client gives up;
+- `cut_reply`: the request reaches the service; half of its reply is sent, then the connection closes;
+- `refused`: the request never reaches the service; its connection is reset as soon as it arrived;
+- `down`: like `refused`, and the proxy stops listening for `latency_ms` (dropping its idle connections):
+  every connection tried meanwhile is refused by the kernel, before anything was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from faultbed.plan import WireFaultSpec, fault_fires
+
+_MAX_HEAD_BYTES = 64 * 1024
+_MAX_BODY_BYTES = 16 * 1024 * 1024
+# How long a withheld reply keeps its connection open at most (the client's own timeout ends it first).
+_TIMEOUT_HOLD_S = 300.0
+
+
+class _BadHttp(Exception):
+    pass
+
+
+@dataclass
+class _Message:
+    """One HTTP/1.1 request or response, as bytes, with what the proxy needs from its head."""
+
+    raw: bytes
+    start_line: str
+    close: bool
+
+
+@dataclass
+class WireFault:
+    """A wire fault of a plan, with its index there (its seeded draws and its counts go by the index)."""
+
+    index: int
+    spec: WireFaultSpec
+
+
+@dataclass
+class FaultProxy:
+    upstream_host: str
+    upstream_port: int
+    faults: Sequence[WireFault]
+    seed: int = 0
+    # Per fault index: the requests it matched, and those it acted on.
+    matched: Counter[int] = field(default_factory=Counter)
+    fired: Counter[int] = field(default_factory=Counter)
+    # Every request the proxy saw, in order: (method, path, fault index or None).
+    log: list[tuple[str, str, int | None]] = field(default_factory=list)
+    _server: asyncio.Server | None = None
+    _host: str = "127.0.0.1"
+    _port: int = 0
+    _idle: set[asyncio.StreamWriter] = field(default_factory=set)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen (on a free port unless given one); returns the port."""
+        self._host = host
+        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+        self._port = self._server.sockets[0].getsockname()[1]
+        return self._port
+
+    async def stop(self) -> None:
+        await self._stop_listening()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _stop_listening(self) -> None:
+        # Not wait_closed(): from Python 3.12 it waits for every open connection, this one's caller included.
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    # --- One client connection ---------------------------------------------------------------------------
+
+    async def _serve(self, client_reader: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        try:
+            while True:
+                self._idle.add(client)
+                try:
+                    request = await _read_message(client_reader, is_request=True)
+                finally:
+                    self._idle.discard(client)
+                if request is None:
+                    return
+                method, path = _method_and_path(request.start_line)
+                fault = self._fault_for(method, path)
+                self.log.append((method, path, None if fault is None else fault.index))
+                kind = None if fault is None else fault.spec.fault
+                if kind == "latency":
+                    assert fault is not None
+                    await asyncio.sleep(fault.spec.latency_ms / 1000)
+                if kind in ("refused", "down"):
+                    _reset(client)
+                    if kind == "down":
+                        assert fault is not None
+                        await self._go_away(fault.spec.latency_ms / 1000)
+                    return
+                if upstream is None:
+                    upstream = await asyncio.open_connection(self.upstream_host, self.upstream_port)
+                up_reader, up_writer = upstream
+                up_writer.write(request.raw)
+                await up_writer.drain()
+                if kind == "reset":
+                    _reset(client)
+                    await _read_message(up_reader, is_request=False)  # let the service finish its answer
+                    return
+                reply = await _read_message(up_reader, is_request=False)
+                if reply is None:
+                    return
+                if kind == "timeout":
+                    await self._hold(client_reader)
+                    return
+                if kind == "cut_reply":
+                    client.write(reply.raw[: max(len(reply.raw) // 2, 1)])
+                    await client.drain()
+                    client.close()
+                    return
+                client.write(reply.raw)
+                await client.drain()
+                if request.close or reply.close:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, _BadHttp, OSError):
+            return
+        finally:
+            self._tasks.discard(task)
+            for writer in (client, upstream[1] if upstream else None):
+                if writer is not None and not writer.is_closing():
+                    writer.close()
+
+    def _fault_for(self, method: str, path: str) -> WireFault | None:
+        """Number the request for every fault it matches; the first that fires on its number acts."""
+        chosen = None
+        for fault in self.faults:
+            if not fault.spec.match.matches(method, path):
+                continue
+            self.matched[fault.index] += 1
+            if chosen is None and fault_fires(
+                fault.spec.when, self.seed, fault.index, self.matched[fault.index], self.fired[fault.index]
+            ):
+                chosen = fault
+                self.fired[fault.index] += 1
+        return chosen
+
+    async def _hold(self, client_reader: asyncio.StreamReader) -> None:
+        """Keep a connection open and silent until the client closes it (or a long bound passes)."""
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            await asyncio.wait_for(client_reader.read(), _TIMEOUT_HOLD_S)
+
+    async def _go_away(self, seconds: float) -> None:
+        """Stop listening for `seconds` (new connections are refused) and drop the idle ones, so the
+        client's next request must connect; then listen again on the same port."""
+        await self._stop_listening()
+        for writer in list(self._idle):
+            writer.close()
+        self._idle.clear()
+        await asyncio.sleep(seconds)
+        self._server = await asyncio.start_server(self._serve, self._host, self._port, reuse_address=True)
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with a TCP RST (SO_LINGER 0), not a FIN: the peer sees 'connection reset'."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+def _method_and_path(start_line: str) -> tuple[str, str]:
+    parts = start_line.split(" ")
+    if len(parts) != 3:
+        raise _BadHttp(start_line)
+    return parts[0], parts[1].split("?", 1)[0]
+
+
+async def _read_message(reader: asyncio.StreamReader, *, is_request: bool) -> _Message | None:
+    """One whole HTTP/1.1 message (None at a clean end of the stream before it began)."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise
+    except asyncio.LimitOverrunError:
+        raise _BadHttp("head too long") from None
+    if len(head) > _MAX_HEAD_BYTES:
+        raise _BadHttp("head too long")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            name, value = line.split(":", 1)
+            headers[name.strip().lower()] = value.strip()
+    close = headers.get("connection", "").lower() == "close"
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        body = await _read_chunked(reader)
+    elif "content-length" in headers:
+        length = int(headers["content-length"])
+        if length > _MAX_BODY_BYTES:
+            raise _BadHttp("body too long")
+        body = await reader.readexactly(length)
+    elif is_request or _no_body(lines[0]):
+        body = b""
+    else:
+        body = await reader.read(_MAX_BODY_BYTES)  # a reply that ends with its connection
+        close = True
+    return _Message(raw=head + body, start_line=lines[0], close=close)
+
+
+def _no_body(status_line: str) -> bool:
+    parts = status_line.split(" ")
+    return len(parts) > 1 and (parts[1].startswith("1") or parts[1] in ("204", "304"))
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    out = bytearray()
+    while True:
+        size_line = await reader.readuntil(b"\r\n")
+        out += size_line
+        size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+        if size == 0:
+            # Trailers, then the empty line.
+            while True:
+                line = await reader.readuntil(b"\r\n")
+                out += line
+                if line == b"\r\n":
+                    return bytes(out)
+        if len(out) + size > _MAX_BODY_BYTES:
+            raise _BadHttp("body too long")
+        out += await reader.readexactly(size + 2)
