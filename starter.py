@@ -880,6 +880,35 @@ def serve(
 
 
 @app.command()
+def chaos(
+    scenarios: Annotated[str, typer.Option(help="Comma list of built-in scenarios (default: all of them).")] = "",
+    seeds: Annotated[int, typer.Option(help="How many seeds per scenario (0, 1, ... or from the plan's seed).")] = 1,
+    seed: Annotated[int | None, typer.Option(help="Run this one seed (replays a run of the results).")] = None,
+    plan: Annotated[Path | None, typer.Option(help="A fault plan of your own (YAML or JSON).")] = None,
+    out: Annotated[Path, typer.Option(help="Where chaos.json and chaos.md go.")] = Path("chaos-results"),
+) -> None:
+    """Break the agent on purpose: run fault scenarios x seeds through the real workflow on a stack of its
+    own, check every invariant from the service's records and the histories, and exit non-zero if one broke
+    or a fault a scenario needs never fired."""
+    from faultbed import cli as chaos_cli
+    from faultbed.plan import PlanError
+
+    try:
+        choice = chaos_cli.choose(scenarios, seeds, seed, plan, out)
+    except (chaos_cli.ChaosUsageError, PlanError) as exc:
+        # One line per problem (a plan may have several bad fields), then exit 2.
+        *first, last = str(exc).splitlines()
+        for line in first:
+            err_console.print(Text.assemble(("error: ", "bold red"), line))
+        _fail(last)
+    try:
+        code = chaos_cli.main(choice, lambda line: err_console.print(line))
+    except StackError as exc:
+        _fail(f"the chaos stack did not start: {exc}", code=1)
+    raise typer.Exit(code)
+
+
+@app.command()
 def keygen() -> None:
     """Print a new approval key pair for a deployment: the private key for the approval channel only
     (TOOLLOOP_APPROVAL_KEY), the public one for the business service and starters."""

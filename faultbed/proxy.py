@@ -152,6 +152,9 @@ class FaultProxy:
                     return
         except (ConnectionError, asyncio.IncompleteReadError, _BadHttp, OSError):
             return
+        except asyncio.CancelledError:
+            # The proxy is stopping: end this connection quietly (the server's callback reads the result).
+            return
         finally:
             self._tasks.discard(task)
             for writer in (client, upstream[1] if upstream else None):

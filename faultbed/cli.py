@@ -1,0 +1,93 @@
+"""I/O: `starter.py chaos` - pick scenarios (or a user's plan) and seeds, run the matrix on a stack of its own,
+print live progress and a table per scenario, write the JSON results and the Markdown report, and say by the
+exit status whether every invariant held and every fault a scenario needs fired."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from faultbed.invariants import reported
+from faultbed.plan import load_plan
+from faultbed.report import headline, render_markdown, to_json, unfired
+from faultbed.runner import RunOutcome, chaos_stack, run_matrix
+from faultbed.scenarios import Scenario, find
+
+EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
+
+
+class ChaosUsageError(ValueError):
+    """A bad choice of scenarios, seeds or plan: one line for the user, exit 2."""
+
+
+@dataclass(frozen=True)
+class ChaosChoice:
+    scenarios: list[Scenario]
+    seeds: list[int]
+    out: Path
+
+
+def choose(scenarios: str, seeds: int, seed: int | None, plan: Path | None, out: Path) -> ChaosChoice:
+    if seeds < 1:
+        raise ChaosUsageError("--seeds: must be at least 1")
+    if plan is not None:
+        user_plan = load_plan(plan)  # PlanError: one line per bad field
+        chosen = [Scenario(plan=user_plan, family="plan", covers=(), expect="")]
+        default_seed = user_plan.seed or 0
+    else:
+        try:
+            chosen = find([n.strip() for n in scenarios.split(",") if n.strip()])
+        except KeyError as exc:
+            raise ChaosUsageError(f"--scenarios: {exc.args[0]}") from None
+        default_seed = 0
+    picked = [seed] if seed is not None else [default_seed + i for i in range(seeds)]
+    return ChaosChoice(scenarios=chosen, seeds=picked, out=out)
+
+
+def branch_problems(scenarios: Sequence[Scenario], outcomes: Sequence[RunOutcome]) -> list[str]:
+    """Runs whose write did not end the way its scenario is named for (the fault did not lead there)."""
+    expected = {s.name: s.expect for s in scenarios if s.expect}
+    return [
+        f"{o.scenario} seed {o.seed}: the write ended {o.write_state or 'nowhere'}, not {expected[o.scenario]}"
+        for o in outcomes
+        if o.scenario in expected and (o.write_state is None or reported(o.write_state) != expected[o.scenario])
+    ]
+
+
+async def run_chaos(choice: ChaosChoice, say: Callable[[str], None]) -> int:
+    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    began = time.monotonic()
+    say(f"chaos: {len(choice.scenarios)} scenario(s) x {len(choice.seeds)} seed(s); starting a stack of its own")
+    async with chaos_stack() as stack:
+        outcomes = await run_matrix(stack, choice.scenarios, choice.seeds, say)
+    problems = unfired(choice.scenarios, outcomes) + branch_problems(choice.scenarios, outcomes)
+    meta = {
+        "started_at": started,
+        "seconds": round(time.monotonic() - began),
+        "scenarios": len(choice.scenarios),
+        "seeds": ",".join(map(str, choice.seeds)),
+    }
+    choice.out.mkdir(parents=True, exist_ok=True)
+    (choice.out / "chaos.json").write_text(
+        json.dumps(to_json(meta, choice.scenarios, outcomes, problems), indent=1) + "\n"
+    )
+    (choice.out / "chaos.md").write_text(render_markdown(meta, choice.scenarios, outcomes, problems))
+    for name, value in headline(outcomes).items():
+        say(f"  {name}: {value}")
+    for problem in problems:
+        say(f"problem: {problem}")
+    for outcome in outcomes:
+        if not outcome.ok:
+            broken = "; ".join(f"{c.name}: {c.detail}" for c in outcome.checks if not c.ok)
+            say(f"broken: {outcome.scenario} seed {outcome.seed}: {broken}")
+    say(f"wrote {choice.out / 'chaos.json'} and {choice.out / 'chaos.md'}")
+    return EXIT_OK if not problems and all(o.ok for o in outcomes) else EXIT_BROKEN
+
+
+def main(choice: ChaosChoice, say: Callable[[str], None]) -> int:
+    return asyncio.run(run_chaos(choice, say))

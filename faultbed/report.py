@@ -1,0 +1,133 @@
+"""Pure: the chaos runner's results - what each run held and broke, the faults that must have fired and did
+not, the headline figures, and the JSON and Markdown a user reads (with a command to replay any run)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from faultbed.runner import RunOutcome
+from faultbed.scenarios import Scenario
+
+REPORTED = ("done", "not_done", "unknown")
+ACTUAL = ("done", "not_done")
+
+
+def unfired(scenarios: Sequence[Scenario], outcomes: Sequence[RunOutcome]) -> list[str]:
+    """The faults a scenario needs that never fired: an Nth-call fault in any run of it, a seeded one in
+    all its runs together. '0 duplicates' from faults that never happened counts for nothing."""
+    problems = []
+    for scenario in scenarios:
+        runs = [o for o in outcomes if o.scenario == scenario.name]
+        for index, fault in enumerate(scenario.plan.faults):
+            if fault.when.nth is not None:
+                missed = [o.seed for o in runs if o.fired.get(index, 0) == 0]
+                if missed:
+                    problems.append(f"{scenario.name}: fault {index} ({fault.fault}) never fired with seeds {missed}")
+            elif runs and not any(o.fired.get(index, 0) for o in runs):
+                problems.append(f"{scenario.name}: fault {index} ({fault.fault}) fired in none of its runs")
+    return problems
+
+
+def headline(outcomes: Sequence[RunOutcome]) -> dict[str, int]:
+    broken = Counter(c.name for o in outcomes for c in o.checks if not c.ok)
+    cells = Counter(cell for o in outcomes for cell in o.honesty)
+    return {
+        "runs": len(outcomes),
+        "faults fired": sum(sum(o.fired.values()) for o in outcomes),
+        "duplicate effects": broken["at most one effect"],
+        "lost acknowledged writes": cells[("done", "not_done")],
+        "unapproved effects": broken["no effect without approval"],
+        "false done": cells[("done", "not_done")],
+        "false not-done": cells[("not_done", "done")],
+        "resends with a new key": broken["no resend with a new key"],
+        "pairing breaks": broken["every call_id answered once"],
+        "stuck requests": broken["no stuck request"],
+    }
+
+
+def replay_command(outcome: RunOutcome) -> str:
+    return f"python starter.py chaos --scenarios {outcome.scenario} --seed {outcome.seed}"
+
+
+def to_json(
+    meta: dict[str, Any], scenarios: Sequence[Scenario], outcomes: Sequence[RunOutcome], problems: Sequence[str]
+) -> dict[str, Any]:
+    return {
+        "meta": meta,
+        "headline": headline(outcomes),
+        "problems": list(problems),
+        "scenarios": [
+            {
+                "name": s.name,
+                "family": s.family,
+                "covers": list(s.covers),
+                "plan": s.plan.model_dump(mode="json"),
+            }
+            for s in scenarios
+        ],
+        "runs": [
+            {
+                **{k: v for k, v in asdict(o).items() if k not in ("checks", "honesty")},
+                "ok": o.ok,
+                "checks": [asdict(c) for c in o.checks],
+                "honesty": [list(cell) for cell in o.honesty],
+                "replay": replay_command(o),
+            }
+            for o in outcomes
+        ],
+    }
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
+def render_markdown(
+    meta: dict[str, Any], scenarios: Sequence[Scenario], outcomes: Sequence[RunOutcome], problems: Sequence[str]
+) -> str:
+    lines = ["# Chaos run", "", ", ".join(f"{k}: {v}" for k, v in meta.items()), "", "## Headline", ""]
+    lines += _table(["figure", "value"], [[k, str(v)] for k, v in headline(outcomes).items()])
+    lines += ["", "## Per scenario", ""]
+    rows = []
+    for s in scenarios:
+        runs = [o for o in outcomes if o.scenario == s.name]
+        fired = sum(sum(o.fired.values()) for o in runs)
+        broken = sorted({c.name for o in runs for c in o.checks if not c.ok})
+        seconds = [o.seconds for o in runs]
+        states = Counter(o.write_state or "-" for o in runs)
+        rows.append(
+            [
+                s.name,
+                ", ".join(s.covers),
+                str(len(runs)),
+                str(fired),
+                "all held" if not broken else "**broken: " + ", ".join(broken) + "**",
+                ", ".join(f"{k} x{v}" for k, v in sorted(states.items())),
+                f"{statistics.median(seconds):.1f} / {max(seconds):.1f}" if seconds else "-",
+            ]
+        )
+    lines += _table(
+        ["scenario", "covers", "seeds", "faults fired", "invariants", "write ended", "seconds (median / max)"], rows
+    )
+    cells = Counter(cell for o in outcomes for cell in o.honesty)
+    lines += ["", "## What was reported against what the service holds", ""]
+    lines += _table(
+        ["reported \\ service", *ACTUAL],
+        [[said, *(str(cells[(said, actual)]) for actual in ACTUAL)] for said in REPORTED],
+    )
+    failed = [o for o in outcomes if not o.ok]
+    if problems or failed:
+        lines += ["", "## Problems", ""]
+        lines += [f"- {p}" for p in problems]
+        for o in failed:
+            why = "; ".join(f"{c.name}: {c.detail}" for c in o.checks if not c.ok)
+            lines.append(f"- {o.scenario} seed {o.seed} ({o.workflow_id}): {why}. Replay: `{replay_command(o)}`")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,167 @@
+"""Pure: the built-in chaos scenarios - a fault plan each, against one workload on the demo's tools, with the
+ids of ../shared/FAULTS.md (the fault catalog) each one covers - and the workload itself: a scripted model
+that reads two orders, proposes one calendar event (a write that needs approval), then answers.
+
+Every write is unique per run (its title carries the run's tag), so each run's operation is its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from faultbed.plan import FaultPlan, parse_plan
+
+WRITE_PATH = r"^/calendars/[^/]+/events$"
+READ_PATH = r"^/orders/"
+WRITE_TOOL = "create_calendar_event"
+# The limits a chaos run uses: short write timeouts, so lost replies and stalls resolve within seconds.
+CHAOS_LIMITS: dict[str, Any] = {
+    "write_timeout_seconds": 2,
+    "unknown_resolution_seconds": 10,
+    "tool_timeout_seconds": 2,
+    "deadline_seconds": 90,
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    plan: FaultPlan
+    family: str  # service | wire | model | process
+    covers: tuple[str, ...]  # FAULTS.md ids
+    # What the run's one write must end as, per the protocol: "done" (verified, one effect), "not_done"
+    # (no effect) or "unknown" (the service could not be asked). Whatever it ends as, the report must agree
+    # with the service's records; this says the scenario exercised the branch it is named for.
+    expect: str = "done"
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+
+def _scenario(name: str, family: str, covers: tuple[str, ...], faults: list[dict[str, Any]], **kw: Any) -> Scenario:
+    plan = parse_plan({"name": name, "description": kw.pop("description", ""), "faults": faults}, source=name)
+    return Scenario(plan=plan, family=family, covers=covers, **kw)
+
+
+def _write(**extra: Any) -> dict[str, Any]:
+    return {"match": {"method": "POST", "path": WRITE_PATH}, **extra}
+
+
+BUILT_IN: tuple[Scenario, ...] = (
+    _scenario(
+        "svc-lost-reply",
+        "service",
+        ("T3",),
+        [{"boundary": "service", "fault": "commit_then_drop", **_write()}],
+        description="the service commits the write, then the connection closes without a reply",
+    ),
+    _scenario(
+        "svc-503-before-commit",
+        "service",
+        ("T4",),
+        [{"boundary": "service", "fault": "unavailable_before_commit", **_write()}],
+        description="503 before anything is claimed: status says not found, resent with the same key",
+    ),
+    _scenario(
+        "svc-500-after-commit",
+        "service",
+        ("T5",),
+        [{"boundary": "service", "fault": "commit_then_500", **_write()}],
+        description="a 500 after the commit: unknown, then the status finds it completed",
+    ),
+    _scenario(
+        "svc-cut-reply",
+        "service",
+        ("T6",),
+        [{"boundary": "service", "fault": "commit_then_cut_reply", **_write()}],
+        description="the reply stops mid-body after the commit",
+    ),
+    _scenario(
+        "svc-stall-after-claim",
+        "service",
+        ("T7", "C3"),
+        [{"boundary": "service", "fault": "stall_after_claim", "latency_ms": 3500, **_write()}],
+        description="the first attempt holds the key past the write timeout; the retry meets it in progress",
+    ),
+    _scenario(
+        "svc-status-down",
+        "service",
+        ("T8",),
+        [
+            {"boundary": "service", "fault": "commit_then_drop", **_write()},
+            {"boundary": "service", "fault": "status_down", "when": {"nth": 1, "times": 1000}},
+        ],
+        expect="unknown",
+        description="the reply is lost and the status endpoint is down: the write stays unknown, never resent",
+    ),
+    _scenario(
+        "wire-reset-write",
+        "wire",
+        ("T3", "T6"),
+        [{"boundary": "wire", "fault": "reset", **_write()}],
+        description="the connection is reset after the write left: the service committed it",
+    ),
+    _scenario(
+        "wire-down-write",
+        "wire",
+        ("T2",),
+        [{"boundary": "wire", "fault": "down", "latency_ms": 1500, **_write()}],
+        description="the service is unreachable when the write is sent: nothing arrives; resent once it is back",
+    ),
+    _scenario(
+        "wire-timeout-write",
+        "wire",
+        ("T1", "T3"),
+        [{"boundary": "wire", "fault": "timeout", **_write()}],
+        description="the write's reply never comes back (the service answered): the attempt times out",
+    ),
+    _scenario(
+        "wire-flaky-reads",
+        "wire",
+        ("T1",),
+        [
+            {
+                "boundary": "wire",
+                "fault": "reset",
+                "match": {"method": "GET", "path": READ_PATH},
+                "when": {"probability": 0.4},
+            }
+        ],
+        description="reads reset on the wire at random (seeded): retried, one result per call",
+    ),  # fmt: skip
+)
+
+
+def find(names: list[str]) -> list[Scenario]:
+    """The built-in scenarios named (all when `names` is empty); raises KeyError naming an unknown one."""
+    if not names:
+        return list(BUILT_IN)
+    by_name = {s.name: s for s in BUILT_IN}
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise KeyError(f"unknown scenario(s) {', '.join(missing)}; known: {', '.join(by_name)}")
+    return [by_name[n] for n in names]
+
+
+def workload(tag: str) -> list[list[dict[str, Any]]]:
+    """The scripted model's turns for one run: two reads, one write unique to the run, then the answer."""
+    reads = [_call("get_order_status", {"orderId": order}, f"r{i}") for i, order in enumerate(("A100", "A102"))]
+    write = _call(
+        WRITE_TOOL,
+        {
+            "calendarId": "cal-u1",
+            "title": f"chaos {tag}",
+            "start": "2027-02-01T10:00:00Z",
+            "end": "2027-02-01T11:00:00Z",
+            "attendees": [],
+        },
+        "w1",
+    )
+    answer = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]}
+    return [reads, [write], [answer]]
+
+
+def _call(name: str, arguments: dict[str, Any], call_id: str) -> dict[str, Any]:
+    import json
+
+    return {"type": "function_call", "call_id": call_id, "name": name, "arguments": json.dumps(arguments)}

@@ -1,0 +1,126 @@
+"""Pure tests: the invariants judged on a chaos run's facts, the faults that must have fired, the headline and
+the report - each rule shown holding and broken."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from faultbed.cli import ChaosUsageError, branch_problems, choose
+from faultbed.invariants import Check, Effect, OperationFacts, RunFacts, judge, reported
+from faultbed.report import headline, render_markdown, replay_command, to_json, unfired
+from faultbed.runner import RunOutcome
+from faultbed.scenarios import BUILT_IN, find, workload
+
+OP = "op_" + "a" * 32
+ME = ("u1", "acme")
+
+
+def good_facts() -> RunFacts:
+    return RunFacts(
+        scenario="s",
+        seed=0,
+        finished=True,
+        stop_reason="final_answer",
+        operations=[OperationFacts(OP, "verified", approved=True)],
+        effects=[Effect(OP, *ME)],
+        calls=["r0", "r1", "w1"],
+        answered=["r0", "r1", "w1"],
+        outputs_sent=[(["r0", "r1"], ["r0", "r1"]), (["w1"], ["w1"])],
+        rounds=3,
+    )
+
+
+def broken(facts: RunFacts) -> dict[str, str]:
+    return {c.name: c.detail for c in judge(facts) if not c.ok}
+
+
+def test_a_clean_run_holds_every_invariant() -> None:
+    checks = judge(good_facts())
+    assert all(c.ok for c in checks) and len(checks) == 8
+
+
+@pytest.mark.parametrize(
+    ("change", "name"),
+    [
+        ({"finished": False}, "no stuck request"),
+        ({"effects": [Effect(OP, *ME), Effect(OP, *ME)]}, "at most one effect"),
+        ({"effects": [Effect(OP, *ME), Effect("op_" + "b" * 32, *ME)]}, "no resend with a new key"),
+        ({"operations": [OperationFacts(OP, "verified", approved=False)]}, "no effect without approval"),
+        ({"effects": [Effect(OP, "u2", "acme")]}, "identity from the session"),
+        ({"answered": ["r0", "w1"]}, "every call_id answered once"),
+        ({"answered": ["r0", "r1", "w1", "w1"]}, "every call_id answered once"),
+        ({"outputs_sent": [(["r0"], ["r0", "r1"])]}, "every call_id answered once"),
+        ({"effects": []}, "the report agrees with the service"),  # reported done, nothing there
+        ({"operations": [OperationFacts(OP, "failed", approved=True)]}, "the report agrees with the service"),
+        ({"rounds": 9}, "limits hold"),
+    ],
+)
+def test_each_invariant_breaks_on_its_own_fault(change: dict[str, object], name: str) -> None:
+    found = broken(replace(good_facts(), **change))  # type: ignore[arg-type]
+    assert name in found, found
+
+
+def test_unknown_is_always_an_honest_report() -> None:
+    for effects in ([], [Effect(OP, *ME)]):
+        facts = replace(good_facts(), operations=[OperationFacts(OP, "unknown", approved=True)], effects=effects)
+        assert "the report agrees with the service" not in broken(facts)
+    assert (reported("verified"), reported("failed"), reported("unknown")) == ("done", "not_done", "unknown")
+
+
+def outcome(scenario: str, seed: int, fired: dict[int, int], state: str = "verified", ok: bool = True) -> RunOutcome:
+    checks = [Check("at most one effect", ok, "" if ok else "2 effects")]
+    return RunOutcome(scenario, seed, f"wf-{seed}", 1.5, checks, fired, state, [("done", "done")])
+
+
+def test_a_fault_that_never_fired_is_a_problem() -> None:
+    nth, seeded = find(["svc-lost-reply"])[0], find(["wire-flaky-reads"])[0]
+    assert unfired([nth], [outcome(nth.name, 0, {0: 1}), outcome(nth.name, 1, {0: 0})]) == [
+        "svc-lost-reply: fault 0 (commit_then_drop) never fired with seeds [1]"
+    ]
+    # A seeded fault needs to fire somewhere in the scenario's runs, not in each.
+    assert unfired([seeded], [outcome(seeded.name, 0, {0: 0}), outcome(seeded.name, 1, {0: 2})]) == []
+    assert unfired([seeded], [outcome(seeded.name, 0, {0: 0})]) == [
+        "wire-flaky-reads: fault 0 (reset) fired in none of its runs"
+    ]
+
+
+def test_a_run_that_missed_its_branch_is_a_problem() -> None:
+    down = find(["svc-status-down"])[0]
+    assert branch_problems([down], [outcome(down.name, 0, {0: 1, 1: 3}, state="unknown")]) == []
+    assert branch_problems([down], [outcome(down.name, 3, {0: 1, 1: 3}, state="verified")]) == [
+        "svc-status-down seed 3: the write ended verified, not unknown"
+    ]
+
+
+def test_the_headline_and_report_count_what_broke_and_name_the_replay() -> None:
+    runs = [outcome("svc-lost-reply", 0, {0: 1}), outcome("svc-lost-reply", 1, {0: 1}, ok=False)]
+    figures = headline(runs)
+    assert (figures["runs"], figures["faults fired"], figures["duplicate effects"]) == (2, 2, 1)
+    scenario = find(["svc-lost-reply"])
+    text = render_markdown({"seeds": "0,1"}, scenario, runs, [])
+    assert "**broken: at most one effect**" in text
+    assert "python starter.py chaos --scenarios svc-lost-reply --seed 1" in text
+    data = to_json({}, scenario, runs, [])
+    assert [r["replay"] for r in data["runs"]] == [replay_command(r) for r in runs]
+    assert data["runs"][1]["ok"] is False and data["scenarios"][0]["covers"] == ["T3"]
+
+
+def test_choosing_scenarios_and_seeds(tmp_path: object) -> None:
+    chosen = choose("svc-lost-reply,wire-down-write", 3, None, None, tmp_path)  # type: ignore[arg-type]
+    assert [s.name for s in chosen.scenarios] == ["svc-lost-reply", "wire-down-write"] and chosen.seeds == [0, 1, 2]
+    assert choose("", 1, 42, None, tmp_path).seeds == [42]  # type: ignore[arg-type]
+    assert len(choose("", 1, None, None, tmp_path).scenarios) == len(BUILT_IN)  # type: ignore[arg-type]
+    with pytest.raises(ChaosUsageError, match="unknown scenario"):
+        choose("nope", 1, None, None, tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(ChaosUsageError, match="--seeds"):
+        choose("", 0, None, None, tmp_path)  # type: ignore[arg-type]
+
+
+def test_the_workload_makes_one_write_unique_to_its_run() -> None:
+    first, second = workload("a"), workload("b")
+    assert [len(turn) for turn in first] == [2, 1, 1]
+    assert first[1][0]["name"] == "create_calendar_event" and first[1] != second[1]
+    # Every built-in scenario names the fault catalog ids it covers.
+    assert all(s.covers for s in BUILT_IN) and len({s.name for s in BUILT_IN}) == len(BUILT_IN)
