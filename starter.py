@@ -886,6 +886,9 @@ def chaos(
     seed: Annotated[int | None, typer.Option(help="Run this one seed (replays a run of the results).")] = None,
     plan: Annotated[Path | None, typer.Option(help="A fault plan of your own (YAML or JSON).")] = None,
     out: Annotated[Path, typer.Option(help="Where chaos.json and chaos.md go.")] = Path("chaos-results"),
+    save_histories: Annotated[
+        Path | None, typer.Option(help="Save each scenario's first run's history here (tests/histories/chaos).")
+    ] = None,
 ) -> None:
     """Break the agent on purpose: run fault scenarios x seeds through the real workflow on a stack of its
     own, check every invariant from the service's records and the histories, and exit non-zero if one broke
@@ -894,7 +897,7 @@ def chaos(
     from faultbed.plan import PlanError
 
     try:
-        choice = chaos_cli.choose(scenarios, seeds, seed, plan, out)
+        choice = chaos_cli.choose(scenarios, seeds, seed, plan, out, save_histories)
     except (chaos_cli.ChaosUsageError, PlanError) as exc:
         # One line per problem (a plan may have several bad fields), then exit 2.
         *first, last = str(exc).splitlines()

@@ -15,7 +15,7 @@ from pathlib import Path
 from faultbed.invariants import reported
 from faultbed.plan import load_plan
 from faultbed.report import headline, render_markdown, to_json, unfired
-from faultbed.runner import RunOutcome, chaos_stack, run_matrix
+from faultbed.runner import RunOutcome, chaos_stack, run_matrix, save_histories
 from faultbed.scenarios import Scenario, find
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
@@ -30,9 +30,13 @@ class ChaosChoice:
     scenarios: list[Scenario]
     seeds: list[int]
     out: Path
+    # Where to save each scenario's first run's history (for the replay test); None: nowhere.
+    save_histories: Path | None = None
 
 
-def choose(scenarios: str, seeds: int, seed: int | None, plan: Path | None, out: Path) -> ChaosChoice:
+def choose(
+    scenarios: str, seeds: int, seed: int | None, plan: Path | None, out: Path, save_histories: Path | None = None
+) -> ChaosChoice:
     if seeds < 1:
         raise ChaosUsageError("--seeds: must be at least 1")
     if plan is not None:
@@ -46,7 +50,7 @@ def choose(scenarios: str, seeds: int, seed: int | None, plan: Path | None, out:
             raise ChaosUsageError(f"--scenarios: {exc.args[0]}") from None
         default_seed = 0
     picked = [seed] if seed is not None else [default_seed + i for i in range(seeds)]
-    return ChaosChoice(scenarios=chosen, seeds=picked, out=out)
+    return ChaosChoice(scenarios=chosen, seeds=picked, out=out, save_histories=save_histories)
 
 
 def branch_problems(scenarios: Sequence[Scenario], outcomes: Sequence[RunOutcome]) -> list[str]:
@@ -65,6 +69,9 @@ async def run_chaos(choice: ChaosChoice, say: Callable[[str], None]) -> int:
     say(f"chaos: {len(choice.scenarios)} scenario(s) x {len(choice.seeds)} seed(s); starting a stack of its own")
     async with chaos_stack() as stack:
         outcomes = await run_matrix(stack, choice.scenarios, choice.seeds, say)
+        if choice.save_histories is not None:
+            for path in await save_histories(stack, outcomes, choice.save_histories):
+                say(f"saved {path}")
     problems = unfired(choice.scenarios, outcomes) + branch_problems(choice.scenarios, outcomes)
     meta = {
         "started_at": started,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import tempfile
 import time
@@ -283,6 +284,25 @@ async def run_matrix(
                 f"(write {outcome.write_state or '-'}, {fired} fault(s) fired, {outcome.seconds:.1f} s)"
             )
     return outcomes
+
+
+async def save_histories(stack: ChaosStack, outcomes: Sequence[RunOutcome], directory: Path) -> list[Path]:
+    """The history of each scenario's first run, as tests/test_replay_histories.py replays them: a change
+    to the workflow that these runs' histories cannot survive then fails CI."""
+    texts = {}
+    for outcome in {o.scenario: o for o in reversed(outcomes)}.values():
+        history = await stack.client.get_workflow_handle(outcome.workflow_id).fetch_history()
+        # The workflow id is part of what replays: operation ids are derived from it.
+        stored = {"workflow_id": outcome.workflow_id, "history": json.loads(history.to_json())}
+        texts[outcome.scenario] = json.dumps(stored, indent=1, sort_keys=True) + "\n"
+    return await asyncio.to_thread(_write_all, directory, texts)
+
+
+def _write_all(directory: Path, texts: dict[str, str]) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in texts.items():
+        (directory / f"{name}.json").write_text(text)
+    return sorted(directory / f"{name}.json" for name in texts)
 
 
 def service_address(url: str) -> tuple[str, int]:

@@ -12,13 +12,16 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
+from faultbed.scenarios import BUILT_IN
 from tests.drifted_workflow import DriftedAgentWorkflow
 from tests.record_histories import HISTORIES, SCENARIOS
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.worker_factory import workflow_runner
 from workflows.agent import AgentWorkflow
 
-FILES = sorted(HISTORIES.glob("*.json"))
+# The chaos runner's: one run of each built-in scenario (`starter.py chaos --save-histories`).
+CHAOS_HISTORIES = HISTORIES / "chaos"
+FILES = sorted(HISTORIES.glob("*.json")) + sorted(CHAOS_HISTORIES.glob("*.json"))
 
 
 def load(path: Path) -> WorkflowHistory:
@@ -27,17 +30,18 @@ def load(path: Path) -> WorkflowHistory:
 
 
 def test_every_scenario_family_has_a_committed_history() -> None:
-    assert {path.stem for path in FILES} == set(SCENARIOS)
+    assert {path.stem for path in FILES if path.parent == HISTORIES} == set(SCENARIOS)
+    assert {path.stem for path in FILES if path.parent == CHAOS_HISTORIES} == {s.name for s in BUILT_IN}
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(HISTORIES).with_suffix("")) for p in FILES])
 async def test_committed_history_replays_with_todays_workflow(path: Path) -> None:
     replayer = Replayer(workflows=[AgentWorkflow], data_converter=data_converter(), workflow_runner=workflow_runner())
     result = await replayer.replay_workflow(load(path))
     assert result.replay_failure is None
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(HISTORIES).with_suffix("")) for p in FILES])
 async def test_a_non_deterministic_change_fails_the_replay(path: Path) -> None:
     replayer = Replayer(
         workflows=[DriftedAgentWorkflow], data_converter=data_converter(), workflow_runner=workflow_runner()
