@@ -94,6 +94,9 @@ def limits_for(scenario: Scenario) -> Limits:
         max_parallel_reads=max(defaults.max_parallel_reads, scenario.reads),
         max_total_calls=max(defaults.max_total_calls, scenario.calls),
         max_tool_output_bytes=max(defaults.max_tool_output_bytes, 2 * scenario.output_bytes),
+        # The floor has no deadline; with 5,000 requests started at once the last ones start about ten minutes
+        # after the first on this machine, which the default deadline (600 s) would stop.
+        deadline_seconds=max(defaults.deadline_seconds, 3600.0),
     )
 
 
