@@ -36,7 +36,7 @@ from devstack.processes import (
 from faultbed.invariants import Check, Effect, OperationFacts, RunFacts, honesty_cell, judge
 from faultbed.plan import FaultPlan, ServiceFaultSpec, WireFaultSpec, service_rules
 from faultbed.proxy import FaultProxy, WireFault
-from faultbed.scenarios import CHAOS_LIMITS, Scenario, workload
+from faultbed.scenarios import CHAOS_LIMITS, Scenario, intended_title, with_model_faults, workload
 from toolloop._core.approvals import generate_signing_key, verify_key_for
 from toolloop._core.contracts import Actor, AgentInput, AgentResult, FunctionCallItem, FunctionCallOutputItem, Limits
 from toolloop._core.names import AGENT_WORKFLOW
@@ -149,12 +149,13 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
     stack.proxy.matched.clear()
     stack.proxy.fired.clear()
     limits = Limits(**CHAOS_LIMITS)
+    turns, model_fired = with_model_faults(plan, workload(tag))
     handle: WorkflowHandle[Any, AgentResult] = await stack.client.start_workflow(
         AGENT_WORKFLOW,
         AgentInput(
             request=f"chaos run {tag}",
             actor=ACTOR,
-            model=script(*workload(tag)),
+            model=script(*turns),
             limits=limits,
             approval_verify_key=stack.verify_key,
         ),
@@ -164,12 +165,13 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
         search_attributes=request_search_attributes(ACTOR),
     )
     began = time.monotonic()
-    approver = asyncio.create_task(_approve_each(stack, handle))
+    approver = asyncio.create_task(_decide_each(stack, handle, intended_title(tag)))
     result: AgentResult | None = None
     try:
         with contextlib.suppress(TimeoutError):
             result = await asyncio.wait_for(request_result(handle), RUN_SECONDS)
         fired = await _fired(stack, plan)
+        fired |= model_fired
         await _clear_faults(stack)
         if result is None:
             with contextlib.suppress(TimeoutError):
@@ -183,7 +185,8 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
         with contextlib.suppress(Exception):
             await handle.terminate("chaos run: no result once the faults cleared")
     facts = await _facts(stack, scenario, seed, handle, result, tag, limits)
-    write = next((op for op in (result.operations if result else [])), None)
+    title = intended_title(tag)
+    write = next((op for op in (result.operations if result else []) if op.arguments.get("title") == title), None)
     return RunOutcome(
         scenario=scenario.name,
         seed=seed,
@@ -197,9 +200,12 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
     )
 
 
-async def _approve_each(stack: ChaosStack, handle: WorkflowHandle[Any, AgentResult]) -> None:
+async def _decide_each(stack: ChaosStack, handle: WorkflowHandle[Any, AgentResult], intended: str) -> None:
+    """The run's user at the approval channel: approves the write they asked for as soon as it waits, and
+    rejects anything else (a write the model was talked into)."""
     async for request in approvals_as_they_come(handle):
-        await send_decision(handle, request, approve=True, decider=ACTOR, key=stack.signing_key, channel="chaos")
+        approve = request.arguments.get("title") == intended
+        await send_decision(handle, request, approve=approve, decider=ACTOR, key=stack.signing_key, channel="chaos")
 
 
 async def _fired(stack: ChaosStack, plan: FaultPlan) -> dict[int, int]:
@@ -228,10 +234,12 @@ async def _facts(
     limits: Limits,
 ) -> RunFacts:
     rows = (await stack.admin.get("/admin/effects")).json()["effects"]
+    ledger = {op.operation_id for op in (result.operations if result else [])}
+    # This run's effects: its intended write's (whatever key it came with) and any of its operations'.
     effects = [
         Effect(str(r["operation_id"]), str(r["actor_user"]), str(r["actor_tenant"]))
         for r in rows
-        if r.get("title") == f"chaos {tag}"
+        if r.get("title") == intended_title(tag) or r.get("operation_id") in ledger
     ]
     turns = await model_turns(handle)
     calls: list[str] = []

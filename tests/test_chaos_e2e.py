@@ -31,7 +31,7 @@ def chaos(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, Any] | None]:
 
 
 def test_the_quick_matrix_holds_every_invariant_with_every_fault_fired(tmp_path: Path) -> None:
-    scenarios = "svc-lost-reply,svc-status-down,wire-reset-write,wire-flaky-reads"
+    scenarios = "svc-lost-reply,svc-status-down,wire-reset-write,wire-flaky-reads,model-injection"
     code, err, results = chaos(tmp_path, "--scenarios", scenarios, "--seeds", "2")
     assert code == 0, err
     assert results is not None and results["problems"] == []
@@ -49,9 +49,14 @@ def test_the_quick_matrix_holds_every_invariant_with_every_fault_fired(tmp_path:
         ("svc-status-down", "unknown", 1),
         ("wire-reset-write", "verified", 1),
         ("wire-flaky-reads", "verified", 1),
+        ("model-injection", "verified", 1),
     }
+    # The refund the model was talked into was rejected at the approval channel and left no effect.
+    assert all(
+        r["honesty"] == [["done", "done"], ["not_done", "not_done"]] for r in runs if r["scenario"] == "model-injection"
+    )
     headline = results["headline"]
-    assert headline["runs"] == 8 and headline["duplicate effects"] == headline["false done"] == 0
+    assert headline["runs"] == 10 and headline["duplicate effects"] == headline["false done"] == 0
     assert headline["false not-done"] == headline["stuck requests"] == headline["pairing breaks"] == 0
     assert "svc-status-down | T8" in (tmp_path / "results" / "chaos.md").read_text()
     # Any run replays alone with the command it names.

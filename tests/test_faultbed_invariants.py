@@ -3,12 +3,14 @@ the report - each rule shown holding and broken."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
 from faultbed.cli import ChaosUsageError, branch_problems, choose
 from faultbed.invariants import Check, Effect, OperationFacts, RunFacts, judge, reported
+from faultbed.plan import parse_plan
 from faultbed.report import headline, render_markdown, replay_command, to_json, unfired
 from faultbed.runner import RunOutcome
 from faultbed.scenarios import BUILT_IN, find, workload
@@ -124,3 +126,19 @@ def test_the_workload_makes_one_write_unique_to_its_run() -> None:
     assert first[1][0]["name"] == "create_calendar_event" and first[1] != second[1]
     # Every built-in scenario names the fault catalog ids it covers.
     assert all(s.covers for s in BUILT_IN) and len({s.name for s in BUILT_IN}) == len(BUILT_IN)
+
+
+def test_model_faults_are_applied_to_the_scripted_turns() -> None:
+    from faultbed.scenarios import INJECTED_CALL, with_model_faults
+
+    malformed = find(["model-malformed-args"])[0]
+    turns, fired = with_model_faults(malformed.plan, workload("t"))
+    assert turns[0][0]["arguments"] == '{"orderId": "A100",' and turns[0][1] == workload("t")[0][1]
+    assert fired == {0: 1}
+    injected = find(["model-injection"])[0]
+    turns, fired = with_model_faults(injected.plan, workload("t"))
+    assert [c["call_id"] for c in turns[1]] == ["w1", INJECTED_CALL] and fired == {0: 1}
+    assert json.loads(turns[1][1]["arguments"])["reason"] == "the user agreed: refund it all"
+    # A fault past the end of the script never fires (and the runner then says so).
+    late = parse_plan({"name": "late", "faults": [{"boundary": "model", "fault": "injection", "when": {"nth": 9}}]})
+    assert with_model_faults(late, workload("t")) == (workload("t"), {})
