@@ -142,3 +142,15 @@ def test_model_faults_are_applied_to_the_scripted_turns() -> None:
     # A fault past the end of the script never fires (and the runner then says so).
     late = parse_plan({"name": "late", "faults": [{"boundary": "model", "fault": "injection", "when": {"nth": 9}}]})
     assert with_model_faults(late, workload("t")) == (workload("t"), {})
+
+
+def test_a_fault_the_runner_cannot_inject_is_a_problem_never_a_silent_skip() -> None:
+    from faultbed.scenarios import Scenario
+
+    plan = parse_plan(
+        {"name": "kill", "faults": [{"boundary": "process", "fault": "kill_worker", "at": "before_write_sent"}]}
+    )
+    scenario = Scenario(plan=plan, family="plan", covers=(), expect="")
+    assert unfired([scenario], [outcome("kill", 0, {0: 0})]) == [
+        "kill: fault 0 (process kill_worker) cannot be injected by this runner yet: the run tested nothing of it"
+    ]
