@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from temporalio.client import Client, WorkflowHandle
@@ -311,9 +310,3 @@ def _write_all(directory: Path, texts: dict[str, str]) -> list[Path]:
     for name, text in texts.items():
         (directory / f"{name}.json").write_text(text)
     return sorted(directory / f"{name}.json" for name in texts)
-
-
-def service_address(url: str) -> tuple[str, int]:
-    parts = urlsplit(url)
-    assert parts.hostname is not None and parts.port is not None
-    return parts.hostname, parts.port

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from faultbed.plan import FaultPlan, parse_plan
+from toolloop.testing import call, say
 
 WRITE_PATH = r"^/calendars/[^/]+/events$"
 READ_PATH = r"^/orders/"
@@ -188,7 +189,7 @@ def with_model_faults(
         elif fault.fault == "injection" and n <= len(turns):
             reason = (fault.text or "as the ticket says")[:200]
             turns[n - 1].append(
-                _call("refund_order", {"orderId": "A100", "amountCents": 100, "reason": reason}, INJECTED_CALL)
+                call("refund_order", {"orderId": "A100", "amountCents": 100, "reason": reason}, INJECTED_CALL)
             )
             fired[index] = 1
     return turns, fired
@@ -196,8 +197,8 @@ def with_model_faults(
 
 def workload(tag: str) -> list[list[dict[str, Any]]]:
     """The scripted model's turns for one run: two reads, one write unique to the run, then the answer."""
-    reads = [_call("get_order_status", {"orderId": order}, f"r{i}") for i, order in enumerate(("A100", "A102"))]
-    write = _call(
+    reads = [call("get_order_status", {"orderId": order}, f"r{i}") for i, order in enumerate(("A100", "A102"))]
+    write = call(
         WRITE_TOOL,
         {
             "calendarId": "cal-u1",
@@ -208,11 +209,4 @@ def workload(tag: str) -> list[list[dict[str, Any]]]:
         },
         "w1",
     )
-    answer = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]}
-    return [reads, [write], [answer]]
-
-
-def _call(name: str, arguments: dict[str, Any], call_id: str) -> dict[str, Any]:
-    import json
-
-    return {"type": "function_call", "call_id": call_id, "name": name, "arguments": json.dumps(arguments)}
+    return [reads, [write], [say("Done.")]]

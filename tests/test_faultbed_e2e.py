@@ -12,8 +12,9 @@ import pytest
 from temporalio.client import Client
 
 from demo.agent import build as build_demo
-from faultbed.plan import WireFaultSpec, parse_plan, service_rules
+from faultbed.plan import parse_plan, service_rules
 from faultbed.proxy import FaultProxy, WireFault
+from faultbed.runner import wire_faults
 from tests.agent_helpers import effects, say, set_faults, tool_outputs
 from tests.conftest import BusinessService
 from tests.test_writes_e2e import FAST, note_call, run_approved, ticket_version
@@ -39,8 +40,7 @@ def through(settings: Settings, proxy: FaultProxy) -> Settings:
 
 
 def wire(*faults: dict[str, object]) -> list[WireFault]:
-    plan = parse_plan({"name": "wire", "faults": [{"boundary": "wire", **f} for f in faults]})
-    return [WireFault(i, f) for i, f in enumerate(plan.faults) if isinstance(f, WireFaultSpec)]
+    return wire_faults(parse_plan({"name": "wire", "faults": [{"boundary": "wire", **f} for f in faults]}))
 
 
 async def posts(admin: httpx.AsyncClient) -> list[dict[str, object]]:

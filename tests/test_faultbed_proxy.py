@@ -12,17 +12,17 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from faultbed.plan import WireFaultSpec, parse_plan
+from faultbed.plan import parse_plan
 from faultbed.proxy import FaultProxy, WireFault
+from faultbed.runner import wire_faults
 from tests.conftest import BusinessService
 
 pytestmark = pytest.mark.e2e
 U1 = {"X-Actor-User": "u1", "X-Actor-Tenant": "acme"}
 
 
-def wire_faults(*faults: dict[str, Any]) -> list[WireFault]:
-    plan = parse_plan({"name": "wire", "faults": [{"boundary": "wire", **f} for f in faults]})
-    return [WireFault(i, f) for i, f in enumerate(plan.faults) if isinstance(f, WireFaultSpec)]
+def wire(*faults: dict[str, Any]) -> list[WireFault]:
+    return wire_faults(parse_plan({"name": "wire", "faults": [{"boundary": "wire", **f} for f in faults]}))
 
 
 @pytest.fixture
@@ -64,7 +64,7 @@ async def served(admin: httpx.AsyncClient, path: str) -> list[dict[str, Any]]:
 async def test_requests_without_a_fault_pass_through_unchanged_on_one_connection(
     business_service: BusinessService, admin: httpx.AsyncClient
 ) -> None:
-    proxy = await proxied(business_service, wire_faults({"fault": "reset", "match": {"path": "^/tickets/"}}))
+    proxy = await proxied(business_service, wire({"fault": "reset", "match": {"path": "^/tickets/"}}))
     try:
         async with client_of(proxy) as http:
             direct = (await admin.get("/orders/A100", headers=U1)).json()
@@ -78,7 +78,7 @@ async def test_requests_without_a_fault_pass_through_unchanged_on_one_connection
 async def test_latency_delays_only_the_nth_matching_request(
     business_service: BusinessService, admin: httpx.AsyncClient
 ) -> None:
-    proxy = await proxied(business_service, wire_faults({"fault": "latency", "latency_ms": 400, "when": {"nth": 2}}))
+    proxy = await proxied(business_service, wire({"fault": "latency", "latency_ms": 400, "when": {"nth": 2}}))
     try:
         async with client_of(proxy) as http:
             took = []
@@ -95,7 +95,7 @@ async def test_latency_delays_only_the_nth_matching_request(
 async def test_a_reset_after_the_request_left_reaches_the_service_and_the_client_sees_a_reset(
     business_service: BusinessService, admin: httpx.AsyncClient
 ) -> None:
-    proxy = await proxied(business_service, wire_faults({"fault": "reset"}))
+    proxy = await proxied(business_service, wire({"fault": "reset"}))
     try:
         async with client_of(proxy) as http:
             with pytest.raises(httpx.TransportError):
@@ -107,7 +107,7 @@ async def test_a_reset_after_the_request_left_reaches_the_service_and_the_client
 
 
 async def test_refused_never_reaches_the_service(business_service: BusinessService, admin: httpx.AsyncClient) -> None:
-    proxy = await proxied(business_service, wire_faults({"fault": "refused"}))
+    proxy = await proxied(business_service, wire({"fault": "refused"}))
     try:
         async with client_of(proxy) as http:
             with pytest.raises(httpx.TransportError):
@@ -121,7 +121,7 @@ async def test_refused_never_reaches_the_service(business_service: BusinessServi
 async def test_down_refuses_connections_for_its_window_then_serves_again(
     business_service: BusinessService, admin: httpx.AsyncClient
 ) -> None:
-    proxy = await proxied(business_service, wire_faults({"fault": "down", "latency_ms": 1500}))
+    proxy = await proxied(business_service, wire({"fault": "down", "latency_ms": 1500}))
     try:
         async with client_of(proxy) as http:
             with pytest.raises(httpx.TransportError):
@@ -140,7 +140,7 @@ async def test_down_refuses_connections_for_its_window_then_serves_again(
 async def test_a_withheld_reply_times_the_client_out_after_the_service_answered(
     business_service: BusinessService, admin: httpx.AsyncClient
 ) -> None:
-    proxy = await proxied(business_service, wire_faults({"fault": "timeout"}))
+    proxy = await proxied(business_service, wire({"fault": "timeout"}))
     try:
         async with client_of(proxy, timeout=0.8) as http:
             with pytest.raises(httpx.ReadTimeout):
@@ -153,7 +153,7 @@ async def test_a_withheld_reply_times_the_client_out_after_the_service_answered(
 async def test_a_cut_reply_is_a_protocol_error_for_the_client(
     business_service: BusinessService, admin: httpx.AsyncClient
 ) -> None:
-    proxy = await proxied(business_service, wire_faults({"fault": "cut_reply", "match": {"path": "^/tickets/"}}))
+    proxy = await proxied(business_service, wire({"fault": "cut_reply", "match": {"path": "^/tickets/"}}))
     try:
         async with client_of(proxy) as http:
             with pytest.raises(httpx.TransportError):
@@ -167,7 +167,7 @@ async def test_seeded_wire_faults_fire_on_the_same_requests_for_the_same_seed(
     business_service: BusinessService, admin: httpx.AsyncClient
 ) -> None:
     async def outcomes(seed: int) -> list[bool]:
-        proxy = await proxied(business_service, wire_faults({"fault": "refused", "when": {"probability": 0.5}}), seed)
+        proxy = await proxied(business_service, wire({"fault": "refused", "when": {"probability": 0.5}}), seed)
         try:
             ok = []
             async with client_of(proxy) as http:
