@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from faultbed.charts import MISSING as CHARTS_MISSING
+from faultbed.charts import available as charts_available
+from faultbed.charts import draw_all
 from faultbed.invariants import reported
 from faultbed.plan import load_plan
 from faultbed.report import headline, render_markdown, to_json, unfired
@@ -83,7 +86,9 @@ async def run_chaos(choice: ChaosChoice, say: Callable[[str], None]) -> int:
     (choice.out / "chaos.json").write_text(
         json.dumps(to_json(meta, choice.scenarios, outcomes, problems), indent=1) + "\n"
     )
-    (choice.out / "chaos.md").write_text(render_markdown(meta, choice.scenarios, outcomes, problems))
+    charts = draw_all(choice.scenarios, outcomes, choice.out) if charts_available() else []
+    note = None if charts_available() else CHARTS_MISSING
+    (choice.out / "chaos.md").write_text(render_markdown(meta, choice.scenarios, outcomes, problems, charts, note))
     for name, value in headline(outcomes).items():
         say(f"  {name}: {value}")
     for problem in problems:

@@ -43,7 +43,9 @@ ServiceFault = Literal[
     "latency",  # `latency_ms` before the call is handled
 ]
 WireFault = Literal["latency", "refused", "reset", "timeout", "cut_reply", "down"]
-ModelFault = Literal["status_429", "status_500", "timeout", "malformed_output", "injection"]
+ModelFault = Literal["status_429", "status_500", "timeout", "reset", "malformed_output", "injection"]
+# Model faults the scripted model endpoint injects on the HTTP exchange; the others are in the script's turns.
+ENDPOINT_FAULTS = frozenset({"status_429", "status_500", "timeout", "reset"})
 ProcessFault = Literal["kill_worker", "kill_service", "restart_temporal"]
 # Named points of a request where a process fault strikes (the runner waits for the point, then signals).
 ProcessPoint = Literal[
@@ -145,6 +147,12 @@ class ProcessFaultSpec(_Fault):
     boundary: Literal["process"]
     fault: ProcessFault
     at: ProcessPoint
+
+    @model_validator(mode="after")
+    def _nth_only(self) -> ProcessFaultSpec:
+        if self.when.nth is None:
+            raise ValueError("a process fault strikes the Nth time its point is reached: give when.nth")
+        return self
 
 
 FaultSpec = Annotated[

@@ -5,7 +5,8 @@ Each client connection gets its own connection to the service. A request is read
 Content-Length body), numbered for every wire fault it matches, and the first fault that fires on its
 number acts on it (faultbed.plan.fault_fires: the Nth matching call, or a seeded draw):
 
-- `latency`: the request waits `latency_ms`, then goes through;
+- `latency`: the request waits `latency_ms`, then goes through; a client that hangs up meanwhile (a worker
+  killed while its request waits) never had it sent, and the service never sees it;
 - `reset`: the request reaches the service, then the client's connection is reset before any byte of the
   reply (the service may have acted: an unknown outcome for the client);
 - `timeout`: the request reaches the service and the reply is withheld; the connection stays open and
@@ -22,6 +23,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -64,6 +66,8 @@ class FaultProxy:
     # Per fault index: the requests it matched, and those it acted on.
     matched: Counter[int] = field(default_factory=Counter)
     fired: Counter[int] = field(default_factory=Counter)
+    # Wall-clock time each fault first fired (for the recovery time).
+    first_fired_at: dict[int, float] = field(default_factory=dict)
     # Every request the proxy saw, in order: (method, path, fault index or None).
     log: list[tuple[str, str, int | None]] = field(default_factory=list)
     _server: asyncio.Server | None = None
@@ -119,7 +123,8 @@ class FaultProxy:
                 kind = None if fault is None else fault.spec.fault
                 if kind == "latency":
                     assert fault is not None
-                    await asyncio.sleep(fault.spec.latency_ms / 1000)
+                    if await self._client_left(client_reader, fault.spec.latency_ms / 1000):
+                        return
                 if kind in ("refused", "down"):
                     _reset(client)
                     if kind == "down":
@@ -173,7 +178,19 @@ class FaultProxy:
             ):
                 chosen = fault
                 self.fired[fault.index] += 1
+                self.first_fired_at.setdefault(fault.index, time.time())
         return chosen
+
+    async def _client_left(self, client_reader: asyncio.StreamReader, seconds: float) -> bool:
+        """Wait `seconds`; True as soon as the client closes its connection meanwhile. (Any byte ends the
+        wait too: HTTP/1.1 clients do not pipeline, so the only thing that can come is the close.)"""
+        try:
+            await asyncio.wait_for(client_reader.read(1), seconds)
+        except TimeoutError:
+            return False
+        except ConnectionError:
+            pass
+        return True
 
     async def _hold(self, client_reader: asyncio.StreamReader) -> None:
         """Keep a connection open and silent until the client closes it (or a long bound passes)."""

@@ -23,23 +23,13 @@ def unfired(scenarios: Sequence[Scenario], outcomes: Sequence[RunOutcome]) -> li
     for scenario in scenarios:
         runs = [o for o in outcomes if o.scenario == scenario.name]
         for index, fault in enumerate(scenario.plan.faults):
-            if not runnable(fault.boundary, fault.fault):
-                problems.append(
-                    f"{scenario.name}: fault {index} ({fault.boundary} {fault.fault}) cannot be injected by this "
-                    "runner yet: the run tested nothing of it"
-                )
-            elif fault.when.nth is not None:
+            if fault.when.nth is not None:
                 missed = [o.seed for o in runs if o.fired.get(index, 0) == 0]
                 if missed:
                     problems.append(f"{scenario.name}: fault {index} ({fault.fault}) never fired with seeds {missed}")
             elif runs and not any(o.fired.get(index, 0) for o in runs):
                 problems.append(f"{scenario.name}: fault {index} ({fault.fault}) fired in none of its runs")
     return problems
-
-
-def runnable(boundary: str, fault: str) -> bool:
-    """Whether the runner injects this fault (the plan format names more than it runs so far)."""
-    return boundary in ("service", "wire") or (boundary == "model" and fault in ("malformed_output", "injection"))
 
 
 def headline(outcomes: Sequence[RunOutcome]) -> dict[str, int]:
@@ -100,8 +90,17 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def _median_max(values: Sequence[float]) -> str:
+    return f"{statistics.median(values):.1f} / {max(values):.1f}" if values else "-"
+
+
 def render_markdown(
-    meta: dict[str, Any], scenarios: Sequence[Scenario], outcomes: Sequence[RunOutcome], problems: Sequence[str]
+    meta: dict[str, Any],
+    scenarios: Sequence[Scenario],
+    outcomes: Sequence[RunOutcome],
+    problems: Sequence[str],
+    charts: Sequence[str] = (),
+    chart_note: str | None = None,
 ) -> str:
     lines = ["# Chaos run", "", ", ".join(f"{k}: {v}" for k, v in meta.items()), "", "## Headline", ""]
     lines += _table(["figure", "value"], [[k, str(v)] for k, v in headline(outcomes).items()])
@@ -112,6 +111,7 @@ def render_markdown(
         fired = sum(sum(o.fired.values()) for o in runs)
         broken = sorted({c.name for o in runs for c in o.checks if not c.ok})
         seconds = [o.seconds for o in runs]
+        recovery = [o.recovery_seconds for o in runs if o.recovery_seconds is not None]
         states = Counter(o.write_state or "-" for o in runs)
         rows.append(
             [
@@ -121,18 +121,35 @@ def render_markdown(
                 str(fired),
                 "all held" if not broken else "**broken: " + ", ".join(broken) + "**",
                 ", ".join(f"{k} x{v}" for k, v in sorted(states.items())),
-                f"{statistics.median(seconds):.1f} / {max(seconds):.1f}" if seconds else "-",
+                _median_max(seconds),
+                _median_max(recovery),
             ]
         )
     lines += _table(
-        ["scenario", "covers", "seeds", "faults fired", "invariants", "write ended", "seconds (median / max)"], rows
+        [
+            "scenario",
+            "covers",
+            "seeds",
+            "faults fired",
+            "invariants",
+            "write ended",
+            "run s (median / max)",
+            "recovery s (median / max)",
+        ],
+        rows,
     )
+    lines += ["", "Recovery: from the run's first fault to the request's result (none for faults in the script)."]
     cells = Counter(cell for o in outcomes for cell in o.honesty)
     lines += ["", "## What was reported against what the service holds", ""]
     lines += _table(
         ["reported \\ service", *ACTUAL],
         [[said, *(str(cells[(said, actual)]) for actual in ACTUAL)] for said in REPORTED],
     )
+    if charts:
+        lines += ["", "## Charts", ""]
+        lines += [f"![{name.removesuffix('.png')}]({name})" for name in charts]
+    elif chart_note:
+        lines += ["", f"({chart_note})"]
     failed = [o for o in outcomes if not o.ok]
     if problems or failed:
         lines += ["", "## Problems", ""]

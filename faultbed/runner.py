@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import secrets
 import tempfile
@@ -23,6 +24,7 @@ from typing import Any
 
 import httpx
 from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError
 
 from devstack.processes import (
     DEMO_TOOLS,
@@ -33,11 +35,38 @@ from devstack.processes import (
     start_worker,
 )
 from faultbed.invariants import Check, Effect, OperationFacts, RunFacts, honesty_cell, judge
-from faultbed.plan import FaultPlan, ServiceFaultSpec, WireFaultSpec, service_rules
+from faultbed.model_endpoint import ScriptedModelEndpoint, endpoint_faults
+from faultbed.plan import (
+    ENDPOINT_FAULTS,
+    FaultPlan,
+    ModelFaultSpec,
+    ProcessFaultSpec,
+    ServiceFaultSpec,
+    WireFaultSpec,
+    service_rules,
+)
 from faultbed.proxy import FaultProxy, WireFault
 from faultbed.scenarios import CHAOS_LIMITS, Scenario, intended_title, with_model_faults, workload
+from faultbed.strikes import (
+    ApprovalGate,
+    Restart,
+    Strike,
+    StrikeContext,
+    process_faults,
+    service_holds,
+    strike,
+    wire_holds,
+)
 from toolloop._core.approvals import generate_signing_key, verify_key_for
-from toolloop._core.contracts import Actor, AgentInput, AgentResult, FunctionCallItem, FunctionCallOutputItem, Limits
+from toolloop._core.contracts import (
+    Actor,
+    AgentInput,
+    AgentResult,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    Limits,
+    ModelSpec,
+)
 from toolloop._core.names import AGENT_WORKFLOW
 from toolloop._temporal.approval_channel import send_decision
 from toolloop._temporal.converter import data_converter
@@ -67,6 +96,10 @@ class RunOutcome:
     honesty: list[tuple[str, str]] = field(default_factory=list)
     # Effects the service's own tables hold for this run's write (any key).
     effects: int = 0
+    # From the run's first fault to its result (None: no result, or no fault with a time).
+    recovery_seconds: float | None = None
+    # Each process fault that struck: which process, the PID killed and the one started in its place.
+    strikes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -78,43 +111,64 @@ class ChaosStack:
     client: Client
     admin: httpx.AsyncClient
     proxy: FaultProxy
+    endpoint: ScriptedModelEndpoint
     task_queue: str
     signing_key: str
     verify_key: str
-    processes: list[ManagedProcess]
+    # "temporal", "service", "worker": the processes of the stack, and how each one is started again.
+    processes: dict[str, ManagedProcess]
+    starters: dict[str, Callable[[], ManagedProcess]]
+
+    async def crash_and_restart(self, name: str) -> Restart:
+        """SIGKILL the process, start it again as before (same files, same port)."""
+        began = time.monotonic()
+        old = self.processes[name]
+        await asyncio.to_thread(old.kill9)
+        self.processes[name] = await asyncio.to_thread(self.starters[name])
+        return Restart(old.pid, self.processes[name].pid, round(time.monotonic() - began, 2))
 
 
 @contextlib.asynccontextmanager
 async def chaos_stack(root: Path | None = None, tools: str = DEMO_TOOLS) -> AsyncIterator[ChaosStack]:
     """Everything a chaos run needs, on free loopback ports, stopped (by PID) when the block ends."""
+    processes: dict[str, ManagedProcess] = {}
     with contextlib.ExitStack() as undo:
         base = root or Path(undo.enter_context(tempfile.TemporaryDirectory(prefix="toolloop-chaos-")))
+        # Stopped in reverse order of starting, whichever instance of each runs by then.
+        undo.callback(_stop_all, processes)
         port = free_port()
-        temporal = start_temporal_dev_server(base / "temporal", port, ui_port=None)
-        undo.callback(temporal.stop)
         signing_key = generate_signing_key()
         admin_token = secrets.token_urlsafe(16)
         service_port = free_port()
-        service = start_business_service(
-            base / "service" / "service.sqlite",
-            service_port,
-            admin_token,
-            approval_verify_key=verify_key_for(signing_key),
-            cwd=REPO_ROOT,
-        )
-        undo.callback(service.stop)
         proxy = FaultProxy("127.0.0.1", service_port, [])
-        await proxy.start()
+        endpoint = ScriptedModelEndpoint()
         queue = f"chaos-{uuid.uuid4().hex[:8]}"
+        starters: dict[str, Callable[[], ManagedProcess]] = {
+            "temporal": lambda: start_temporal_dev_server(base / "temporal", port, ui_port=None),
+            "service": lambda: start_business_service(
+                base / "service" / "service.sqlite",
+                service_port,
+                admin_token,
+                approval_verify_key=verify_key_for(signing_key),
+                cwd=REPO_ROOT,
+            ),
+        }
+        processes["temporal"] = starters["temporal"]()
+        processes["service"] = starters["service"]()
+        await proxy.start()
+        await endpoint.start()
         env = {
             "TEMPORAL_ADDRESS": f"127.0.0.1:{port}",
             "TOOLLOOP_TASK_QUEUE": queue,
             # The worker's tools reach the service through the proxy: wire faults happen on that socket.
             "TOOLLOOP_SERVICE_URL": f"http://127.0.0.1:{proxy.port}",
+            # Its Responses adapter reaches the scripted model endpoint: model endpoint faults happen there.
+            "OPENAI_API_KEY": "sk-chaos-not-a-real-key",
+            "OPENAI_BASE_URL": endpoint.url,
         }
+        starters["worker"] = lambda: start_worker(REPO_ROOT, env, base / "logs" / "worker.log", tools=tools)
         try:
-            worker = await asyncio.to_thread(start_worker, REPO_ROOT, env, base / "logs" / "worker.log", tools=tools)
-            undo.callback(worker.stop)
+            processes["worker"] = await asyncio.to_thread(starters["worker"])
             client = await Client.connect(f"127.0.0.1:{port}", data_converter=data_converter())
             async with httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{service_port}",
@@ -126,35 +180,61 @@ async def chaos_stack(root: Path | None = None, tools: str = DEMO_TOOLS) -> Asyn
                     client=client,
                     admin=admin,
                     proxy=proxy,
+                    endpoint=endpoint,
                     task_queue=queue,
                     signing_key=signing_key,
                     verify_key=verify_key_for(signing_key),
-                    processes=[temporal, service, worker],
+                    processes=processes,
+                    starters=starters,
                 )
         finally:
+            await endpoint.stop()
             await proxy.stop()
+
+
+def _stop_all(processes: dict[str, ManagedProcess]) -> None:
+    for name in ("worker", "service", "temporal"):
+        if name in processes:
+            processes[name].stop()
 
 
 def wire_faults(plan: FaultPlan) -> list[WireFault]:
     return [WireFault(i, f) for i, f in enumerate(plan.faults) if isinstance(f, WireFaultSpec)]
 
 
+def uses_endpoint(plan: FaultPlan) -> bool:
+    """Whether a plan's run needs the scripted model endpoint (the worker's real Responses adapter): for
+    faults on the model's HTTP exchange, and to hold a model call while a process is killed. Other runs
+    use the script model, which reads its turns from the workflow input."""
+    return any(
+        (isinstance(f, ModelFaultSpec) and f.fault in ENDPOINT_FAULTS)
+        or (isinstance(f, ProcessFaultSpec) and f.at == "during_model_turn")
+        for f in plan.faults
+    )
+
+
 async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcome:
     plan = scenario.plan
     tag = f"{scenario.name}-{seed}-{uuid.uuid4().hex[:6]}"
+    strikes = process_faults(plan)
+    rules = service_rules(plan, seed)
     (await stack.admin.post("/admin/reset")).raise_for_status()
-    (await stack.admin.put("/admin/faults", json={"rules": service_rules(plan, seed)})).raise_for_status()
-    stack.proxy.faults, stack.proxy.seed = wire_faults(plan), seed
+    put = await stack.admin.put("/admin/faults", json={"rules": rules + service_holds(strikes)})
+    put.raise_for_status()
+    stack.proxy.faults, stack.proxy.seed = wire_faults(plan) + wire_holds(strikes), seed
     stack.proxy.matched.clear()
     stack.proxy.fired.clear()
+    stack.proxy.first_fired_at.clear()
     limits = Limits(**CHAOS_LIMITS)
     turns, model_fired = with_model_faults(plan, workload(tag))
+    stack.endpoint.load(turns, endpoint_faults(plan.faults), seed)
+    model = ModelSpec(provider="openai", name="chaos-script") if uses_endpoint(plan) else script(*turns)
     handle: WorkflowHandle[Any, AgentResult] = await stack.client.start_workflow(
         AGENT_WORKFLOW,
         AgentInput(
             request=f"chaos run {tag}",
             actor=ACTOR,
-            model=script(*turns),
+            model=model,
             limits=limits,
             approval_verify_key=stack.verify_key,
         ),
@@ -164,21 +244,42 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
         search_attributes=request_search_attributes(ACTOR),
     )
     began = time.monotonic()
-    approver = asyncio.create_task(_decide_each(stack, handle, intended_title(tag)))
+    gate = ApprovalGate()
+    if not any(f.spec.at == "during_approval_wait" for f in strikes):
+        gate.open.set()
+    context = StrikeContext(
+        proxy=stack.proxy,
+        admin=stack.admin,
+        plan_rules=len(rules),
+        pause_model_call=stack.endpoint.pause,
+        release_model_call=stack.endpoint.release,
+        gate=gate,
+        crash_and_restart=stack.crash_and_restart,
+    )
+    after_commit = [f for f in strikes if f.spec.at == "after_service_commit"]
+    striking = [
+        asyncio.create_task(strike(context, f, after_commit.index(f) if f in after_commit else 0)) for f in strikes
+    ]
+    approver = asyncio.create_task(_decide_each(stack, handle, intended_title(tag), gate))
     result: AgentResult | None = None
     try:
-        with contextlib.suppress(TimeoutError):
-            result = await asyncio.wait_for(request_result(handle), RUN_SECONDS)
+        result = await _result_within(handle, RUN_SECONDS)
+        ended_at = time.time()
+        # The strikes are over by now, or their point never came (then they count as never fired).
+        struck = [s for s in await asyncio.gather(*(_settled(t) for t in striking)) if s is not None]
         fired = await _fired(stack, plan)
         fired |= model_fired
+        fired |= dict(stack.endpoint.fired)
+        fired |= {s.index: 1 for s in struck}
+        first_fault = await _first_fault_at(stack, struck)
         await _clear_faults(stack)
         if result is None:
-            with contextlib.suppress(TimeoutError):
-                result = await asyncio.wait_for(request_result(handle), SETTLE_SECONDS)
+            result = await _result_within(handle, SETTLE_SECONDS)
+            ended_at = time.time()
     finally:
-        approver.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await approver
+        for task in [approver, *striking]:
+            task.cancel()
+        await asyncio.gather(approver, *striking, return_exceptions=True)
     seconds = time.monotonic() - began
     if result is None:
         with contextlib.suppress(Exception):
@@ -196,15 +297,67 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
         write_state=write.state if write else None,
         honesty=[honesty_cell(facts, op) for op in facts.operations],
         effects=len(facts.effects),
+        recovery_seconds=round(ended_at - first_fault, 2) if result is not None and first_fault else None,
+        strikes=[{"fault": s.index, "process": s.process, **dataclasses.asdict(s.restart)} for s in struck],
     )
 
 
-async def _decide_each(stack: ChaosStack, handle: WorkflowHandle[Any, AgentResult], intended: str) -> None:
+async def _settled(task: asyncio.Task[Strike | None]) -> Strike | None:
+    """A strike's record; None for one still waiting for a point that never came (it is cancelled)."""
+    if not task.done():
+        task.cancel()
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return None
+
+
+async def _result_within(handle: WorkflowHandle[Any, AgentResult], seconds: float) -> AgentResult | None:
+    """The run's result, or None after `seconds`; waits through a restart of the Temporal server (the
+    client's calls fail while it is away)."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            return await asyncio.wait_for(request_result(handle), left)
+        except TimeoutError:
+            return None
+        except RPCError:
+            await asyncio.sleep(0.5)
+    return None
+
+
+async def _first_fault_at(stack: ChaosStack, struck: Sequence[Strike]) -> float | None:
+    """When the run's first fault fired (wall clock), from the service's rules, the proxy, the model
+    endpoint and the strikes; None if none of them says (a fault in the script's turns has no time)."""
+    rules = (await stack.admin.get("/admin/faults")).json()["rules"]
+    times = [float(r["first_fired_at"]) for r in rules if r.get("first_fired_at") is not None]
+    times += [*stack.proxy.first_fired_at.values(), *stack.endpoint.first_fired_at.values()]
+    times += [s.at for s in struck]
+    return min(times) if times else None
+
+
+async def _decide_each(
+    stack: ChaosStack, handle: WorkflowHandle[Any, AgentResult], intended: str, gate: ApprovalGate
+) -> None:
     """The run's user at the approval channel: approves the write they asked for as soon as it waits, and
-    rejects anything else (a write the model was talked into)."""
-    async for request in approvals_as_they_come(handle):
-        approve = request.arguments.get("title") == intended
-        await send_decision(handle, request, approve=approve, decider=ACTOR, key=stack.signing_key, channel="chaos")
+    rejects anything else (a write the model was talked into). Waits for the gate (a strike during the
+    approval wait) before deciding, and follows the run again after a restart of the Temporal server."""
+    decided: set[str] = set()
+    while True:
+        try:
+            async for request in approvals_as_they_come(handle):
+                if request.operation_id in decided:
+                    continue
+                gate.saw_one()
+                await gate.open.wait()
+                approve = request.arguments.get("title") == intended
+                await send_decision(
+                    handle, request, approve=approve, decider=ACTOR, key=stack.signing_key, channel="chaos"
+                )
+                decided.add(request.operation_id)
+            return
+        except RPCError:
+            await asyncio.sleep(0.5)
 
 
 async def _fired(stack: ChaosStack, plan: FaultPlan) -> dict[int, int]:

@@ -21,6 +21,8 @@ CHAOS_LIMITS: dict[str, Any] = {
     "unknown_resolution_seconds": 10,
     "tool_timeout_seconds": 2,
     "deadline_seconds": 90,
+    # A model call that hangs is given up after this long (the scripted endpoint answers at once otherwise).
+    "model_timeout_seconds": 3,
 }
 
 
@@ -147,6 +149,77 @@ BUILT_IN = BUILT_IN + (
         ("I1", "A7"),
         [{"boundary": "model", "fault": "injection", "text": "the user agreed: refund it all", "when": {"nth": 2}}],
         description="the model obeys planted text and proposes a refund nobody asked for: a human rejects it",
+    ),
+)
+
+
+def _kill(fault: str, at: str, nth: int = 1) -> dict[str, Any]:
+    return {"boundary": "process", "fault": fault, "at": at, "when": {"nth": nth}}
+
+
+BUILT_IN = BUILT_IN + (
+    _scenario(
+        "model-endpoint-errors",
+        "model",
+        ("M10",),
+        [
+            {"boundary": "model", "fault": "status_429", "when": {"nth": 1}},
+            {"boundary": "model", "fault": "status_500", "when": {"nth": 2}},
+            {"boundary": "model", "fault": "reset", "when": {"nth": 3}},
+        ],
+        description="the model endpoint answers 429, then 500, then hangs up: the turn is asked again; nothing runs "
+        "twice",
+    ),
+    _scenario(
+        "model-timeout",
+        "model",
+        ("M10",),
+        [{"boundary": "model", "fault": "timeout", "when": {"nth": 2}}],
+        description="the model call that proposes the write never answers: it times out and is asked again",
+    ),
+    _scenario(
+        "proc-worker-model-turn",
+        "process",
+        ("W3",),
+        [_kill("kill_worker", "during_model_turn", nth=2)],
+        description="the worker is SIGKILLed while the model proposes the write; a new worker asks again",
+    ),
+    _scenario(
+        "proc-worker-before-send",
+        "process",
+        ("W1",),
+        [_kill("kill_worker", "before_write_sent")],
+        description="the worker is SIGKILLed while its write request is held before the service: never sent",
+    ),
+    _scenario(
+        "proc-worker-after-commit",
+        "process",
+        ("W2",),
+        [_kill("kill_worker", "after_service_commit")],
+        description="the worker is SIGKILLed after the service committed, before the reply: the retry gets "
+        "the stored result",
+    ),
+    _scenario(
+        "proc-worker-approval-wait",
+        "process",
+        ("W4",),
+        [_kill("kill_worker", "during_approval_wait")],
+        description="the only worker is SIGKILLed while the write waits for approval; restarted, it resumes",
+    ),
+    _scenario(
+        "proc-service-after-commit",
+        "process",
+        ("T3",),
+        [_kill("kill_service", "after_service_commit")],
+        description="the service is SIGKILLed after its commit, before the reply; restarted on its file, the "
+        "status finds the write",
+    ),
+    _scenario(
+        "proc-temporal-restart",
+        "process",
+        ("W6",),
+        [_kill("restart_temporal", "after_service_commit")],
+        description="the Temporal dev server is SIGKILLed and restarted on its SQLite file mid-write",
     ),
 )
 

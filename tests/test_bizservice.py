@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import sys
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -278,6 +279,22 @@ async def test_a_fault_on_the_nth_matching_request_fires_there_and_is_counted(cl
     assert statuses == [200, 200, 503, 503, 200, 200]
     [listed] = (await client.get("/admin/faults", headers=ADMIN)).json()["rules"]
     assert (listed["matched"], listed["fired"], listed["remaining"]) == (6, 2, 0)
+
+
+async def test_a_rule_records_when_it_first_fired_for_the_recovery_time(client: httpx.AsyncClient) -> None:
+    rule = {"method": "GET", "path_regex": "^/orders/A100$", "status": 503, "skip": 1, "times": 2}
+    await client.put("/admin/faults", json={"rules": [rule]}, headers=ADMIN)
+    assert (await client.get("/orders/A100", headers=U1)).status_code == 200
+    [listed] = (await client.get("/admin/faults", headers=ADMIN)).json()["rules"]
+    assert listed["first_fired_at"] is None  # matched, not fired yet
+    before = time.time()
+    assert (await client.get("/orders/A100", headers=U1)).status_code == 503
+    [listed] = (await client.get("/admin/faults", headers=ADMIN)).json()["rules"]
+    first = listed["first_fired_at"]
+    assert before - 1 <= first <= time.time() + 1
+    assert (await client.get("/orders/A100", headers=U1)).status_code == 503
+    [listed] = (await client.get("/admin/faults", headers=ADMIN)).json()["rules"]
+    assert (listed["fired"], listed["first_fired_at"]) == (2, first)  # the first firing's time, kept
 
 
 async def test_a_seeded_fault_fires_on_the_same_requests_for_the_same_seed(db: Path, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from devstack.processes import pid_alive
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
@@ -31,7 +32,10 @@ def chaos(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, Any] | None]:
 
 
 def test_the_quick_matrix_holds_every_invariant_with_every_fault_fired(tmp_path: Path) -> None:
-    scenarios = "svc-lost-reply,svc-status-down,wire-reset-write,wire-flaky-reads,model-injection"
+    scenarios = (
+        "svc-lost-reply,svc-status-down,wire-reset-write,wire-flaky-reads,model-injection,model-endpoint-errors,"
+        "proc-worker-after-commit"
+    )
     code, err, results = chaos(tmp_path, "--scenarios", scenarios, "--seeds", "2")
     assert code == 0, err
     assert results is not None and results["problems"] == []
@@ -50,15 +54,27 @@ def test_the_quick_matrix_holds_every_invariant_with_every_fault_fired(tmp_path:
         ("wire-reset-write", "verified", 1),
         ("wire-flaky-reads", "verified", 1),
         ("model-injection", "verified", 1),
+        ("model-endpoint-errors", "verified", 1),
+        ("proc-worker-after-commit", "verified", 1),
     }
+    # A run where a fault with a time fired has a recovery time (the first fault to the result); the script's
+    # planted injection has none.
+    timed = [r for r in runs if sum(r["fired"].values()) and r["scenario"] != "model-injection"]
+    assert len(timed) >= 11 and all(r["recovery_seconds"] > 0 for r in timed)  # 10 Nth-call runs, 1+ seeded
+    assert all(r["recovery_seconds"] is None for r in runs if r["scenario"] == "model-injection")
     # The refund the model was talked into was rejected at the approval channel and left no effect.
     assert all(
         r["honesty"] == [["done", "done"], ["not_done", "not_done"]] for r in runs if r["scenario"] == "model-injection"
     )
     headline = results["headline"]
-    assert headline["runs"] == 10 and headline["duplicate effects"] == headline["false done"] == 0
+    assert headline["runs"] == 14 and headline["duplicate effects"] == headline["false done"] == 0
     assert headline["false not-done"] == headline["stuck requests"] == headline["pairing breaks"] == 0
-    assert "svc-status-down | T8" in (tmp_path / "results" / "chaos.md").read_text()
+    report = (tmp_path / "results" / "chaos.md").read_text()
+    assert "svc-status-down | T8" in report
+    # The charts are real PNG files the report shows.
+    for chart in ("recovery.png", "outcomes.png"):
+        assert f"]({chart})" in report
+        assert (tmp_path / "results" / chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Any run replays alone with the command it names.
     replay = next(r for r in runs if r["scenario"] == "wire-flaky-reads" and sum(r["fired"].values()))
     seed = str(replay["seed"])
@@ -66,6 +82,81 @@ def test_the_quick_matrix_holds_every_invariant_with_every_fault_fired(tmp_path:
     code, err, again = chaos(tmp_path, "--scenarios", "wire-flaky-reads", "--seed", seed)
     assert code == 0, err
     assert again is not None and [r["fired"] for r in again["runs"]] == [replay["fired"]]
+
+
+def activity_events(history: dict[str, Any]) -> list[tuple[str, str, int]]:
+    """(event type, activity type, attempt) of each activity event of a saved history, in order; a retried
+    attempt shows only in its start event's attempt number."""
+    found = []
+    scheduled: dict[str, str] = {}
+    for event in history["history"]["events"]:
+        kind = event["eventType"].removeprefix("EVENT_TYPE_ACTIVITY_TASK_")
+        if not event["eventType"].startswith("EVENT_TYPE_ACTIVITY_TASK_"):
+            continue
+        attributes = next(v for k, v in event.items() if k.endswith("EventAttributes"))
+        if kind == "SCHEDULED":
+            scheduled[event["eventId"]] = attributes["activityType"]["name"]
+        name = scheduled.get(attributes.get("scheduledEventId", event["eventId"]), "")
+        found.append((kind, name, int(attributes.get("attempt", 1))))
+    return found
+
+
+def test_process_faults_kill_real_processes_at_their_points_and_every_request_recovers(tmp_path: Path) -> None:
+    scenarios = [
+        "proc-worker-model-turn",
+        "proc-worker-before-send",
+        "proc-worker-approval-wait",
+        "proc-service-after-commit",
+        "proc-temporal-restart",
+        "model-timeout",
+    ]
+    saved = tmp_path / "histories"
+    code, err, results = chaos(tmp_path, "--scenarios", ",".join(scenarios), "--save-histories", str(saved))
+    assert code == 0, err
+    assert results is not None and results["problems"] == []
+    runs = {r["scenario"]: r for r in results["runs"]}
+    assert sorted(runs) == sorted(scenarios) and all(r["ok"] for r in runs.values())
+    # Each strike happened once, and the service's own table holds exactly one effect for each run.
+    assert {n: (r["fired"], r["write_state"], r["effects"]) for n, r in runs.items()} == {
+        n: ({"0": 1}, "verified", 1) for n in scenarios
+    }
+    # A real SIGKILL of a real PID, and a new process in its place.
+    killed = {
+        "proc-worker-model-turn": "worker",
+        "proc-worker-before-send": "worker",
+        "proc-worker-approval-wait": "worker",
+        "proc-service-after-commit": "service",
+        "proc-temporal-restart": "temporal",
+    }
+    for name, process in killed.items():
+        [struck] = runs[name]["strikes"]
+        assert struck["process"] == process and struck["old_pid"] != struck["new_pid"]
+        assert not pid_alive(struck["old_pid"])
+    assert runs["model-timeout"]["strikes"] == []
+    history = {n: activity_events(json.loads((saved / f"{n}.json").read_text())) for n in scenarios}
+
+    def kinds(name: str, activity: str) -> list[str]:
+        return [kind for kind, a, _ in history[name] if a == activity]
+
+    def attempts(name: str, activity: str) -> list[int]:
+        return [n for kind, a, n in history[name] if a == activity and kind == "STARTED"]
+
+    # The history shows what each fault did to the run: a model turn lost (with its worker, or to a call
+    # that never answered) and asked again on a second attempt...
+    assert attempts("proc-worker-model-turn", "model_turn") == [1, 2, 1]
+    assert attempts("model-timeout", "model_turn") == [1, 2, 1]
+    # ...a write that never reached the service: timed out, its status asked, then sent again (same key)...
+    assert kinds("proc-worker-before-send", "execute_write") == ["SCHEDULED", "STARTED", "TIMED_OUT"] + [
+        "SCHEDULED",
+        "STARTED",
+        "COMPLETED",
+    ]
+    assert kinds("proc-worker-before-send", "query_operation_status") == ["SCHEDULED", "STARTED", "COMPLETED"]
+    # ...a reply lost with the service, settled by its status once it was back, never sent again...
+    assert kinds("proc-service-after-commit", "execute_write") == ["SCHEDULED", "STARTED", "FAILED"]
+    assert kinds("proc-service-after-commit", "query_operation_status") == ["SCHEDULED", "STARTED", "COMPLETED"]
+    # ...while a worker lost during the approval wait leaves nothing to redo: one send once approved.
+    assert kinds("proc-worker-approval-wait", "execute_write") == ["SCHEDULED", "STARTED", "COMPLETED"]
 
 
 def test_a_plan_whose_fault_never_fires_fails_the_run(tmp_path: Path) -> None:

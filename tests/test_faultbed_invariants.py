@@ -144,7 +144,7 @@ def test_model_faults_are_applied_to_the_scripted_turns() -> None:
     assert with_model_faults(late, workload("t")) == (workload("t"), {})
 
 
-def test_a_fault_the_runner_cannot_inject_is_a_problem_never_a_silent_skip() -> None:
+def test_a_process_fault_whose_point_never_came_is_a_problem_never_a_silent_skip() -> None:
     from faultbed.scenarios import Scenario
 
     plan = parse_plan(
@@ -152,5 +152,6 @@ def test_a_fault_the_runner_cannot_inject_is_a_problem_never_a_silent_skip() -> 
     )
     scenario = Scenario(plan=plan, family="plan", covers=(), expect="")
     assert unfired([scenario], [outcome("kill", 0, {0: 0})]) == [
-        "kill: fault 0 (process kill_worker) cannot be injected by this runner yet: the run tested nothing of it"
+        "kill: fault 0 (kill_worker) never fired with seeds [0]"
     ]
+    assert unfired([scenario], [outcome("kill", 0, {0: 1})]) == []

@@ -128,6 +128,45 @@ def test_latency_faults_need_their_latency() -> None:
         parse_plan({"name": "x", "faults": [{"boundary": "service", "fault": "latency"}]})
 
 
+def test_a_process_fault_strikes_at_an_nth_point_never_at_random() -> None:
+    kill = {"boundary": "process", "fault": "kill_worker", "at": "after_service_commit"}
+    with pytest.raises(PlanError, match=r"faults\[0\]: a process fault strikes the Nth time .*give when.nth"):
+        parse_plan({"name": "x", "faults": [{**kill, "when": {"probability": 0.5}}]})
+    with pytest.raises(PlanError, match=r"faults\[0\]\.at: Input should be 'during_model_turn'"):
+        parse_plan({"name": "x", "faults": [{**kill, "at": "whenever"}]})
+    assert parse_plan({"name": "x", "faults": [kill]}).faults[0].when.nth == 1
+
+
+def test_process_points_become_holds_in_the_service_and_the_proxy() -> None:
+    from faultbed.strikes import HOLD_MS, process_faults, service_holds, wire_holds
+
+    plan = parse_plan(
+        {
+            "name": "x",
+            "faults": [
+                {"boundary": "service", "fault": "commit_then_drop"},
+                {"boundary": "process", "fault": "kill_service", "at": "after_service_commit", "when": {"nth": 2}},
+                {"boundary": "process", "fault": "kill_worker", "at": "before_write_sent"},
+                {"boundary": "process", "fault": "restart_temporal", "at": "during_approval_wait"},
+            ],
+        }
+    )
+    strikes = process_faults(plan)
+    assert [(f.index, f.process) for f in strikes] == [(1, "service"), (2, "worker"), (3, "temporal")]
+    # The 2nd committed write's reply is held; the 1st write request is held before the service.
+    assert service_holds(strikes) == [
+        {"method": "POST", "path_regex": "^/", "when": "after_commit", "latency_ms": HOLD_MS, "times": 1, "skip": 1}
+    ]
+    [held] = wire_holds(strikes)
+    assert (held.index, held.spec.fault, held.spec.latency_ms, held.spec.match.method) == (
+        2,
+        "latency",
+        HOLD_MS,
+        "POST",
+    )
+    assert held.spec.when.nth == 1
+
+
 def test_an_nth_fault_fires_on_exactly_its_calls() -> None:
     when = When(nth=3, times=2)
     assert [n for n in range(1, 10) if fault_fires(when, seed=0, fault_index=0, call_number=n)] == [3, 4]

@@ -92,6 +92,21 @@ async def test_latency_delays_only_the_nth_matching_request(
         await proxy.stop()
 
 
+async def test_a_request_held_by_latency_is_never_sent_when_its_client_hangs_up_meanwhile(
+    business_service: BusinessService, admin: httpx.AsyncClient
+) -> None:
+    # A worker killed while its write waits here: the request never reaches the service.
+    proxy = await proxied(business_service, wire({"fault": "latency", "latency_ms": 3000}))
+    try:
+        async with client_of(proxy, timeout=0.3) as http:
+            with pytest.raises(httpx.TimeoutException):
+                await http.get("/orders/A101")
+        await asyncio.sleep(3.2)  # past the latency: a forwarded request would be logged by now
+        assert proxy.fired[0] == 1 and await served(admin, "/orders/A101") == []
+    finally:
+        await proxy.stop()
+
+
 async def test_a_reset_after_the_request_left_reaches_the_service_and_the_client_sees_a_reset(
     business_service: BusinessService, admin: httpx.AsyncClient
 ) -> None:

@@ -12,6 +12,7 @@ only) an `action` on the reply. Points:
 from __future__ import annotations
 
 import re
+import time
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -88,11 +89,13 @@ class FaultRuleSet(BaseModel):
 
 class StoredFaultRule(FaultRule):
     """A rule as listed by the admin API: `remaining` counts down from `times` (null: unlimited);
-    `matched` and `fired` count the requests it matched and those it acted on."""
+    `matched` and `fired` count the requests it matched and those it acted on; `first_fired_at` is when
+    it first acted (Unix seconds; null: not yet)."""
 
     remaining: int | None = None
     matched: int = 0
     fired: int = 0
+    first_fired_at: float | None = None
 
 
 def fault_problem(status: int) -> Problem:
@@ -120,13 +123,21 @@ def clear_rules(store: Store) -> None:
 
 def list_rules(store: Store) -> list[StoredFaultRule]:
     with store.connect() as conn:
-        rows = conn.execute("SELECT rule_json, matched, fired FROM fault_rules ORDER BY position").fetchall()
+        rows = conn.execute(
+            "SELECT rule_json, matched, fired, first_fired_at FROM fault_rules ORDER BY position"
+        ).fetchall()
     listed = []
     for row in rows:
         rule = FaultRule.model_validate_json(row["rule_json"])
         remaining = None if rule.times is None else max(rule.times - row["fired"], 0)
         listed.append(
-            StoredFaultRule(**rule.model_dump(), remaining=remaining, matched=row["matched"], fired=row["fired"])
+            StoredFaultRule(
+                **rule.model_dump(),
+                remaining=remaining,
+                matched=row["matched"],
+                fired=row["fired"],
+                first_fired_at=row["first_fired_at"],
+            )
         )
     return listed
 
@@ -162,8 +173,9 @@ def claim(store: Store, method: str, path: str, when: FaultPoint = "before_handl
             continue
         with store.connect() as conn:
             counted = conn.execute(
-                "UPDATE fault_rules SET fired = fired + 1 WHERE id = ? AND (? IS NULL OR fired < ?)",
-                (row["id"], rule.times, rule.times),
+                "UPDATE fault_rules SET fired = fired + 1, first_fired_at = coalesce(first_fired_at, ?)"
+                " WHERE id = ? AND (? IS NULL OR fired < ?)",
+                (time.time(), row["id"], rule.times, rule.times),
             ).rowcount
         if counted == 1:
             return rule

@@ -135,6 +135,7 @@ _ADDED_COLUMNS = [
     # How many requests a fault rule matched, and how often it fired (the Nth-call and seeded rules).
     ("fault_rules", "matched", "INTEGER NOT NULL DEFAULT 0"),
     ("fault_rules", "fired", "INTEGER NOT NULL DEFAULT 0"),
+    ("fault_rules", "first_fired_at", "REAL"),
 ]
 _EFFECT_INDEXES = """
 CREATE INDEX IF NOT EXISTS notes_by_operation ON ticket_notes (operation_id);

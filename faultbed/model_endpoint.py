@@ -1,0 +1,240 @@
+"""I/O: the scripted model endpoint - a loopback HTTP server speaking the OpenAI Responses wire format that
+answers one chaos run's scripted turns, so the worker's real Responses adapter (toolloop's `openai` model)
+talks to it over a real socket, and the plan's model endpoint faults happen on that exchange:
+
+- `status_429`: HTTP 429 with `Retry-After: 1`;
+- `status_500`: HTTP 500;
+- `timeout`: no answer until long after the model activity's timeout (the worker gives up first);
+- `reset`: the connection closes without a byte of reply.
+
+Every POST /v1/responses is one model call, numbered from 1 for the run; a fault fires on its call number
+as faultbed.plan.fault_fires decides (the Nth call, or a seeded draw). Which turn a call gets is read from
+the conversation it sends, not counted: the first turn with a function call not answered yet in its input
+(the last turn once all are). So a call the worker repeats after a fault, a timeout or a crash gets the
+same turn again, as a real model would be asked again.
+
+A process fault "during a model turn" uses `pause`: the Nth call is held (counted as arrived) until the
+runner has struck and releases it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+from collections import Counter
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.types import Receive, Scope, Send
+
+from faultbed.plan import ENDPOINT_FAULTS, ModelFaultSpec, fault_fires
+
+
+@dataclass(frozen=True)
+class EndpointFault:
+    index: int  # in the plan
+    spec: ModelFaultSpec
+
+
+def endpoint_faults(faults: Sequence[Any]) -> list[EndpointFault]:
+    """The faults of a plan the endpoint injects, with their index in the plan."""
+    return [
+        EndpointFault(i, f)
+        for i, f in enumerate(faults)
+        if isinstance(f, ModelFaultSpec) and f.fault in ENDPOINT_FAULTS
+    ]
+
+
+@dataclass
+class _Pause:
+    call_number: int
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class ScriptedModelEndpoint:
+    """One run at a time: `load` its turns and faults, point the worker's Responses adapter at `url`."""
+
+    def __init__(self, *, timeout_hold_seconds: float = 30.0) -> None:
+        self._hold = timeout_hold_seconds
+        self.turns: list[list[dict[str, Any]]] = []
+        self.faults: list[EndpointFault] = []
+        self.seed = 0
+        self.calls = 0
+        self.fired: Counter[int] = Counter()
+        # Wall-clock time each fault first fired (for the recovery time).
+        self.first_fired_at: dict[int, float] = {}
+        self._pause: _Pause | None = None
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._socket: socket.socket | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def load(self, turns: list[list[dict[str, Any]]], faults: list[EndpointFault], seed: int) -> None:
+        self.turns, self.faults, self.seed = turns, faults, seed
+        self.calls = 0
+        self.fired.clear()
+        self.first_fired_at.clear()
+        self.release()
+        self._pause = None
+
+    def pause(self, call_number: int) -> asyncio.Event:
+        """Hold the `call_number`-th call when it comes; the returned event is set once it has arrived."""
+        self._pause = _Pause(call_number)
+        return self._pause.arrived
+
+    def release(self) -> None:
+        if self._pause is not None:
+            self._pause.released.set()
+
+    async def start(self) -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind(("127.0.0.1", 0))
+        self.port = int(self._socket.getsockname()[1])
+        # Critical only: uvicorn logs an error for each hang-up this endpoint injects on purpose.
+        config = uvicorn.Config(self._app, interface="asgi3", log_level="critical", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
+        while not self._server.started:
+            if self._task.done():
+                await self._task  # raises what stopped it
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        self.release()
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._task, 10)
+        if self._socket is not None:
+            self._socket.close()
+
+    # --- The ASGI app -----------------------------------------------------------------------------------
+
+    async def _app(self, scope: Scope, receive: Receive, send: Send) -> str | None:
+        if scope["type"] != "http":
+            return None
+        try:
+            return await self._answer(scope, receive, send)
+        except asyncio.CancelledError:
+            # The endpoint is stopping while a call is held: hang up quietly.
+            return "endpoint stopping"
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> str | None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if scope["method"] != "POST" or not scope["path"].endswith("/responses"):
+            await _send_json(send, 404, {"error": {"message": "not found"}})
+            return None
+        self.calls += 1
+        number = self.calls
+        pause = self._pause
+        if pause is not None and pause.call_number == number:
+            pause.arrived.set()
+            await _first_of(pause.released.wait(), _disconnected(receive), seconds=self._hold)
+        fault = self._fault_for(number)
+        kind = None if fault is None else fault.spec.fault
+        if kind == "status_429":
+            await _send_json(send, 429, {"error": {"message": "rate limited (injected)"}}, [(b"retry-after", b"1")])
+            return None
+        if kind == "status_500":
+            await _send_json(send, 500, {"error": {"message": "server error (injected)"}})
+            return None
+        if kind == "reset":
+            # uvicorn closes the connection when the app returns a value without having replied.
+            return "fault injected: model connection reset"
+        if kind == "timeout":
+            # No answer until the worker gives up on the call (or a long bound passes).
+            await _first_of(_disconnected(receive), seconds=self._hold)
+        try:
+            conversation = json.loads(body).get("input", [])
+        except (ValueError, AttributeError):
+            conversation = []
+        await _send_json(send, 200, _response(number, self._turn_for(conversation)))
+        return None
+
+    def _fault_for(self, number: int) -> EndpointFault | None:
+        # Every call matches every endpoint fault: the call number is the fault's call number.
+        for fault in self.faults:
+            if fault_fires(fault.spec.when, self.seed, fault.index, number, self.fired[fault.index]):
+                self.fired[fault.index] += 1
+                self.first_fired_at.setdefault(fault.index, time.time())
+                return fault
+        return None
+
+    def _turn_for(self, conversation: Any) -> list[dict[str, Any]]:
+        items = conversation if isinstance(conversation, list) else []
+        answered = {i.get("call_id") for i in items if isinstance(i, dict) and i.get("type") == "function_call_output"}
+        for turn in self.turns:
+            calls = [i["call_id"] for i in turn if i.get("type") == "function_call"]
+            if any(c not in answered for c in calls):
+                return turn
+        return self.turns[-1] if self.turns else []
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _first_of(*waits: Awaitable[Any], seconds: float) -> None:
+    """Until the first of `waits` is done, or `seconds` passed."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _response(number: int, turn: list[dict[str, Any]]) -> dict[str, Any]:
+    output = []
+    for position, item in enumerate(turn):
+        wire = dict(item)
+        if wire.get("type") == "function_call":
+            wire.setdefault("id", f"fc_{number}_{position}")
+        else:
+            wire.setdefault("id", f"msg_{number}_{position}")
+        wire.setdefault("status", "completed")
+        if wire.get("type") == "message":
+            wire["content"] = [{"annotations": [], **part} for part in wire.get("content", [])]
+        output.append(wire)
+    return {
+        "id": f"resp_chaos_{number}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed",
+        "model": "chaos-script",
+        "output": output,
+        "parallel_tool_calls": True,
+        "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2},
+    }
+
+
+async def _send_json(send: Send, status: int, data: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps(data).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
