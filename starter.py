@@ -889,16 +889,21 @@ def chaos(
     save_histories: Annotated[
         Path | None, typer.Option(help="Save each scenario's first run's history here (tests/histories/chaos).")
     ] = None,
+    tools: Annotated[
+        str | None,
+        typer.Option(help="Your own chaos target, package.module:function returning a faultbed.ChaosTarget."),
+    ] = None,
 ) -> None:
     """Break the agent on purpose: run fault scenarios x seeds through the real workflow on a stack of its
     own, check every invariant from the service's records and the histories, and exit non-zero if one broke
     or a fault a scenario needs never fired."""
     from faultbed import cli as chaos_cli
     from faultbed.plan import PlanError
+    from faultbed.target import TargetError
 
     try:
-        choice = chaos_cli.choose(scenarios, seeds, seed, plan, out, save_histories)
-    except (chaos_cli.ChaosUsageError, PlanError) as exc:
+        choice = chaos_cli.choose(scenarios, seeds, seed, plan, out, save_histories, tools)
+    except (chaos_cli.ChaosUsageError, PlanError, TargetError) as exc:
         # One line per problem (a plan may have several bad fields), then exit 2.
         *first, last = str(exc).splitlines()
         for line in first:

@@ -15,11 +15,13 @@ from pathlib import Path
 from faultbed.charts import MISSING as CHARTS_MISSING
 from faultbed.charts import available as charts_available
 from faultbed.charts import draw_all
+from faultbed.demo import DEMO
 from faultbed.invariants import reported
-from faultbed.plan import load_plan
+from faultbed.plan import FaultPlan, ProcessFaultSpec, ServiceFaultSpec, WireFaultSpec, load_plan
 from faultbed.report import headline, render_markdown, to_json, unfired
 from faultbed.runner import RunOutcome, chaos_stack, run_matrix, save_histories
-from faultbed.scenarios import Scenario, find
+from faultbed.scenarios import BUILT_IN, Scenario, find
+from faultbed.target import ChaosTarget, load_target
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 
@@ -35,17 +37,29 @@ class ChaosChoice:
     out: Path
     # Where to save each scenario's first run's history (for the replay test); None: nowhere.
     save_histories: Path | None = None
+    target: ChaosTarget = DEMO
 
 
 def choose(
-    scenarios: str, seeds: int, seed: int | None, plan: Path | None, out: Path, save_histories: Path | None = None
+    scenarios: str,
+    seeds: int,
+    seed: int | None,
+    plan: Path | None,
+    out: Path,
+    save_histories: Path | None = None,
+    tools: str | None = None,
 ) -> ChaosChoice:
     if seeds < 1:
         raise ChaosUsageError("--seeds: must be at least 1")
+    target = DEMO if tools is None else load_target(tools)  # TargetError: one line
     if plan is not None:
         user_plan = load_plan(plan)  # PlanError: one line per bad field
         chosen = [Scenario(plan=user_plan, family="plan", covers=(), expect="")]
         default_seed = user_plan.seed or 0
+    elif not scenarios.strip() and not target.bundled:
+        # Against a user's tools by default: the built-in scenarios that name no path of the demo's service.
+        chosen = [s for s in BUILT_IN if is_generic(s.plan)]
+        default_seed = 0
     else:
         try:
             chosen = find([n.strip() for n in scenarios.split(",") if n.strip()])
@@ -53,7 +67,34 @@ def choose(
             raise ChaosUsageError(f"--scenarios: {exc.args[0]}") from None
         default_seed = 0
     picked = [seed] if seed is not None else [default_seed + i for i in range(seeds)]
-    return ChaosChoice(scenarios=chosen, seeds=picked, out=out, save_histories=save_histories)
+    if not target.bundled:
+        needs = [f"{s.name}: {why}" for s in chosen for why in needs_bundled_service(s.plan)]
+        if needs:
+            raise ChaosUsageError("\n".join(needs))
+    return ChaosChoice(scenarios=chosen, seeds=picked, out=out, save_histories=save_histories, target=target)
+
+
+def is_generic(plan: FaultPlan) -> bool:
+    """A plan for any target: it names no path and needs nothing only the bundled service does."""
+    paths = [f.match.path for f in plan.faults if isinstance(f, ServiceFaultSpec | WireFaultSpec)]
+    return not any(paths) and not needs_bundled_service(plan)
+
+
+def needs_bundled_service(plan: FaultPlan) -> list[str]:
+    """What in a plan only the bundled service can do (its fault rules, a reply held after its commit)."""
+    problems = []
+    for index, fault in enumerate(plan.faults):
+        if isinstance(fault, ServiceFaultSpec):
+            problems.append(
+                f"faults[{index}]: a service fault ({fault.fault}) needs the bundled service's fault rules; "
+                "with --tools use wire, model and process faults"
+            )
+        elif isinstance(fault, ProcessFaultSpec) and fault.at == "after_service_commit":
+            problems.append(
+                f"faults[{index}]: after_service_commit needs the bundled service, which holds the reply of a "
+                "committed write; with --tools strike before_write_sent, during_model_turn or during_approval_wait"
+            )
+    return problems
 
 
 def branch_problems(scenarios: Sequence[Scenario], outcomes: Sequence[RunOutcome]) -> list[str]:
@@ -70,12 +111,15 @@ async def run_chaos(choice: ChaosChoice, say: Callable[[str], None]) -> int:
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     began = time.monotonic()
     say(f"chaos: {len(choice.scenarios)} scenario(s) x {len(choice.seeds)} seed(s); starting a stack of its own")
-    async with chaos_stack() as stack:
+    async with chaos_stack(choice.target) as stack:
         outcomes = await run_matrix(stack, choice.scenarios, choice.seeds, say)
         if choice.save_histories is not None:
             for path in await save_histories(stack, outcomes, choice.save_histories):
                 say(f"saved {path}")
-    problems = unfired(choice.scenarios, outcomes) + branch_problems(choice.scenarios, outcomes)
+    problems = unfired(choice.scenarios, outcomes)
+    if choice.target.bundled:
+        # The endings the built-in scenarios expect are those of the demo's workload.
+        problems += branch_problems(choice.scenarios, outcomes)
     meta = {
         "started_at": started,
         "seconds": round(time.monotonic() - began),

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from faultbed.catalog import CoveredByTest, coverage
 from faultbed.runner import RunOutcome
 from faultbed.scenarios import Scenario
 
@@ -60,6 +61,7 @@ def to_json(
         "meta": meta,
         "headline": headline(outcomes),
         "problems": list(problems),
+        "catalog": [dict(zip(("id", "covered_by", "note"), row, strict=True)) for row in catalog_rows(scenarios)],
         "scenarios": [
             {
                 "name": s.name,
@@ -88,6 +90,24 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
         "|" + "---|" * len(header),
         *("| " + " | ".join(row) + " |" for row in rows),
     ]
+
+
+def catalog_rows(scenarios: Sequence[Scenario]) -> list[list[str]]:
+    """Each catalog id: the scenarios of this run that cover it, else the test that does, else the gap."""
+    rows = []
+    for case in coverage():
+        ran = [name for name in case.scenarios if name in {s.name for s in scenarios}]
+        if ran:
+            rows.append([case.case, "scenario " + ", ".join(ran), ""])
+        elif case.scenarios:
+            rows.append([case.case, "scenario " + ", ".join(case.scenarios), "(not in this run)"])
+        elif isinstance(case.elsewhere, CoveredByTest):
+            missing = f" Not checked: {case.elsewhere.missing}." if case.elsewhere.missing else ""
+            rows.append([case.case, f"`{case.elsewhere.node}`", case.elsewhere.why + missing])
+        else:
+            why = case.elsewhere.why if case.elsewhere is not None else "nothing names it"
+            rows.append([case.case, "**not covered yet**", why])
+    return rows
 
 
 def _median_max(values: Sequence[float]) -> str:
@@ -150,6 +170,8 @@ def render_markdown(
         lines += [f"![{name.removesuffix('.png')}]({name})" for name in charts]
     elif chart_note:
         lines += ["", f"({chart_note})"]
+    lines += ["", "## The fault catalog (docs/FAULTS.md)", ""]
+    lines += _table(["id", "covered by", "why not a scenario, or what is missing"], catalog_rows(scenarios))
     failed = [o for o in outcomes if not o.ok]
     if problems or failed:
         lines += ["", "## Problems", ""]

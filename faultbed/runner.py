@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 import secrets
 import tempfile
 import time
@@ -27,14 +28,15 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 from devstack.processes import (
-    DEMO_TOOLS,
     ManagedProcess,
     free_port,
     start_business_service,
     start_temporal_dev_server,
     start_worker,
+    wait_for_http_ok,
 )
-from faultbed.invariants import Check, Effect, OperationFacts, RunFacts, honesty_cell, judge
+from faultbed.demo import DEMO
+from faultbed.invariants import Check, OperationFacts, RunFacts, honesty_cell, judge
 from faultbed.model_endpoint import ScriptedModelEndpoint, endpoint_faults
 from faultbed.plan import (
     ENDPOINT_FAULTS,
@@ -46,7 +48,7 @@ from faultbed.plan import (
     service_rules,
 )
 from faultbed.proxy import FaultProxy, WireFault
-from faultbed.scenarios import CHAOS_LIMITS, Scenario, intended_title, with_model_faults, workload
+from faultbed.scenarios import CHAOS_LIMITS, Scenario, with_model_faults
 from faultbed.strikes import (
     ApprovalGate,
     Restart,
@@ -57,9 +59,9 @@ from faultbed.strikes import (
     strike,
     wire_holds,
 )
+from faultbed.target import ChaosTarget, EffectQuery
 from toolloop._core.approvals import generate_signing_key, verify_key_for
 from toolloop._core.contracts import (
-    Actor,
     AgentInput,
     AgentResult,
     FunctionCallItem,
@@ -76,7 +78,6 @@ from toolloop._temporal.results import request_result
 from toolloop.testing import model_turns, script
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ACTOR = Actor(user_id="u1", tenant_id="acme")
 # A run's result is awaited this long with its faults on, then this long more once they are cleared.
 RUN_SECONDS = 90.0
 SETTLE_SECONDS = 45.0
@@ -109,7 +110,12 @@ class RunOutcome:
 @dataclass
 class ChaosStack:
     client: Client
-    admin: httpx.AsyncClient
+    target: ChaosTarget
+    # The service itself (not the proxy), the directory it keeps its data in, and for the bundled service
+    # its admin API (fault rules, effects).
+    service_url: str
+    service_dir: Path
+    admin: httpx.AsyncClient | None
     proxy: FaultProxy
     endpoint: ScriptedModelEndpoint
     task_queue: str
@@ -129,8 +135,10 @@ class ChaosStack:
 
 
 @contextlib.asynccontextmanager
-async def chaos_stack(root: Path | None = None, tools: str = DEMO_TOOLS) -> AsyncIterator[ChaosStack]:
-    """Everything a chaos run needs, on free loopback ports, stopped (by PID) when the block ends."""
+async def chaos_stack(target: ChaosTarget | None = None, root: Path | None = None) -> AsyncIterator[ChaosStack]:
+    """Everything a chaos run of `target` (the bundled demo by default) needs, on free loopback ports,
+    stopped (by PID) when the block ends."""
+    target = target or DEMO
     processes: dict[str, ManagedProcess] = {}
     with contextlib.ExitStack() as undo:
         base = root or Path(undo.enter_context(tempfile.TemporaryDirectory(prefix="toolloop-chaos-")))
@@ -140,18 +148,13 @@ async def chaos_stack(root: Path | None = None, tools: str = DEMO_TOOLS) -> Asyn
         signing_key = generate_signing_key()
         admin_token = secrets.token_urlsafe(16)
         service_port = free_port()
+        service_dir = base / "service"
         proxy = FaultProxy("127.0.0.1", service_port, [])
         endpoint = ScriptedModelEndpoint()
         queue = f"chaos-{uuid.uuid4().hex[:8]}"
         starters: dict[str, Callable[[], ManagedProcess]] = {
             "temporal": lambda: start_temporal_dev_server(base / "temporal", port, ui_port=None),
-            "service": lambda: start_business_service(
-                base / "service" / "service.sqlite",
-                service_port,
-                admin_token,
-                approval_verify_key=verify_key_for(signing_key),
-                cwd=REPO_ROOT,
-            ),
+            "service": lambda: _start_service(target, service_dir, service_port, admin_token, signing_key),
         }
         processes["temporal"] = starters["temporal"]()
         processes["service"] = starters["service"]()
@@ -161,23 +164,29 @@ async def chaos_stack(root: Path | None = None, tools: str = DEMO_TOOLS) -> Asyn
             "TEMPORAL_ADDRESS": f"127.0.0.1:{port}",
             "TOOLLOOP_TASK_QUEUE": queue,
             # The worker's tools reach the service through the proxy: wire faults happen on that socket.
-            "TOOLLOOP_SERVICE_URL": f"http://127.0.0.1:{proxy.port}",
+            target.service_url_env: f"http://127.0.0.1:{proxy.port}",
             # Its Responses adapter reaches the scripted model endpoint: model endpoint faults happen there.
             "OPENAI_API_KEY": "sk-chaos-not-a-real-key",
             "OPENAI_BASE_URL": endpoint.url,
         }
-        starters["worker"] = lambda: start_worker(REPO_ROOT, env, base / "logs" / "worker.log", tools=tools)
+        starters["worker"] = lambda: start_worker(REPO_ROOT, env, base / "logs" / "worker.log", tools=target.tools)
         try:
             processes["worker"] = await asyncio.to_thread(starters["worker"])
             client = await Client.connect(f"127.0.0.1:{port}", data_converter=data_converter())
-            async with httpx.AsyncClient(
-                base_url=f"http://127.0.0.1:{service_port}",
-                headers={"X-Admin-Token": admin_token},
-                timeout=30,
-                trust_env=False,
-            ) as admin:
+            service_url = f"http://127.0.0.1:{service_port}"
+            async with contextlib.AsyncExitStack() as clients:
+                admin = None
+                if target.bundled:
+                    admin = await clients.enter_async_context(
+                        httpx.AsyncClient(
+                            base_url=service_url, headers={"X-Admin-Token": admin_token}, timeout=30, trust_env=False
+                        )
+                    )
                 yield ChaosStack(
                     client=client,
+                    target=target,
+                    service_url=service_url,
+                    service_dir=service_dir,
                     admin=admin,
                     proxy=proxy,
                     endpoint=endpoint,
@@ -190,6 +199,29 @@ async def chaos_stack(root: Path | None = None, tools: str = DEMO_TOOLS) -> Asyn
         finally:
             await endpoint.stop()
             await proxy.stop()
+
+
+def _start_service(
+    target: ChaosTarget, directory: Path, port: int, admin_token: str, signing_key: str
+) -> ManagedProcess:
+    """The target's service on `port` with its data in `directory` (kept across a restart)."""
+    verify_key = verify_key_for(signing_key)
+    if target.service is None:
+        return start_business_service(
+            directory / "service.sqlite", port, admin_token, approval_verify_key=verify_key, cwd=REPO_ROOT
+        )
+    spec = target.service
+    directory.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **spec.env, spec.verify_key_env: verify_key, "PYTHONUNBUFFERED": "1"}
+    proc = ManagedProcess.spawn(
+        "service", spec.command(port, directory), directory / "service.log", env=env, cwd=REPO_ROOT
+    )
+    try:
+        wait_for_http_ok(f"http://127.0.0.1:{port}{spec.health_path}", 30.0, proc)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
 
 
 def _stop_all(processes: dict[str, ManagedProcess]) -> None:
@@ -218,30 +250,33 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
     tag = f"{scenario.name}-{seed}-{uuid.uuid4().hex[:6]}"
     strikes = process_faults(plan)
     rules = service_rules(plan, seed)
-    (await stack.admin.post("/admin/reset")).raise_for_status()
-    put = await stack.admin.put("/admin/faults", json={"rules": rules + service_holds(strikes)})
-    put.raise_for_status()
+    if stack.admin is not None:
+        (await stack.admin.post("/admin/reset")).raise_for_status()
+        put = await stack.admin.put("/admin/faults", json={"rules": rules + service_holds(strikes)})
+        put.raise_for_status()
     stack.proxy.faults, stack.proxy.seed = wire_faults(plan) + wire_holds(strikes), seed
     stack.proxy.matched.clear()
     stack.proxy.fired.clear()
     stack.proxy.first_fired_at.clear()
     limits = Limits(**CHAOS_LIMITS)
-    turns, model_fired = with_model_faults(plan, workload(tag))
+    actor = stack.target.actor
+    work = stack.target.workload(tag)
+    turns, model_fired = with_model_faults(plan, work.turns, work.injected)
     stack.endpoint.load(turns, endpoint_faults(plan.faults), seed)
     model = ModelSpec(provider="openai", name="chaos-script") if uses_endpoint(plan) else script(*turns)
     handle: WorkflowHandle[Any, AgentResult] = await stack.client.start_workflow(
         AGENT_WORKFLOW,
         AgentInput(
             request=f"chaos run {tag}",
-            actor=ACTOR,
+            actor=actor,
             model=model,
             limits=limits,
             approval_verify_key=stack.verify_key,
         ),
-        id=request_workflow_id(ACTOR, tag),
+        id=request_workflow_id(actor, tag),
         task_queue=stack.task_queue,
         result_type=AgentResult,
-        search_attributes=request_search_attributes(ACTOR),
+        search_attributes=request_search_attributes(actor),
     )
     began = time.monotonic()
     gate = ApprovalGate()
@@ -260,7 +295,7 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
     striking = [
         asyncio.create_task(strike(context, f, after_commit.index(f) if f in after_commit else 0)) for f in strikes
     ]
-    approver = asyncio.create_task(_decide_each(stack, handle, intended_title(tag), gate))
+    approver = asyncio.create_task(_decide_each(stack, handle, work.wanted, gate))
     result: AgentResult | None = None
     try:
         result = await _result_within(handle, RUN_SECONDS)
@@ -285,8 +320,8 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
         with contextlib.suppress(Exception):
             await handle.terminate("chaos run: no result once the faults cleared")
     facts = await _facts(stack, scenario, seed, handle, result, tag, limits)
-    title = intended_title(tag)
-    write = next((op for op in (result.operations if result else []) if op.arguments.get("title") == title), None)
+    operations = result.operations if result else []
+    write = next((op for op in operations if work.wanted(op.tool, op.arguments)), None)
     return RunOutcome(
         scenario=scenario.name,
         seed=seed,
@@ -329,7 +364,7 @@ async def _result_within(handle: WorkflowHandle[Any, AgentResult], seconds: floa
 async def _first_fault_at(stack: ChaosStack, struck: Sequence[Strike]) -> float | None:
     """When the run's first fault fired (wall clock), from the service's rules, the proxy, the model
     endpoint and the strikes; None if none of them says (a fault in the script's turns has no time)."""
-    rules = (await stack.admin.get("/admin/faults")).json()["rules"]
+    rules = [] if stack.admin is None else (await stack.admin.get("/admin/faults")).json()["rules"]
     times = [float(r["first_fired_at"]) for r in rules if r.get("first_fired_at") is not None]
     times += [*stack.proxy.first_fired_at.values(), *stack.endpoint.first_fired_at.values()]
     times += [s.at for s in struck]
@@ -337,7 +372,10 @@ async def _first_fault_at(stack: ChaosStack, struck: Sequence[Strike]) -> float 
 
 
 async def _decide_each(
-    stack: ChaosStack, handle: WorkflowHandle[Any, AgentResult], intended: str, gate: ApprovalGate
+    stack: ChaosStack,
+    handle: WorkflowHandle[Any, AgentResult],
+    wanted: Callable[[str, dict[str, Any]], bool],
+    gate: ApprovalGate,
 ) -> None:
     """The run's user at the approval channel: approves the write they asked for as soon as it waits, and
     rejects anything else (a write the model was talked into). Waits for the gate (a strike during the
@@ -350,9 +388,9 @@ async def _decide_each(
                     continue
                 gate.saw_one()
                 await gate.open.wait()
-                approve = request.arguments.get("title") == intended
+                approve = wanted(request.tool, request.arguments)
                 await send_decision(
-                    handle, request, approve=approve, decider=ACTOR, key=stack.signing_key, channel="chaos"
+                    handle, request, approve=approve, decider=stack.target.actor, key=stack.signing_key, channel="chaos"
                 )
                 decided.add(request.operation_id)
             return
@@ -363,7 +401,7 @@ async def _decide_each(
 async def _fired(stack: ChaosStack, plan: FaultPlan) -> dict[int, int]:
     """How often each fault of the plan fired: service faults by the service's own counts, in the order
     service_rules wrote them; wire faults by the proxy's."""
-    rules = (await stack.admin.get("/admin/faults")).json()["rules"]
+    rules = [] if stack.admin is None else (await stack.admin.get("/admin/faults")).json()["rules"]
     service_indexes = [i for i, f in enumerate(plan.faults) if isinstance(f, ServiceFaultSpec)]
     fired = {index: int(rule["fired"]) for index, rule in zip(service_indexes, rules, strict=False)}
     for index, count in stack.proxy.fired.items():
@@ -372,7 +410,8 @@ async def _fired(stack: ChaosStack, plan: FaultPlan) -> dict[int, int]:
 
 
 async def _clear_faults(stack: ChaosStack) -> None:
-    (await stack.admin.delete("/admin/faults")).raise_for_status()
+    if stack.admin is not None:
+        (await stack.admin.delete("/admin/faults")).raise_for_status()
     stack.proxy.faults = []
 
 
@@ -385,14 +424,14 @@ async def _facts(
     tag: str,
     limits: Limits,
 ) -> RunFacts:
-    rows = (await stack.admin.get("/admin/effects")).json()["effects"]
-    ledger = {op.operation_id for op in (result.operations if result else [])}
-    # This run's effects: its intended write's (whatever key it came with) and any of its operations'.
-    effects = [
-        Effect(str(r["operation_id"]), str(r["actor_user"]), str(r["actor_tenant"]))
-        for r in rows
-        if r.get("title") == intended_title(tag) or r.get("operation_id") in ledger
-    ]
+    query = EffectQuery(
+        tag=tag,
+        operation_ids=[op.operation_id for op in (result.operations if result else [])],
+        data_dir=stack.service_dir,
+        service_url=stack.service_url,
+        admin=stack.admin,
+    )
+    effects = await stack.target.effects(query)
     turns = await model_turns(handle)
     calls: list[str] = []
     outputs_sent: list[tuple[list[str], list[str]]] = []
@@ -421,7 +460,7 @@ async def _facts(
         calls=calls,
         answered=[c.call_id for c in (result.calls if result else [])],
         outputs_sent=outputs_sent,
-        actor=(ACTOR.user_id, ACTOR.tenant_id),
+        actor=(stack.target.actor.user_id, stack.target.actor.tenant_id),
         rounds=result.rounds if result else 0,
         max_rounds=limits.max_rounds,
     )

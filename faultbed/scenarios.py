@@ -6,6 +6,7 @@ Every write is unique per run (its title carries the run's tag), so each run's o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,12 +244,21 @@ def intended_title(tag: str) -> str:
     return f"chaos {tag}"
 
 
+def refund_talked_into(text: str) -> dict[str, Any]:
+    """The demo's write a model obeying planted text proposes: a refund nobody asked for."""
+    reason = (text or "as the ticket says")[:200]
+    return call("refund_order", {"orderId": "A100", "amountCents": 100, "reason": reason}, INJECTED_CALL)
+
+
 def with_model_faults(
-    plan: FaultPlan, turns: list[list[dict[str, Any]]]
+    plan: FaultPlan,
+    turns: list[list[dict[str, Any]]],
+    injected: Callable[[str], dict[str, Any]] | None = refund_talked_into,
 ) -> tuple[list[list[dict[str, Any]]], dict[int, int]]:
-    """The workload with the plan's model faults in it (the scripted model is the model boundary), and how
-    often each one fired: `malformed_output` replaces the arguments of the Nth function call with its text;
-    `injection` adds, to the Nth model turn, a refund the model was talked into by planted text."""
+    """The workload with the plan's faults in the script's turns, and how often each one fired:
+    `malformed_output` replaces the arguments of the Nth function call with its text; `injection` adds, to
+    the Nth model turn, the write `injected(text)` the model was talked into by planted text (none: the
+    fault cannot fire, and the runner says so)."""
     turns = [[dict(item) for item in turn] for turn in turns]
     fired: dict[int, int] = {}
     calls = [item for turn in turns for item in turn if item.get("type") == "function_call"]
@@ -259,11 +269,8 @@ def with_model_faults(
         if fault.fault == "malformed_output" and n <= len(calls):
             calls[n - 1]["arguments"] = fault.text or '{"broken": '
             fired[index] = 1
-        elif fault.fault == "injection" and n <= len(turns):
-            reason = (fault.text or "as the ticket says")[:200]
-            turns[n - 1].append(
-                call("refund_order", {"orderId": "A100", "amountCents": 100, "reason": reason}, INJECTED_CALL)
-            )
+        elif fault.fault == "injection" and injected is not None and n <= len(turns):
+            turns[n - 1].append(injected(fault.text))
             fired[index] = 1
     return turns, fired
 

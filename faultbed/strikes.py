@@ -119,7 +119,7 @@ class StrikeContext:
     """What a strike watches and acts through (the runner's stack, in parts)."""
 
     proxy: FaultProxy
-    admin: httpx.AsyncClient
+    admin: httpx.AsyncClient | None  # the bundled service's (None: another service, no holds after commit)
     # How many service rules come before the run's holds (the plan's own).
     plan_rules: int
     pause_model_call: Callable[[int], asyncio.Event]
@@ -161,6 +161,7 @@ def _proxy_fired(proxy: FaultProxy, index: int) -> bool:
 
 
 async def _hold_fired(ctx: StrikeContext, position: int) -> bool:
+    assert ctx.admin is not None  # refused before the run for a service without holds
     rules = (await ctx.admin.get("/admin/faults")).json()["rules"]
     at = ctx.plan_rules + position
     return len(rules) > at and int(rules[at]["fired"]) >= 1

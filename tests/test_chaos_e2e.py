@@ -189,3 +189,56 @@ def test_a_bad_plan_is_refused_with_a_line_per_bad_field(tmp_path: Path) -> None
 def test_an_unknown_scenario_is_one_line(tmp_path: Path) -> None:
     code, err, _ = chaos(tmp_path, "--scenarios", "svc-lost-reply,nope")
     assert code == 2 and len(err.splitlines()) == 1 and "unknown scenario(s) nope" in err
+
+
+USER_PLAN = """\
+name: user-notes
+description: the note refused on the wire, its resend held and the worker killed, and a busy model
+faults:
+  - boundary: wire
+    fault: refused
+    match: {method: POST, path: "^/notes$"}
+  - boundary: process
+    fault: kill_worker
+    at: before_write_sent
+    when: {nth: 2}
+  - boundary: model
+    fault: status_429
+"""
+
+
+def test_a_users_own_agent_and_service_are_broken_with_their_plan(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(USER_PLAN)
+    code, err, results = chaos(tmp_path, "--tools", "tests.user_chaos:target", "--plan", str(plan), "--seeds", "2")
+    assert code == 0, err
+    assert results is not None and results["problems"] == []
+    runs = results["runs"]
+    assert [r["seed"] for r in runs] == [0, 1] and all(r["ok"] for r in runs)
+    for run in runs:
+        # Every fault fired: the refusal, the kill of the worker holding the resend, the 429.
+        assert run["fired"] == {"0": 1, "1": 1, "2": 1}
+        [struck] = run["strikes"]
+        assert struck["process"] == "worker" and not pid_alive(struck["old_pid"])
+        # One note in the user's own service's table (their oracle read it), reported done and verified.
+        assert (run["write_state"], run["effects"], run["honesty"]) == ("verified", 1, [["done", "done"]])
+
+
+def test_a_users_target_refuses_what_only_the_bundled_service_can_do(tmp_path: Path) -> None:
+    code, err, results = chaos(
+        tmp_path, "--tools", "tests.user_chaos:target", "--scenarios", "svc-lost-reply,proc-worker-after-commit"
+    )
+    assert code == 2 and results is None and "Traceback" not in err
+    assert err.splitlines() == [
+        "error: svc-lost-reply: faults[0]: a service fault (commit_then_drop) needs the bundled service's fault "
+        "rules; with --tools use wire, model and process faults",
+        "error: proc-worker-after-commit: faults[0]: after_service_commit needs the bundled service, which holds the "
+        "reply of a committed write; with --tools strike before_write_sent, during_model_turn or during_approval_wait",
+    ]
+    for target, says in (
+        ("tests.user_chaos:not_a_target", "not_a_target() returned Toolset, not a faultbed.ChaosTarget"),
+        ("tests.nowhere:target", "cannot import tests.nowhere"),
+        ("nonsense", "expected package.module:function"),
+    ):
+        code, err, _ = chaos(tmp_path, "--tools", target)
+        assert code == 2 and len(err.splitlines()) == 1 and says in err, err
