@@ -201,10 +201,6 @@ ELSEWHERE: dict[str, CoveredByTest | Gap] = {
         "the service's own idempotency race, forced with hold points in two processes",
         missing="check-insert only; effect-record in test_a_process_killed_between_effect_and_record_leaves_no_effect_and_the_key_then_makes_one",
     ),
-    "I2": Gap("no fake protocol text planted in service data; a tool output is only ever text (M12 tests)"),
-    "I4": Gap(
-        "no planted identity claim; identity comes from the session only (test_executor_sends_actor_headers_only)"
-    ),
     "I6": Gap("no planted misleading prose; the approval card shows the real payload (web page e2e test)"),
     "I7": CoveredByTest(
         "tests/test_core_planning.py::test_large_output_is_capped_to_valid_json_with_marker",

@@ -67,6 +67,10 @@ class RunFacts:
     actor: tuple[str, str] = ("u1", "acme")
     rounds: int = 0
     max_rounds: int = 8
+    # Text planted in tool outputs on the wire, and the type of every conversation item it then appeared in
+    # (in a model turn's input or result).
+    planted: list[str] = field(default_factory=list)
+    planted_in: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,8 @@ def judge(facts: RunFacts) -> list[Check]:
         _honest_report(facts),
         _limits(facts),
     ]
+    if facts.planted:
+        checks.append(_planted_stays_data(facts))
     return checks
 
 
@@ -158,3 +164,13 @@ def _honest_report(facts: RunFacts) -> Check:
 def _limits(facts: RunFacts) -> Check:
     ok = facts.rounds <= facts.max_rounds
     return Check("limits hold", ok, "" if ok else f"{facts.rounds} rounds > {facts.max_rounds}")
+
+
+def _planted_stays_data(facts: RunFacts) -> Check:
+    """Text planted in a tool's output reached the model as that output, and only as that: never as a call,
+    a message or an item of its own."""
+    if not facts.planted_in:
+        return Check("planted text stays tool output", False, "the planted text never reached the model")
+    elsewhere = sorted(set(facts.planted_in) - {"function_call_output"})
+    detail = f"planted text appeared as {elsewhere}" if elsewhere else ""
+    return Check("planted text stays tool output", not elsewhere, detail)

@@ -42,7 +42,7 @@ ServiceFault = Literal[
     "status_down",  # the operation-status endpoint answers 503
     "latency",  # `latency_ms` before the call is handled
 ]
-WireFault = Literal["latency", "refused", "reset", "timeout", "cut_reply", "down"]
+WireFault = Literal["latency", "refused", "reset", "timeout", "cut_reply", "down", "plant"]
 ModelFault = Literal["status_429", "status_500", "timeout", "reset", "malformed_output", "injection"]
 # Model faults the scripted model endpoint injects on the HTTP exchange; the others are in the script's turns.
 ENDPOINT_FAULTS = frozenset({"status_429", "status_500", "timeout", "reset"})
@@ -128,11 +128,16 @@ class WireFaultSpec(_Fault):
     fault: WireFault
     match: Match = Field(default_factory=Match)
     latency_ms: int = Field(default=0, ge=0, le=120_000, description="latency: the delay; down: how long")
+    # plant: the text written into the reply's JSON, at `field` (a dotted path; list items by index).
+    text: str = Field(default="", max_length=100_000)
+    field: str = Field(default="", max_length=200, pattern=r"^([A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*)?$")
 
     @model_validator(mode="after")
     def _needs_latency(self) -> WireFaultSpec:
         if self.fault in ("latency", "down") and self.latency_ms == 0:
             raise ValueError(f"{self.fault} needs latency_ms > 0 (the delay, or how long the service is away)")
+        if self.fault == "plant" and not (self.text and self.field):
+            raise ValueError("plant needs the text to plant and the reply's field to plant it in")
         return self
 
 

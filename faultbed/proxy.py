@@ -14,19 +14,25 @@ number acts on it (faultbed.plan.fault_fires: the Nth matching call, or a seeded
 - `cut_reply`: the request reaches the service; half of its reply is sent, then the connection closes;
 - `refused`: the request never reaches the service; its connection is reset as soon as it arrived;
 - `down`: like `refused`, and the proxy stops listening for `latency_ms` (dropping its idle connections):
-  every connection tried meanwhile is refused by the kernel, before anything was sent.
+  every connection tried meanwhile is refused by the kernel, before anything was sent;
+- `plant`: the request reaches the service; its JSON reply comes back with `text` written into `field`
+  (appended to a string there, else in its place) - hostile content in a tool's output, as if the service's
+  data held it. A reply that is not a JSON object with a Content-Length passes unchanged (and the fault does
+  not count as fired).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import struct
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from faultbed.plan import WireFaultSpec, fault_fires
 
@@ -146,6 +152,13 @@ class FaultProxy:
                 if kind == "timeout":
                     await self._hold(client_reader)
                     return
+                if kind == "plant":
+                    assert fault is not None
+                    planted = _planted(reply.raw, fault.spec.field, fault.spec.text)
+                    if planted is None:
+                        self.fired[fault.index] -= 1
+                    else:
+                        reply = _Message(raw=planted, start_line=reply.start_line, close=reply.close)
                 if kind == "cut_reply":
                     client.write(reply.raw[: max(len(reply.raw) // 2, 1)])
                     await client.drain()
@@ -206,6 +219,46 @@ class FaultProxy:
         self._idle.clear()
         await asyncio.sleep(seconds)
         self._server = await asyncio.start_server(self._serve, self._host, self._port, reuse_address=True)
+
+
+def _planted(raw: bytes, field: str, text: str) -> bytes | None:
+    """The reply with `text` planted at `field` of its JSON body, its Content-Length updated; None if it has
+    no such body."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    if not any(line.lower().startswith("content-length:") for line in lines[1:]):
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    *path, last = field.split(".")
+    node: Any = data
+    for part in path:
+        node = (
+            node[int(part)]
+            if isinstance(node, list) and part.isdigit()
+            else node.get(part)
+            if isinstance(node, dict)
+            else None
+        )
+    if isinstance(node, list) and last.isdigit() and int(last) < len(node):
+        key: Any = int(last)
+    elif isinstance(node, dict):
+        key = last
+    else:
+        return None
+    current = node[key] if isinstance(node, list) else node.get(key)
+    node[key] = f"{current} {text}" if isinstance(current, str) else text
+    encoded = json.dumps(data).encode()
+    kept = [line for line in lines[1:] if not line.lower().startswith("content-length:")]
+    return "\r\n".join([lines[0], *kept, f"content-length: {len(encoded)}"]).encode("latin-1") + b"\r\n\r\n" + encoded
+
+
+def _child(node: Any, part: str) -> Any:
+    if isinstance(node, list) and part.isdigit():
+        return node[int(part)] if int(part) < len(node) else None
+    return node.get(part) if isinstance(node, dict) else None
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:

@@ -37,7 +37,10 @@ def headline(outcomes: Sequence[RunOutcome]) -> dict[str, int]:
     broken = Counter(c.name for o in outcomes for c in o.checks if not c.ok)
     cells = Counter(cell for o in outcomes for cell in o.honesty)
     return {
+        "scenarios": len({o.scenario for o in outcomes}),
         "runs": len(outcomes),
+        # A fault point: one fault of one scenario's plan, counted once it fired in some run.
+        "fault points": len({(o.scenario, i) for o in outcomes for i, n in o.fired.items() if n}),
         "faults fired": sum(sum(o.fired.values()) for o in outcomes),
         "duplicate effects": broken["at most one effect"],
         "lost acknowledged writes": cells[("done", "not_done")],
@@ -110,6 +113,11 @@ def catalog_rows(scenarios: Sequence[Scenario]) -> list[list[str]]:
     return rows
 
 
+def _fault_label(scenario: Scenario, index: int) -> str:
+    faults = scenario.plan.faults
+    return faults[index].fault if 0 <= index < len(faults) else f"fault {index}"
+
+
 def _median_max(values: Sequence[float]) -> str:
     return f"{statistics.median(values):.1f} / {max(values):.1f}" if values else "-"
 
@@ -159,6 +167,27 @@ def render_markdown(
         rows,
     )
     lines += ["", "Recovery: from the run's first fault to the request's result (none for faults in the script)."]
+    lines += ["", "## Each scenario, seed by seed"]
+    for s in scenarios:
+        runs = [o for o in outcomes if o.scenario == s.name]
+        if not runs:
+            continue
+        lines += ["", f"### {s.name}", "", s.plan.description or "", ""]
+        lines += _table(
+            ["seed", "faults fired", "invariants", "write ended", "effects", "recovery s", "replay"],
+            [
+                [
+                    str(o.seed),
+                    ", ".join(f"{_fault_label(s, i)} x{n}" for i, n in sorted(o.fired.items()) if n) or "none",
+                    "all held" if o.ok else "**broken: " + ", ".join(c.name for c in o.checks if not c.ok) + "**",
+                    o.write_state or "-",
+                    str(o.effects),
+                    "-" if o.recovery_seconds is None else f"{o.recovery_seconds:.1f}",
+                    f"`{replay_command(o)}`",
+                ]
+                for o in runs
+            ],
+        )
     cells = Counter(cell for o in outcomes for cell in o.honesty)
     lines += ["", "## What was reported against what the service holds", ""]
     lines += _table(

@@ -64,6 +64,7 @@ from toolloop._core.approvals import generate_signing_key, verify_key_for
 from toolloop._core.contracts import (
     AgentInput,
     AgentResult,
+    ConversationItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     Limits,
@@ -433,6 +434,15 @@ async def _facts(
     )
     effects = await stack.target.effects(query)
     turns = await model_turns(handle)
+    planted = [
+        f.spec.text for f in wire_faults(scenario.plan) if f.spec.fault == "plant" and stack.proxy.fired[f.index]
+    ]
+    planted_in = [
+        item.type
+        for turn_input, turn_result in turns
+        for item in [*turn_input.new_items, *(turn_result.items if turn_result else [])]
+        if any(_holds(item, text) for text in planted)
+    ]
     calls: list[str] = []
     outputs_sent: list[tuple[list[str], list[str]]] = []
     previous: list[str] | None = None
@@ -463,7 +473,23 @@ async def _facts(
         actor=(stack.target.actor.user_id, stack.target.actor.tenant_id),
         rounds=result.rounds if result else 0,
         max_rounds=limits.max_rounds,
+        planted=planted,
+        planted_in=planted_in,
     )
+
+
+def _holds(item: ConversationItem, text: str) -> bool:
+    """Whether a conversation item carries the start of a planted text (a long one is cut by the output
+    cap), as it is or as JSON writes it inside a string (a tool's output is JSON text)."""
+    if isinstance(item, FunctionCallOutputItem):
+        fields = [item.output]
+    elif isinstance(item, FunctionCallItem):
+        fields = [item.name, item.arguments]
+    else:
+        fields = [item.model_dump_json()]
+    start = text[:40]
+    escaped = json.dumps(start)[1:-1]
+    return any(start in f or escaped in f for f in fields)
 
 
 async def run_matrix(

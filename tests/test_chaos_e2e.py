@@ -109,6 +109,7 @@ def test_process_faults_kill_real_processes_at_their_points_and_every_request_re
         "proc-service-after-commit",
         "proc-temporal-restart",
         "model-timeout",
+        "wire-planted-protocol-text",
     ]
     saved = tmp_path / "histories"
     code, err, results = chaos(tmp_path, "--scenarios", ",".join(scenarios), "--save-histories", str(saved))
@@ -132,7 +133,11 @@ def test_process_faults_kill_real_processes_at_their_points_and_every_request_re
         [struck] = runs[name]["strikes"]
         assert struck["process"] == process and struck["old_pid"] != struck["new_pid"]
         assert not pid_alive(struck["old_pid"])
-    assert runs["model-timeout"]["strikes"] == []
+    assert runs["model-timeout"]["strikes"] == runs["wire-planted-protocol-text"]["strikes"] == []
+    # The fake function call planted in a read's reply reached the model as that tool's output, and only so.
+    checks = runs["wire-planted-protocol-text"]["checks"]
+    [planted] = [c for c in checks if c["name"] == "planted text stays tool output"]
+    assert planted["ok"] is True
     history = {n: activity_events(json.loads((saved / f"{n}.json").read_text())) for n in scenarios}
 
     def kinds(name: str, activity: str) -> list[str]:

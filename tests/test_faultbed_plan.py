@@ -128,6 +128,13 @@ def test_latency_faults_need_their_latency() -> None:
         parse_plan({"name": "x", "faults": [{"boundary": "service", "fault": "latency"}]})
 
 
+def test_a_plant_needs_its_text_and_a_field_path() -> None:
+    with pytest.raises(PlanError, match=r"faults\[0\]: plant needs the text to plant and the reply's field"):
+        parse_plan({"name": "x", "faults": [{"boundary": "wire", "fault": "plant", "field": "items.0.name"}]})
+    with pytest.raises(PlanError, match=r"faults\[0\]\.field: String should match pattern"):
+        parse_plan({"name": "x", "faults": [{"boundary": "wire", "fault": "plant", "text": "t", "field": "a..b"}]})
+
+
 def test_a_process_fault_strikes_at_an_nth_point_never_at_random() -> None:
     kill = {"boundary": "process", "fault": "kill_worker", "at": "after_service_commit"}
     with pytest.raises(PlanError, match=r"faults\[0\]: a process fault strikes the Nth time .*give when.nth"):
