@@ -189,8 +189,14 @@ ELSEWHERE: dict[str, CoveredByTest | Gap] = {
         "tests/test_api_e2e.py::test_two_identical_posts_at_once_make_one_workflow",
         "needs concurrent identical POSTs, the chaos runner drives one at a time",
     ),
-    "C4": Gap("the workflow does not handle cancellation yet; no test cancels a request"),
-    "C5": Gap("the workflow does not handle cancellation yet; no test cancels a request"),
+    "C4": CoveredByTest(
+        "tests/test_write_protocol_workflow.py::test_a_request_cancelled_during_the_approval_wait_sends_nothing_even_if_approved_then",
+        "a cancel is the user's action, not an injected fault; the approval raced against it by hand",
+    ),
+    "C5": CoveredByTest(
+        "tests/test_writes_e2e.py::test_a_request_cancelled_while_its_committed_write_is_in_flight_reports_it_done_once",
+        "a cancel is the user's action, not an injected fault; timed against a held reply",
+    ),
     "C6": CoveredByTest(
         "tests/test_core_planning.py::test_consecutive_reads_form_one_parallel_group_and_writes_are_barriers",
         "pure round planning: no fault to inject, checked without a server",

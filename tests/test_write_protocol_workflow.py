@@ -8,6 +8,7 @@ and a write whose read-back cannot see it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -20,9 +21,10 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from tests.agent_helpers import U1, approving, call, decide, say, tool_outputs, waiting_operation
+from tests.agent_helpers import U1, approving, assert_eventually, call, decide, say, tool_outputs, waiting_operation
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY
 from toolloop import request_result
 from toolloop._core.codes import ErrorType
@@ -588,3 +590,103 @@ async def test_a_doubtful_attempt_found_done_after_the_approval_ran_out_is_verif
     [op] = result.operations
     assert (op.state, op.attempts, [c.state for c in op.status_checks]) == ("verified", 1, ["not_found", "completed"])
     assert len(s.read_backs) == 1
+
+
+# --- Cancellation (FAULTS.md C4, C5) ------------------------------------------------------------------------
+
+
+async def _event_types(handle: WorkflowHandle[Any, AgentResult]) -> list[int]:
+    return [e.event_type async for e in handle.fetch_history_events()]
+
+
+async def _model_turns_scheduled(handle: WorkflowHandle[Any, AgentResult]) -> int:
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        async for e in handle.fetch_history_events()
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    return scheduled.count(MODEL_TURN_ACTIVITY)
+
+
+async def test_a_request_cancelled_during_the_approval_wait_sends_nothing_even_if_approved_then(
+    harness: Harness,
+) -> None:
+    s = harness.stand_ins
+    s.turns = [[note("n", "w1")], [say("ok")]]
+    handle = await harness.start()
+    op = await waiting_operation(handle)
+    request = await fetch_approval_request(handle, op.operation_id)
+    assert request is not None
+    token = sign_decision(request, U1, APPROVAL_KEY, approve=True)
+    await handle.cancel()
+    # The approval arrives while the cancellation is being handled: refused (by the validator, or because the
+    # run has closed), or recorded just before it - and in no case sent.
+    decision = ApprovalDecision(operation_id=op.operation_id, digest=op.digest, approve=True, token=token)
+    with contextlib.suppress(WorkflowUpdateFailedError, RPCError):
+        await handle.execute_update(APPROVE_OPERATION_UPDATE, decision, result_type=dict)
+    result = await asyncio.wait_for(request_result(handle), timeout=30)
+    assert (result.stop_reason, result.status) == ("cancelled", "stopped")
+    [done] = result.operations
+    assert done.state == "expired" and "cancelled before this was sent" in (done.note or "")
+    assert s.sent == [] and await _model_turns_scheduled(handle) == 1
+
+
+async def test_a_write_in_flight_when_the_request_is_cancelled_is_waited_for_and_settled_by_its_status(
+    harness: Harness,
+) -> None:
+    s = harness.stand_ins
+    s.turns = [[note("n", "w1")], [say("ok")]]
+    s.writes = [1.5]  # in flight for 1.5 s, then an unclear answer
+    s.statuses = [completed()]
+    handle = await harness.start()
+    op = await waiting_operation(handle)
+    request = await fetch_approval_request(handle, op.operation_id)
+    assert request is not None
+    await decide(handle, op.operation_id)
+
+    async def sent() -> bool:
+        return len(s.sent) == 1
+
+    await assert_eventually(sent, what="the attempt is in flight")
+    await handle.cancel()
+
+    async def cancel_handled() -> bool:
+        return EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED in await _event_types(handle)
+
+    await assert_eventually(cancel_handled, what="the workflow asked to cancel the attempt")
+    # Once cancelled, no decision is taken any more.
+    token = sign_decision(request, U1, APPROVAL_KEY, approve=False)
+    rejection = ApprovalDecision(operation_id=op.operation_id, digest=op.digest, approve=False, token=token)
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update(APPROVE_OPERATION_UPDATE, rejection)
+    assert "the request was cancelled" in str(refused.value.cause)
+
+    result = await asyncio.wait_for(request_result(handle), timeout=30)
+    assert (result.stop_reason, result.status) == ("cancelled", "stopped")
+    [done] = result.operations
+    # The attempt was waited for (not abandoned), its unclear answer settled by the status, then verified.
+    assert done.state == "verified" and done.attempts == 1
+    assert (len(s.sent), len(s.asked), len(s.read_backs)) == (1, 1, 1)
+    assert await _model_turns_scheduled(handle) == 1  # the model is not asked again
+
+
+async def test_a_cancelled_write_the_service_has_no_record_of_stays_unknown_never_resent(harness: Harness) -> None:
+    s = harness.stand_ins
+    s.turns = [[note("n", "w1")], [say("ok")]]
+    s.writes = [1.5]
+    s.statuses = [status("not_found")]
+    handle = await harness.start()
+    op = await waiting_operation(handle)
+    await decide(handle, op.operation_id)
+
+    async def sent() -> bool:
+        return len(s.sent) == 1
+
+    await assert_eventually(sent, what="the attempt is in flight")
+    await handle.cancel()
+    result = await asyncio.wait_for(request_result(handle), timeout=30)
+    [done] = result.operations
+    # Its approval is still valid, so the attempt could still arrive: unknown, neither done nor not done.
+    assert (result.stop_reason, done.state) == ("cancelled", "unknown")
+    assert "the request was cancelled; the service has no record of it yet" in (done.note or "")
+    assert len(s.sent) == 1 and len(s.asked) >= 1 and s.read_backs == []

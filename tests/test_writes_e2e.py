@@ -763,3 +763,55 @@ async def test_two_spellings_of_one_event_are_one_operation_and_one_effect(
         ["ada@example.org", "ops@example.com"],
     )
     assert len([r for r in await service_requests(admin, "/calendars/cal-u1/events") if r["method"] == "POST"]) == 1
+
+
+# --- Cancellation (FAULTS.md C4, C5) ------------------------------------------------------------------------
+
+
+async def test_a_request_cancelled_while_its_write_waits_for_approval_sends_nothing(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    handle = await start_agent(
+        client, settings, "w", model=script_spec([note_call(version, "never approved", "w1")], [say("ok")])
+    )
+    op = await waiting_operation(handle)
+    await handle.cancel()
+    result = await asyncio.wait_for(request_result(handle), timeout=60)
+    [done] = result.operations
+    assert (result.stop_reason, done.state, done.approval) == ("cancelled", "expired", None)
+    # The service never saw the write, and holds no effect of it.
+    assert await note_posts(admin) == [] and await effects(admin, op.operation_id) == []
+    assert await ticket_version(business_service.url) == version
+
+
+async def test_a_request_cancelled_while_its_committed_write_is_in_flight_reports_it_done_once(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    # The service commits the note, then holds its reply for 2 s; the request is cancelled meanwhile.
+    await set_faults(
+        admin, {"method": "POST", "path_regex": "^/tickets/T1001/notes$", "when": "after_commit", "latency_ms": 2000}
+    )
+    version = await ticket_version(business_service.url)
+    handle = await start_agent(
+        client,
+        settings,
+        "w",
+        model=script_spec([note_call(version, "cancelled in flight", "w1")], [say("ok")]),
+        limits=Limits(write_timeout_seconds=10),
+    )
+    async with approving(handle):
+        op = await waiting_operation(handle)
+
+        async def committed() -> bool:
+            return len(await effects(admin, op.operation_id)) == 1
+
+        await assert_eventually(committed, what="the service committed the note")
+        await handle.cancel()
+        result = await asyncio.wait_for(request_result(handle), timeout=60)
+    [done] = result.operations
+    # The attempt in flight was waited for, not abandoned: its reply came, and the effect was read back.
+    assert (result.stop_reason, done.state, done.attempts) == ("cancelled", "verified", 1)
+    assert [p["status"] for p in await note_posts(admin)] == [201]
+    assert len(await effects(admin, done.operation_id)) == 1
+    assert await ticket_version(business_service.url) == version + 1

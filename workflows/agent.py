@@ -148,6 +148,9 @@ class AgentWorkflow:
         stop: StopReason
 
         while True:
+            if self._writes.cancel_requested():
+                stop = "cancelled"
+                break
             if rounds >= limits.max_rounds:
                 stop = "max_rounds"
                 break
@@ -159,7 +162,14 @@ class AgentWorkflow:
             self._set_phase(f"round {rounds}: waiting for the model")
             try:
                 turn = await self._model_turn(inp, rounds, new_items, output_refs, deadline)
+            except asyncio.CancelledError as cancelled:
+                self._writes.absorb_cancel(cancelled)
+                stop = "cancelled"
+                break
             except ActivityError as err:
+                if self._writes.cancel_requested():
+                    stop = "cancelled"
+                    break
                 stop = "deadline" if workflow.now() >= deadline else "model_error"
                 error = f"model turn {rounds} failed: {_failure_message(err)}"
                 break
@@ -209,6 +219,9 @@ class AgentWorkflow:
                 self._narrator.tool_finished(record, rejected=call.call_id in plan.immediate)
             if plan.limit_hit is not None:
                 stop = plan.limit_hit
+                break
+            if self._writes.cancel_requested():
+                stop = "cancelled"
                 break
             if workflow.now() >= deadline:
                 stop = "deadline"
@@ -307,12 +320,26 @@ class AgentWorkflow:
                 results.append(await self._writes.run(call, turn))
             return results
         gate = asyncio.Semaphore(inp.limits.max_parallel_reads)
+        done: dict[str, ToolCallResult] = {}
 
-        async def run_one(call: CheckedCall) -> ToolCallResult:
-            async with gate:
-                return await self._run_tool(call, inp, turn, deadline)
+        async def run_one(call: CheckedCall) -> None:
+            try:
+                async with gate:
+                    done[call.call_id] = await self._run_tool(call, inp, turn, deadline)
+            except asyncio.CancelledError as cancelled:
+                # Still waiting for its turn when the request was cancelled: never started.
+                self._writes.absorb_cancel(cancelled)
+                why = "the request was cancelled before this call ran; it was not run."
+                done[call.call_id] = ToolCallResult(
+                    call_id=call.call_id, output=error_output(ResultCode.LIMIT_REACHED, why), duration_ms=0
+                )
 
-        return list(await asyncio.gather(*(run_one(call) for call in group.calls)))
+        try:
+            await asyncio.gather(*(run_one(call) for call in group.calls))
+        except asyncio.CancelledError as cancelled:
+            # The reads started finish (they are waited for); gather reports the cancellation all the same.
+            self._writes.absorb_cancel(cancelled)
+        return [done[call.call_id] for call in group.calls]
 
     async def _run_tool(self, call: CheckedCall, inp: AgentInput, turn: int, deadline: datetime) -> ToolCallResult:
         limits = inp.limits
@@ -337,6 +364,8 @@ class AgentWorkflow:
                 start_to_close_timeout=timedelta(seconds=call.timeout_seconds or limits.tool_timeout_seconds),
                 schedule_to_close_timeout=max(deadline - workflow.now(), _MIN_TIMEOUT),
                 retry_policy=io_retry_policy(call.max_attempts or limits.tool_max_attempts),
+                # A read started is finished even if the request is cancelled: its call gets its output.
+                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                 summary=call.summary,
             )
             self._outputs_in_history.add(call.call_id)

@@ -13,10 +13,16 @@ The request's deadline bounds everything: the approval wait, every send (an appr
 it, and the service checks the token again at commit), the status resolution and the read-back (these
 two get `settle_seconds` past it, so a write in flight at the deadline is still resolved before the run
 reports). "Not done" is said only after a definite refusal, a refused connection, or a status answer of
-not found that no earlier attempt can still overtake."""
+not found that no earlier attempt can still overtake.
+
+A cancelled request (the Temporal run's cancellation) sends nothing more and takes no more decisions: an
+operation waiting for approval ends unsent, an attempt in flight is waited for (never abandoned), and an
+unclear one is settled by the status; since its approval may still be valid, a status of not found then
+leaves it unknown rather than not done."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -60,6 +66,9 @@ from workflows.narration import Narrator, short_id
 from workflows.retries import io_retry_policy
 
 _ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
+# A cancelled request waits for its attempts, status queries and read-backs to finish: an abandoned attempt
+# could still take effect unseen.
+_FINISH = workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
 _MIN_TIMEOUT = timedelta(seconds=1)
 # Approval tokens are minted by another machine's clock: allow this much when comparing with the deadline.
 _CLOCK_TOLERANCE_SECONDS = 2.0
@@ -87,6 +96,21 @@ class OperationStateMachine:
         self._arguments: dict[str, dict[str, Any]] = {}
         # Evidence an attempt read back right after it completed, for the read-back step to use.
         self._read_in_attempt: dict[str, Evidence] = {}
+
+    @staticmethod
+    def cancel_requested() -> bool:
+        """The request was cancelled: nothing more is sent, no more decisions are taken."""
+        return workflow.cancellation_reason() is not None
+
+    @staticmethod
+    def absorb_cancel(error: BaseException) -> None:
+        """Go on after the cancellation arrived at an await (re-raise anything else): what the request
+        does once cancelled is decided at each step, by cancel_requested()."""
+        if not OperationStateMachine.cancel_requested():
+            raise error
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
 
     # --- Decisions (the Temporal Update's validator and handler, and what the channel is shown) ----
 
@@ -119,6 +143,8 @@ class OperationStateMachine:
         op = self.ledger.get(decision.operation_id)
         if op is None:
             raise ValueError(f"unknown operation {decision.operation_id!r} in this request")
+        if self.cancel_requested():
+            raise ValueError("the request was cancelled; it takes no more decisions")
         if decision.digest != op.digest:
             raise ValueError("the decision is for another payload (digest mismatch)")
         if decision.token is None:
@@ -212,6 +238,11 @@ class OperationStateMachine:
                 )
             except TimeoutError:
                 pass
+            except asyncio.CancelledError as cancelled:
+                self.absorb_cancel(cancelled)
+        if self.cancel_requested() and op.state in ("awaiting_approval", "approved"):
+            self._move(op, "expired")
+            return self._refusal(op, "the request was cancelled before this was sent; nothing was sent.")
         if op.state == "awaiting_approval":
             self._move(op, "expired")
             if op.approval_expires_at >= self._deadline:
@@ -240,6 +271,8 @@ class OperationStateMachine:
         # Stays False while every attempt certainly never reached the service (a refused connection).
         maybe_received = False
         while True:
+            if self.cancel_requested():
+                return await self._settle_after_cancel(op, call, maybe_received)
             if maybe_received and self._past_retention(op):
                 # The service may have forgotten the key: a resend could be a second effect. Fail closed.
                 return False, self._unknown(op, "the idempotency record may have expired; it was not resent.")
@@ -294,6 +327,26 @@ class OperationStateMachine:
             return False, self._unknown(op, "the service was still working on it when this request stopped.")
         return None
 
+    async def _settle_after_cancel(
+        self, op: OperationRecord, call: CheckedCall, maybe_received: bool
+    ) -> tuple[bool, dict[str, Any]]:
+        """The request was cancelled between attempts: nothing is sent again; what may have arrived is
+        settled by the status."""
+        if op.attempts == 0:
+            self._move(op, "expired")
+            return False, self._refusal(op, "the request was cancelled before this was sent; nothing was sent.")
+        if not maybe_received:
+            self._move(op, "failed")
+            why = "the request was cancelled; no attempt reached the service, so it was not done."
+            return False, self._op_error(op, ResultCode.TEMPORARY_UNAVAILABLE, why)
+        if not call.has_status:
+            return False, self._unknown(op, "the request was cancelled, and this tool has no status query.")
+        settled = self._settled_by_status(op, await self._resolve(op))
+        if settled is not None:
+            return settled
+        # Not found, but the approval is still valid: an attempt still on its way could take effect.
+        return False, self._unknown(op, "the request was cancelled; the service has no record of it yet.")
+
     async def _settle_without_sending(
         self, op: OperationRecord, call: CheckedCall, maybe_received: bool
     ) -> tuple[bool, dict[str, Any]]:
@@ -325,7 +378,10 @@ class OperationStateMachine:
         left = (self._send_until(op) - workflow.now()).total_seconds()
         if left > 0:
             summary = f"pause before resending {op.tool} {short_id(op.operation_id)} (same key)"
-            await workflow.sleep(timedelta(seconds=min(seconds, left)), summary=summary)
+            try:
+                await workflow.sleep(timedelta(seconds=min(seconds, left)), summary=summary)
+            except asyncio.CancelledError as cancelled:
+                self.absorb_cancel(cancelled)
 
     async def _send(self, op: OperationRecord, call: CheckedCall) -> WriteOutcome:
         op.attempts += 1
@@ -351,6 +407,7 @@ class OperationStateMachine:
                 result_type=WriteOutcome,
                 start_to_close_timeout=timeout,
                 retry_policy=_ONE_ATTEMPT,
+                cancellation_type=_FINISH,
                 summary=f"{call.summary} attempt {op.attempts}",
             )
             return outcome
@@ -385,6 +442,7 @@ class OperationStateMachine:
                     start_to_close_timeout=timedelta(seconds=limits.write_timeout_seconds),
                     schedule_to_close_timeout=max(until - workflow.now(), _MIN_TIMEOUT),
                     retry_policy=io_retry_policy(limits.status_max_attempts),
+                    cancellation_type=_FINISH,
                     summary=f"status of {op.tool} {op.operation_id} (after an unclear outcome)",
                 )
             except ActivityError:
@@ -395,7 +453,10 @@ class OperationStateMachine:
             if status.state != "in_progress" or workflow.now() + timedelta(seconds=pause) >= until:
                 return status
             summary = f"pause before status query of {op.tool} {short_id(op.operation_id)} (in progress)"
-            await workflow.sleep(timedelta(seconds=pause), summary=summary)
+            try:
+                await workflow.sleep(timedelta(seconds=pause), summary=summary)
+            except asyncio.CancelledError as cancelled:
+                self.absorb_cancel(cancelled)
             pause = min(pause * 2, 5.0)
 
     async def _verify(self, op: OperationRecord, result: dict[str, Any]) -> dict[str, Any]:
@@ -423,6 +484,7 @@ class OperationStateMachine:
                 start_to_close_timeout=timedelta(seconds=self._limits.tool_timeout_seconds),
                 schedule_to_close_timeout=max(self._settle_until() - workflow.now(), _MIN_TIMEOUT),
                 retry_policy=io_retry_policy(self._limits.readback_max_attempts),
+                cancellation_type=_FINISH,
                 summary=f"read back {op.tool} {op.operation_id}",
             )
         except ActivityError:

@@ -499,6 +499,8 @@ StopReason = Literal[
     "deadline",
     "model_error",
     "no_answer",
+    # The request was cancelled: nothing more was sent; the operations say what had been done.
+    "cancelled",
 ]
 RunStatus = Literal["completed", "stopped", "failed"]
 
