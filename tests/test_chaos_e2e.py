@@ -184,8 +184,8 @@ def test_a_bad_plan_is_refused_with_a_line_per_bad_field(tmp_path: Path) -> None
     code, err, results = chaos(tmp_path, "--plan", str(plan))
     assert code == 2 and results is None
     assert err.splitlines() == [
-        f"error: {plan}: faults[0].fault: Input should be 'latency', 'refused', 'reset', 'timeout', 'cut_reply' or "
-        "'down'",
+        f"error: {plan}: faults[0].fault: Input should be 'latency', 'refused', 'reset', 'timeout', 'cut_reply', "
+        "'down' or 'plant'",
         f"error: {plan}: faults[1].at: Field required",
     ]
     assert "Traceback" not in err
