@@ -130,7 +130,10 @@ ELSEWHERE: dict[str, CoveredByTest | Gap] = {
         "tests/test_write_protocol_workflow.py::test_an_update_of_another_users_decision_names_no_one",
         "an update validator branch, driven by hand with stand-in activities",
     ),
-    "Z1": Gap("nothing revokes authority between approval and execution, in the service or the tests"),
+    "Z1": CoveredByTest(
+        "tests/test_writes_e2e.py::test_authority_revoked_before_the_approved_write_runs_is_refused_there_and_reported_not_done",
+        "a revocation at the service between proposal and execution, on a private service",
+    ),
     "Z2": CoveredByTest(
         "tests/test_demotools.py::test_not_yours_and_missing_give_the_same_not_available",
         "compares answers across actors on seeded data; no fault to inject",

@@ -815,3 +815,40 @@ async def test_a_request_cancelled_while_its_committed_write_is_in_flight_report
     assert [p["status"] for p in await note_posts(admin)] == [201]
     assert len(await effects(admin, done.operation_id)) == 1
     assert await ticket_version(business_service.url) == version + 1
+
+
+@pytest.fixture
+def private_service(tmp_path: Path) -> Iterator[BusinessService]:
+    """A business service of this test's own (its users can be revoked without touching other tests)."""
+    service = start_service(tmp_path / "private")
+    yield service
+    service.process.stop()
+
+
+async def test_authority_revoked_before_the_approved_write_runs_is_refused_there_and_reported_not_done(
+    client: Client, settings: Settings, private_service: BusinessService
+) -> None:
+    # FAULTS.md Z1: the write is proposed and approved by u1, whose access the service has taken away
+    # meanwhile. The service decides with what is true when the write arrives, not when it was proposed.
+    service = private_service
+    own = settings.model_copy(update={"service_url": service.url})
+    version = await ticket_version(service.url)
+    async with (
+        httpx.AsyncClient(base_url=service.url, headers={"X-Admin-Token": service.admin_token}) as svc_admin,
+        running_worker(client, own, build_demo(service.url)),
+    ):
+        handle = await start_agent(
+            client, own, "w", model=script_spec([note_call(version, "after revocation", "w1")], [say("ok")])
+        )
+        op = await waiting_operation(handle)
+        revoked = await svc_admin.post("/admin/revoke", json={"user_id": "u1", "tenant_id": "acme"})
+        assert revoked.json() == {"revoked": True}
+        await decide(handle, op.operation_id, key=service.approval_key)
+        result = await asyncio.wait_for(request_result(handle), timeout=60)
+        [done] = result.operations
+        # One attempt, refused at execution, never resent; reported not done, and the service holds nothing.
+        assert (done.state, done.attempts) == ("failed", 1)
+        assert done.output is not None and (done.output["ok"], done.output["code"]) == (False, "FORBIDDEN")
+        posts = [r for r in await service_requests(svc_admin, "/tickets/T1001/notes") if r["method"] == "POST"]
+        assert [p["status"] for p in posts] == [401]
+        assert await effects(svc_admin, done.operation_id) == []

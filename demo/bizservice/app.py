@@ -18,7 +18,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -192,6 +192,13 @@ AwareQueryTime = Annotated[datetime, AfterValidator(_require_offset)]
 
 
 # --- The app ----------------------------------------------------------------------------------------
+
+
+class RevokedUser(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user_id: str = Field(min_length=1, max_length=64)
+    tenant_id: str = Field(min_length=1, max_length=64)
 
 
 def create_app(
@@ -404,6 +411,11 @@ def create_app(
     def admin_clear_faults() -> dict[str, bool]:
         faults.clear_rules(store)
         return {"ok": True}
+
+    @app.post("/admin/revoke", dependencies=admin)
+    def admin_revoke(owner: RevokedUser) -> dict[str, bool]:
+        """Take away a user's access (the user is removed): from now on the service refuses their calls."""
+        return {"revoked": store.remove_user(Owner(owner.user_id, owner.tenant_id))}
 
     @app.post("/admin/reset", dependencies=admin)
     def admin_reset() -> dict[str, bool]:

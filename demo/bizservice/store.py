@@ -201,6 +201,13 @@ class Store:
             ).fetchone()
         return None if row is None else dict(row)
 
+    def remove_user(self, owner: Owner) -> bool:
+        with self.transaction() as conn:
+            removed = conn.execute(
+                "DELETE FROM users WHERE user_id = ? AND tenant_id = ?", (owner.user_id, owner.tenant_id)
+            ).rowcount
+        return removed == 1
+
     def user_exists(self, owner: Owner) -> bool:
         return self.get_user(owner) is not None
 
