@@ -464,6 +464,7 @@ async def _ask(
     mode: ApprovalMode,
     verify_key: str | None,
     session: _Session,
+    allowed_tools: list[str] | None = None,
 ) -> _Outcome:
     client = await Client.connect(
         settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
@@ -475,7 +476,14 @@ async def _ask(
         # A request id is never used twice: while its history is kept, the same id gives back its run.
         handle: WorkflowHandle[Any, AgentResult] = await client.start_workflow(
             AGENT_WORKFLOW,
-            AgentInput(request=request, actor=actor, model=spec, limits=limits, approval_verify_key=verify_key),
+            AgentInput(
+                request=request,
+                actor=actor,
+                model=spec,
+                limits=limits,
+                approval_verify_key=verify_key,
+                allowed_tools=allowed_tools,
+            ),
             id=workflow_id,
             task_queue=settings.task_queue,
             result_type=AgentResult,
@@ -625,6 +633,10 @@ def ask(
     auto_approve: Annotated[
         bool, typer.Option(help="Approve every side effect without asking. For demos and tests only.")
     ] = False,
+    allow_tool: Annotated[
+        list[str] | None,
+        typer.Option(help="Only this tool for this request (repeat it for several); default: every tool."),
+    ] = None,
 ) -> None:
     """Run one request as a durable workflow and print the answer."""
     # Every input is checked before anything starts: bad input is one line and exit 2.
@@ -641,7 +653,7 @@ def ask(
     }
     try:
         limits = Limits(**{k: v for k, v in overrides.items() if v is not None})
-        AgentInput(request=request, actor=actor)
+        AgentInput(request=request, actor=actor, allowed_tools=allow_tool)
     except ValidationError as exc:
         _fail(_one_line(exc, {**_LIMIT_OPTIONS, "request": "the question"}))
     if request_id is not None and not REQUEST_ID.fullmatch(request_id):
@@ -667,7 +679,9 @@ def ask(
     )
     session = _Session()
     try:
-        outcome = asyncio.run(_ask(request, actor, spec, limits, settings, request_id, show, mode, verify_key, session))
+        outcome = asyncio.run(
+            _ask(request, actor, spec, limits, settings, request_id, show, mode, verify_key, session, allow_tool)
+        )
     except KeyboardInterrupt:
         _interrupted(session, actor)
     except typer.Exit:

@@ -96,7 +96,7 @@ class ModelActivities:
             turn=inp.turn,
             conversation=conversation.items,
             instructions=conversation.instructions or self._instructions,
-            tools=self._registry.definitions(),
+            tools=self._registry.definitions(inp.offered_tools),
             actor=inp.actor or Actor(user_id="unknown"),
             model_name=inp.model_name,
             scripted_output=scripted,

@@ -51,7 +51,10 @@ ELSEWHERE: dict[str, CoveredByTest | Gap] = {
         "tests/test_core_validation.py::test_unknown_tool_lists_available_ones",
         "pure validation: no fault to inject, checked without a server",
     ),
-    "M4": Gap("no per-request or per-actor tool allow-list exists yet: an unregistered name is UNKNOWN_TOOL (M3)"),
+    "M4": CoveredByTest(
+        "tests/test_durability_e2e.py::test_a_request_limited_to_some_tools_offers_only_those_and_forbids_the_rest",
+        "a request's own allow-list, checked on what the model is offered; no fault to inject",
+    ),
     "M5": CoveredByTest(
         "tests/test_core_validation.py::test_duplicate_call_id_rejects_the_whole_turn_once_per_id",
         "pure turn check: no fault to inject, checked without a server",

@@ -70,6 +70,7 @@ async def start_agent(
     model: ModelSpec | None = None,
     limits: Limits | None = None,
     verify_key: str | None = APPROVAL_VERIFY_KEY,
+    allowed_tools: list[str] | None = None,
 ) -> WorkflowHandle[Any, AgentResult]:
     return await client.start_workflow(
         AGENT_WORKFLOW,
@@ -79,6 +80,7 @@ async def start_agent(
             model=model or ModelSpec(provider="offline"),
             limits=limits or Limits(),
             approval_verify_key=verify_key,
+            allowed_tools=allowed_tools,
         ),
         id=f"test-{uuid.uuid4().hex[:12]}",
         task_queue=settings.task_queue,

@@ -22,7 +22,7 @@ from toolloop._core.registry import (
     sorted_unique,
     strict_json_schema,
 )
-from toolloop._core.validation import check_call, check_turn
+from toolloop._core.validation import check_call, check_turn, forbid_not_allowed
 
 
 class LookupArgs(BaseModel):
@@ -135,6 +135,26 @@ def test_unknown_tool_lists_available_ones(registry: ToolRegistry) -> None:
         "code": "UNKNOWN_TOOL",
         "message": "There is no tool named 'delete_everything'. Available: lookup, note.",
     }
+
+
+def test_a_tool_this_request_may_not_use_is_forbidden_and_never_offered(registry: ToolRegistry) -> None:
+    ok = '{"itemId": "I01", "title": null, "limit": null}'
+    checked, _ = check_turn(
+        registry, [call("lookup", ok, "a"), call("note", '{"text": "x"}', "b"), call("nope", "{}", "c")]
+    )
+    allowed = forbid_not_allowed(checked, ["lookup"])
+    assert allowed[0] == checked[0] and allowed[0].rejection is None
+    assert allowed[1].rejection == {
+        "ok": False,
+        "code": "FORBIDDEN",
+        "message": "'note' is not available to this request; it was not run.",
+    }
+    assert allowed[1].arguments is None
+    assert allowed[2] == checked[2] and allowed[2].rejection["code"] == "UNKNOWN_TOOL"  # type: ignore[index]
+    assert forbid_not_allowed(checked, None) == checked
+    # The model is offered only the allowed tools; without a list, all of them.
+    assert [d["name"] for d in registry.definitions(["lookup"])] == ["lookup"]
+    assert sorted(d["name"] for d in registry.definitions()) == ["lookup", "note"]
 
 
 def test_duplicate_call_id_rejects_the_whole_turn_once_per_id(registry: ToolRegistry) -> None:

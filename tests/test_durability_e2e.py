@@ -192,6 +192,31 @@ async def test_responses_adapter_retries_429_and_sends_every_item_back(
     assert len(await service_requests(admin, "/orders")) == 1
 
 
+async def test_a_request_limited_to_some_tools_offers_only_those_and_forbids_the_rest(
+    client: Client,
+    settings: Settings,
+    openai_worker: Worker,
+    responses_server: FakeResponsesServer,
+    admin: httpx.AsyncClient,
+) -> None:
+    # FAULTS.md M4: a refund this request was not given, asked for all the same (as planted text might).
+    refund = {"orderId": "A100", "amountCents": 100, "reason": "asked"}
+    responses_server.enqueue(body=completed_response([function_call_item("refund_order", refund, call_id="fc_r")]))
+    responses_server.enqueue(body=completed_response([message_item("I cannot refund that here.")]))
+
+    result, _ = await run_agent(
+        client, settings, "Refund A100", model=ModelSpec(provider="openai"), allowed_tools=["get_order_status"]
+    )
+
+    # The model was offered only the allowed tool, on every turn.
+    assert [[t["name"] for t in sent["tools"]] for sent in responses_server.requests] == [["get_order_status"]] * 2
+    # The refund was answered FORBIDDEN, became no operation, and never reached the service.
+    assert [(c.call_id, c.ok, c.code) for c in result.calls] == [("fc_r", False, "FORBIDDEN")]
+    [output] = [i for i in responses_server.requests[1]["input"] if i["type"] == "function_call_output"]
+    assert json.loads(output["output"])["code"] == "FORBIDDEN"
+    assert result.operations == [] and await service_requests(admin, "/orders") == []
+
+
 @pytest.mark.parametrize(
     ("status", "body", "expected"),
     [

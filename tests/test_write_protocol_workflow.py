@@ -109,9 +109,11 @@ class StandIns:
     asked: list[OperationQuery] = field(default_factory=list)
     read_backs: list[ReadBackInput] = field(default_factory=list)
     reads: list[ToolCallInput] = field(default_factory=list)
+    offered: list[list[str] | None] = field(default_factory=list)
 
     @activity.defn(name=MODEL_TURN_ACTIVITY)
     async def model_turn(self, inp: ModelTurnInput) -> ModelTurnResult:
+        self.offered.append(inp.offered_tools)
         if self.model_error is not None:
             raise self.model_error
         raw = self.turns[inp.turn - 1] if inp.turn <= len(self.turns) else [say("done")]
@@ -690,3 +692,29 @@ async def test_a_cancelled_write_the_service_has_no_record_of_stays_unknown_neve
     assert (result.stop_reason, done.state) == ("cancelled", "unknown")
     assert "the request was cancelled; the service has no record of it yet" in (done.note or "")
     assert len(s.sent) == 1 and len(s.asked) >= 1 and s.read_backs == []
+
+
+async def test_a_write_this_request_may_not_use_is_forbidden_and_never_sent(harness: Harness) -> None:
+    # FAULTS.md M4: the model (or text it read) asks for a tool the request was not given.
+    s = harness.stand_ins
+    s.turns = [[read("k", "r1"), note("n", "w1")], [say("ok")]]
+    handle = await harness.client.start_workflow(
+        AGENT_WORKFLOW,
+        AgentInput(
+            request="stand-in",
+            actor=U1,
+            model=ModelSpec(provider="script", script=[]),
+            limits=Limits(**FAST),
+            approval_verify_key=APPROVAL_VERIFY_KEY,
+            allowed_tools=["read"],
+        ),
+        id=f"standin-{uuid.uuid4().hex[:12]}",
+        task_queue=harness.task_queue,
+        result_type=AgentResult,
+    )
+    result = await asyncio.wait_for(request_result(handle), timeout=30)
+    assert [(c.call_id, c.ok, c.code) for c in result.calls] == [("r1", True, None), ("w1", False, "FORBIDDEN")]
+    assert result.operations == [] and s.sent == [] and [r.call_id for r in s.reads] == ["r1"]
+    assert s.offered == [["read"], ["read"]]  # every turn offered the allowed tools only
+    outputs = await tool_outputs(handle)
+    assert outputs["w1"]["code"] == "FORBIDDEN" and outputs["r1"]["ok"] is True

@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         USER_SEARCH_ATTRIBUTE,
     )
     from toolloop._core.planning import CallGroup, plan_round
+    from toolloop._core.validation import forbid_not_allowed
     from workflows.narration import Narrator
     from workflows.operations import OperationStateMachine
 
@@ -186,7 +187,9 @@ class AgentWorkflow:
                 break
 
             self._outputs_in_history.clear()
-            plan = plan_round(turn.calls, limits, executed)
+            # Checked here too, whatever the turn returned: a tool this request may not use never runs.
+            calls = forbid_not_allowed(turn.calls, inp.allowed_tools)
+            plan = plan_round(calls, limits, executed)
             results: dict[str, ToolCallResult] = {
                 call_id: ToolCallResult(call_id=call_id, output=output, duration_ms=0)
                 for call_id, output in plan.immediate.items()
@@ -200,7 +203,7 @@ class AgentWorkflow:
             # history: the next model turn refers to it instead of storing it again.
             new_items = []
             output_refs = []
-            for call in turn.calls:
+            for call in calls:
                 result = results[call.call_id]
                 if call.call_id in self._outputs_in_history:
                     new_items.append(FunctionCallOutputItem(call_id=call.call_id, output=""))
@@ -295,6 +298,7 @@ class AgentWorkflow:
                 # Sent once: later turns find them in the conversation state.
                 instructions=inp.instructions if turn == 1 else None,
                 output_refs=output_refs,
+                offered_tools=inp.allowed_tools,
             ),
             result_type=ModelTurnResult,
             start_to_close_timeout=timedelta(seconds=limits.model_timeout_seconds),

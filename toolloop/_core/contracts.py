@@ -211,6 +211,9 @@ class AgentInput(Compact):
     approval_verify_key: str | None = None
     # The model's instructions for this request; None: the worker's configured instructions.
     instructions: str | None = Field(default=None, max_length=20_000)
+    # The only tools this request may use, set by the trusted starter (None: every tool of the worker). The
+    # model is offered no other, and a call to another is answered FORBIDDEN without running.
+    allowed_tools: list[str] | None = Field(default=None, max_length=500)
 
 
 # --- Model turn activity ------------------------------------------------------------------------
@@ -234,6 +237,8 @@ class ModelTurnInput(ActivityPayload):
     # Call ids whose function_call_output in new_items is exactly the run_tool activity's result of the
     # previous round: sent empty and filled in by the activity (stored in history once, as that result).
     output_refs: list[str] = Field(default_factory=list)
+    # The request's allowed tools (AgentInput.allowed_tools): the only ones offered to the model.
+    offered_tools: list[str] | None = None
 
 
 class CheckedCall(ActivityPayload):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -262,12 +262,15 @@ class ToolRegistry:
     def names(self) -> list[str]:
         return list(self._tools)
 
-    def definitions(self) -> list[dict[str, Any]]:
+    def definitions(self, only: Collection[str] | None = None) -> list[dict[str, Any]]:
         """A fresh copy for each model call (an adapter may change it): decoded from JSON kept since the
-        last registration, several times cheaper than a deep copy on every turn."""
+        last registration, several times cheaper than a deep copy on every turn. `only`: just these tools."""
         if self._definitions_json is None:
             self._definitions_json = json.dumps(list(self._definitions.values()))
         copied: list[dict[str, Any]] = json.loads(self._definitions_json)
+        if only is not None:
+            wanted = set(only)
+            copied = [d for d in copied if d.get("name") in wanted]
         return copied
 
 

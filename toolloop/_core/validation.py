@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from toolloop._core.arguments import ArgumentsRejected
@@ -83,6 +83,28 @@ def check_call(registry: ToolRegistry, call: FunctionCallItem) -> CheckedCall:
         has_status=spec.read_only or spec.status is not None,
         has_read_back=spec.read_only or spec.read_back is not None,
     )
+
+
+def forbid_not_allowed(calls: Sequence[CheckedCall], allowed: Collection[str] | None) -> list[CheckedCall]:
+    """The turn's calls with every runnable call to a tool this request may not use answered FORBIDDEN
+    (None: every tool is allowed). The workflow applies it to whatever the model turn returned."""
+    if allowed is None:
+        return list(calls)
+    permitted = set(allowed)
+    return [
+        call
+        if call.rejection is not None or call.name in permitted
+        else CheckedCall(
+            call_id=call.call_id,
+            name=call.name,
+            read_only=call.read_only,
+            summary=f"{_shorten(call.name)} (not allowed)",
+            rejection=error_output(
+                ResultCode.FORBIDDEN, f"{_shorten(call.name)!r} is not available to this request; it was not run."
+            ),
+        )
+        for call in calls
+    ]
 
 
 def check_turn(registry: ToolRegistry, calls: Sequence[FunctionCallItem]) -> tuple[list[CheckedCall], str | None]:
