@@ -141,7 +141,6 @@ ELSEWHERE: dict[str, CoveredByTest | Gap] = {
         "tests/test_demotools.py::test_not_yours_and_missing_give_the_same_not_available",
         "compares answers across actors on seeded data; no fault to inject",
     ),
-    "Z3": Gap("no planted request for an admin tool; a 403 ADMIN_ONLY becoming FORBIDDEN is tested alone"),
     "Z4": CoveredByTest(
         "tests/test_api_e2e.py::test_another_users_or_tenants_request_is_answered_like_a_missing_one",
         "an API authorization check across users and tenants; no fault to inject",
@@ -213,7 +212,6 @@ ELSEWHERE: dict[str, CoveredByTest | Gap] = {
         "the service's own idempotency race, forced with hold points in two processes",
         missing="check-insert only; effect-record in test_a_process_killed_between_effect_and_record_leaves_no_effect_and_the_key_then_makes_one",
     ),
-    "I6": Gap("no planted misleading prose; the approval card shows the real payload (web page e2e test)"),
     "I7": CoveredByTest(
         "tests/test_core_planning.py::test_large_output_is_capped_to_valid_json_with_marker",
         "pure output capping: no fault to inject, checked without a server",

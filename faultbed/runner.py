@@ -60,7 +60,7 @@ from faultbed.strikes import (
     wire_holds,
 )
 from faultbed.target import ChaosTarget, EffectQuery
-from toolloop._core.approvals import generate_signing_key, verify_key_for
+from toolloop._core.approvals import generate_signing_key, payload_digest, verify_key_for
 from toolloop._core.contracts import (
     AgentInput,
     AgentResult,
@@ -273,6 +273,7 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
             model=model,
             limits=limits,
             approval_verify_key=stack.verify_key,
+            allowed_tools=list(scenario.allowed_tools) if scenario.allowed_tools is not None else None,
         ),
         id=request_workflow_id(actor, tag),
         task_queue=stack.task_queue,
@@ -296,7 +297,8 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
     striking = [
         asyncio.create_task(strike(context, f, after_commit.index(f) if f in after_commit else 0)) for f in strikes
     ]
-    approver = asyncio.create_task(_decide_each(stack, handle, work.wanted, gate))
+    shown: dict[str, str] = {}
+    approver = asyncio.create_task(_decide_each(stack, handle, work.wanted, gate, shown))
     result: AgentResult | None = None
     try:
         result = await _result_within(handle, RUN_SECONDS)
@@ -320,7 +322,7 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
     if result is None:
         with contextlib.suppress(Exception):
             await handle.terminate("chaos run: no result once the faults cleared")
-    facts = await _facts(stack, scenario, seed, handle, result, tag, limits)
+    facts = await _facts(stack, scenario, seed, handle, result, tag, limits, shown)
     operations = result.operations if result else []
     write = next((op for op in operations if work.wanted(op.tool, op.arguments)), None)
     return RunOutcome(
@@ -377,10 +379,12 @@ async def _decide_each(
     handle: WorkflowHandle[Any, AgentResult],
     wanted: Callable[[str, dict[str, Any]], bool],
     gate: ApprovalGate,
+    shown: dict[str, str],
 ) -> None:
     """The run's user at the approval channel: approves the write they asked for as soon as it waits, and
     rejects anything else (a write the model was talked into). Waits for the gate (a strike during the
-    approval wait) before deciding, and follows the run again after a restart of the Temporal server."""
+    approval wait) before deciding, and follows the run again after a restart of the Temporal server.
+    `shown` gets, per operation, the digest of what it was shown (the payload it decides on)."""
     decided: set[str] = set()
     while True:
         try:
@@ -388,6 +392,7 @@ async def _decide_each(
                 if request.operation_id in decided:
                     continue
                 gate.saw_one()
+                shown[request.operation_id] = payload_digest(request.digest_subject, request.arguments)
                 await gate.open.wait()
                 approve = wanted(request.tool, request.arguments)
                 await send_decision(
@@ -424,6 +429,7 @@ async def _facts(
     result: AgentResult | None,
     tag: str,
     limits: Limits,
+    shown: dict[str, str],
 ) -> RunFacts:
     query = EffectQuery(
         tag=tag,
@@ -433,6 +439,7 @@ async def _facts(
         admin=stack.admin,
     )
     effects = await stack.target.effects(query)
+    ledger = {op.operation_id: op.digest for op in (result.operations if result else [])}
     turns = await model_turns(handle)
     planted = [
         f.spec.text for f in wire_faults(scenario.plan) if f.spec.fault == "plant" and stack.proxy.fired[f.index]
@@ -475,6 +482,10 @@ async def _facts(
         max_rounds=limits.max_rounds,
         planted=planted,
         planted_in=planted_in,
+        allowed_tools=list(scenario.allowed_tools) if scenario.allowed_tools is not None else None,
+        call_codes=[(c.tool, c.code) for c in (result.calls if result else [])],
+        operation_tools=[op.tool for op in (result.operations if result else [])],
+        approvals_shown=[(op_id, digest == ledger.get(op_id)) for op_id, digest in shown.items()],
     )
 
 
