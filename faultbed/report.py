@@ -14,7 +14,7 @@ from faultbed.runner import RunOutcome
 from faultbed.scenarios import Scenario
 
 REPORTED = ("done", "not_done", "unknown")
-ACTUAL = ("done", "not_done")
+ACTUAL = ("done", "not_done", "unknown")
 
 
 def unfired(scenarios: Sequence[Scenario], outcomes: Sequence[RunOutcome]) -> list[str]:

@@ -421,6 +421,23 @@ async def _clear_faults(stack: ChaosStack) -> None:
     stack.proxy.faults = []
 
 
+async def _in_doubt(stack: ChaosStack, operation_ids: Sequence[str]) -> list[str]:
+    """Of the operations without an effect, those the bundled service still holds in progress (its status
+    endpoint, asked as the run's user once the faults cleared); another service's records say only effect
+    or none."""
+    if stack.admin is None or not operation_ids:
+        return []
+    actor = stack.target.actor
+    headers = {"X-Actor-User": actor.user_id, "X-Actor-Tenant": actor.tenant_id}
+    doubtful = []
+    for operation_id in operation_ids:
+        answer = await stack.admin.get(f"/operations/{operation_id}", headers=headers)
+        # In progress: claimed, not committed; no answer: the records cannot be read. Either way, not known.
+        if answer.status_code != 200 or answer.json().get("state") == "in_progress":
+            doubtful.append(operation_id)
+    return doubtful
+
+
 async def _facts(
     stack: ChaosStack,
     scenario: Scenario,
@@ -439,6 +456,7 @@ async def _facts(
         admin=stack.admin,
     )
     effects = await stack.target.effects(query)
+    in_doubt = await _in_doubt(stack, [op for op in query.operation_ids if op not in {e.operation_id for e in effects}])
     ledger = {op.operation_id: op.digest for op in (result.operations if result else [])}
     turns = await model_turns(handle)
     planted = [
@@ -486,6 +504,7 @@ async def _facts(
         call_codes=[(c.tool, c.code) for c in (result.calls if result else [])],
         operation_tools=[op.tool for op in (result.operations if result else [])],
         approvals_shown=[(op_id, digest == ledger.get(op_id)) for op_id, digest in shown.items()],
+        in_doubt=in_doubt,
     )
 
 

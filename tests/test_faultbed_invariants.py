@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from faultbed.cli import ChaosUsageError, branch_problems, choose
-from faultbed.invariants import Check, Effect, OperationFacts, RunFacts, judge, reported
+from faultbed.invariants import Check, Effect, OperationFacts, RunFacts, honesty_cell, judge, reported
 from faultbed.plan import parse_plan
 from faultbed.report import headline, render_markdown, replay_command, to_json, unfired
 from faultbed.runner import RunOutcome
@@ -69,6 +69,15 @@ def test_unknown_is_always_an_honest_report() -> None:
         facts = replace(good_facts(), operations=[OperationFacts(OP, "unknown", approved=True)], effects=effects)
         assert "the report agrees with the service" not in broken(facts)
     assert (reported("verified"), reported("failed"), reported("unknown")) == ("done", "not_done", "unknown")
+
+
+def test_an_operation_the_service_still_holds_in_progress_is_unknown_on_its_side_too() -> None:
+    # The honesty table is 3 x 3: the service's records can leave it open too (a claim, not committed).
+    pending = replace(good_facts(), effects=[], in_doubt=[OP])
+    for state, honest in (("unknown", True), ("verified", False), ("failed", False)):
+        facts = replace(pending, operations=[OperationFacts(OP, state, approved=True)])
+        assert honesty_cell(facts, facts.operations[0]) == (reported(state), "unknown")
+        assert ("the report agrees with the service" not in broken(facts)) is honest, state
 
 
 def outcome(scenario: str, seed: int, fired: dict[int, int], state: str = "verified", ok: bool = True) -> RunOutcome:
