@@ -22,8 +22,6 @@ another service a plan uses wire, model and process faults."""
 
 from __future__ import annotations
 
-import importlib
-import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,22 +88,16 @@ class TargetError(ValueError):
     """`--tools` names nothing usable: one line for the user."""
 
 
-_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
-
-
 def load_target(spec: str) -> ChaosTarget:
-    """Import `package.module:function` and call it for the target."""
-    if not _TARGET.fullmatch(spec):
-        raise TargetError(f"--tools {spec!r}: expected package.module:function")
-    module_name, _, name = spec.partition(":")
+    """Import `package.module:function` and call it for the target (as `worker.py --tools` does)."""
+    # Here, not at the top: the business service imports faultbed (its firing rule), never a Temporal worker.
+    from toolloop._temporal.worker_factory import ToolsLoadError, call_named_function
+
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise TargetError(f"--tools {spec!r}: cannot import {module_name} ({exc})") from None
-    make = getattr(module, name, None)
-    if not callable(make):
-        raise TargetError(f"--tools {spec!r}: {module_name} has no function {name}")
-    target = make()
+        target = call_named_function(spec)
+    except ToolsLoadError as exc:
+        raise TargetError(str(exc)) from None
+    name = spec.partition(":")[2]
     if not isinstance(target, ChaosTarget):
         raise TargetError(
             f"--tools {spec!r}: {name}() returned {type(target).__name__}, not a faultbed.ChaosTarget "

@@ -40,8 +40,9 @@ class ToolsLoadError(Exception):
     """`--tools` names nothing usable (one line for the user, no traceback)."""
 
 
-def load_tools(target: str) -> AgentSpec:
-    """Import `package.module:function`, call it, and check that it built a Toolset or an AgentSpec."""
+def call_named_function(target: str) -> object:
+    """Import `package.module:function` and call it (ToolsLoadError, one line, if it names nothing usable
+    or its registrations are refused)."""
     if not _TARGET.fullmatch(target):
         raise ToolsLoadError(f"--tools {target!r}: expected package.module:function")
     module_name, _, function_name = target.partition(":")
@@ -55,9 +56,16 @@ def load_tools(target: str) -> AgentSpec:
     if inspect.iscoroutinefunction(build):
         raise ToolsLoadError(f"--tools {target!r}: {function_name} must be a plain function, not async")
     try:
-        built = build()
+        built: object = build()
     except ValueError as exc:  # a registration the registry refused
         raise ToolsLoadError(f"--tools {target!r}: {exc}") from None
+    return built
+
+
+def load_tools(target: str) -> AgentSpec:
+    """Import `package.module:function`, call it, and check that it built a Toolset or an AgentSpec."""
+    built = call_named_function(target)
+    function_name = target.partition(":")[2]
     if isinstance(built, Toolset):
         return AgentSpec(tools=built)
     if isinstance(built, AgentSpec):
