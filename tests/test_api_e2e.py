@@ -19,7 +19,7 @@ from temporalio.client import Client
 
 from demo.agent import build as build_demo
 from devstack.processes import ManagedProcess, free_port, start_api
-from tests.agent_helpers import assert_eventually, effects
+from tests.agent_helpers import assert_eventually, effects, service_requests
 from tests.conftest import APPROVAL_KEY, REPO_ROOT, BusinessService, TemporalServer
 from toolloop import Actor
 from toolloop._temporal.requests import request_workflow_id
@@ -241,6 +241,24 @@ async def test_a_rejection_is_recorded_and_nothing_is_done(http: httpx.AsyncClie
     view = await finished(http, request_id)
     assert [o["state"] for o in view["operations"]] == ["denied"]
     assert await effects(admin, op["operation_id"]) == []
+
+
+async def test_a_request_given_only_some_tools_gets_forbidden_for_the_others(
+    http: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    # The offline model proposes the refund; this request was given reads only.
+    request_id = key()
+    body = {"question": WRITE, "tools": ["get_order_status", "list_my_orders"]}
+    created = await http.post("/v1/requests", json=body, headers={**U1, "Idempotency-Key": request_id})
+    assert created.status_code == 201
+    view = await finished(http, request_id)
+    assert view["operations"] == []
+    assert [(c["tool"], c["ok"], c["code"]) for c in view["calls"]] == [("refund_order", False, "FORBIDDEN")]
+    # The same key with another tool list is another request: refused.
+    other = {"question": WRITE, "tools": ["get_order_status"]}
+    again = await http.post("/v1/requests", json=other, headers={**U1, "Idempotency-Key": request_id})
+    assert_problem(again, 422, "IDEMPOTENCY_KEY_REUSED")
+    assert await service_requests(admin, "/orders/A100/refunds") == []
 
 
 # --- Events --------------------------------------------------------------------------------------------------

@@ -97,7 +97,7 @@ class LimitsBody(BaseModel):
 
 class RequestBody(BaseModel):
     """What a client asks: the question, and optionally the model (a name the worker has, `provider[:model]`),
-    instructions and limits."""
+    instructions, limits, and the only tools the request may use."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -105,6 +105,7 @@ class RequestBody(BaseModel):
     model: str | None = Field(default=None, max_length=100)
     instructions: str | None = Field(default=None, max_length=20_000)
     limits: LimitsBody | None = None
+    tools: list[Annotated[str, Field(min_length=1, max_length=100)]] | None = Field(default=None, max_length=500)
 
 
 class DecisionBody(BaseModel):
@@ -216,14 +217,16 @@ def _not_found(request_id: str) -> Problem:
 
 def submission_digest(body: RequestBody, model: ModelSpec, limits: Limits) -> str:
     """What an Idempotency-Key is bound to: the request as it would be started."""
-    text = canonical_json(
-        {
-            "question": body.question,
-            "model": model.model_dump(mode="json"),
-            "instructions": body.instructions,
-            "limits": limits.model_dump(mode="json"),
-        }  # fmt: skip
-    )
+    submitted: dict[str, Any] = {
+        "question": body.question,
+        "model": model.model_dump(mode="json"),
+        "instructions": body.instructions,
+        "limits": limits.model_dump(mode="json"),
+    }
+    if body.tools is not None:
+        # Only when given: the digests of requests submitted before the field existed stay the same.
+        submitted["tools"] = body.tools
+    text = canonical_json(submitted)
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -373,6 +376,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                     limits=limits,
                     approval_verify_key=config.verify_key,
                     instructions=body.instructions,
+                    allowed_tools=body.tools,
                 ),
                 id=workflow_id,
                 task_queue=config.task_queue,
