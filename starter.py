@@ -73,7 +73,7 @@ from toolloop._temporal.requests import (
     request_summary,
     request_workflow_id,
 )
-from toolloop._temporal.results import failed_result
+from toolloop._temporal.results import failed_result, request_result
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.telemetry import configure_otlp_tracing, metrics_runtime, tracing_interceptor
 
@@ -797,6 +797,44 @@ def reject(
 ) -> None:
     """Reject one side effect of your running request (signed like an approval): nothing is sent."""
     _decide(workflow_id, operation_id, False, user, tenant, local_stack)
+
+
+@app.command()
+def cancel(
+    workflow_id: Annotated[str, typer.Argument(help="The request's workflow id (printed by ask).")],
+    user: _DecideUser = None,
+    tenant: _DecideTenant = "acme",
+    local_stack: Annotated[bool, typer.Option(help="Use the local stack's address.")] = True,
+) -> None:
+    """Cancel your running request: it sends nothing more, settles what is in flight, and reports; prints
+    its receipt, with the exit status ask would have given."""
+    actor = _actor(user, tenant)
+    settings = Settings()
+    if local_stack:
+        settings = _settings_for_local_stack(settings)
+    _check_user(settings, actor, local_stack)
+    try:
+        result = asyncio.run(_cancel(workflow_id, actor, settings))
+    except typer.Exit:
+        raise
+    except RPCError as exc:
+        _fail(f"Temporal refused it: {exc}", code=1)
+    except RuntimeError as exc:
+        _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
+    _print_result(result, settings)
+    raise typer.Exit(_exit_code(result.status, result.operations))
+
+
+async def _cancel(workflow_id: str, actor: Actor, settings: Settings) -> AgentResult:
+    client = await Client.connect(
+        settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
+    )
+    handle: WorkflowHandle[Any, AgentResult] = client.get_workflow_handle(workflow_id, result_type=AgentResult)
+    # Whose request it is comes from the workflow's own start event: another user's looks missing.
+    if await acts_for(client, handle) != actor:
+        _not_found(workflow_id, actor)
+    await handle.cancel()
+    return await request_result(handle)
 
 
 # --- the local stack -----------------------------------------------------------------------------------

@@ -542,3 +542,55 @@ def test_ctrl_c_at_the_prompt_leaves_the_request_waiting_and_says_how_to_decide(
     [op] = ledger_of(cli_env, workflow_id)
     assert op["state"] == "denied" and op["approval"]["by"] == "u1 via cli"
     assert admin_effects(cli_env, operation_id) == []
+
+
+def test_cancel_from_another_shell_stops_the_request_and_prints_its_receipt(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    refund = {"orderId": "A102", "amountCents": 120, "reason": "cancelled before approval"}
+    script = write_script(
+        tmp_path / "refund.json",
+        {"type": "function_call", "name": "refund_order", "arguments": json.dumps(refund), "call_id": "r1"},
+    )
+    ask = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO_ROOT / "starter.py"),
+            "ask",
+            "--user",
+            "u1",
+            "--json",
+            "--model",
+            f"script:{script}",
+            "refund",
+        ],
+        env=cli_env,
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert ask.stderr is not None
+        hint = next(line for line in ask.stderr if " approve " in line)
+        workflow_id, operation_id = hint.split(" approve ")[1].split()[:2]
+        # Only the request's own user cancels it; for anyone else it does not exist.
+        foreign = run_cli(cli_env, "cancel", workflow_id, "--user", "u2")
+        missing = run_cli(cli_env, "cancel", "ask-acme-u1-nope-0", "--user", "u2")
+        assert foreign.returncode == missing.returncode == 2
+        assert foreign.stderr.replace(workflow_id, "X") == missing.stderr.replace("ask-acme-u1-nope-0", "X")
+
+        cancelled = run_cli(cli_env, "cancel", workflow_id, "--user", "u1")
+        # Stopped (exit 1): nothing was sent, the receipt says so.
+        assert cancelled.returncode == 1, cancelled.stderr
+        assert "stop cancelled" in cancelled.stderr and operation_id in cancelled.stderr
+        stdout, _ = ask.communicate(timeout=120)
+    finally:
+        if ask.poll() is None:
+            ask.kill()
+            ask.wait()
+    result = json.loads(stdout)
+    [op] = result["operations"]
+    assert (result["stop_reason"], op["operation_id"], op["state"]) == ("cancelled", operation_id, "expired")
+    assert admin_effects(cli_env, operation_id) == []
