@@ -629,8 +629,14 @@ async def test_a_request_cancelled_during_the_approval_wait_sends_nothing_even_i
     result = await asyncio.wait_for(request_result(handle), timeout=30)
     assert (result.stop_reason, result.status) == ("cancelled", "stopped")
     [done] = result.operations
-    assert done.state == "expired" and "cancelled before this was sent" in (done.note or "")
-    assert s.sent == [] and await _model_turns_scheduled(handle) == 1
+    # Cancelled in the approval wait, or - when the approval was handled first - while its attempt was only
+    # scheduled: never started, so certainly not sent. Either way not done, and nothing ran.
+    if done.state == "expired":
+        assert "cancelled before this was sent" in (done.note or "")
+    else:
+        assert (done.state, done.attempts) == ("failed", 1), done
+        assert "no attempt reached the service" in (done.note or "")
+    assert s.sent == [] and s.asked == [] and await _model_turns_scheduled(handle) == 1
 
 
 async def test_a_write_in_flight_when_the_request_is_cancelled_is_waited_for_and_settled_by_its_status(
@@ -718,3 +724,32 @@ async def test_a_write_this_request_may_not_use_is_forbidden_and_never_sent(harn
     assert s.offered == [["read"], ["read"]]  # every turn offered the allowed tools only
     outputs = await tool_outputs(handle)
     assert outputs["w1"]["code"] == "FORBIDDEN" and outputs["r1"]["ok"] is True
+
+
+async def test_an_approval_and_a_cancel_in_one_task_never_send_and_report_not_done(client: Client) -> None:
+    # Both reach the workflow in one workflow task (no worker while they arrive): the approval is handled
+    # first and its attempt scheduled, then the cancellation lands before the attempt could start.
+    stand_ins = StandIns(turns=[[note("n", "w1")], [say("ok")]])
+    task_queue = f"standin-{uuid.uuid4().hex[:10]}"
+    harness = Harness(client, task_queue, stand_ins)
+    handle = await harness.start()
+    async with standin_worker(client, task_queue, stand_ins):
+        op = await waiting_operation(handle)
+        request = await fetch_approval_request(handle, op.operation_id)
+        assert request is not None
+    token = sign_decision(request, U1, APPROVAL_KEY, approve=True)
+    decision = ApprovalDecision(operation_id=op.operation_id, digest=op.digest, approve=True, token=token)
+    await handle.cancel()
+    update = asyncio.create_task(handle.execute_update(APPROVE_OPERATION_UPDATE, decision, result_type=dict))
+    await asyncio.sleep(0.5)
+    async with standin_worker(client, task_queue, stand_ins):
+        recorded = await update  # handled before the cancellation, in the same task
+        result = await asyncio.wait_for(request_result(handle), timeout=30)
+    assert recorded["state"] == "approved"
+    [done] = result.operations
+    # The attempt was scheduled, then cancelled before any worker started it: certainly not sent, so not
+    # done - no status question needed, nothing resent.
+    assert result.stop_reason == "cancelled"
+    assert (done.state, done.transitions[-3:], done.attempts) == ("failed", ["approved", "sent", "failed"], 1)
+    assert done.note == "the request was cancelled; no attempt reached the service, so it was not done."
+    assert stand_ins.sent == [] and stand_ins.asked == []

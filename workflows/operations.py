@@ -29,7 +29,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
@@ -295,8 +295,9 @@ class OperationStateMachine:
                 self._move(op, "failed")
                 return False, dict(outcome.output or error_output(ResultCode.CONFLICT, "the service refused it."))
             if outcome.kind == "not_sent":
-                # Certainly not received: the same key again after a pause.
-                await self._pause_before_resend(op, outcome.retry_after_seconds or 1.0)
+                # Certainly not received: the same key again after a pause (none once cancelled: not resent).
+                if not self.cancel_requested():
+                    await self._pause_before_resend(op, outcome.retry_after_seconds or 1.0)
                 continue
             maybe_received = True
             # unknown or in progress (a 409, a 429 or a 5xx included): the service decides what happened.
@@ -413,6 +414,10 @@ class OperationStateMachine:
             return outcome
         except ActivityError as err:
             cause = err.cause
+            if isinstance(cause, CancelledError):
+                # Waited for (_FINISH), an attempt that started can only complete or time out: the write
+                # activity never heartbeats, so it cannot learn of the cancel. Cancelled means never started.
+                return WriteOutcome(kind="not_sent", detail="the request was cancelled before the attempt started")
             if isinstance(cause, ApplicationError) and cause.type == ErrorType.WRITE_OUTCOME_UNKNOWN and cause.details:
                 # The attempt reported an unclear outcome by failing (so it stands out in the UI).
                 try:
