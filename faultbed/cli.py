@@ -38,6 +38,8 @@ class ChaosChoice:
     # Where to save each scenario's first run's history (for the replay test); None: nowhere.
     save_histories: Path | None = None
     target: ChaosTarget = DEMO
+    # How the scenarios were chosen when not by name, for the replay commands (`--plan F --tools T`).
+    replay_source: str = ""
 
 
 def choose(
@@ -71,7 +73,12 @@ def choose(
         needs = [f"{s.name}: {why}" for s in chosen for why in needs_bundled_service(s.plan)]
         if needs:
             raise ChaosUsageError("\n".join(needs))
-    return ChaosChoice(scenarios=chosen, seeds=picked, out=out, save_histories=save_histories, target=target)
+    source = " ".join(
+        part for part in (f"--plan {plan}" if plan is not None else "", f"--tools {tools}" if tools else "") if part
+    )
+    return ChaosChoice(
+        scenarios=chosen, seeds=picked, out=out, save_histories=save_histories, target=target, replay_source=source
+    )
 
 
 def is_generic(plan: FaultPlan) -> bool:
@@ -128,11 +135,13 @@ async def run_chaos(choice: ChaosChoice, say: Callable[[str], None]) -> int:
     }
     choice.out.mkdir(parents=True, exist_ok=True)
     (choice.out / "chaos.json").write_text(
-        json.dumps(to_json(meta, choice.scenarios, outcomes, problems), indent=1) + "\n"
+        json.dumps(to_json(meta, choice.scenarios, outcomes, problems, choice.replay_source), indent=1) + "\n"
     )
     charts = draw_all(choice.scenarios, outcomes, choice.out) if charts_available() else []
     note = None if charts_available() else CHARTS_MISSING
-    (choice.out / "chaos.md").write_text(render_markdown(meta, choice.scenarios, outcomes, problems, charts, note))
+    (choice.out / "chaos.md").write_text(
+        render_markdown(meta, choice.scenarios, outcomes, problems, charts, note, choice.replay_source)
+    )
     for name, value in headline(outcomes).items():
         say(f"  {name}: {value}")
     for problem in problems:

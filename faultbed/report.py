@@ -53,12 +53,19 @@ def headline(outcomes: Sequence[RunOutcome]) -> dict[str, int]:
     }
 
 
-def replay_command(outcome: RunOutcome) -> str:
-    return f"python starter.py chaos --scenarios {outcome.scenario} --seed {outcome.seed}"
+def replay_command(outcome: RunOutcome, source: str = "") -> str:
+    """The one command that runs this run again. `source`: how the run's scenarios were chosen when not
+    by name (`--plan FILE`, and `--tools TARGET` for a user's own target)."""
+    chosen = source if "--plan" in source else f"--scenarios {outcome.scenario} {source}".rstrip()
+    return f"python starter.py chaos {chosen} --seed {outcome.seed}"
 
 
 def to_json(
-    meta: dict[str, Any], scenarios: Sequence[Scenario], outcomes: Sequence[RunOutcome], problems: Sequence[str]
+    meta: dict[str, Any],
+    scenarios: Sequence[Scenario],
+    outcomes: Sequence[RunOutcome],
+    problems: Sequence[str],
+    replay_source: str = "",
 ) -> dict[str, Any]:
     return {
         "meta": meta,
@@ -80,7 +87,7 @@ def to_json(
                 "ok": o.ok,
                 "checks": [asdict(c) for c in o.checks],
                 "honesty": [list(cell) for cell in o.honesty],
-                "replay": replay_command(o),
+                "replay": replay_command(o, replay_source),
             }
             for o in outcomes
         ],
@@ -129,6 +136,7 @@ def render_markdown(
     problems: Sequence[str],
     charts: Sequence[str] = (),
     chart_note: str | None = None,
+    replay_source: str = "",
 ) -> str:
     lines = ["# Chaos run", "", ", ".join(f"{k}: {v}" for k, v in meta.items()), "", "## Headline", ""]
     lines += _table(["figure", "value"], [[k, str(v)] for k, v in headline(outcomes).items()])
@@ -183,7 +191,7 @@ def render_markdown(
                     o.write_state or "-",
                     str(o.effects),
                     "-" if o.recovery_seconds is None else f"{o.recovery_seconds:.1f}",
-                    f"`{replay_command(o)}`",
+                    f"`{replay_command(o, replay_source)}`",
                 ]
                 for o in runs
             ],
@@ -207,5 +215,7 @@ def render_markdown(
         lines += [f"- {p}" for p in problems]
         for o in failed:
             why = "; ".join(f"{c.name}: {c.detail}" for c in o.checks if not c.ok)
-            lines.append(f"- {o.scenario} seed {o.seed} ({o.workflow_id}): {why}. Replay: `{replay_command(o)}`")
+            lines.append(
+                f"- {o.scenario} seed {o.seed} ({o.workflow_id}): {why}. Replay: `{replay_command(o, replay_source)}`"
+            )
     return "\n".join(lines) + "\n"

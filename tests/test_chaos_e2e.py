@@ -227,6 +227,11 @@ def test_a_users_own_agent_and_service_are_broken_with_their_plan(tmp_path: Path
         assert struck["process"] == "worker" and not pid_alive(struck["old_pid"])
         # One note in the user's own service's table (their oracle read it), reported done and verified.
         assert (run["write_state"], run["effects"], run["honesty"]) == ("verified", 1, [["done", "done"]])
+        # Replayed alone from the same plan and target.
+        assert (
+            run["replay"]
+            == f"python starter.py chaos --plan {plan} --tools tests.user_chaos:target --seed {run['seed']}"
+        )
 
 
 def test_a_users_target_refuses_what_only_the_bundled_service_can_do(tmp_path: Path) -> None:

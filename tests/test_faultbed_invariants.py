@@ -203,3 +203,16 @@ def test_the_approver_must_be_shown_what_the_digest_covers() -> None:
     facts = RunFacts(scenario="s", seed=0, finished=True, approvals_shown=[("op_1", True), ("op_2", False)])
     [check] = [c for c in judge(facts) if c.name == "the approval shows the real payload"]
     assert not check.ok and check.detail == "approval requests not showing what their digest covers: ['op_2']"
+
+
+def test_the_replay_command_names_how_the_run_was_chosen(tmp_path: object) -> None:
+    run = outcome("svc-lost-reply", 4, {0: 1})
+    assert replay_command(run) == "python starter.py chaos --scenarios svc-lost-reply --seed 4"
+    assert replay_command(run, "--tools my.agent:target") == (
+        "python starter.py chaos --scenarios svc-lost-reply --tools my.agent:target --seed 4"
+    )
+    # A user's plan is replayed from its file, not by a scenario name the runner does not know.
+    assert replay_command(run, "--plan p.yaml --tools my.agent:target") == (
+        "python starter.py chaos --plan p.yaml --tools my.agent:target --seed 4"
+    )
+    assert choose("svc-lost-reply", 1, None, None, tmp_path).replay_source == ""  # type: ignore[arg-type]
