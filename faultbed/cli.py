@@ -137,8 +137,9 @@ async def run_chaos(choice: ChaosChoice, say: Callable[[str], None]) -> int:
     (choice.out / "chaos.json").write_text(
         json.dumps(to_json(meta, choice.scenarios, outcomes, problems, choice.replay_source), indent=1) + "\n"
     )
-    charts = draw_all(choice.scenarios, outcomes, choice.out) if charts_available() else []
-    note = None if charts_available() else CHARTS_MISSING
+    drawable = charts_available()
+    charts = draw_all(choice.scenarios, outcomes, choice.out) if drawable else []
+    note = None if drawable else CHARTS_MISSING
     (choice.out / "chaos.md").write_text(
         render_markdown(meta, choice.scenarios, outcomes, problems, charts, note, choice.replay_source)
     )

@@ -105,8 +105,9 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 def catalog_rows(scenarios: Sequence[Scenario]) -> list[list[str]]:
     """Each catalog id: the scenarios of this run that cover it, else the test that does, else the gap."""
     rows = []
+    in_run = {s.name for s in scenarios}
     for case in coverage():
-        ran = [name for name in case.scenarios if name in {s.name for s in scenarios}]
+        ran = [name for name in case.scenarios if name in in_run]
         if ran:
             rows.append([case.case, "scenario " + ", ".join(ran), ""])
         elif case.scenarios:

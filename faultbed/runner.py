@@ -305,11 +305,10 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
         ended_at = time.time()
         # The strikes are over by now, or their point never came (then they count as never fired).
         struck = [s for s in await asyncio.gather(*(_settled(t) for t in striking)) if s is not None]
-        fired = await _fired(stack, plan)
-        fired |= model_fired
-        fired |= dict(stack.endpoint.fired)
-        fired |= {s.index: 1 for s in struck}
-        first_fault = await _first_fault_at(stack, struck)
+        # The service's rules once, for what fired and when the first fault did.
+        service = [] if stack.admin is None else (await stack.admin.get("/admin/faults")).json()["rules"]
+        fired = _fired(stack, plan, service, model_fired, struck)
+        first_fault = _first_fault_at(stack, service, struck)
         await _clear_faults(stack)
         if result is None:
             result = await _result_within(handle, SETTLE_SECONDS)
@@ -364,10 +363,9 @@ async def _result_within(handle: WorkflowHandle[Any, AgentResult], seconds: floa
     return None
 
 
-async def _first_fault_at(stack: ChaosStack, struck: Sequence[Strike]) -> float | None:
+def _first_fault_at(stack: ChaosStack, rules: Sequence[dict[str, Any]], struck: Sequence[Strike]) -> float | None:
     """When the run's first fault fired (wall clock), from the service's rules, the proxy, the model
     endpoint and the strikes; None if none of them says (a fault in the script's turns has no time)."""
-    rules = [] if stack.admin is None else (await stack.admin.get("/admin/faults")).json()["rules"]
     times = [float(r["first_fired_at"]) for r in rules if r.get("first_fired_at") is not None]
     times += [*stack.proxy.first_fired_at.values(), *stack.endpoint.first_fired_at.values()]
     times += [s.at for s in struck]
@@ -404,14 +402,19 @@ async def _decide_each(
             await asyncio.sleep(0.5)
 
 
-async def _fired(stack: ChaosStack, plan: FaultPlan) -> dict[int, int]:
-    """How often each fault of the plan fired: service faults by the service's own counts, in the order
-    service_rules wrote them; wire faults by the proxy's."""
-    rules = [] if stack.admin is None else (await stack.admin.get("/admin/faults")).json()["rules"]
+def _fired(
+    stack: ChaosStack,
+    plan: FaultPlan,
+    rules: Sequence[dict[str, Any]],
+    in_script: dict[int, int],
+    struck: Sequence[Strike],
+) -> dict[int, int]:
+    """How often each fault of the plan fired, by whoever injected it: service faults by the service's own
+    counts (its rules, in the order service_rules wrote them), wire faults by the proxy's, model faults by
+    the endpoint's or the script's, process faults by their strikes."""
     service_indexes = [i for i, f in enumerate(plan.faults) if isinstance(f, ServiceFaultSpec)]
     fired = {index: int(rule["fired"]) for index, rule in zip(service_indexes, rules, strict=False)}
-    for index, count in stack.proxy.fired.items():
-        fired[index] = count
+    fired |= dict(stack.proxy.fired) | in_script | dict(stack.endpoint.fired) | {s.index: 1 for s in struck}
     return {i: fired.get(i, 0) for i in range(len(plan.faults))}
 
 

@@ -91,12 +91,10 @@ class ApprovalGate:
     it sees and waits for `open` before deciding."""
 
     seen: int = 0
-    seen_changed: asyncio.Event = field(default_factory=asyncio.Event)
     open: asyncio.Event = field(default_factory=asyncio.Event)
 
     def saw_one(self) -> None:
         self.seen += 1
-        self.seen_changed.set()
 
 
 @dataclass(frozen=True)

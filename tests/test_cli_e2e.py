@@ -3,6 +3,7 @@ answers with the stable --json shape, and `down` stops what it started."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -192,6 +193,37 @@ def write_script(path: Path, item: dict[str, Any]) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def refund_waiting_for_approval(
+    cli_env: dict[str, str], tmp_path: Path, refund: dict[str, Any]
+) -> Iterator[tuple[subprocess.Popen[str], str, str]]:
+    """`ask --json` with a scripted refund, once it waits for approval: the process, and the workflow and
+    operation ids from the hint it prints; killed on the way out if it is still running."""
+    script = write_script(
+        tmp_path / "refund.json",
+        {"type": "function_call", "name": "refund_order", "arguments": json.dumps(refund), "call_id": "r1"},
+    )
+    command = [sys.executable, str(REPO_ROOT / "starter.py"), "ask", "--user", "u1", "--json"]
+    ask = subprocess.Popen(
+        [*command, "--model", f"script:{script}", "refund"],
+        env=cli_env,
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert ask.stderr is not None
+        hint = next(line for line in ask.stderr if " approve " in line)
+        workflow_id, operation_id = hint.split(" approve ")[1].split()[:2]
+        yield ask, workflow_id, operation_id
+    finally:
+        if ask.poll() is None:
+            ask.kill()
+            ask.wait()
+
+
 def test_ask_auto_approve_writes_once_and_reports_the_ledger(cli_env: dict[str, str], tmp_path: Path) -> None:
     note = {"ticketId": "T1003", "text": "closing remark", "expectedVersion": 1}
     script = write_script(
@@ -210,34 +242,7 @@ def test_ask_auto_approve_writes_once_and_reports_the_ledger(cli_env: dict[str, 
 
 def test_approve_from_another_shell_only_as_the_requests_user(cli_env: dict[str, str], tmp_path: Path) -> None:
     refund = {"orderId": "A102", "amountCents": 150, "reason": "late delivery"}
-    script = write_script(
-        tmp_path / "refund.json",
-        {"type": "function_call", "name": "refund_order", "arguments": json.dumps(refund), "call_id": "r1"},
-    )
-    ask = subprocess.Popen(
-        [
-            sys.executable,
-            str(REPO_ROOT / "starter.py"),
-            "ask",
-            "--user",
-            "u1",
-            "--json",
-            "--model",
-            f"script:{script}",
-            "refund",
-        ],
-        env=cli_env,
-        cwd=REPO_ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert ask.stderr is not None
-        hint = next(line for line in ask.stderr if " approve " in line)
-        workflow_id, operation_id = hint.split(" approve ")[1].split()[:2]
-
+    with refund_waiting_for_approval(cli_env, tmp_path, refund) as (ask, workflow_id, operation_id):
         # Another user, or the same user id in another tenant, is told what a missing request gets.
         for who in (["--user", "u2"], ["--user", "u1", "--tenant", "globex"]):
             missing = run_cli(cli_env, "approve", "ask-acme-u1-nope-0", operation_id, *who)
@@ -251,10 +256,6 @@ def test_approve_from_another_shell_only_as_the_requests_user(cli_env: dict[str,
         assert approved.returncode == 0, approved.stderr
         assert json.dumps(refund, sort_keys=True) in approved.stderr  # the whole payload was shown
         stdout, _ = ask.communicate(timeout=120)
-    finally:
-        if ask.poll() is None:
-            ask.kill()
-            ask.wait()
 
     assert ask.returncode == 0
     [op] = json.loads(stdout)["operations"]
@@ -548,33 +549,7 @@ def test_cancel_from_another_shell_stops_the_request_and_prints_its_receipt(
     cli_env: dict[str, str], tmp_path: Path
 ) -> None:
     refund = {"orderId": "A102", "amountCents": 120, "reason": "cancelled before approval"}
-    script = write_script(
-        tmp_path / "refund.json",
-        {"type": "function_call", "name": "refund_order", "arguments": json.dumps(refund), "call_id": "r1"},
-    )
-    ask = subprocess.Popen(
-        [
-            sys.executable,
-            str(REPO_ROOT / "starter.py"),
-            "ask",
-            "--user",
-            "u1",
-            "--json",
-            "--model",
-            f"script:{script}",
-            "refund",
-        ],
-        env=cli_env,
-        cwd=REPO_ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert ask.stderr is not None
-        hint = next(line for line in ask.stderr if " approve " in line)
-        workflow_id, operation_id = hint.split(" approve ")[1].split()[:2]
+    with refund_waiting_for_approval(cli_env, tmp_path, refund) as (ask, workflow_id, operation_id):
         # Only the request's own user cancels it; for anyone else it does not exist.
         foreign = run_cli(cli_env, "cancel", workflow_id, "--user", "u2")
         missing = run_cli(cli_env, "cancel", "ask-acme-u1-nope-0", "--user", "u2")
@@ -586,10 +561,6 @@ def test_cancel_from_another_shell_stops_the_request_and_prints_its_receipt(
         assert cancelled.returncode == 1, cancelled.stderr
         assert "stop cancelled" in cancelled.stderr and operation_id in cancelled.stderr
         stdout, _ = ask.communicate(timeout=120)
-    finally:
-        if ask.poll() is None:
-            ask.kill()
-            ask.wait()
     result = json.loads(stdout)
     [op] = result["operations"]
     assert (result["stop_reason"], op["operation_id"], op["state"]) == ("cancelled", operation_id, "expired")
