@@ -158,15 +158,36 @@ class ToolOutputStore:
         return found if len(found) == len(call_ids) else None
 
 
+@dataclass(frozen=True)
+class _Cached:
+    turn: int
+    conversation: Conversation
+    items: int
+    bytes: int
+
+
+# What an item holds besides its JSON text (the objects around it), so many small items count too.
+_ITEM_OVERHEAD_BYTES = 512
+
+
+def _bytes_of(items: Sequence[ConversationItem]) -> int:
+    return sum(len(item.model_dump_json()) + _ITEM_OVERHEAD_BYTES for item in items)
+
+
 class ConversationState:
     """The conversation before each model turn: from the cache, else rebuilt from the turn history; and
     this turn's tool outputs, from the worker's output store, else from the turn history."""
 
-    def __init__(self, history: TurnHistory, outputs: ToolOutputStore | None = None, capacity: int = 256) -> None:
+    def __init__(
+        self, history: TurnHistory, outputs: ToolOutputStore | None = None, max_bytes: int = 256 * 1024 * 1024
+    ) -> None:
         self._history = history
         self._outputs = outputs or ToolOutputStore()
-        self._capacity = capacity
-        self._entries: OrderedDict[RunKey, tuple[int, Conversation]] = OrderedDict()
+        # Bounded by bytes, not by runs: at thousands of open requests a count bound evicts runs whose
+        # next turn then reads its whole history back (server and worker CPU per request rise with load).
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._entries: OrderedDict[RunKey, _Cached] = OrderedDict()
 
     @property
     def outputs(self) -> ToolOutputStore:
@@ -193,10 +214,19 @@ class ConversationState:
 
     def after(self, run: RunKey, turn: int, conversation: Conversation) -> None:
         """Remember the conversation through this turn's output."""
-        self._entries[run] = (turn, conversation)
-        self._entries.move_to_end(run)
-        while len(self._entries) > self._capacity:
-            self._entries.popitem(last=False)
+        old = self._entries.pop(run, None)
+        if old is not None:
+            self._bytes -= old.bytes
+        # A conversation extends the one cached before its turn: only the new items are measured.
+        if old is not None and old.turn == turn - 1 and old.items <= len(conversation.items):
+            size = old.bytes + _bytes_of(conversation.items[old.items :])
+        else:
+            size = _bytes_of(conversation.items)
+        self._entries[run] = _Cached(turn, conversation, len(conversation.items), size)
+        self._bytes += size
+        while self._bytes > self._max_bytes and self._entries:
+            _, evicted = self._entries.popitem(last=False)
+            self._bytes -= evicted.bytes
 
     def _from_store(self, run: RunKey, inp: ModelTurnInput) -> ModelTurnInput | None:
         if not inp.output_refs:
@@ -213,10 +243,10 @@ class ConversationState:
 
     def _cached(self, run: RunKey, turn: int) -> Conversation | None:
         entry = self._entries.get(run)
-        if entry is None or entry[0] != turn:
+        if entry is None or entry.turn != turn:
             return None
         self._entries.move_to_end(run)
-        return Conversation(entry[1].instructions, list(entry[1].items))
+        return Conversation(entry.conversation.instructions, list(entry.conversation.items))
 
     @staticmethod
     def _rebuild(turns: list[RecordedTurn], turn: int) -> Conversation:

@@ -93,17 +93,54 @@ async def test_a_history_without_an_earlier_turn_is_an_error() -> None:
         await state.before(RUN, turn_input(3, user("next")))
 
 
-async def test_the_cache_is_bounded_and_evicts_the_least_recent_run() -> None:
+async def test_the_cache_is_bounded_by_bytes_and_evicts_the_least_recent_run() -> None:
     history = RecordedHistory([(turn_input(1, user("q")), [CALL])])
-    state = ConversationState(history, capacity=2)
+    one_run = Conversation(None, [user("q"), CALL])
+    size = sum(len(item.model_dump_json()) + 512 for item in one_run.items)
+    state = ConversationState(history, max_bytes=2 * size)  # room for two runs
     runs = [RunKey("wf", f"run-{i}") for i in range(3)]
     for run in runs:
-        state.after(run, 1, Conversation(None, [user("q"), CALL]))
+        state.after(run, 1, one_run)
     for run in runs[1:]:
         await state.before(run, turn_input(2, OUTPUT))
     assert history.reads == 0
     await state.before(runs[0], turn_input(2, OUTPUT))  # evicted: rebuilt from history
     assert history.reads == 1
+
+
+async def test_a_growing_run_is_measured_by_what_it_holds_now() -> None:
+    history = RecordedHistory([])
+    big = FunctionCallOutputItem(call_id="c1", output="x" * 10_000)
+    small = Conversation(None, [user("q")])
+    grown = Conversation(None, [user("q"), CALL, big, big, big])
+
+    def size(c: Conversation) -> int:
+        return sum(len(item.model_dump_json()) + 512 for item in c.items)
+
+    # Room for the grown run, not for it and the small one as well.
+    state = ConversationState(history, max_bytes=size(grown) + size(small) - 1)
+    run, other = RunKey("wf", "grows"), RunKey("wf", "small")
+    state.after(other, 1, small)
+    for turn in (1, 2):
+        state.after(run, turn, Conversation(None, grown.items[: 2 + turn]))
+    assert await state.before(other, turn_input(2, OUTPUT)) is not None and history.reads == 0
+    state.after(run, 3, grown)  # its third output pushes the least recent run (the small one) out
+    assert await state.before(run, turn_input(4, OUTPUT)) is not None and history.reads == 0
+    with pytest.raises(MissingTurn):
+        await state.before(other, turn_input(2, OUTPUT))  # evicted, and the (empty) history lacks it
+    assert history.reads == 1
+
+
+async def test_thousands_of_open_runs_stay_cached_under_the_default_bound() -> None:
+    # The benchmark's scale phase: 5,000 requests open at once, each between its first and second turn.
+    history = RecordedHistory([])
+    state = ConversationState(history)
+    runs = [RunKey("wf", f"run-{i}") for i in range(5000)]
+    for run in runs:
+        state.after(run, 1, Conversation(None, [user("where is A100? " * 20), CALL, CALL, CALL]))
+    for run in runs:
+        await state.before(run, turn_input(2, OUTPUT))
+    assert history.reads == 0
 
 
 # --- Tool outputs by reference -------------------------------------------------------------------------
