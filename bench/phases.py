@@ -47,6 +47,7 @@ from bench.report import (
     ScaleRun,
     Sizes,
     StackRun,
+    add_round,
     latency_of,
     per_request_ms,
 )
@@ -163,14 +164,20 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 async def per_stack(bench: Bench) -> None:
+    """Every scenario on every stack, in rounds: the stacks in one order and then the reverse, so a slow
+    spell of a shared machine falls on each stack alike; the report takes the medians."""
     loaded_handoffs: list[float] = []
-    for key, scenario in SCENARIOS.items():
-        runs = bench.results.stacks.setdefault(key, {})
-        for name in STACKS:
-            bench.say(f"per stack: {key} on {name}")
-            await reset_service(bench.admin)
-            runs[name], handoffs = await _measure_stack(bench, name, key, scenario)
-            loaded_handoffs += handoffs
+    rounds = bench.sizes.stack_rounds
+    for number in range(rounds):
+        order = STACKS if number % 2 == 0 else STACKS[::-1]
+        for key, scenario in SCENARIOS.items():
+            runs: dict[str, StackRun] = {}
+            for name in order:
+                bench.say(f"per stack, round {number + 1} of {rounds}: {key} on {name}")
+                await reset_service(bench.admin)
+                runs[name], handoffs = await _measure_stack(bench, name, key, scenario)
+                loaded_handoffs += handoffs
+            add_round(bench.results, key, runs)
     if loaded_handoffs:
         handoff = bench.results.handoff or Handoff(spaced=None)
         handoff.loaded = latency_of(loaded_handoffs)

@@ -28,6 +28,9 @@ class Sizes:
     """How much each phase measures."""
 
     warmup: int = 5
+    # The per-stack windows are measured this many times, the stacks in alternating order; each ratio is
+    # the median of the rounds' ratios (one window's ratio moves by a fifth or more on a shared machine).
+    stack_rounds: int = 3
     spaced: int = 30
     spacing_s: float = 0.3
     throughput: int = 100
@@ -44,6 +47,7 @@ class Sizes:
 
 QUICK = Sizes(
     warmup=1,
+    stack_rounds=2,
     spaced=3,
     throughput=6,
     in_flight=3,
@@ -226,7 +230,10 @@ class Target:
 @dataclass
 class Results:
     meta: dict[str, Any]
+    # Per scenario and stack: the median over the rounds (each figure on its own; see stack_rounds).
     stacks: dict[str, dict[str, StackRun]] = field(default_factory=dict)
+    # Per scenario: every round's runs, in the order measured.
+    stack_rounds: dict[str, list[dict[str, StackRun]]] = field(default_factory=dict)
     parallel: list[ParallelPoint] = field(default_factory=list)
     growth: list[GrowthPoint] = field(default_factory=list)
     scale: list[ScaleRun] = field(default_factory=list)
@@ -254,8 +261,71 @@ def _stack_value(results: Results, scenario: str, stack: str, what: str) -> floa
     raise ValueError(what)
 
 
+def _round_ratios(results: Results, scenario: str, what: str) -> list[float]:
+    """(a) / (b) in each round that measured both."""
+    out = []
+    for runs in results.stack_rounds.get(scenario, []):
+        one = Results(meta={}, stacks={scenario: runs})
+        value = ratio(_stack_value(one, scenario, OURS, what), _stack_value(one, scenario, FLOOR, what))
+        if value is not None:
+            out.append(value)
+    return out
+
+
 def _versus_floor(results: Results, scenario: str, what: str) -> float | None:
+    """The median of the rounds' ratios; without rounds, the ratio of the two stacks' figures."""
+    rounds = _round_ratios(results, scenario, what)
+    if rounds:
+        return percentile(rounds, 50)
     return ratio(_stack_value(results, scenario, OURS, what), _stack_value(results, scenario, FLOOR, what))
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    found = [v for v in values if v is not None]
+    return percentile(found, 50) if found else None
+
+
+def median_run(runs: Sequence[StackRun]) -> StackRun:
+    """One stack's rounds as one run: each figure the median of the rounds' (counts summed, peaks the
+    highest), so no single perturbed window decides a figure."""
+    lats = [r.latency for r in runs if r.latency is not None]
+    median_ms, p95_ms = _median(x.median_ms for x in lats), _median(x.p95_ms for x in lats)
+    latency = (
+        Latency(median_ms, p95_ms, max(x.max_ms for x in lats), sum(x.samples for x in lats))
+        if lats and median_ms is not None and p95_ms is not None
+        else None
+    )
+    peaks = [r.worker_peak_rss_mib for r in runs if r.worker_peak_rss_mib is not None]
+    return StackRun(
+        stack=runs[0].stack,
+        scenario=runs[0].scenario,
+        requests=sum(r.requests for r in runs),
+        errors=sum(r.errors for r in runs),
+        calls_expected=sum(r.calls_expected for r in runs),
+        calls_answered=sum(r.calls_answered for r in runs),
+        latency=latency,
+        throughput_rps=_median(r.throughput_rps for r in runs),
+        cpu=Cpu(
+            worker_ms=_median(r.cpu.worker_ms for r in runs),
+            server_ms=_median(r.cpu.server_ms for r in runs),
+            client_ms=_median(r.cpu.client_ms for r in runs),
+            service_ms=_median(r.cpu.service_ms for r in runs),
+        ),
+        history_events=_median(r.history_events for r in runs),
+        history_bytes=_median(r.history_bytes for r in runs),
+        worker_peak_rss_mib=max(peaks) if peaks else None,
+        other_load_cores=_median(r.other_load_cores for r in runs),
+    )
+
+
+def add_round(results: Results, scenario: str, runs: Mapping[str, StackRun]) -> None:
+    """Record one round of a scenario's runs and refresh the medians."""
+    rounds = results.stack_rounds.setdefault(scenario, [])
+    rounds.append(dict(runs))
+    stacks = {name for r in rounds for name in r}
+    results.stacks[scenario] = {
+        name: median_run([r[name] for r in rounds if name in r]) for name in STACKS if name in stacks
+    }
 
 
 _STACK_TARGETS: dict[str, list[tuple[str, float, Comparison]]] = {
@@ -328,6 +398,10 @@ def to_json(results: Results) -> dict[str, Any]:
         }
         for scenario in results.stacks
     }
+    doc["ratios_by_round"] = {
+        scenario: {what: _round_ratios(results, scenario, what) for what in _MEASURE_NAMES}
+        for scenario in results.stack_rounds
+    }
     doc["targets"] = [asdict(t) for t in targets(results)]
     return doc
 
@@ -355,7 +429,8 @@ def _kib(value: float | None) -> float | None:
     return None if value is None else value / 1024
 
 
-def _per_stack_rows(runs: Mapping[str, StackRun]) -> list[list[str]]:
+def _per_stack_rows(results: Results, scenario: str) -> list[list[str]]:
+    runs = results.stacks[scenario]
     rows = []
     for stack in STACKS:
         run = runs.get(stack)
@@ -386,17 +461,20 @@ def _per_stack_rows(runs: Mapping[str, StackRun]) -> list[list[str]]:
         def r(a: float | None, b: float | None) -> str:
             return fmt_ratio(ratio(a, b))
 
+        def target(what: str) -> str:
+            return fmt_ratio(_versus_floor(results, scenario, what))
+
         rows.append(
             [
                 "**(a) / (b)**",
-                r(ours.latency.median_ms if ours.latency else None, floor.latency.median_ms if floor.latency else None),
+                target("latency"),
                 r(ours.latency.p95_ms if ours.latency else None, floor.latency.p95_ms if floor.latency else None),
-                r(ours.throughput_rps, floor.throughput_rps),
-                r(ours.cpu.worker_ms, floor.cpu.worker_ms),
+                target("throughput"),
+                target("worker_cpu"),
                 r(ours.cpu.server_ms, floor.cpu.server_ms),
                 r(ours.cpu.client_ms, floor.cpu.client_ms),
                 r(ours.cpu.service_ms, floor.cpu.service_ms),
-                r(ours.history_bytes, floor.history_bytes),
+                target("history"),
                 r(ours.history_events, floor.history_events),
                 r(ours.worker_peak_rss_mib, floor.worker_peak_rss_mib),
                 "",
@@ -469,7 +547,7 @@ def render_markdown(results: Results, plots: Sequence[str] = ()) -> str:
             "(b)'s client sends its approval Update right after the start."
         )
         lines.append("")
-        for scenario, runs in results.stacks.items():
+        for scenario in results.stacks:
             lines += [f"### {SCENARIO_LABELS.get(scenario, scenario)}", ""]
             lines += _table(
                 [
@@ -488,8 +566,18 @@ def render_markdown(results: Results, plots: Sequence[str] = ()) -> str:
                     "errors",
                     "other load (cores)",
                 ],
-                _per_stack_rows(runs),
+                _per_stack_rows(results, scenario),
             )
+            rounds = len(results.stack_rounds.get(scenario, []))
+            if rounds > 1:
+                lines += ["", f"Each figure is the median of {rounds} rounds (stack order reversed every other round); "
+                          "the (a) / (b) latency, throughput, worker CPU and history are the medians of the rounds' "
+                          "ratios, which were:", ""]  # fmt: skip
+                lines += [
+                    f"- {_MEASURE_NAMES[what]}: "
+                    + ", ".join(fmt_ratio(v) for v in _round_ratios(results, scenario, what))
+                    for what in _MEASURE_NAMES
+                ]
             lines.append("")
         lines += [p for p in (f"![latency]({p})" for p in plots if "latency" in p)] + [""]
 
