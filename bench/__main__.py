@@ -117,7 +117,9 @@ async def run(sizes: Sizes, phases: list[str], data_dir: Path, quick: bool) -> R
                         results.problems.append(f"phase {name} broke: {type(exc).__name__}: {exc}")
                     say(f"phase {name} took {time.perf_counter() - began:.0f} s")
     finally:
-        await asyncio.to_thread(stack.stop)
+        # Not awaited in a thread: on Ctrl-C this task is being cancelled, and an awaited stop was cut
+        # short, leaving the dev server, the service and both workers running.
+        stack.stop()
         results.meta["worker_log_counts"] = worker_log_counts(data_dir / "logs")
     return results
 
