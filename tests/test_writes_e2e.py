@@ -14,7 +14,7 @@ import httpx
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from demo.agent import build as build_demo
 from devstack.processes import free_port, start_worker
@@ -91,6 +91,34 @@ async def test_approved_note_is_written_once_and_verified(
     output = (await tool_outputs(handle))["w1"]
     assert output["ok"] is True and output["state"] == "verified" and output["operation_id"] == op.operation_id
     assert await ticket_version(business_service.url) == version + 1
+
+
+async def test_a_worker_without_the_sandbox_runs_the_same_protocol(
+    client: Client, settings: Settings, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    unsandboxed = settings.model_copy(update={"workflow_sandbox": False})
+    async with running_worker(client, unsandboxed, build_demo(settings.service_url)) as worker:
+        runner = worker.config(active_config=True).get("workflow_runner")
+        assert isinstance(runner, UnsandboxedWorkflowRunner)
+        version = await ticket_version(business_service.url)
+        turns = [
+            [call("get_ticket", {"ticketId": "T1001"}, "r1")],
+            [note_call(version, "no sandbox", "w1")],
+            [say("Ok.")],
+        ]
+        result, handle = await run_approved(client, settings, business_service, turns)
+
+    [op] = result.operations
+    assert (op.state, op.call_ids, op.attempts) == ("verified", ["w1"], 1)
+    assert [(c.call_id, c.ok) for c in result.calls] == [("r1", True), ("w1", True)]
+    assert sorted((await tool_outputs(handle)).keys()) == ["r1", "w1"]  # each call answered once
+    assert len(await effects(admin, op.operation_id)) == 1
+    assert await ticket_version(business_service.url) == version + 1
+
+
+def test_the_default_worker_keeps_the_sandbox() -> None:
+    assert Settings.model_validate({}).workflow_sandbox is True
+    assert Settings.model_validate({"TOOLLOOP_WORKFLOW_SANDBOX": "false"}).workflow_sandbox is False
 
 
 async def activities_run(handle: WorkflowHandle[Any, Any]) -> list[str]:
