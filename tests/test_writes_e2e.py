@@ -204,6 +204,8 @@ async def test_approvals_as_they_come_yields_each_operation_once_and_ends_with_t
     seen: list[str] = []
     answers = []
     async for request in approvals_as_they_come(handle):
+        # Read from the history, with no query: exactly what the workflow itself answers for it.
+        assert [request] == await pending_approvals(handle)
         seen.append(request.operation_id)
         answers.append(await send_decision(handle, request, approve=len(seen) == 1, decider=U1, key=APPROVAL_KEY))
     # The iterator ended by itself when the run closed.
@@ -223,6 +225,57 @@ async def test_approvals_as_they_come_yields_each_operation_once_and_ends_with_t
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED
     ]
     assert [sorted(answer) for answer in stored] == [["approval", "operation_id", "state", "tool"]] * 2
+
+
+async def test_a_client_that_joins_late_is_given_only_the_operation_still_waiting(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    turns = [[note_call(version, "one", "w1")], [note_call(version + 1, "two", "w2")], [say("ok")]]
+    handle = await start_agent(client, settings, "write", model=script_spec(*turns))
+    following = approvals_as_they_come(handle)
+    first = await anext(following)
+    await following.aclose()
+    await send_decision(handle, first, approve=True, decider=U1, key=APPROVAL_KEY)
+    await assert_eventually(lambda: _second_waits(handle, first.operation_id))
+    # A new client reads the whole history at once: the first wait started and ended in it.
+    late = approvals_as_they_come(handle)
+    second = await anext(late)
+    assert second.operation_id != first.operation_id and second.arguments["text"] == "two"
+    assert [second] == await pending_approvals(handle)
+    await send_decision(handle, second, approve=False, decider=U1, key=APPROVAL_KEY)
+    assert [request async for request in late] == []  # and nothing more until the run closed
+    result = await request_result(handle)
+    assert [op.state for op in result.operations] == ["verified", "denied"]
+    assert len(await effects(admin, first.operation_id)) == 1 and await effects(admin, second.operation_id) == []
+
+
+async def test_an_approval_request_is_read_from_history_while_no_worker_runs(
+    client: Client, settings: Settings, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    turns = [[note_call(version, "while the worker is away", "w1")], [say("Noted.")]]
+    async with running_worker(client, settings, build_demo(settings.service_url)):
+        handle = await start_agent(client, settings, "write", model=script_spec(*turns))
+        waiting = await waiting_operation(handle)
+    # No worker could answer a query now: the request comes from the run's history alone.
+    request = await asyncio.wait_for(anext(approvals_as_they_come(handle)), timeout=10)
+    assert (request.operation_id, request.state, request.arguments["text"]) == (
+        waiting.operation_id,
+        "awaiting_approval",
+        "while the worker is away",
+    )
+    assert request.digest == payload_digest(request.digest_subject, request.arguments) == waiting.digest
+    async with running_worker(client, settings, build_demo(settings.service_url)):
+        await send_decision(handle, request, approve=True, decider=U1, key=APPROVAL_KEY)
+        result = await asyncio.wait_for(request_result(handle), timeout=60)
+    [op] = result.operations
+    assert (op.operation_id, op.state, op.attempts) == (waiting.operation_id, "verified", 1)
+    assert len(await effects(admin, op.operation_id)) == 1
+
+
+async def _second_waits(handle: WorkflowHandle[Any, Any], first: str) -> bool:
+    return any(r.operation_id != first for r in await pending_approvals(handle))
 
 
 async def test_same_write_proposed_twice_makes_one_effect(

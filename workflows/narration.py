@@ -11,6 +11,7 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from toolloop._core.approvals import short_operation_id
     from toolloop._core.contracts import (
         CallRecord,
         CheckedCall,
@@ -25,8 +26,7 @@ _DETAIL_CALLS = 30
 _MARK = {"verified": "✅", "completed": "⚠️ not verified", "unknown": "❗ UNKNOWN", "failed": "✖", "denied": "✖"}
 
 
-def short_id(operation_id: str) -> str:
-    return operation_id[:14] + "…" if len(operation_id) > 15 else operation_id
+short_id = short_operation_id
 
 
 class Narrator:

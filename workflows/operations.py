@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
 
     from toolloop._core.approvals import (
         ApprovalInvalid,
+        approval_wait_summary,
         derive_operation_id,
         payload_digest,
         read_approval_claims,
@@ -234,7 +235,7 @@ class OperationStateMachine:
                 await workflow.wait_condition(
                     lambda: op.state != "awaiting_approval",
                     timeout=op.approval_expires_at - now,
-                    timeout_summary=f"waiting for approval of {op.tool} {short_id(op.operation_id)} until {until}",
+                    timeout_summary=approval_wait_summary(op.tool, op.operation_id, until),
                 )
             except TimeoutError:
                 pass

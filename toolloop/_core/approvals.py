@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -49,6 +50,27 @@ def derive_operation_id(request_id: str, tool: str, arguments: Mapping[str, Any]
     again (with a new call_id) is the same operation, so it can never make a second effect."""
     text = canonical_json({"request": request_id, "tool": tool, "arguments": dict(arguments)})
     return "op_" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def short_operation_id(operation_id: str) -> str:
+    """An operation id as the Temporal UI shows it in summaries (a prefix, still unique in one request)."""
+    return operation_id[:14] + "…" if len(operation_id) > 15 else operation_id
+
+
+_WAIT_PREFIX = "waiting for approval of "
+_WAIT_SUMMARY = re.compile(r"^waiting for approval of (?P<tool>\S+) (?P<operation>\S+) until ")
+
+
+def approval_wait_summary(tool: str, operation_id: str, until: str) -> str:
+    """The summary of the timer an operation's approval wait starts: the UI shows it, and a client that
+    follows the run's history reads from it which operation waits (`approval_wait_of`)."""
+    return f"{_WAIT_PREFIX}{tool} {short_operation_id(operation_id)} until {until}"
+
+
+def approval_wait_of(summary: str) -> tuple[str, str] | None:
+    """(tool, short operation id) of an approval wait's timer summary; None for any other timer."""
+    found = _WAIT_SUMMARY.match(summary)
+    return None if found is None else (found["tool"], found["operation"])
 
 
 class ApprovalClaims(BaseModel):
