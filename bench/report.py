@@ -199,7 +199,8 @@ class Handoff:
 
     spaced: Latency | None
     loaded: Latency | None = None
-    # The part of `spaced` until the long poll delivered the TimerStarted event (the rest is one query).
+    # The part of `spaced` until the long poll delivered the TimerStarted event (the rest: reading the
+    # request from the events it delivered).
     event_delivered: Latency | None = None
 
 
@@ -735,8 +736,8 @@ def render_markdown(results: Results, plots: Sequence[str] = ()) -> str:
             "## Approval hand-off",
             "",
             "From the TimerStarted event of an operation's approval wait (server time) to the moment a client "
-            "following the run (`approvals_as_they_come`: a long poll on the history, then one query) has the "
-            "approval request in hand (same clock).",
+            "following the run (`approvals_as_they_come`: a long poll on the history, the request read from the "
+            "events it delivers) has the approval request in hand (same clock).",
             "",
         ]
         rows = []
