@@ -74,6 +74,15 @@ def note_call(version: int, text: str, call_id: str) -> dict[str, Any]:
     return call("append_ticket_note", {"ticketId": "T1001", "text": text, "expectedVersion": version}, call_id)
 
 
+async def start_two_notes(
+    client: Client, settings: Settings, service: BusinessService, first: str, second: str, answer: str
+) -> WorkflowHandle[Any, AgentResult]:
+    """A request whose model proposes one note, then another (each its own approval), then answers."""
+    version = await ticket_version(service.url)
+    turns = [[note_call(version, first, "w1")], [note_call(version + 1, second, "w2")], [say(answer)]]
+    return await start_agent(client, settings, "write", model=script_spec(*turns))
+
+
 async def test_approved_note_is_written_once_and_verified(
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
 ) -> None:
@@ -173,9 +182,7 @@ async def test_a_waiting_client_learns_of_each_approval_from_the_history_not_by_
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
 ) -> None:
     # The fallback sleep is an hour: only the long poll on the run's history can wake this client.
-    version = await ticket_version(business_service.url)
-    turns = [[note_call(version, "first", "w1")], [note_call(version + 1, "second", "w2")], [say("Both noted.")]]
-    handle = await start_agent(client, settings, "write", model=script_spec(*turns))
+    handle = await start_two_notes(client, settings, business_service, "first", "second", "Both noted.")
     approved: list[str] = []
     async with RunFollower(handle, fallback_seconds=3600) as follower:
         while len(approved) < 2:
@@ -198,9 +205,7 @@ async def test_a_waiting_client_learns_of_each_approval_from_the_history_not_by_
 async def test_approvals_as_they_come_yields_each_operation_once_and_ends_with_the_run(
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
 ) -> None:
-    version = await ticket_version(business_service.url)
-    turns = [[note_call(version, "one", "w1")], [note_call(version + 1, "two", "w2")], [say("ok")]]
-    handle = await start_agent(client, settings, "write", model=script_spec(*turns))
+    handle = await start_two_notes(client, settings, business_service, "one", "two", "ok")
     seen: list[str] = []
     answers = []
     async for request in approvals_as_they_come(handle):
@@ -230,9 +235,7 @@ async def test_approvals_as_they_come_yields_each_operation_once_and_ends_with_t
 async def test_a_client_that_joins_late_is_given_only_the_operation_still_waiting(
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
 ) -> None:
-    version = await ticket_version(business_service.url)
-    turns = [[note_call(version, "one", "w1")], [note_call(version + 1, "two", "w2")], [say("ok")]]
-    handle = await start_agent(client, settings, "write", model=script_spec(*turns))
+    handle = await start_two_notes(client, settings, business_service, "one", "two", "ok")
     following = approvals_as_they_come(handle)
     first = await anext(following)
     await following.aclose()
