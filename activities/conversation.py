@@ -170,7 +170,8 @@ class _Cached:
 _ITEM_OVERHEAD_BYTES = 512
 
 
-def _bytes_of(items: Sequence[ConversationItem]) -> int:
+def bytes_of(items: Sequence[ConversationItem]) -> int:
+    """About what `items` hold in memory (a cache's measure)."""
     return sum(len(item.model_dump_json()) + _ITEM_OVERHEAD_BYTES for item in items)
 
 
@@ -219,9 +220,9 @@ class ConversationState:
             self._bytes -= old.bytes
         # A conversation extends the one cached before its turn: only the new items are measured.
         if old is not None and old.turn == turn - 1 and old.items <= len(conversation.items):
-            size = old.bytes + _bytes_of(conversation.items[old.items :])
+            size = old.bytes + bytes_of(conversation.items[old.items :])
         else:
-            size = _bytes_of(conversation.items)
+            size = bytes_of(conversation.items)
         self._entries[run] = _Cached(turn, conversation, len(conversation.items), size)
         self._bytes += size
         while self._bytes > self._max_bytes and self._entries:

@@ -15,7 +15,14 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from activities.conversation import Conversation, ConversationState, MissingTurn, RunKey, TemporalTurnHistory
+from activities.conversation import (
+    Conversation,
+    ConversationState,
+    MissingTurn,
+    RunKey,
+    TemporalTurnHistory,
+    bytes_of,
+)
 from toolloop._core.codes import ErrorType
 from toolloop._core.contracts import (
     Actor,
@@ -116,20 +123,26 @@ class RequestScripts:
     """The script of a request whose model is a script, read once per run from the run's own start event
     (the workflow does not copy it into every turn's input) and kept in a small per-worker cache."""
 
-    def __init__(self, client: Client, capacity: int = 256) -> None:
+    def __init__(self, client: Client, max_bytes: int = 64 * 1024 * 1024) -> None:
         self._client = client
-        self._capacity = capacity
-        self._scripts: OrderedDict[RunKey, list[list[ConversationItem]]] = OrderedDict()
+        # Bounded by bytes, as the conversation cache is: thousands of open scripted requests stay cached.
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._scripts: OrderedDict[RunKey, tuple[list[list[ConversationItem]], int]] = OrderedDict()
 
     async def turn(self, run: RunKey, turn: int) -> tuple[list[ConversationItem] | None, int]:
         """The turn's scripted items (None once the script has run out) and the script's length."""
-        script = self._scripts.get(run)
-        if script is None:
+        entry = self._scripts.get(run)
+        if entry is None:
             script = await self._read(run)
-            self._scripts[run] = script
-            while len(self._scripts) > self._capacity:
-                self._scripts.popitem(last=False)
+            entry = (script, sum(bytes_of(items) for items in script))
+            self._scripts[run] = entry
+            self._bytes += entry[1]
+            while self._bytes > self._max_bytes and len(self._scripts) > 1:
+                _, (_, size) = self._scripts.popitem(last=False)
+                self._bytes -= size
         self._scripts.move_to_end(run)
+        script = entry[0]
         return (script[turn - 1] if turn <= len(script) else None), len(script)
 
     async def _read(self, run: RunKey) -> list[list[ConversationItem]]:
