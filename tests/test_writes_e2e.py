@@ -232,8 +232,14 @@ async def test_approvals_as_they_come_yields_each_operation_once_and_ends_with_t
     assert [sorted(answer) for answer in stored] == [["approval", "operation_id", "state", "tool"]] * 2
 
 
+@pytest.mark.parametrize("page_size", [1000, 1], ids=["one-page", "a-page-per-batch"])
 async def test_a_client_that_joins_late_is_given_only_the_operation_still_waiting(
-    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+    client: Client,
+    settings: Settings,
+    worker: Worker,
+    admin: httpx.AsyncClient,
+    business_service: BusinessService,
+    page_size: int,
 ) -> None:
     handle = await start_two_notes(client, settings, business_service, "one", "two", "ok")
     following = approvals_as_they_come(handle)
@@ -242,7 +248,8 @@ async def test_a_client_that_joins_late_is_given_only_the_operation_still_waitin
     await send_decision(handle, first, approve=True, decider=U1, key=APPROVAL_KEY)
     await assert_eventually(lambda: _second_waits(handle, first.operation_id))
     # A new client reads the whole history at once: the first wait started and ended in it.
-    late = approvals_as_they_come(handle)
+    # A page per batch of events: a page ends between the first wait's start and its end.
+    late = approvals_as_they_come(handle, page_size=page_size)
     second = await anext(late)
     assert second.operation_id != first.operation_id and second.arguments["text"] == "two"
     assert [second] == await pending_approvals(handle)

@@ -39,6 +39,10 @@ _CLOSED = frozenset(
 )
 
 
+# Events per history page a client asks for when it reads approvals (the server's own default).
+_PAGE_SIZE = 1000
+
+
 @dataclass(frozen=True)
 class Change:
     """A point after which the request's queries may answer differently."""
@@ -75,25 +79,28 @@ async def pending_approvals(handle: WorkflowHandle[Any, Any]) -> list[ApprovalRe
     return found
 
 
-async def approvals_as_they_come(handle: WorkflowHandle[Any, Any]) -> AsyncIterator[ApprovalRequest]:
+async def approvals_as_they_come(
+    handle: WorkflowHandle[Any, Any], *, page_size: int = _PAGE_SIZE
+) -> AsyncIterator[ApprovalRequest]:
     """Each operation once, as soon as it starts waiting for approval (an operation already waiting comes
     first); ends when the run closes. Each request is read from the run's history; if the history does not
     say (a timer without the summary this client knows), from one query instead."""
     seen: set[str] = set()
     history = _ApprovalHistory(handle)
-    events = handle.fetch_history_events(wait_new_event=True)
+    events = handle.fetch_history_events(wait_new_event=True, page_size=page_size)
     event: HistoryEvent
     async for event in events:
         if event.event_type in _CLOSED:
             return
         await history.read(event)
-        # A wait that started may have ended later in the same page (a client that joins late): decide at
-        # the end of what the server has handed over, before the long poll waits for more.
+        # A wait that started may have ended later in the history (a client that joins late): decide at the
+        # end of what the server has handed over, before the long poll waits for more.
         page = events.current_page
         if page is not None and events.current_page_index < len(page):
             continue
         requests = history.pending()
-        if requests is None:
+        # A full page may have more history behind it (the long poll would wait for a new event first).
+        if requests is None or (requests and page is not None and len(page) >= page_size):
             requests = await pending_approvals(handle)
         for request in requests:
             if request.operation_id not in seen:
