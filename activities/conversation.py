@@ -15,7 +15,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
@@ -126,44 +126,65 @@ class TemporalTurnHistory:
         return [(turn_input, None if result is None else list(result.items)) for turn_input, result in turns]
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class BytesBoundedCache(Generic[K, V]):
+    """Worker-local entries with a size each; the least recently used go first once the sizes add up to
+    more than `max_bytes` (a count bound would evict at thousands of open requests)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
+
+    def entry(self, key: K) -> tuple[V, int] | None:
+        """The value and its size, as the most recently used."""
+        found = self._entries.get(key)
+        if found is not None:
+            self._entries.move_to_end(key)
+        return found
+
+    def get(self, key: K) -> V | None:
+        found = self.entry(key)
+        return None if found is None else found[0]
+
+    def pop(self, key: K) -> V | None:
+        found = self._entries.pop(key, None)
+        if found is None:
+            return None
+        self._bytes -= found[1]
+        return found[0]
+
+    def put(self, key: K, value: V, size: int) -> None:
+        self.pop(key)
+        self._entries[key] = (value, size)
+        self._bytes += size
+        while self._bytes > self._max_bytes and self._entries:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self._bytes -= evicted
+
+
 class ToolOutputStore:
     """Worker-local: the outputs this worker's tool activities returned, until the next model turn of the
     same run takes them (the workflow refers to them rather than storing them again). Bounded by bytes; a
     miss (another worker ran the tool, a retry, a restart) is read from the run's history instead."""
 
     def __init__(self, max_bytes: int = 32 * 1024 * 1024) -> None:
-        self._max_bytes = max_bytes
-        self._bytes = 0
-        self._entries: OrderedDict[tuple[RunKey, int, str], str] = OrderedDict()
+        self._outputs: BytesBoundedCache[tuple[RunKey, int, str], str] = BytesBoundedCache(max_bytes)
 
     def put(self, run: RunKey, round_: int, call_id: str, output: str) -> None:
-        key = (run, round_, call_id)
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._bytes -= len(old)
-        self._entries[key] = output
-        self._bytes += len(output)
-        while self._bytes > self._max_bytes and self._entries:
-            _, evicted = self._entries.popitem(last=False)
-            self._bytes -= len(evicted)
+        self._outputs.put((run, round_, call_id), output, len(output))
 
     def take(self, run: RunKey, round_: int, call_ids: Sequence[str]) -> dict[str, str] | None:
         """Those outputs, removed from the store; None unless every one was here."""
         found: dict[str, str] = {}
         for call_id in call_ids:
-            output = self._entries.pop((run, round_, call_id), None)
+            output = self._outputs.pop((run, round_, call_id))
             if output is not None:
-                self._bytes -= len(output)
                 found[call_id] = output
         return found if len(found) == len(call_ids) else None
-
-
-@dataclass(frozen=True)
-class _Cached:
-    turn: int
-    conversation: Conversation
-    items: int
-    bytes: int
 
 
 # What an item holds besides its JSON text (the objects around it), so many small items count too.
@@ -184,11 +205,9 @@ class ConversationState:
     ) -> None:
         self._history = history
         self._outputs = outputs or ToolOutputStore()
-        # Bounded by bytes, not by runs: at thousands of open requests a count bound evicts runs whose
-        # next turn then reads its whole history back (server and worker CPU per request rise with load).
-        self._max_bytes = max_bytes
-        self._bytes = 0
-        self._entries: OrderedDict[RunKey, _Cached] = OrderedDict()
+        # By bytes: with a count bound, a run evicted at thousands of open requests has its next turn
+        # read its whole history back (server and worker CPU per request rise with load).
+        self._entries: BytesBoundedCache[RunKey, tuple[int, Conversation]] = BytesBoundedCache(max_bytes)
 
     @property
     def outputs(self) -> ToolOutputStore:
@@ -215,19 +234,16 @@ class ConversationState:
 
     def after(self, run: RunKey, turn: int, conversation: Conversation) -> None:
         """Remember the conversation through this turn's output."""
-        old = self._entries.pop(run, None)
-        if old is not None:
-            self._bytes -= old.bytes
-        # A conversation extends the one cached before its turn: only the new items are measured.
-        if old is not None and old.turn == turn - 1 and old.items <= len(conversation.items):
-            size = old.bytes + bytes_of(conversation.items[old.items :])
-        else:
+        size = None
+        cached = self._entries.entry(run)
+        if cached is not None:
+            (before, earlier), earlier_size = cached
+            # It extends the one cached before its turn: only the new items are measured.
+            if before == turn - 1 and len(earlier.items) <= len(conversation.items):
+                size = earlier_size + bytes_of(conversation.items[len(earlier.items) :])
+        if size is None:
             size = bytes_of(conversation.items)
-        self._entries[run] = _Cached(turn, conversation, len(conversation.items), size)
-        self._bytes += size
-        while self._bytes > self._max_bytes and self._entries:
-            _, evicted = self._entries.popitem(last=False)
-            self._bytes -= evicted.bytes
+        self._entries.put(run, (turn, conversation), size)
 
     def _from_store(self, run: RunKey, inp: ModelTurnInput) -> ModelTurnInput | None:
         if not inp.output_refs:
@@ -244,10 +260,9 @@ class ConversationState:
 
     def _cached(self, run: RunKey, turn: int) -> Conversation | None:
         entry = self._entries.get(run)
-        if entry is None or entry.turn != turn:
+        if entry is None or entry[0] != turn:
             return None
-        self._entries.move_to_end(run)
-        return Conversation(entry.conversation.instructions, list(entry.conversation.items))
+        return Conversation(entry[1].instructions, list(entry[1].items))
 
     @staticmethod
     def _rebuild(turns: list[RecordedTurn], turn: int) -> Conversation:

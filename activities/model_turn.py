@@ -7,7 +7,6 @@ output itself. The input carries only the items new since the last turn; the con
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import timedelta
 
@@ -16,6 +15,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from activities.conversation import (
+    BytesBoundedCache,
     Conversation,
     ConversationState,
     MissingTurn,
@@ -125,24 +125,14 @@ class RequestScripts:
 
     def __init__(self, client: Client, max_bytes: int = 64 * 1024 * 1024) -> None:
         self._client = client
-        # Bounded by bytes, as the conversation cache is: thousands of open scripted requests stay cached.
-        self._max_bytes = max_bytes
-        self._bytes = 0
-        self._scripts: OrderedDict[RunKey, tuple[list[list[ConversationItem]], int]] = OrderedDict()
+        self._scripts: BytesBoundedCache[RunKey, list[list[ConversationItem]]] = BytesBoundedCache(max_bytes)
 
     async def turn(self, run: RunKey, turn: int) -> tuple[list[ConversationItem] | None, int]:
         """The turn's scripted items (None once the script has run out) and the script's length."""
-        entry = self._scripts.get(run)
-        if entry is None:
+        script = self._scripts.get(run)
+        if script is None:
             script = await self._read(run)
-            entry = (script, sum(bytes_of(items) for items in script))
-            self._scripts[run] = entry
-            self._bytes += entry[1]
-            while self._bytes > self._max_bytes and len(self._scripts) > 1:
-                _, (_, size) = self._scripts.popitem(last=False)
-                self._bytes -= size
-        self._scripts.move_to_end(run)
-        script = entry[0]
+            self._scripts.put(run, script, sum(bytes_of(items) for items in script))
         return (script[turn - 1] if turn <= len(script) else None), len(script)
 
     async def _read(self, run: RunKey) -> list[list[ConversationItem]]:

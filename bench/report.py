@@ -247,8 +247,7 @@ class Results:
 # --- Targets ----------------------------------------------------------------------------------------------
 
 
-def _stack_value(results: Results, scenario: str, stack: str, what: str) -> float | None:
-    run = results.stacks.get(scenario, {}).get(stack)
+def _run_value(run: StackRun | None, what: str) -> float | None:
     if run is None:
         return None
     if what == "latency":
@@ -262,15 +261,14 @@ def _stack_value(results: Results, scenario: str, stack: str, what: str) -> floa
     raise ValueError(what)
 
 
+def _ours_to_floor(runs: Mapping[str, StackRun], what: str) -> float | None:
+    return ratio(_run_value(runs.get(OURS), what), _run_value(runs.get(FLOOR), what))
+
+
 def _round_ratios(results: Results, scenario: str, what: str) -> list[float]:
     """(a) / (b) in each round that measured both."""
-    out = []
-    for runs in results.stack_rounds.get(scenario, []):
-        one = Results(meta={}, stacks={scenario: runs})
-        value = ratio(_stack_value(one, scenario, OURS, what), _stack_value(one, scenario, FLOOR, what))
-        if value is not None:
-            out.append(value)
-    return out
+    found = (_ours_to_floor(runs, what) for runs in results.stack_rounds.get(scenario, []))
+    return [value for value in found if value is not None]
 
 
 def _versus_floor(results: Results, scenario: str, what: str) -> float | None:
@@ -278,7 +276,7 @@ def _versus_floor(results: Results, scenario: str, what: str) -> float | None:
     rounds = _round_ratios(results, scenario, what)
     if rounds:
         return percentile(rounds, 50)
-    return ratio(_stack_value(results, scenario, OURS, what), _stack_value(results, scenario, FLOOR, what))
+    return _ours_to_floor(results.stacks.get(scenario, {}), what)
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -358,7 +356,7 @@ def targets(results: Results) -> list[Target]:
     for point in results.growth:
         measured = point.ratio_to_content.get(OURS)
         out.append(Target("growth", f"history vs content produced, {point.rounds} rounds", measured, 1.2, "max", "x"))
-    base_cpu = _stack_value(results, READS, OURS, "worker_cpu")
+    base_cpu = _run_value(results.stacks.get(READS, {}).get(OURS), "worker_cpu")
     for run in results.scale:
         if run.stack != OURS:
             continue

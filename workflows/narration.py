@@ -26,9 +26,6 @@ _DETAIL_CALLS = 30
 _MARK = {"verified": "✅", "completed": "⚠️ not verified", "unknown": "❗ UNKNOWN", "failed": "✖", "denied": "✖"}
 
 
-short_id = short_operation_id
-
-
 class Narrator:
     def __init__(self, operations: Callable[[], Iterable[OperationRecord]]) -> None:
         self.events: list[RequestEvent] = []
@@ -98,6 +95,7 @@ class Narrator:
             lines += ["", "**side effects**"]
             for op in operations:
                 mark = _MARK.get(op.state, "")
-                line = f"- {markdown_literal(op.tool)} {markdown_literal(short_id(op.operation_id))}: {op.state} {mark}"
+                short = markdown_literal(short_operation_id(op.operation_id))
+                line = f"- {markdown_literal(op.tool)} {short}: {op.state} {mark}"
                 lines.append(line.rstrip())
         workflow.set_current_details("\n".join(lines))

@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
         derive_operation_id,
         payload_digest,
         read_approval_claims,
+        short_operation_id,
         verify_approval_token,
     )
     from toolloop._core.codes import ErrorType, ResultCode
@@ -63,7 +64,7 @@ with workflow.unsafe.imports_passed_through():
     from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
     from toolloop._core.registry import Evidence, OperationStatus
 
-from workflows.narration import Narrator, short_id
+from workflows.narration import Narrator
 from workflows.retries import io_retry_policy
 
 _ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
@@ -379,7 +380,7 @@ class OperationStateMachine:
     async def _pause_before_resend(self, op: OperationRecord, seconds: float) -> None:
         left = (self._send_until(op) - workflow.now()).total_seconds()
         if left > 0:
-            summary = f"pause before resending {op.tool} {short_id(op.operation_id)} (same key)"
+            summary = f"pause before resending {op.tool} {short_operation_id(op.operation_id)} (same key)"
             try:
                 await workflow.sleep(timedelta(seconds=min(seconds, left)), summary=summary)
             except asyncio.CancelledError as cancelled:
@@ -458,7 +459,7 @@ class OperationStateMachine:
             op.retention_seconds = status.retention_seconds
             if status.state != "in_progress" or workflow.now() + timedelta(seconds=pause) >= until:
                 return status
-            summary = f"pause before status query of {op.tool} {short_id(op.operation_id)} (in progress)"
+            summary = f"pause before status query of {op.tool} {short_operation_id(op.operation_id)} (in progress)"
             try:
                 await workflow.sleep(timedelta(seconds=pause), summary=summary)
             except asyncio.CancelledError as cancelled:
