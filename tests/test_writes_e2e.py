@@ -5,16 +5,25 @@ Every test counts effects in the service's own tables (GET /admin/effects), not 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.converter import (
+    ActivitySerializationContext,
+    PayloadCodec,
+    SerializationContext,
+    WithSerializationContext,
+)
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from demo.agent import build as build_demo
 from devstack.processes import free_port, start_worker
@@ -43,11 +52,14 @@ from toolloop._core.names import (
     EXECUTE_WRITE_ACTIVITY,
     MODEL_TURN_ACTIVITY,
     READ_BACK_ACTIVITY,
+    RUN_TOOL_ACTIVITY,
 )
 from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request, send_decision
+from toolloop._temporal.converter import data_converter
 from toolloop._temporal.following import RunFollower, approvals_as_they_come, pending_approvals
+from toolloop._temporal.plugin import CodecFreeSandboxRunner, codec_free_runner
 from toolloop._temporal.settings import Settings
-from toolloop._temporal.worker_factory import running_worker
+from toolloop._temporal.worker_factory import running_worker, workflow_runner
 
 pytestmark = pytest.mark.e2e
 
@@ -102,17 +114,21 @@ async def test_approved_note_is_written_once_and_verified(
     assert await ticket_version(business_service.url) == version + 1
 
 
-async def test_a_worker_without_the_sandbox_runs_the_same_protocol(
-    client: Client, settings: Settings, admin: httpx.AsyncClient, business_service: BusinessService
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandbox", "no-sandbox"])
+async def test_both_workflow_runners_run_the_same_protocol(
+    client: Client, settings: Settings, admin: httpx.AsyncClient, business_service: BusinessService, sandboxed: bool
 ) -> None:
-    unsandboxed = settings.model_copy(update={"workflow_sandbox": False})
-    async with running_worker(client, unsandboxed, build_demo(settings.service_url)) as worker:
+    chosen = settings.model_copy(update={"workflow_sandbox": sandboxed})
+    async with running_worker(client, chosen, build_demo(settings.service_url)) as worker:
         runner = worker.config(active_config=True).get("workflow_runner")
-        assert isinstance(runner, UnsandboxedWorkflowRunner)
+        if sandboxed:  # the sandbox, not asked for payload contexts (the converter has no codec)
+            assert isinstance(runner, CodecFreeSandboxRunner) and isinstance(runner.sandbox, SandboxedWorkflowRunner)
+        else:
+            assert isinstance(runner, UnsandboxedWorkflowRunner)
         version = await ticket_version(business_service.url)
         turns = [
             [call("get_ticket", {"ticketId": "T1001"}, "r1")],
-            [note_call(version, "no sandbox", "w1")],
+            [note_call(version, f"runner {'sandbox' if sandboxed else 'none'}", "w1")],
             [say("Ok.")],
         ]
         result, handle = await run_approved(client, settings, business_service, turns)
@@ -123,6 +139,64 @@ async def test_a_worker_without_the_sandbox_runs_the_same_protocol(
     assert sorted((await tool_outputs(handle)).keys()) == ["r1", "w1"]  # each call answered once
     assert len(await effects(admin, op.operation_id)) == 1
     assert await ticket_version(business_service.url) == version + 1
+
+
+Encoded = list[tuple[SerializationContext | None, bytes]]
+
+
+class ContextRecordingCodec(PayloadCodec, WithSerializationContext):
+    """An identity codec that records each payload it encodes with the serialization context it had."""
+
+    def __init__(self, seen: Encoded, context: SerializationContext | None = None) -> None:
+        self.seen = seen
+        self.context = context
+
+    def with_context(self, context: SerializationContext) -> ContextRecordingCodec:
+        return ContextRecordingCodec(self.seen, context)
+
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        self.seen.extend((self.context, p.data) for p in payloads)
+        return list(payloads)
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return list(payloads)
+
+
+async def test_a_users_payload_codec_still_gets_each_commands_context(
+    settings: Settings, business_service: BusinessService
+) -> None:
+    seen: Encoded = []
+    converter = dataclasses.replace(data_converter(), payload_codec=ContextRecordingCodec(seen))
+    coded = await Client.connect(settings.temporal_address, data_converter=converter)
+    async with running_worker(coded, settings, build_demo(settings.service_url)) as worker:
+        runner = worker.config(active_config=True).get("workflow_runner")
+        assert isinstance(runner, SandboxedWorkflowRunner)  # asked for every context, as the SDK does
+        handle = await start_agent(
+            coded, settings, "read", model=script_spec([call("get_ticket", {"ticketId": "T1001"}, "r1")], [say("Ok.")])
+        )
+        result = await asyncio.wait_for(request_result(handle), timeout=60)
+    assert [(c.call_id, c.ok) for c in result.calls] == [("r1", True)]
+    # The workflow's commands: each activity's input went through the codec with that activity's context.
+    inputs = [json.loads(data) for _, data in seen if data.startswith(b"{")]
+    contexts = [c for c, data in seen if data.startswith(b"{")]
+    [tool_input] = [
+        c for c, value in zip(contexts, inputs, strict=True) if value.get("call_id") == "r1" and "arguments" in value
+    ]
+    assert isinstance(tool_input, ActivitySerializationContext) and tool_input.activity_type == RUN_TOOL_ACTIVITY
+    turn_inputs = [c for c, value in zip(contexts, inputs, strict=True) if "new_items" in value]
+    assert len(turn_inputs) == 2
+    assert all(
+        isinstance(c, ActivitySerializationContext) and c.activity_type == MODEL_TURN_ACTIVITY for c in turn_inputs
+    )
+
+
+def test_only_a_sandbox_with_neither_codec_nor_external_storage_skips_the_contexts() -> None:
+    sandbox = workflow_runner()
+    assert isinstance(codec_free_runner(sandbox, data_converter()), CodecFreeSandboxRunner)
+    with_codec = dataclasses.replace(data_converter(), payload_codec=ContextRecordingCodec([]))
+    assert codec_free_runner(sandbox, with_codec) is sandbox
+    unsandboxed = UnsandboxedWorkflowRunner()
+    assert codec_free_runner(unsandboxed, data_converter()) is unsandboxed
 
 
 def test_the_default_worker_keeps_the_sandbox() -> None:
