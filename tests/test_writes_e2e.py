@@ -114,21 +114,17 @@ async def test_approved_note_is_written_once_and_verified(
     assert await ticket_version(business_service.url) == version + 1
 
 
-@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandbox", "no-sandbox"])
-async def test_both_workflow_runners_run_the_same_protocol(
-    client: Client, settings: Settings, admin: httpx.AsyncClient, business_service: BusinessService, sandboxed: bool
+async def test_the_sandbox_runs_the_protocol_without_being_asked_for_payload_contexts(
+    client: Client, settings: Settings, admin: httpx.AsyncClient, business_service: BusinessService
 ) -> None:
-    chosen = settings.model_copy(update={"workflow_sandbox": sandboxed})
-    async with running_worker(client, chosen, build_demo(settings.service_url)) as worker:
+    async with running_worker(client, settings, build_demo(settings.service_url)) as worker:
         runner = worker.config(active_config=True).get("workflow_runner")
-        if sandboxed:  # the sandbox, not asked for payload contexts (the converter has no codec)
-            assert isinstance(runner, CodecFreeSandboxRunner) and isinstance(runner.sandbox, SandboxedWorkflowRunner)
-        else:
-            assert isinstance(runner, UnsandboxedWorkflowRunner)
+        # The converter has no codec: the sandbox runs each activation, and no code per payload.
+        assert isinstance(runner, CodecFreeSandboxRunner) and isinstance(runner.sandbox, SandboxedWorkflowRunner)
         version = await ticket_version(business_service.url)
         turns = [
             [call("get_ticket", {"ticketId": "T1001"}, "r1")],
-            [note_call(version, f"runner {'sandbox' if sandboxed else 'none'}", "w1")],
+            [note_call(version, "codec-free sandbox", "w1")],
             [say("Ok.")],
         ]
         result, handle = await run_approved(client, settings, business_service, turns)
@@ -197,11 +193,8 @@ def test_only_a_sandbox_with_neither_codec_nor_external_storage_skips_the_contex
     assert codec_free_runner(sandbox, with_codec) is sandbox
     unsandboxed = UnsandboxedWorkflowRunner()
     assert codec_free_runner(unsandboxed, data_converter()) is unsandboxed
-
-
-def test_the_default_worker_keeps_the_sandbox() -> None:
-    assert Settings.model_validate({}).workflow_sandbox is True
-    assert Settings.model_validate({"TOOLLOOP_WORKFLOW_SANDBOX": "false"}).workflow_sandbox is False
+    # The SDK relaxes a SandboxedWorkflowRunner for the debugger; wrapped, it would not.
+    assert codec_free_runner(sandbox, data_converter(), debug_mode=True) is sandbox
 
 
 async def activities_run(handle: WorkflowHandle[Any, Any]) -> list[str]:

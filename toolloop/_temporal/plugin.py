@@ -17,7 +17,6 @@ from temporalio.contrib.pydantic import PydanticPayloadConverter
 from temporalio.converter import DataConverter, SerializationContext, StorageDriverStoreContext
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import (
-    UnsandboxedWorkflowRunner,
     Worker,
     WorkerConfig,
     WorkflowInstance,
@@ -50,10 +49,6 @@ def workflow_runner(existing: object = None) -> SandboxedWorkflowRunner:
     (tests/test_replay_histories.py), which a non-deterministic change fails."""
     restrictions = SandboxRestrictions.default.with_passthrough_modules("cryptography", "workflows")
     return SandboxedWorkflowRunner(restrictions=restrictions)
-
-
-def _unsandboxed(existing: WorkflowRunner | None = None) -> WorkflowRunner:
-    return UnsandboxedWorkflowRunner()
 
 
 class CodecFreeSandboxRunner(WorkflowRunner):
@@ -98,12 +93,14 @@ class _CodecFreeInstance(WorkflowInstance):
         return self._sandboxed.get_thread_id()
 
 
-def codec_free_runner(runner: WorkflowRunner, converter: DataConverter) -> WorkflowRunner:
+def codec_free_runner(runner: WorkflowRunner, converter: DataConverter, *, debug_mode: bool = False) -> WorkflowRunner:
     """`runner` wrapped in CodecFreeSandboxRunner where that changes nothing but the cost: a sandbox runner,
-    and a converter with no codec and no external storage (a user's codec still gets every context)."""
-    if isinstance(runner, SandboxedWorkflowRunner) and converter.payload_codec is None:
-        if converter.external_storage is None:
-            return CodecFreeSandboxRunner(runner)
+    and a converter with no codec and no external storage (a user's codec still gets every context). Not
+    in debug mode, where the SDK relaxes a SandboxedWorkflowRunner's restrictions for the debugger."""
+    if debug_mode or not isinstance(runner, SandboxedWorkflowRunner):
+        return runner
+    if converter.payload_codec is None and converter.external_storage is None:
+        return CodecFreeSandboxRunner(runner)
     return runner
 
 
@@ -119,11 +116,9 @@ class ToolloopPlugin(SimplePlugin):
     brings its own). `retention_seconds` is how long the services keep operation ids when they do not say
     so on their status answers (unknown means a resend after a doubtful attempt fails closed). `http` is
     the client of tools that have no source of their own. `tracing` adds Temporal's OpenTelemetry
-    interceptor (spans with the globally configured tracer provider). `sandboxed=False` runs AgentWorkflow
-    without Temporal's workflow sandbox: about a fifth less worker CPU per request (the SDK runs code in
-    the sandbox for every payload a workflow task reads or writes; measured with py-spy and psutil), at
-    the price of the sandbox's run-time guard against non-deterministic calls. The workflow is toolloop's
-    own code, which keeps no module state and is replayed sandboxed in its tests."""
+    interceptor (spans with the globally configured tracer provider). AgentWorkflow runs in Temporal's
+    workflow sandbox (workflow_runner), which a worker's client without a payload codec does not ask for a
+    serialization context per payload (CodecFreeSandboxRunner)."""
 
     def __init__(
         self,
@@ -134,7 +129,6 @@ class ToolloopPlugin(SimplePlugin):
         retention_seconds: float | None = None,
         http: httpx.AsyncClient | None = None,
         tracing: bool = False,
-        sandboxed: bool = True,
     ) -> None:
         spec = tools if isinstance(tools, AgentSpec) else AgentSpec(tools=tools)
         self.toolset = spec.tools
@@ -147,7 +141,7 @@ class ToolloopPlugin(SimplePlugin):
             PLUGIN_NAME,
             data_converter=data_converter(),
             workflows=[AgentWorkflow],
-            workflow_runner=workflow_runner if sandboxed else _unsandboxed,
+            workflow_runner=workflow_runner,
             # OpenTelemetry spans for workflows and activities, off by default.
             interceptors=[tracing_interceptor()] if tracing else None,
         )
@@ -160,7 +154,9 @@ class ToolloopPlugin(SimplePlugin):
                 "the Temporal client needs toolloop's data converter: connect it with plugins=[ToolloopPlugin(...)]"
             )
         if "workflow_runner" in config:
-            config["workflow_runner"] = codec_free_runner(config["workflow_runner"], client.data_converter)
+            config["workflow_runner"] = codec_free_runner(
+                config["workflow_runner"], client.data_converter, debug_mode=bool(config.get("debug_mode"))
+            )
         registry = self.toolset.registry
         http = self._shared_http()
         writes = WriteActivities(registry, http, self.retention_seconds)

@@ -53,9 +53,6 @@ class Settings(BaseSettings):
     # model, a tool or an approval) that replay is most of the worker's CPU. A cached run holds well under
     # 0.1 MiB (measured by `python -m bench`).
     max_cached_workflows: int = Field(default=10_000, ge=0, validation_alias="TOOLLOOP_MAX_CACHED_WORKFLOWS")
-    # AgentWorkflow in Temporal's workflow sandbox (the default), or not ("false": about a fifth less worker
-    # CPU per request, without the sandbox's run-time guard; see ToolloopPlugin).
-    workflow_sandbox: bool = Field(default=True, validation_alias="TOOLLOOP_WORKFLOW_SANDBOX")
 
     def ui_url(self, workflow_id: str | None = None) -> str:
         host = self.temporal_address.rsplit(":", 1)[0]
