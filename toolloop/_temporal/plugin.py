@@ -117,8 +117,8 @@ class ToolloopPlugin(SimplePlugin):
     so on their status answers (unknown means a resend after a doubtful attempt fails closed). `http` is
     the client of tools that have no source of their own. `tracing` adds Temporal's OpenTelemetry
     interceptor (spans with the globally configured tracer provider). AgentWorkflow runs in Temporal's
-    workflow sandbox (workflow_runner), which a worker's client without a payload codec does not ask for a
-    serialization context per payload (CodecFreeSandboxRunner)."""
+    workflow sandbox (workflow_runner); when the worker's client has no payload codec and no external
+    storage, the sandbox is not asked for a serialization context per payload (CodecFreeSandboxRunner)."""
 
     def __init__(
         self,
