@@ -260,9 +260,12 @@ class ConversationState:
 
     def _cached(self, run: RunKey, turn: int) -> Conversation | None:
         entry = self._entries.get(run)
-        if entry is None or entry[0] != turn:
+        if entry is None:
             return None
-        return Conversation(entry[1].instructions, list(entry[1].items))
+        cached_turn, conversation = entry
+        if cached_turn != turn:
+            return None
+        return Conversation(conversation.instructions, list(conversation.items))
 
     @staticmethod
     def _rebuild(turns: list[RecordedTurn], turn: int) -> Conversation:

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from activities.conversation import Conversation, ConversationState, MissingTurn, RunKey, ToolOutputStore, with_outputs
+from activities.conversation import (
+    Conversation,
+    ConversationState,
+    MissingTurn,
+    RunKey,
+    ToolOutputStore,
+    bytes_of,
+    with_outputs,
+)
 from activities.model_turn import RequestScripts
 from toolloop._core.contracts import (
     ConversationItem,
@@ -229,7 +237,7 @@ async def test_thousands_of_open_scripted_runs_read_their_script_once() -> None:
 
 
 async def test_the_script_cache_is_bounded_by_bytes() -> None:
-    one = sum(len(item.model_dump_json()) + 512 for item in (CALL, said("done")))
+    one = bytes_of([CALL, said("done")])
     scripts = CountedScripts(max_bytes=2 * one)
     runs = [RunKey("wf", f"run-{i}") for i in range(3)]
     for run in runs:

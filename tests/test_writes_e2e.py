@@ -173,13 +173,10 @@ async def test_a_users_payload_codec_still_gets_each_commands_context(
         result = await asyncio.wait_for(request_result(handle), timeout=60)
     assert [(c.call_id, c.ok) for c in result.calls] == [("r1", True)]
     # The workflow's commands: each activity's input went through the codec with that activity's context.
-    inputs = [json.loads(data) for _, data in seen if data.startswith(b"{")]
-    contexts = [c for c, data in seen if data.startswith(b"{")]
-    [tool_input] = [
-        c for c, value in zip(contexts, inputs, strict=True) if value.get("call_id") == "r1" and "arguments" in value
-    ]
+    encoded = [(context, json.loads(data)) for context, data in seen if data.startswith(b"{")]
+    [tool_input] = [c for c, value in encoded if value.get("call_id") == "r1" and "arguments" in value]
     assert isinstance(tool_input, ActivitySerializationContext) and tool_input.activity_type == RUN_TOOL_ACTIVITY
-    turn_inputs = [c for c, value in zip(contexts, inputs, strict=True) if "new_items" in value]
+    turn_inputs = [c for c, value in encoded if "new_items" in value]
     assert len(turn_inputs) == 2
     assert all(
         isinstance(c, ActivitySerializationContext) and c.activity_type == MODEL_TURN_ACTIVITY for c in turn_inputs

@@ -73,6 +73,9 @@ class CodecFreeSandboxRunner(WorkflowRunner):
         self.sandbox.set_worker_level_failure_exception_types(types)
 
 
+_NO_STORE_CONTEXT = StorageDriverStoreContext(target=None)
+
+
 class _CodecFreeInstance(WorkflowInstance):
     def __init__(self, sandboxed: WorkflowInstance) -> None:
         self._sandboxed = sandboxed
@@ -84,7 +87,7 @@ class _CodecFreeInstance(WorkflowInstance):
         return None
 
     def get_external_store_context(self, command_info: object) -> StorageDriverStoreContext:
-        return StorageDriverStoreContext(target=None)
+        return _NO_STORE_CONTEXT
 
     def get_info(self) -> workflow.Info:
         return self._sandboxed.get_info()
