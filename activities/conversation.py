@@ -30,6 +30,7 @@ from toolloop._core.contracts import (
     output_json,
 )
 from toolloop._core.names import MODEL_TURN_ACTIVITY, RUN_TOOL_ACTIVITY
+from toolloop._temporal.history import local_activity_result
 
 logger = logging.getLogger(__name__)
 
@@ -81,20 +82,23 @@ def with_outputs(inp: ModelTurnInput, outputs: Mapping[str, str]) -> ModelTurnIn
 
 async def recorded_turns(handle: WorkflowHandle[Any, Any]) -> list[tuple[ModelTurnInput, ModelTurnResult | None]]:
     """Every model turn of the run in order, decoded from its history: its input, the tool outputs it
-    refers to filled in, and its result (None while it runs)."""
+    refers to filled in, and its result (None while it runs). A turn run as a local activity stored no
+    input: its result's record of what it was given stands in for it."""
     converter = handle._client.data_converter
     inputs: dict[int, ModelTurnInput] = {}
     results: dict[int, ModelTurnResult] = {}
     tool_calls: dict[int, tuple[int, str]] = {}
     tool_outputs: dict[tuple[int, str], str] = {}
+    # The round of the latest turn with a result: a local tool call's output after it is of that round
+    # (the tools of a round run after its turn, and the next turn only after all of them).
+    last_round = 0
     async for event in handle.fetch_history_events():
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = event.activity_task_scheduled_event_attributes
             if attrs.activity_type.name == MODEL_TURN_ACTIVITY:
                 [turn_input] = await converter.decode(attrs.input.payloads, [ModelTurnInput])
                 # The outputs it refers to are results of the previous round, all earlier in history.
-                previous = {cid: out for (rnd, cid), out in tool_outputs.items() if rnd == turn_input.turn - 1}
-                inputs[event.event_id] = with_outputs(turn_input, previous)
+                inputs[event.event_id] = with_outputs(turn_input, _outputs_of(tool_outputs, turn_input.turn - 1))
             elif attrs.activity_type.name == RUN_TOOL_ACTIVITY:
                 [call] = await converter.decode(attrs.input.payloads, [ToolCallInput])
                 tool_calls[event.event_id] = (call.round, call.call_id)
@@ -102,10 +106,33 @@ async def recorded_turns(handle: WorkflowHandle[Any, Any]) -> list[tuple[ModelTu
             done = event.activity_task_completed_event_attributes
             if done.scheduled_event_id in inputs:
                 [results[done.scheduled_event_id]] = await converter.decode(done.result.payloads, [ModelTurnResult])
+                last_round = inputs[done.scheduled_event_id].turn
             elif done.scheduled_event_id in tool_calls:
                 [tool_result] = await converter.decode(done.result.payloads, [ToolCallResult])
                 tool_outputs[tool_calls[done.scheduled_event_id]] = output_json(tool_result.output)
+        else:
+            local = local_activity_result(event)
+            if local is None:
+                continue
+            activity_type, payload = local
+            if activity_type == RUN_TOOL_ACTIVITY:
+                [tool_result] = await converter.decode([payload], [ToolCallResult])
+                tool_outputs[(last_round, tool_result.call_id)] = output_json(tool_result.output)
+            elif activity_type == MODEL_TURN_ACTIVITY and inputs:
+                [result] = await converter.decode([payload], [ModelTurnResult])
+                last_round += 1
+                first = inputs[min(inputs)]
+                outputs = {**_outputs_of(tool_outputs, last_round - 1), **result.answered_outputs}
+                given = [FunctionCallOutputItem(call_id=cid, output=outputs.get(cid, "")) for cid in result.answered]
+                inputs[event.event_id] = ModelTurnInput(
+                    turn=last_round, new_items=given, provider=first.provider, model_name=first.model_name
+                )
+                results[event.event_id] = result
     return [(inputs[event_id], results.get(event_id)) for event_id in sorted(inputs)]
+
+
+def _outputs_of(tool_outputs: Mapping[tuple[int, str], str], round_: int) -> dict[str, str]:
+    return {call_id: output for (rnd, call_id), output in tool_outputs.items() if rnd == round_}
 
 
 class TurnHistory(Protocol):

@@ -29,6 +29,7 @@ from toolloop._core.contracts import (
     AgentInput,
     ConversationItem,
     FunctionCallItem,
+    FunctionCallOutputItem,
     ModelTurnInput,
     ModelTurnResult,
     answer_text,
@@ -89,15 +90,19 @@ class ModelActivities:
         info = activity.info()
         run = RunKey(info.workflow_id or "", info.workflow_run_id or "")
         adapter = self._adapter(inp.provider)
+        in_process = bool(getattr(adapter, "in_process", False))
         try:
-            if adapter.needs_conversation:
+            if inp.conversation is not None:
+                # A local activity: the workflow holds the conversation and gives it whole.
+                conversation = Conversation(inp.instructions, [*inp.conversation, *inp.new_items])
+            elif adapter.needs_conversation:
                 conversation = await self._conversations.before(run, inp)
             else:
                 conversation = Conversation(inp.instructions, await self._conversations.new_items(run, inp))
         except MissingTurn as exc:
             raise ApplicationError(str(exc), type=ErrorType.MODEL_RESPONSE_MALFORMED, non_retryable=True) from None
         scripted, script_length = inp.scripted_output, inp.script_length
-        if scripted is None and getattr(adapter, "reads_script", False):
+        if scripted is None and script_length == 0 and getattr(adapter, "reads_script", False):
             scripted, script_length = await self._scripts.turn(run, inp.turn)
         request = ModelRequest(
             turn=inp.turn,
@@ -113,10 +118,20 @@ class ModelActivities:
             items = await adapter.respond(request)
         except ModelCallError as err:
             raise _application_error(err) from None
-        if adapter.needs_conversation:
+        # An in-process model's later turns get the conversation from the workflow: nothing to keep here.
+        if adapter.needs_conversation and inp.conversation is None and not in_process:
             self._conversations.after(run, inp.turn, conversation.extended(items))
         label = adapter.label(inp.model_name)
-        return checked_turn(self._registry, items, label, inp.turn)
+        result = checked_turn(self._registry, items, label, inp.turn)
+        if info.is_local:
+            # Its input is not in history: record what it gave the model (a tool's result only by its call id).
+            outputs = [item for item in inp.new_items if isinstance(item, FunctionCallOutputItem)]
+            in_history = set(inp.output_refs)
+            result.answered = [item.call_id for item in outputs]
+            result.answered_outputs = {item.call_id: item.output for item in outputs if item.call_id not in in_history}
+        else:
+            result.in_process = in_process
+        return result
 
 
 class RequestScripts:

@@ -133,7 +133,7 @@ class ToolActivities:
         result = ToolCallResult(
             call_id=inp.call_id, output=cap_output(output, inp.max_output_bytes), duration_ms=duration_ms
         )
-        if self._outputs is not None:
+        if self._outputs is not None and inp.keep_output:
             run = RunKey(info.workflow_id or "", info.workflow_run_id or "")
             self._outputs.put(run, inp.round, inp.call_id, output_json(result.output))
         return result

@@ -11,7 +11,7 @@ import httpx
 from temporalio.client import Client, WorkflowHandle
 
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY
-from toolloop import request_result, testing
+from toolloop import ScriptModel, request_result, testing
 from toolloop._core.contracts import (
     Actor,
     AgentInput,
@@ -24,6 +24,15 @@ from toolloop._core.names import AGENT_WORKFLOW
 from toolloop._temporal.settings import Settings
 
 U1 = Actor(user_id="u1", tenant_id="acme")
+# The name a test worker registers RemoteScriptModel under.
+REMOTE_SCRIPT = "remote_script"
+
+
+class RemoteScriptModel(ScriptModel):
+    """The script model as if it were behind a network call (ModelAdapter.in_process unset): every turn an
+    activity of its own, as a real provider's."""
+
+    in_process = False
 
 
 async def waiting_operation(handle: WorkflowHandle[Any, Any]) -> OperationRecord:
@@ -119,3 +128,11 @@ def worker_env(settings: Settings, service_url: str | None = None) -> dict[str, 
         "TOOLLOOP_TASK_QUEUE": settings.task_queue,
         "TOOLLOOP_SERVICE_URL": service_url or settings.service_url,
     }
+
+
+async def ticket_version(service_url: str, ticket_id: str = "T1001", user: str = "u1") -> int:
+    """A ticket's current version, as its owner reads it (a note must name it as expectedVersion)."""
+    async with httpx.AsyncClient(base_url=service_url, trust_env=False) as http:
+        response = await http.get(f"/tickets/{ticket_id}", headers={"X-Actor-User": user, "X-Actor-Tenant": "acme"})
+        response.raise_for_status()
+        return int(response.json()["version"])

@@ -20,6 +20,7 @@ import secrets
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,20 @@ from temporalio.client import Client, WorkflowHandle
 
 from demo.agent import build as build_demo
 from devstack.processes import free_port, start_business_service, start_temporal_dev_server
-from tests.agent_helpers import approving, call, decide, say, script_spec, set_faults, start_agent, waiting_operation
+from tests.agent_helpers import (
+    REMOTE_SCRIPT,
+    RemoteScriptModel,
+    approving,
+    call,
+    decide,
+    say,
+    script_spec,
+    set_faults,
+    start_agent,
+    waiting_operation,
+)
 from tests.conftest import APPROVAL_VERIFY_KEY, REPO_ROOT
-from toolloop import request_result
+from toolloop import AgentSpec, request_result
 from toolloop._core.contracts import AgentResult, Limits, ModelSpec, OperationRecord
 from toolloop._core.names import GET_LEDGER_QUERY
 from toolloop._temporal.converter import data_converter
@@ -165,6 +177,32 @@ async def short_payloads(
         return await _finished(handle)
 
 
+async def local_steps(client: Client, settings: Settings, admin: httpx.AsyncClient) -> WorkflowHandle[Any, AgentResult]:
+    """An in-process model (the script's): turn 1 an activity, then local reads (one slow, one rejected), a
+    local turn proposing an approved note (its write an activity), and a local turn answering."""
+    await set_faults(admin, {"method": "GET", "path_regex": "^/orders/A100$", "latency_ms": 300})
+    reads = [
+        call("get_order_status", {"orderId": "A100"}, "slow"),
+        call("get_order_status", {"orderId": "A102"}, "fast"),
+        call("get_order_status", {"orderId": "A1"}, "bad"),
+    ]
+    note = call("append_ticket_note", {"ticketId": "T1001", "text": "local steps", "expectedVersion": 1}, "w1")
+    handle = await start_agent(client, settings, "w", model=script_spec(reads, [note], [say("ok")]))
+    async with approving(handle):
+        return await _finished(handle)
+
+
+async def remote_model_local_reads(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> WorkflowHandle[Any, AgentResult]:
+    """A model behind a network call: every turn an activity, its reads local, the next turn referring to
+    their markers' results."""
+    reads = [call("get_order_status", {"orderId": order}, f"r-{order}") for order in ("A100", "A102")]
+    model = script_spec(reads, [say("ok")]).model_copy(update={"provider": REMOTE_SCRIPT})
+    handle = await start_agent(client, settings, "orders?", model=model)
+    return await _finished(handle)
+
+
 async def _first_verified(handle: WorkflowHandle[Any, AgentResult]) -> None:
     while True:
         ledger = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
@@ -184,7 +222,15 @@ SCENARIOS: dict[str, Scenario] = {
     "reads_by_reference": reads_by_reference,
     "write_verified_in_attempt": write_verified_in_attempt,
     "short_payloads": short_payloads,
+    "local_steps": local_steps,
+    "remote_model_local_reads": remote_model_local_reads,
 }
+
+
+def _recording_spec(service_url: str) -> AgentSpec:
+    """The demo agent, plus the script model as if it were behind a network call."""
+    spec = build_demo(service_url)
+    return replace(spec, models={**spec.models, REMOTE_SCRIPT: RemoteScriptModel()})
 
 
 async def record(directory: Path, only: set[str]) -> None:
@@ -206,7 +252,7 @@ async def record(directory: Path, only: set[str]) -> None:
         )
         HISTORIES.mkdir(exist_ok=True)
         async with (
-            running_worker(client, settings, build_demo(settings.service_url), max_cached_workflows=0),
+            running_worker(client, settings, _recording_spec(settings.service_url), max_cached_workflows=0),
             httpx.AsyncClient(base_url=settings.service_url, headers={"X-Admin-Token": token}) as admin,
         ):
             for name, scenario in SCENARIOS.items():

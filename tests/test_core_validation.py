@@ -531,9 +531,11 @@ def test_a_checked_read_is_stored_without_the_write_only_fields(registry: ToolRe
     write = check_call(registry, FunctionCallItem(call_id="c2", name="note", arguments='{"text": "hi"}'))
     converter = data_converter().payload_converter
     [read_payload, write_payload] = converter.to_payloads([read, write])
-    # A read has no status query or read-back to lack: history holds neither flag for it (nor empty fields).
-    assert set(json.loads(read_payload.data)) == {"call_id", "name", "summary", "arguments"}
-    assert (read.has_status, read.has_read_back) == (True, True)
+    # A read has no status query or read-back to lack: history holds neither flag for it (nor empty fields),
+    # only that it runs as a local activity; a write never does, and holds no such flag.
+    assert set(json.loads(read_payload.data)) == {"call_id", "name", "summary", "arguments", "local"}
+    assert (read.has_status, read.has_read_back, read.local) == (True, True, True)
+    assert "local" not in json.loads(write_payload.data) and not write.local
     # Both decode to what was checked.
     assert converter.from_payloads([read_payload, write_payload], [type(read), type(write)]) == [read, write]
 

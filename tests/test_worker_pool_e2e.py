@@ -27,12 +27,13 @@ from tests.agent_helpers import (
     service_requests,
     set_faults,
     start_agent,
+    ticket_version,
     tool_outputs,
     worker_env,
 )
 from tests.conftest import REPO_ROOT
 from toolloop._core.contracts import AgentResult, Limits
-from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, RUN_TOOL_ACTIVITY
+from toolloop._core.names import EXECUTE_WRITE_ACTIVITY
 from toolloop._temporal.settings import Settings
 
 pytestmark = pytest.mark.e2e
@@ -92,6 +93,17 @@ async def running_activities(handle: WorkflowHandle[Any, Any]) -> list[tuple[str
     ]
 
 
+async def reading_on(handle: WorkflowHandle[Any, Any]) -> int | None:
+    """The pid of the worker whose workflow task is running the request's reads right now (local activities
+    run inside it: the task stays open until they end), if any."""
+    events = (await handle.fetch_history()).events
+    last = events[-1] if events else None
+    if last is None or last.event_type != EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED or len(events) <= 3:
+        return None
+    # Past the first task: that one only schedules the first model turn.
+    return _pid(last.workflow_task_started_event_attributes.identity)
+
+
 def reads(orders: list[str], rounds: int, prefix: str) -> list[list[dict[str, Any]]]:
     """A script: `rounds` turns of two parallel reads each, then an answer."""
     turns = [
@@ -99,13 +111,6 @@ def reads(orders: list[str], rounds: int, prefix: str) -> list[list[dict[str, An
         for n in range(rounds)
     ]
     return [*turns, [say("done")]]
-
-
-async def ticket_version(service_url: str) -> int:
-    async with httpx.AsyncClient(base_url=service_url, trust_env=False) as http:
-        response = await http.get("/tickets/T1001", headers={"X-Actor-User": "u1", "X-Actor-Tenant": "acme"})
-        response.raise_for_status()
-        return int(response.json()["version"])
 
 
 def assert_answered(result: AgentResult, outputs: dict[str, dict[str, Any]], calls: int) -> None:
@@ -188,8 +193,8 @@ async def test_a_worker_killed_mid_request_loses_nothing_the_other_finishes_ever
     [survivor] = [proc for proc in pool if proc is not victim]
 
     async def victim_also_reads() -> bool:
-        running = [await running_activities(h) for h in readers]
-        return any(name == RUN_TOOL_ACTIVITY and pid == victim.pid for acts in running for name, pid in acts)
+        # Reads run as local activities inside the workflow task of the worker that holds the request.
+        return any([await reading_on(h) == victim.pid for h in readers])
 
     await assert_eventually(victim_also_reads, within=10, what="the doomed worker holds reads in flight too")
     victim.kill9()

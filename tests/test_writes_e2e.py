@@ -39,6 +39,7 @@ from tests.agent_helpers import (
     service_requests,
     set_faults,
     start_agent,
+    ticket_version,
     tool_outputs,
     waiting_operation,
     worker_env,
@@ -57,6 +58,7 @@ from toolloop._core.names import (
 from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request, send_decision
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.following import RunFollower, approvals_as_they_come, pending_approvals
+from toolloop._temporal.history import local_activity_type
 from toolloop._temporal.plugin import CodecFreeSandboxRunner, codec_free_runner
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker, workflow_runner
@@ -64,13 +66,6 @@ from toolloop._temporal.worker_factory import running_worker, workflow_runner
 pytestmark = pytest.mark.e2e
 
 FAST = {"write_timeout_seconds": 2, "unknown_resolution_seconds": 10}
-
-
-async def ticket_version(service_url: str, ticket_id: str = "T1001", user: str = "u1") -> int:
-    async with httpx.AsyncClient(base_url=service_url) as http:
-        response = await http.get(f"/tickets/{ticket_id}", headers={"X-Actor-User": user, "X-Actor-Tenant": "acme"})
-        response.raise_for_status()
-        return int(response.json()["version"])
 
 
 async def run_approved(
@@ -195,11 +190,13 @@ def test_only_a_sandbox_with_neither_codec_nor_external_storage_skips_the_contex
 
 
 async def activities_run(handle: WorkflowHandle[Any, Any]) -> list[str]:
-    """The activity types the run scheduled, in order (from its history)."""
+    """The activity types the run ran, local activities included, in order (from its history)."""
     names: list[str] = []
     async for event in handle.fetch_history_events():
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             names.append(event.activity_task_scheduled_event_attributes.activity_type.name)
+        elif (local := local_activity_type(event)) is not None:
+            names.append(local)
     return names
 
 

@@ -60,7 +60,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.operations import OperationStateMachine
 
     # The workflow's own stateless helper modules (the plugin's runner passes the whole package through).
-    from workflows.retries import io_retry_policy
+    from workflows.retries import io_retry_policy, local_activity_error
 
 _MIN_TIMEOUT = timedelta(seconds=1)
 _MAX_EVENTS_PER_QUERY = 500
@@ -95,6 +95,10 @@ class AgentWorkflow:
         )
         # This round's calls whose output is a tool activity's result (so already in history).
         self._outputs_in_history: set[str] = set()
+        # The model runs in the worker's process (said by turn 1): later turns are local activities, given
+        # the conversation so far, which this run then holds (a local activity's input is not in history).
+        self._local_turns = False
+        self._conversation: list[ConversationItem] = []
 
     @workflow.query(name=GET_PROGRESS_QUERY)
     def get_progress(self) -> AgentProgress:
@@ -175,6 +179,10 @@ class AgentWorkflow:
                 error = f"model turn {rounds} failed: {_failure_message(err)}"
                 break
             model_label = turn.model_label
+            if rounds == 1 and turn.in_process:
+                self._local_turns = True
+            if self._local_turns:
+                self._conversation += [*new_items, *turn.items]
 
             if not turn.calls:
                 answer = turn.final_text or answer_text(turn.items)
@@ -200,16 +208,17 @@ class AgentWorkflow:
             executed += plan.runnable_count
 
             # Stage 5: one output per call_id, in the model's order. A tool activity's result is already in
-            # history: the next model turn refers to it instead of storing it again.
+            # history: the next model turn refers to it instead of storing it again (a local turn is given
+            # it: its input is not stored).
             new_items = []
             output_refs = []
             for call in calls:
                 result = results[call.call_id]
-                if call.call_id in self._outputs_in_history:
-                    new_items.append(FunctionCallOutputItem(call_id=call.call_id, output=""))
+                in_history = call.call_id in self._outputs_in_history
+                if in_history:
                     output_refs.append(call.call_id)
-                else:
-                    new_items.append(FunctionCallOutputItem(call_id=call.call_id, output=output_json(result.output)))
+                output = "" if in_history and not self._local_turns else output_json(result.output)
+                new_items.append(FunctionCallOutputItem(call_id=call.call_id, output=output))
                 record = CallRecord(
                     call_id=call.call_id,
                     tool=call.name,
@@ -287,30 +296,48 @@ class AgentWorkflow:
         self, inp: AgentInput, turn: int, new_items: list[ConversationItem], output_refs: list[str], deadline: datetime
     ) -> ModelTurnResult:
         limits = inp.limits
-        result: ModelTurnResult = await workflow.execute_activity(
-            MODEL_TURN_ACTIVITY,
-            ModelTurnInput(
-                turn=turn,
-                new_items=new_items,
-                provider=inp.model.provider,
-                model_name=inp.model.name,
-                actor=inp.actor,
-                # Sent once: later turns find them in the conversation state.
-                instructions=inp.instructions if turn == 1 else None,
-                output_refs=output_refs,
-                offered_tools=inp.allowed_tools,
-            ),
-            result_type=ModelTurnResult,
-            start_to_close_timeout=timedelta(seconds=limits.model_timeout_seconds),
-            schedule_to_close_timeout=max(deadline - workflow.now(), _MIN_TIMEOUT),
-            retry_policy=RetryPolicy(
-                initial_interval=timedelta(seconds=1),
-                maximum_interval=timedelta(seconds=30),
-                maximum_attempts=limits.model_max_attempts,
-                non_retryable_error_types=[str(t) for t in NON_RETRYABLE_MODEL_ERRORS],
-            ),
-            summary=f"model turn {turn}",
+        local = self._local_turns
+        script = inp.model.script if local else None
+        turn_input = ModelTurnInput(
+            turn=turn,
+            new_items=new_items,
+            provider=inp.model.provider,
+            model_name=inp.model.name,
+            actor=inp.actor,
+            # An activity's are sent once: later turns find them in the conversation state.
+            instructions=inp.instructions if turn == 1 or local else None,
+            output_refs=output_refs,
+            offered_tools=inp.allowed_tools,
+            # A local activity's input is not stored: it carries what the activity side would look up.
+            conversation=self._conversation if local else None,
+            scripted_output=script[turn - 1] if script and turn <= len(script) else None,
+            script_length=len(script or ()),
         )
+        timeout = timedelta(seconds=limits.model_timeout_seconds)
+        budget = max(deadline - workflow.now(), _MIN_TIMEOUT)
+        retry_policy = RetryPolicy(
+            initial_interval=timedelta(seconds=1),
+            maximum_interval=timedelta(seconds=30),
+            maximum_attempts=limits.model_max_attempts,
+            non_retryable_error_types=[str(t) for t in NON_RETRYABLE_MODEL_ERRORS],
+        )
+        summary = f"model turn {turn}"
+        # The same options either way; a local activity's failure is wrapped like an activity's.
+        execute = workflow.execute_local_activity if local else workflow.execute_activity
+        try:
+            result: ModelTurnResult = await execute(
+                MODEL_TURN_ACTIVITY,
+                turn_input,
+                result_type=ModelTurnResult,
+                start_to_close_timeout=timeout,
+                schedule_to_close_timeout=budget,
+                retry_policy=retry_policy,
+                summary=summary,
+            )
+        except ApplicationError as err:
+            if not local:
+                raise
+            raise local_activity_error(err, MODEL_TURN_ACTIVITY) from err
         return result
 
     async def _run_group(
@@ -352,26 +379,53 @@ class AgentWorkflow:
         self._narrator.tool_started(call, turn)
         self._progress.running.append(call.summary)
         self._set_phase(f"round {turn}: running {', '.join(self._progress.running)}")
+        tool_input = ToolCallInput(
+            round=turn,
+            call_id=call.call_id,
+            tool=call.name,
+            arguments=call.arguments,
+            actor=inp.actor,
+            max_output_bytes=limits.max_tool_output_bytes,
+            keep_output=not self._local_turns,
+        )
+        # The tool's own timeout and attempts where it declares them, else the request's.
+        start_to_close = timedelta(seconds=call.timeout_seconds or limits.tool_timeout_seconds)
+        schedule_to_close = max(deadline - workflow.now(), _MIN_TIMEOUT)
+        retry_policy = io_retry_policy(call.max_attempts or limits.tool_max_attempts)
         try:
-            result: ToolCallResult = await workflow.execute_activity(
-                RUN_TOOL_ACTIVITY,
-                ToolCallInput(
-                    round=turn,
-                    call_id=call.call_id,
-                    tool=call.name,
-                    arguments=call.arguments,
-                    actor=inp.actor,
-                    max_output_bytes=limits.max_tool_output_bytes,
-                ),
-                result_type=ToolCallResult,
-                # The tool's own timeout and attempts where it declares them, else the request's.
-                start_to_close_timeout=timedelta(seconds=call.timeout_seconds or limits.tool_timeout_seconds),
-                schedule_to_close_timeout=max(deadline - workflow.now(), _MIN_TIMEOUT),
-                retry_policy=io_retry_policy(call.max_attempts or limits.tool_max_attempts),
-                # A read started is finished even if the request is cancelled: its call gets its output.
-                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                summary=call.summary,
-            )
+            result: ToolCallResult
+            if call.local:
+                handle = workflow.start_local_activity(
+                    RUN_TOOL_ACTIVITY,
+                    tool_input,
+                    result_type=ToolCallResult,
+                    start_to_close_timeout=start_to_close,
+                    schedule_to_close_timeout=schedule_to_close,
+                    retry_policy=retry_policy,
+                    summary=call.summary,
+                )
+                try:
+                    try:
+                        # A read started is finished even if the request is cancelled (a local activity
+                        # would be cut off): its call gets its output.
+                        result = await asyncio.shield(handle)
+                    except asyncio.CancelledError as cancelled:
+                        self._writes.absorb_cancel(cancelled)
+                        result = await handle
+                except ApplicationError as err:
+                    raise local_activity_error(err, RUN_TOOL_ACTIVITY) from err
+            else:
+                result = await workflow.execute_activity(
+                    RUN_TOOL_ACTIVITY,
+                    tool_input,
+                    result_type=ToolCallResult,
+                    start_to_close_timeout=start_to_close,
+                    schedule_to_close_timeout=schedule_to_close,
+                    retry_policy=retry_policy,
+                    # A read started is finished even if the request is cancelled: its call gets its output.
+                    cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                    summary=call.summary,
+                )
             self._outputs_in_history.add(call.call_id)
             return result
         except ActivityError as err:

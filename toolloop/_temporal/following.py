@@ -6,7 +6,8 @@ so a client that reads its queries after each `WorkflowTaskCompleted` (and after
 nothing. An operation that starts waiting for approval starts a timer in that same task, so its
 `TimerStarted` event is when to look for pending approvals, and it says which one waits: the approval
 request is then read from the history the long poll has already handed over (the payload is in the
-model turn that proposed it), with no query and no sleeping in between."""
+model turn that proposed it, as an activity's result or a local activity's marker), with no query and no
+sleeping in between."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from temporalio.service import RPCError
 from toolloop._core.approvals import approval_wait_of, derive_operation_id, payload_digest, short_operation_id
 from toolloop._core.contracts import AgentInput, ApprovalRequest, ModelTurnResult
 from toolloop._core.names import GET_PENDING_APPROVALS_QUERY, MODEL_TURN_ACTIVITY
+from toolloop._temporal.history import local_activity_data, local_activity_result
 
 _CLOSED = frozenset(
     {
@@ -113,6 +115,16 @@ def _workflow_time(event: HistoryEvent) -> datetime:
     return datetime.fromtimestamp(event.event_time.ToNanoseconds() / 1e9, UTC)
 
 
+def _local_activity_time(record: dict[str, Any]) -> datetime | None:
+    """`workflow.now()` right after a local activity resolved: its completion time (the SDK moves the
+    workflow's clock there), as the SDK computes it."""
+    done = record.get("complete_time")
+    if not isinstance(done, dict):
+        return None
+    nanoseconds = int(done.get("seconds") or 0) * 1_000_000_000 + int(done.get("nanos") or 0)
+    return datetime.fromtimestamp(nanoseconds / 1e9, UTC)
+
+
 class _ApprovalHistory:
     """What a run's history says about its approval waits, read event by event. An approval wait's timer
     names its operation; the operation's payload is the write call of an earlier model turn whose
@@ -164,6 +176,16 @@ class _ApprovalHistory:
             self._open.pop(event.timer_canceled_event_attributes.started_event_id, None)
         elif kind == EventType.EVENT_TYPE_TIMER_FIRED:
             self._open.pop(event.timer_fired_event_attributes.started_event_id, None)
+        else:
+            record = local_activity_data(event)
+            if record is None:
+                return
+            # The workflow's clock moved to the local activity's completion, within the task.
+            self._now = _local_activity_time(record) or self._now
+            # A model turn run as a local activity: its result is in a marker.
+            local = local_activity_result(event)
+            if local is not None and local[0] == MODEL_TURN_ACTIVITY:
+                self._turn_results.append([local[1]])
 
     async def _waiting(self, event: HistoryEvent, tool: str, short: str) -> ApprovalRequest | None:
         if self._input is None or self._now is None or self._started is None:

@@ -166,6 +166,7 @@ class Toolset:
         attempts: int | None = None,
         redact: Iterable[str] = (),
         summary: Callable[[Any], str] | None = None,
+        local: bool | None = None,
     ) -> Callable[[F], F]: ...
 
     def read(
@@ -180,10 +181,12 @@ class Toolset:
         attempts: int | None = None,
         redact: Iterable[str] = (),
         summary: Callable[[Any], str] | None = None,
+        local: bool | None = None,
     ) -> Any:
         """A read-only tool: `async def tool(ctx, args: Args) -> Result` (or a class whose instances are such
         a callable). The description defaults to the docstring; timeout and attempts default to the
-        request's limits."""
+        request's limits. It runs as a local activity unless `local=False` (ToolSpec.local: for a read that
+        can take seconds)."""
 
         def register(fn: F) -> F:
             executor, arguments, result = _introspect(fn, "read")
@@ -198,6 +201,7 @@ class Toolset:
                     summarize=summary,
                     result=result,
                     max_attempts=attempts_of,
+                    local=_class_attribute(fn, "local", local, True),
                 )
             )
             return fn
@@ -299,6 +303,7 @@ class Toolset:
         attempts: int | None = None,
         redact: Iterable[str] = (),
         summary: Callable[[Any], str] | None = None,
+        local: bool = True,
     ) -> ToolSpec:
         """A read-only tool that GETs `path` (its {names} filled from the arguments, under the names the model
         sees; the other arguments go in the query string) and answers with `result`. `not_available` (with
@@ -326,6 +331,7 @@ class Toolset:
                 timeout_seconds=timeout,
                 max_attempts=attempts,
                 source=source,
+                local=local,
             )
         )
 
