@@ -28,7 +28,7 @@ from tests.conftest import REPO_ROOT
 from toolloop import McpSource, Toolset
 from toolloop._core.approvals import payload_digest
 from toolloop._core.codes import ResultCode
-from toolloop._core.contracts import Actor, AgentResult, Limits
+from toolloop._core.contracts import Actor, AgentResult, FunctionCallItem, Limits
 from toolloop._core.names import RUN_TOOL_ACTIVITY
 from toolloop._core.registry import (
     ToolContext,
@@ -39,6 +39,7 @@ from toolloop._core.registry import (
     WriteNotSent,
     WriteOutcomeUnknown,
 )
+from toolloop._core.validation import check_call
 from toolloop._temporal.history import local_activity_data
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker
@@ -209,6 +210,22 @@ async def local_reads_overlap(handle: WorkflowHandle[Any, Any]) -> bool:
 
 
 # --- Listing: strict schemas, effect classes, refusals ----------------------------------------------------
+
+
+@pytest.mark.parametrize("local_reads", [True, False])
+async def test_a_servers_reads_run_as_local_activities_unless_it_says_otherwise(
+    notes_server: Callable[..., NotesServer], local_reads: bool
+) -> None:
+    source = notes_server().source(read_only={"get_note", "list_notes"}, local_reads=local_reads)
+    toolset = Toolset()
+    toolset.include(source)
+    async with toolset.opened():
+        registry = toolset.registry
+        read = check_call(registry, FunctionCallItem(call_id="r", name="get_note", arguments='{"note_id": 1}'))
+        write = check_call(registry, FunctionCallItem(call_id="w", name="add_note", arguments='{"text": "x"}'))
+    # What the model turn records, and so how the workflow runs each: a write never locally.
+    assert (read.rejection, read.local) == (None, local_reads)
+    assert (write.rejection, write.local) == (None, False)
 
 
 async def test_tools_are_listed_strict_with_configured_effects_and_bad_ones_refused(
