@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -446,6 +447,12 @@ def test_bad_input_is_one_line_and_exit_2(cli_env: dict[str, str], args: list[st
 # --- The approval prompt on a terminal (a real pty) ------------------------------------------------------
 
 
+def _interruptible() -> None:
+    # A terminal's foreground job gets Ctrl-C; a test run started in the background (`cmd &` in a script)
+    # has SIGINT ignored, and an ignored signal stays ignored across exec.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spawn_ask(env: dict[str, str], *args: str) -> pexpect.spawn:
     child = pexpect.spawn(
         sys.executable,
@@ -455,6 +462,7 @@ def spawn_ask(env: dict[str, str], *args: str) -> pexpect.spawn:
         encoding="utf-8",
         timeout=90,
         dimensions=(50, 250),
+        preexec_fn=_interruptible,
     )
     return child
 
