@@ -129,7 +129,7 @@ class ModelActivities:
             in_history = set(inp.output_refs)
             result.answered = [item.call_id for item in outputs]
             result.answered_outputs = {item.call_id: item.output for item in outputs if item.call_id not in in_history}
-        else:
+        elif inp.turn == 1:
             result.in_process = in_process
         return result
 

@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import httpx
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY
@@ -21,6 +22,7 @@ from toolloop._core.contracts import (
     OperationRecord,
 )
 from toolloop._core.names import AGENT_WORKFLOW
+from toolloop._temporal.history import local_activity_type
 from toolloop._temporal.settings import Settings
 
 U1 = Actor(user_id="u1", tenant_id="acme")
@@ -136,3 +138,15 @@ async def ticket_version(service_url: str, ticket_id: str = "T1001", user: str =
         response = await http.get(f"/tickets/{ticket_id}", headers={"X-Actor-User": user, "X-Actor-Tenant": "acme"})
         response.raise_for_status()
         return int(response.json()["version"])
+
+
+async def activity_steps(handle: WorkflowHandle[Any, Any]) -> list[tuple[str, str]]:
+    """Each model turn, tool call and write in the order history has them: ("activity", type) for an activity
+    scheduled, ("local", type) for a local activity's marker."""
+    found: list[tuple[str, str]] = []
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            found.append(("activity", event.activity_task_scheduled_event_attributes.activity_type.name))
+        elif (local := local_activity_type(event)) is not None:
+            found.append(("local", local))
+    return found

@@ -21,6 +21,7 @@ import toolloop
 from tests.agent_helpers import (
     REMOTE_SCRIPT,
     RemoteScriptModel,
+    activity_steps,
     approving,
     call,
     conversation,
@@ -43,20 +44,6 @@ from toolloop._temporal.settings import Settings
 from toolloop.testing import script, start_request
 
 pytestmark = pytest.mark.e2e
-
-
-async def steps(handle: WorkflowHandle[Any, Any]) -> list[tuple[str, str]]:
-    """Each model turn, tool call and write in the order history has them: ("activity", type) for an activity
-    scheduled, ("local", type) for a local activity's marker."""
-    found: list[tuple[str, str]] = []
-    async for event in handle.fetch_history_events():
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            found.append(("activity", event.activity_task_scheduled_event_attributes.activity_type.name))
-        else:
-            local = local_activity_type(event)
-            if local is not None:
-                found.append(("local", local))
-    return found
 
 
 async def stored_turn_inputs(handle: WorkflowHandle[Any, Any], turn: int) -> list[ModelTurnInput]:
@@ -101,7 +88,7 @@ async def test_reads_and_an_in_process_models_later_turns_run_as_local_activitie
         ("t1", None),
     ]
     # The script model runs in the worker: its first turn says so, as an activity; the rest are local.
-    assert await steps(handle) == [
+    assert await activity_steps(handle) == [
         ("activity", MODEL_TURN_ACTIVITY),
         ("local", RUN_TOOL_ACTIVITY),
         ("local", RUN_TOOL_ACTIVITY),
@@ -143,7 +130,7 @@ async def test_an_approved_write_with_local_turns_is_done_once_and_verified(
     assert len(await effects(admin, op.operation_id)) == 1
     # The write is an activity of its own (one attempt each, decided by the workflow); the turns around it
     # are local.
-    assert await steps(handle) == [
+    assert await activity_steps(handle) == [
         ("activity", MODEL_TURN_ACTIVITY),
         ("local", RUN_TOOL_ACTIVITY),
         ("local", MODEL_TURN_ACTIVITY),
@@ -201,7 +188,7 @@ async def test_a_read_declared_not_local_and_a_remote_models_turns_are_activitie
 
     assert (result.status, result.final_text) == ("completed", "echoed")
     # (A local activity's marker is written when it ends, after the command that scheduled the other read.)
-    assert await steps(handle) == [
+    assert await activity_steps(handle) == [
         ("activity", MODEL_TURN_ACTIVITY),
         ("activity", RUN_TOOL_ACTIVITY),
         ("local", RUN_TOOL_ACTIVITY),

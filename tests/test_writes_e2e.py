@@ -29,6 +29,7 @@ from demo.agent import build as build_demo
 from devstack.processes import free_port, start_worker
 from tests.agent_helpers import (
     U1,
+    activity_steps,
     approving,
     assert_eventually,
     call,
@@ -58,7 +59,6 @@ from toolloop._core.names import (
 from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request, send_decision
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.following import RunFollower, approvals_as_they_come, pending_approvals
-from toolloop._temporal.history import local_activity_type
 from toolloop._temporal.plugin import CodecFreeSandboxRunner, codec_free_runner
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker, workflow_runner
@@ -191,13 +191,7 @@ def test_only_a_sandbox_with_neither_codec_nor_external_storage_skips_the_contex
 
 async def activities_run(handle: WorkflowHandle[Any, Any]) -> list[str]:
     """The activity types the run ran, local activities included, in order (from its history)."""
-    names: list[str] = []
-    async for event in handle.fetch_history_events():
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            names.append(event.activity_task_scheduled_event_attributes.activity_type.name)
-        elif (local := local_activity_type(event)) is not None:
-            names.append(local)
-    return names
+    return [activity_type for _, activity_type in await activity_steps(handle)]
 
 
 async def test_the_happy_path_reads_the_effect_back_inside_the_write_attempt(

@@ -404,16 +404,7 @@ class AgentWorkflow:
                     retry_policy=retry_policy,
                     summary=call.summary,
                 )
-                try:
-                    try:
-                        # A read started is finished even if the request is cancelled (a local activity
-                        # would be cut off): its call gets its output.
-                        result = await asyncio.shield(handle)
-                    except asyncio.CancelledError as cancelled:
-                        self._writes.absorb_cancel(cancelled)
-                        result = await handle
-                except ApplicationError as err:
-                    raise local_activity_error(err, RUN_TOOL_ACTIVITY) from err
+                result = await self._finished(handle)
             else:
                 result = await workflow.execute_activity(
                     RUN_TOOL_ACTIVITY,
@@ -447,3 +438,16 @@ class AgentWorkflow:
             self._progress.running.remove(call.summary)
             if self._progress.running:
                 self._set_phase(f"round {turn}: running {', '.join(self._progress.running)}")
+
+    async def _finished(self, handle: workflow.ActivityHandle[ToolCallResult]) -> ToolCallResult:
+        """A local read's result. A read started is finished even if the request is cancelled (a local
+        activity would be cut off): its call gets its output. A failure comes as an ActivityError, as an
+        activity's does."""
+        try:
+            try:
+                return await asyncio.shield(handle)
+            except asyncio.CancelledError as cancelled:
+                self._writes.absorb_cancel(cancelled)
+                return await handle
+        except ApplicationError as err:
+            raise local_activity_error(err, RUN_TOOL_ACTIVITY) from err

@@ -27,7 +27,7 @@ from temporalio.service import RPCError
 from toolloop._core.approvals import approval_wait_of, derive_operation_id, payload_digest, short_operation_id
 from toolloop._core.contracts import AgentInput, ApprovalRequest, ModelTurnResult
 from toolloop._core.names import GET_PENDING_APPROVALS_QUERY, MODEL_TURN_ACTIVITY
-from toolloop._temporal.history import local_activity_data, local_activity_result
+from toolloop._temporal.history import local_activity_data, local_activity_payload
 
 _CLOSED = frozenset(
     {
@@ -182,10 +182,10 @@ class _ApprovalHistory:
                 return
             # The workflow's clock moved to the local activity's completion, within the task.
             self._now = _local_activity_time(record) or self._now
-            # A model turn run as a local activity: its result is in a marker.
-            local = local_activity_result(event)
-            if local is not None and local[0] == MODEL_TURN_ACTIVITY:
-                self._turn_results.append([local[1]])
+            # A model turn run as a local activity: its result is in the marker.
+            payload = local_activity_payload(event) if record.get("activity_type") == MODEL_TURN_ACTIVITY else None
+            if payload is not None:
+                self._turn_results.append([payload])
 
     async def _waiting(self, event: HistoryEvent, tool: str, short: str) -> ApprovalRequest | None:
         if self._input is None or self._now is None or self._started is None:

@@ -38,12 +38,16 @@ def local_activity_type(event: HistoryEvent) -> str | None:
     return activity_type if isinstance(activity_type, str) else None
 
 
+def local_activity_payload(event: HistoryEvent) -> Payload | None:
+    """The result payload a local activity's marker holds; None if it holds none (a failure)."""
+    details = event.marker_recorded_event_attributes.details
+    result = details["result"].payloads if "result" in details else []
+    return result[0] if result else None
+
+
 def local_activity_result(event: HistoryEvent) -> tuple[str, Payload] | None:
     """The activity type and the result payload of a local activity that completed; None for any other
     event (a failed local activity's marker holds a failure, not a result)."""
     activity_type = local_activity_type(event)
-    if activity_type is None:
-        return None
-    details = event.marker_recorded_event_attributes.details
-    result = details["result"].payloads if "result" in details else []
-    return (activity_type, result[0]) if result else None
+    payload = None if activity_type is None else local_activity_payload(event)
+    return None if activity_type is None or payload is None else (activity_type, payload)
