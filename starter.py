@@ -73,7 +73,7 @@ from toolloop._temporal.requests import (
     request_summary,
     request_workflow_id,
 )
-from toolloop._temporal.results import failed_result, request_result
+from toolloop._temporal.results import request_result
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.telemetry import configure_otlp_tracing, metrics_runtime, tracing_interceptor
 
@@ -404,7 +404,7 @@ def _progress_view(progress: AgentProgress | None, workflow_id: str) -> Table:
 async def _watch(
     handle: WorkflowHandle[Any, AgentResult], show: bool, mode: ApprovalMode, session: _Session
 ) -> AgentResult:
-    result_task = asyncio.ensure_future(handle.result())
+    result_task = asyncio.ensure_future(request_result(handle))
     asked: set[str] = set()
     if mode.interactive and not mode.auto:
         mode.stdin = _StdinLines()
@@ -503,10 +503,7 @@ async def _ask(
     try:
         outcome.result = await _watch(handle, show, mode, session)
     except WorkflowFailureError as exc:
-        # A request that failed (model error, no answer) is a failed run that carries its whole report.
-        outcome.result = failed_result(exc)
-        if outcome.result is not None:
-            return outcome
+        # A run that failed without a report (terminated, say); a failed request's report is its result.
         outcome.failure = str(exc.cause or exc)
         try:
             outcome.operations = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])

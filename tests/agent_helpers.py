@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
 from typing import Any
 
@@ -150,3 +151,15 @@ async def activity_steps(handle: WorkflowHandle[Any, Any]) -> list[tuple[str, st
         elif (local := local_activity_type(event)) is not None:
             found.append(("local", local))
     return found
+
+
+async def stored_report(handle: WorkflowHandle[Any, Any]) -> dict[str, Any]:
+    """The report as the run's last event stores it: its result, or a failed request's failure details."""
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+            payload = event.workflow_execution_completed_event_attributes.result.payloads[0]
+        elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+            failure = event.workflow_execution_failed_event_attributes.failure
+            payload = failure.application_failure_info.details.payloads[0]
+    report: dict[str, Any] = json.loads(payload.data)
+    return report

@@ -203,6 +203,20 @@ async def remote_model_local_reads(
     return await _finished(handle)
 
 
+async def report_refers_to_history(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> WorkflowHandle[Any, AgentResult]:
+    """Today's payloads for a write with a remote model: a decision whose operation and digest are only in its
+    signed token, a write attempt that names the decision Update instead of holding the token, and a report
+    that refers to history for the answer and for the operation's arguments, digest, evidence, approval and
+    the output the model was told."""
+    note = call("append_ticket_note", {"ticketId": "T1001", "text": "report refs", "expectedVersion": 1}, "w1")
+    model = script_spec([call("get_ticket", {"ticketId": "T1001"}, "r1")], [note], [say("ok")])
+    handle = await start_agent(client, settings, "w", model=model.model_copy(update={"provider": REMOTE_SCRIPT}))
+    async with approving(handle):
+        return await _finished(handle)
+
+
 async def _first_verified(handle: WorkflowHandle[Any, AgentResult]) -> None:
     while True:
         ledger = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
@@ -224,6 +238,7 @@ SCENARIOS: dict[str, Scenario] = {
     "short_payloads": short_payloads,
     "local_steps": local_steps,
     "remote_model_local_reads": remote_model_local_reads,
+    "report_refers_to_history": report_refers_to_history,
 }
 
 

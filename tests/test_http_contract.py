@@ -43,6 +43,7 @@ from toolloop import (
     WriteInProgress,
     WriteNotSent,
     WriteOutcomeUnknown,
+    request_result,
 )
 from toolloop._core.approvals import payload_digest
 from toolloop._core.contracts import Actor, Limits
@@ -403,7 +404,7 @@ async def test_a_workflow_resolves_a_reply_dropped_after_commit_by_status_and_ve
             limits=Limits(write_timeout_seconds=3, unknown_resolution_seconds=10),
         )
         async with approving(handle):
-            result = await asyncio.wait_for(handle.result(), timeout=60)
+            result = await asyncio.wait_for(request_result(handle), timeout=60)
         outputs = await tool_outputs(handle)
 
     [op] = result.operations

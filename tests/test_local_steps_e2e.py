@@ -6,6 +6,7 @@ still in history."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from typing import Any
@@ -18,6 +19,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
 import toolloop
+from demo.agent import build as build_demo
 from tests.agent_helpers import (
     REMOTE_SCRIPT,
     RemoteScriptModel,
@@ -37,10 +39,11 @@ from tests.agent_helpers import (
     tool_outputs,
 )
 from toolloop import Actor, FunctionCallOutputItem, request_result
-from toolloop._core.contracts import ModelTurnInput
-from toolloop._core.names import MODEL_TURN_ACTIVITY, RUN_TOOL_ACTIVITY
+from toolloop._core.contracts import AgentProgress, ModelTurnInput, OperationRecord
+from toolloop._core.names import GET_LEDGER_QUERY, GET_PROGRESS_QUERY, MODEL_TURN_ACTIVITY, RUN_TOOL_ACTIVITY
 from toolloop._temporal.history import local_activity_type
 from toolloop._temporal.settings import Settings
+from toolloop._temporal.worker_factory import running_worker
 from toolloop.testing import script, start_request
 
 pytestmark = pytest.mark.e2e
@@ -205,3 +208,33 @@ async def test_a_read_declared_not_local_and_a_remote_models_turns_are_activitie
         ("q", json.dumps({"ok": True, "text": "a"}, separators=(",", ":"))),
         ("s", json.dumps({"ok": True, "text": "B"}, separators=(",", ":"))),
     ]
+
+
+async def test_a_remote_models_write_report_reads_the_told_output_back_from_the_next_turns_input(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> None:
+    version = await ticket_version(settings.service_url)
+    note = call("append_ticket_note", {"ticketId": "T1001", "text": "remote turns", "expectedVersion": version}, "w1")
+    spec = build_demo(settings.service_url)
+    spec = dataclasses.replace(spec, models={**spec.models, REMOTE_SCRIPT: RemoteScriptModel()})
+    async with running_worker(client, settings, spec):
+        read = call("get_ticket", {"ticketId": "T1001"}, "r1")
+        model = script_spec([read], [note], [say("ok")]).model_copy(update={"provider": REMOTE_SCRIPT})
+        handle = await start_agent(client, settings, "w", model=model)
+        async with approving(handle):
+            result = await asyncio.wait_for(request_result(handle), timeout=60)
+
+        [op] = result.operations
+        assert (result.status, result.final_text, op.state) == ("completed", "ok", "verified")
+        assert len(await effects(admin, op.operation_id)) == 1
+        # The model was told the write's outcome in its second turn, an activity: that turn's stored input is
+        # where history keeps it, and the report refers to it.
+        [told] = await stored_turn_inputs(handle, turn=3)
+        [given] = [i for i in told.new_items if isinstance(i, FunctionCallOutputItem)]
+        assert "output" in op.model_fields_set and json.loads(given.output) == op.output
+        assert op.output is not None and op.output["state"] == "verified"
+        [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
+        assert op == ledger and result.complete
+        # The local read's record is its marker's result, read back too.
+        progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
+        assert result.calls == progress.calls and [(c.call_id, c.round) for c in result.calls] == [("r1", 1), ("w1", 2)]

@@ -25,7 +25,7 @@ import starter
 from devstack.processes import ManagedProcess, cmdline_matches, free_port, pid_alive, wait_for_port
 from tests.agent_helpers import approving, assert_eventually, call, say, script_spec, start_agent, tool_outputs
 from tests.conftest import REPO_ROOT
-from toolloop import McpSource, Toolset
+from toolloop import McpSource, Toolset, request_result
 from toolloop._core.approvals import payload_digest
 from toolloop._core.codes import ResultCode
 from toolloop._core.contracts import Actor, AgentResult, FunctionCallItem, Limits
@@ -170,7 +170,7 @@ async def run_requests(
             before()
         handle = await start_agent(client, settings, "notes", model=script_spec(*turns), limits=limits)
         async with approving(handle):
-            result = await asyncio.wait_for(handle.result(), timeout=120)
+            result = await asyncio.wait_for(request_result(handle), timeout=120)
     return result, handle
 
 

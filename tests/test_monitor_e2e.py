@@ -85,7 +85,8 @@ async def test_a_finished_read_shows_who_asked_what_and_how_it_ended(
     assert await description.static_summary() == "u1@acme: Where is my order A100? And my ticket?"
     attributes = description.typed_search_attributes
     assert (attributes.get(USER_KEY), attributes.get(TENANT_KEY)) == ("u1", "acme")
-    assert (attributes.get(OUTCOME_KEY), attributes.get(UNSETTLED_KEY)) == ("answered", False)
+    # Unsettled is set only when true: a settled request does not carry it.
+    assert (attributes.get(OUTCOME_KEY), attributes.get(UNSETTLED_KEY)) == ("answered", None)
     assert result.status == "completed" and description.status == WorkflowExecutionStatus.COMPLETED
     shown = await details(handle)
     # Each call with its result code, readable without opening any JSON; rejected calls say so.
@@ -140,7 +141,7 @@ async def test_an_approval_wait_is_a_labelled_timer_and_its_operation_is_in_the_
     assert timer.startswith(f"waiting for approval of refund_order {op.operation_id[:14]}… until ")
     assert timer.endswith(" UTC")
     attributes = (await handle.describe()).typed_search_attributes
-    assert (attributes.get(OUTCOME_KEY), attributes.get(UNSETTLED_KEY)) == ("answered", False)
+    assert (attributes.get(OUTCOME_KEY), attributes.get(UNSETTLED_KEY)) == ("answered", None)
     assert "refund\\_order" in await details(handle) and "verified ✅" in await details(handle)
 
 
@@ -183,4 +184,4 @@ async def test_a_failed_request_is_a_failed_run_that_still_carries_its_report(
     assert (result.status, result.stop_reason, [c.ok for c in result.calls]) == ("failed", "model_error", [True])
     assert result.error is not None and "model script has 1 turn(s)" in result.error
     attributes = description.typed_search_attributes
-    assert (attributes.get(OUTCOME_KEY), attributes.get(UNSETTLED_KEY)) == ("failed", False)
+    assert (attributes.get(OUTCOME_KEY), attributes.get(UNSETTLED_KEY)) == ("failed", None)

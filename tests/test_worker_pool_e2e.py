@@ -34,6 +34,7 @@ from tests.agent_helpers import (
 from tests.conftest import REPO_ROOT
 from toolloop._core.contracts import AgentResult, Limits
 from toolloop._core.names import EXECUTE_WRITE_ACTIVITY
+from toolloop._temporal.results import request_result
 from toolloop._temporal.settings import Settings
 
 pytestmark = pytest.mark.e2e
@@ -128,7 +129,7 @@ async def test_two_worker_processes_share_the_requests_and_answer_every_call_onc
         await start_agent(client, settings, f"reads {n}", model=script_spec(*reads(orders(n, 4), 2, f"q{n}")))
         for n in range(8)
     ]
-    results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), timeout=120)
+    results = await asyncio.wait_for(asyncio.gather(*(request_result(h) for h in handles)), timeout=120)
 
     pids_by_request = []
     for handle, result in zip(handles, results, strict=True):
@@ -200,7 +201,7 @@ async def test_a_worker_killed_mid_request_loses_nothing_the_other_finishes_ever
     victim.kill9()
     assert not victim.alive() and survivor.alive()
 
-    results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in [writer, *readers])), timeout=150)
+    results = await asyncio.wait_for(asyncio.gather(*(request_result(h) for h in [writer, *readers])), timeout=150)
 
     for handle, result in zip(readers, results[1:], strict=True):
         assert_answered(result, await tool_outputs(handle), calls=8)

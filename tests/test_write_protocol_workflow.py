@@ -24,7 +24,17 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from tests.agent_helpers import U1, approving, assert_eventually, call, decide, say, tool_outputs, waiting_operation
+from tests.agent_helpers import (
+    U1,
+    approving,
+    assert_eventually,
+    call,
+    decide,
+    say,
+    stored_report,
+    tool_outputs,
+    waiting_operation,
+)
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY
 from toolloop import request_result
 from toolloop._core.codes import ErrorType
@@ -374,6 +384,12 @@ async def test_a_write_whose_read_back_fails_ends_completed_not_verified(
     assert s.read_backs  # the workflow asked for evidence
     output = (await tool_outputs(handle))["w1"]
     assert (output["state"], output["verified"]) == ("completed", False)
+    # Evidence the read-back activity returned is in history, and the report refers to it; evidence made up
+    # after the activity gave up is not, and the report keeps it.
+    [stored] = (await stored_report(handle))["operations"]
+    made_up = isinstance(evidence, Exception)
+    assert ("evidence" in stored) is made_up and ("evidence" in stored["in_history"]) is not made_up
+    assert op.evidence is not None and op.evidence["verified"] is False and not op.in_history
 
 
 # --- The per-round cap counts writes (issue 11, bug 3) ------------------------------------------------------

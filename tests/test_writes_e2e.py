@@ -22,9 +22,11 @@ from temporalio.converter import (
     SerializationContext,
     WithSerializationContext,
 )
+from temporalio.testing import ActivityEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+from activities.write_operations import WriteActivities, decision_token
 from demo.agent import build as build_demo
 from devstack.processes import free_port, start_worker
 from tests.agent_helpers import (
@@ -40,6 +42,7 @@ from tests.agent_helpers import (
     service_requests,
     set_faults,
     start_agent,
+    stored_report,
     ticket_version,
     tool_outputs,
     waiting_operation,
@@ -48,10 +51,21 @@ from tests.agent_helpers import (
 from tests.conftest import APPROVAL_KEY, OTHER_SIGNING_KEY, REPO_ROOT, BusinessService, approval_token, start_service
 from toolloop import request_result
 from toolloop._core.approvals import payload_digest
-from toolloop._core.contracts import Actor, AgentResult, ApprovalDecision, ApprovalRequest, Limits
+from toolloop._core.contracts import (
+    Actor,
+    AgentProgress,
+    AgentResult,
+    ApprovalDecision,
+    ApprovalRequest,
+    Limits,
+    OperationRecord,
+    WriteInput,
+)
 from toolloop._core.names import (
     APPROVE_OPERATION_UPDATE,
     EXECUTE_WRITE_ACTIVITY,
+    GET_LEDGER_QUERY,
+    GET_PROGRESS_QUERY,
     MODEL_TURN_ACTIVITY,
     READ_BACK_ACTIVITY,
     RUN_TOOL_ACTIVITY,
@@ -231,6 +245,10 @@ async def test_a_read_back_the_attempt_cannot_conclude_is_read_again_by_its_own_
     requests = [(r["method"], r["path"]) for r in await service_requests(admin, "/tickets/T1001")]
     assert requests[-3:] == [("POST", "/tickets/T1001/notes"), ("GET", "/tickets/T1001"), ("GET", "/tickets/T1001")]
     assert len(await effects(admin, op.operation_id)) == 1
+    # The report's evidence is the read-back activity's result, read back from history.
+    assert "evidence" in (await stored_report(handle))["operations"][0]["in_history"]
+    [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
+    assert op == ledger and op.evidence is not None and op.evidence["verified"] is True
 
 
 async def test_a_waiting_client_learns_of_each_approval_from_the_history_not_by_polling(
@@ -998,3 +1016,117 @@ async def test_authority_revoked_before_the_approved_write_runs_is_refused_there
         posts = [r for r in await service_requests(svc_admin, "/tickets/T1001/notes") if r["method"] == "POST"]
         assert [p["status"] for p in posts] == [401]
         assert await effects(svc_admin, done.operation_id) == []
+
+
+async def test_the_report_stores_once_what_history_holds_and_request_result_reads_it_back(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    reads = [call("get_ticket", {"ticketId": "T1001"}, "r1"), call("get_ticket", {"ticketId": "T0"}, "r2")]
+    turns = [reads, [note_call(version, "Replacement shipped.", "w1")], [say("Noted.")]]
+    result, handle = await run_approved(client, settings, business_service, turns)
+
+    # The report's payload leaves out the answer (the last turn's), the record of each call whose tool result
+    # is in history (r1, found; r2, a bad id, rejected before it ran, is kept), and of the operation its
+    # arguments and digest (the write's input), evidence (its read-back), approval (the Update's answer), what
+    # the model was told (the next turn's) and its happy-path transitions: each is stored once, elsewhere.
+    stored = await stored_report(handle)
+    assert "final_text" not in stored and stored["in_history"] == ["final_text", "calls"]
+    assert [c["call_id"] for c in stored["calls"]] == ["r2", "w1"]
+    [op] = stored["operations"]
+    assert op["in_history"] == ["arguments", "digest", "evidence", "approval", "output"]
+    assert not {"arguments", "digest", "evidence", "approval", "output", "transitions"} & set(op)
+    assert "workflow_id" not in stored
+
+    # request_result reads them back: the same report as the workflow holds it.
+    assert result.complete and (result.final_text, result.workflow_id) == ("Noted.", handle.id)
+    progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
+    assert result.calls == progress.calls and [c.call_id for c in result.calls] == ["r1", "r2", "w1"]
+    assert [(c.ok, c.code) for c in result.calls] == [(True, None), (False, "BAD_ARGUMENTS"), (True, None)]
+    [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
+    assert result.operations[0] == ledger
+    assert ledger.evidence is not None and ledger.evidence["verified"] is True
+    assert ledger.output == (await tool_outputs(handle))["w1"]
+    assert ledger.arguments["text"] == "Replacement shipped." and len(await effects(admin, ledger.operation_id)) == 1
+    # The payload as stored decodes (a client reading handle.result() sees what is left out, named).
+    raw = await handle.result()
+    assert not raw.complete and raw.operations[0].evidence is None and raw.final_text is None
+
+
+async def test_a_failed_requests_report_is_read_back_from_history_too(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    # Rejected, then the script runs out: the model fails, and the report travels in the failure's details.
+    handle = await start_agent(client, settings, "w", model=script_spec([note_call(version, "no thanks", "w1")]))
+    op = await waiting_operation(handle)
+    await decide(handle, op.operation_id, approve=False)
+    result = await asyncio.wait_for(request_result(handle), timeout=60)
+
+    assert (result.status, result.stop_reason) == ("failed", "model_error")
+    stored = await stored_report(handle)
+    assert "final_text" not in stored and "in_history" not in stored  # there is no answer
+    [stored_op] = stored["operations"]
+    # Never sent, so its arguments are in no write's input; and the turn it was told in failed (a local
+    # activity, its record holds no result): the report keeps both.
+    assert stored_op["in_history"] == ["approval"] and {"arguments", "output"} <= set(stored_op)
+    [done] = result.operations
+    assert done.approval is not None and (done.approval.decision, done.approval.by) == ("rejected", "u1 via cli")
+    assert done.output is not None and done.output["code"] == "CONFIRMATION_REQUIRED" and not done.in_history
+    [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
+    assert done == ledger
+    assert await effects(admin, op.operation_id) == []
+
+
+async def test_a_write_attempt_reads_its_approval_token_from_the_decision_update_in_history(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    turns = [[note_call(version, "token once", "w1")], [say("Noted.")]]
+    result, handle = await run_approved(client, settings, business_service, turns)
+    [op] = result.operations
+    assert op.state == "verified" and len(await effects(admin, op.operation_id)) == 1
+
+    events = [event async for event in handle.fetch_history_events()]
+    [accepted] = [e for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED]
+    request = accepted.workflow_execution_update_accepted_event_attributes.accepted_request
+    [decision] = await client.data_converter.decode(request.input.args.payloads, [ApprovalDecision])
+    assert decision.token
+    # The write's input names the decision Update instead of holding its token: history stores it once.
+    [scheduled] = [
+        e.activity_task_scheduled_event_attributes
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == EXECUTE_WRITE_ACTIVITY
+    ]
+    stored = json.loads(scheduled.input.payloads[0].data)
+    assert stored["approval_update_id"] == request.meta.update_id and "approval_token" not in stored
+    assert sum(e.SerializeToString().count(decision.token.encode()) for e in events) == 1
+    run_id = (await handle.describe()).run_id
+    assert await decision_token(client, handle.id, run_id, request.meta.update_id) == decision.token
+
+    # An attempt whose decision is not in the run's history sends nothing and says so (the workflow then
+    # pauses and sends again with the same key).
+    sent: list[httpx.Request] = []
+
+    def record(outgoing: httpx.Request) -> httpx.Response:
+        sent.append(outgoing)
+        return httpx.Response(201, json={})
+
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, workflow_id=handle.id, workflow_run_id=run_id)
+    registry = build_demo(business_service.url).tools.registry
+    async with httpx.AsyncClient(transport=httpx.MockTransport(record), base_url="http://svc") as http:
+        writes = WriteActivities(registry, http, client=client)
+        attempt = WriteInput(
+            operation_id=op.operation_id,
+            tool=op.tool,
+            arguments=op.arguments,
+            actor=U1,
+            attempt=2,
+            call_id="w1",
+            approval_update_id="no-such-update",
+        )
+        outcome = await env.run(writes.execute_write, attempt)
+    assert (outcome.kind, outcome.output) == ("not_sent", None) and "nothing was sent" in outcome.detail
+    assert sent == []

@@ -11,7 +11,7 @@ model was shown - including the check that every call was answered exactly once.
                 [call("refund", {"orderId": "A100"}, "c1")], [say("Refunded.")]),
             approval_verify_key=verify_key)
         async with approve_all(handle, signing_key=key, approver=Actor(user_id="u1")):
-            result = await handle.result()
+            result = await toolloop.request_result(handle)
         outputs = await answered_once(handle)   # call_id -> the output the model read
 """
 

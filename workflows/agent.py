@@ -99,6 +99,11 @@ class AgentWorkflow:
         # the conversation so far, which this run then holds (a local activity's input is not in history).
         self._local_turns = False
         self._conversation: list[ConversationItem] = []
+        # The calls whose output a model turn recorded in history was given (its input, or a local turn's
+        # record of what it was given): the report need not store those outputs again.
+        self._told: set[str] = set()
+        # (round, call id) of the calls whose record is their tool result in history (the report leaves it out).
+        self._records_in_history: set[tuple[int, str]] = set()
 
     @workflow.query(name=GET_PROGRESS_QUERY)
     def get_progress(self) -> AgentProgress:
@@ -179,6 +184,7 @@ class AgentWorkflow:
                 error = f"model turn {rounds} failed: {_failure_message(err)}"
                 break
             model_label = turn.model_label
+            self._told.update(item.call_id for item in new_items if isinstance(item, FunctionCallOutputItem))
             if rounds == 1 and turn.in_process:
                 self._local_turns = True
             if self._local_turns:
@@ -228,6 +234,8 @@ class AgentWorkflow:
                     duration_ms=result.duration_ms,
                 )
                 records.append(record)
+                if in_history:
+                    self._records_in_history.add((rounds, call.call_id))
                 self._narrator.tool_finished(record, rejected=call.call_id in plan.immediate)
             if plan.limit_hit is not None:
                 stop = plan.limit_hit
@@ -248,10 +256,18 @@ class AgentWorkflow:
             stop_reason=stop,
             final_text=final_text,
             rounds=rounds,
-            calls=list(records),
+            calls=[
+                r.model_copy(update={"in_history": True}) if (r.round, r.call_id) in self._records_in_history else r
+                for r in records
+            ],
             model_label=model_label,
             error=error,
-            operations=self._writes.snapshot(),
+            operations=self._writes.report(self._told),
+            # The answer is the last turn's, and calls' records their tool results: in history already.
+            in_history=[
+                *(["final_text"] if final_text is not None else []),
+                *(["calls"] if self._records_in_history else []),
+            ],
         )
         # Added later: histories recorded before it complete as they did.
         monitored = workflow.patched(REQUEST_FAILED_PATCH)
@@ -287,9 +303,10 @@ class AgentWorkflow:
         (a namespace without them registered would refuse the upsert)."""
         if workflow.info().typed_search_attributes.get(USER_KEY) is None:
             return
+        # Unsettled is set only when true (a filter asks `ToolloopUnsettled = true`): less to store per request.
         unsettled = any(op.state not in SETTLED_STATES for op in result.operations)
         workflow.upsert_search_attributes(
-            [OUTCOME_KEY.value_set(_OUTCOMES[result.status]), UNSETTLED_KEY.value_set(unsettled)]
+            [OUTCOME_KEY.value_set(_OUTCOMES[result.status]), *([UNSETTLED_KEY.value_set(True)] if unsettled else [])]
         )
 
     async def _model_turn(

@@ -23,7 +23,7 @@ leaves it unknown rather than not done."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         ApprovalRecord,
         ApprovalRequest,
         CheckedCall,
+        HistoryField,
         Limits,
         OperationQuery,
         OperationRecord,
@@ -95,9 +96,14 @@ class OperationStateMachine:
         self.ledger: dict[str, OperationRecord] = {}
         # Kept out of the ledger: queries and results never show decision tokens.
         self._tokens: dict[str, str] = {}
+        # The id of the Update that brought each operation's token: a write attempt's input names it instead
+        # of holding the token again (the attempt reads the token from that Update's input in history).
+        self._token_updates: dict[str, str] = {}
         self._arguments: dict[str, dict[str, Any]] = {}
         # Evidence an attempt read back right after it completed, for the read-back step to use.
         self._read_in_attempt: dict[str, Evidence] = {}
+        # Operations whose evidence is an activity's result in history (not made up here after a failure).
+        self._evidence_in_history: set[str] = set()
 
     @staticmethod
     def cancel_requested() -> bool:
@@ -182,6 +188,9 @@ class OperationStateMachine:
         if decision.token is not None:  # always, since the validator requires one
             claims = read_approval_claims(decision.token)
             self._tokens[op.operation_id] = decision.token
+            update = workflow.current_update_info()
+            if update is not None:
+                self._token_updates[op.operation_id] = update.id
             # Who decided comes from the verified token, never from the caller's words.
             by = claims.approved_by + (f" via {claims.channel}" if claims.channel else "")
             expires_at = datetime.fromtimestamp(claims.expires_at, tz=UTC)
@@ -403,7 +412,8 @@ class OperationStateMachine:
                     tool=op.tool,
                     arguments=self._arguments[op.operation_id],
                     actor=self._actor,
-                    approval_token=self._tokens[op.operation_id],
+                    approval_token="" if op.operation_id in self._token_updates else self._tokens[op.operation_id],
+                    approval_update_id=self._token_updates.get(op.operation_id),
                     attempt=op.attempts,
                     call_id=call.call_id,
                 ),
@@ -470,6 +480,8 @@ class OperationStateMachine:
         # The attempt that completed read the effect back itself (the happy path); otherwise the read-back
         # activity reads it, retrying a read that does not see it yet.
         evidence = self._read_in_attempt.pop(op.operation_id, None) or await self._read_back(op, result)
+        if evidence is not _NOT_READ_BACK:
+            self._evidence_in_history.add(op.operation_id)
         op.evidence = evidence.model_dump(mode="json")
         if evidence.verified:
             self._move(op, "verified")
@@ -495,7 +507,7 @@ class OperationStateMachine:
                 summary=f"read back {op.tool} {op.operation_id}",
             )
         except ActivityError:
-            evidence = Evidence(verified=False, detail="the read-back could not see the effect")
+            evidence = _NOT_READ_BACK
         return evidence
 
     def _unverified(self, op: OperationRecord, result: dict[str, Any], why: str) -> dict[str, Any]:
@@ -546,6 +558,26 @@ class OperationStateMachine:
 
     def snapshot(self) -> list[OperationRecord]:
         return [op.model_copy(deep=True) for op in self.ledger.values()]
+
+    def report(self, told: Container[str]) -> list[OperationRecord]:
+        """The operations for the request's report, each naming what its payload can leave out because the
+        run's history holds it already (`told`: the calls whose output a recorded model turn was given)."""
+        operations = self.snapshot()
+        for op in operations:
+            sent_as_is = op.attempts > 0 and op.arguments == self._arguments[op.operation_id]
+            held: dict[HistoryField, bool] = {
+                "arguments": sent_as_is,
+                "digest": sent_as_is,
+                "evidence": op.operation_id in self._evidence_in_history,
+                "approval": op.approval is not None,
+                "output": op.output is not None and op.call_ids[0] in told,
+            }
+            op.in_history = [name for name, in_history in held.items() if in_history]
+        return operations
+
+
+# The evidence of a read-back activity that failed: made up here, so not in history.
+_NOT_READ_BACK = Evidence(verified=False, detail="the read-back could not see the effect")
 
 
 def _ms_since(started: datetime) -> int:

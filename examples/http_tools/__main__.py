@@ -71,7 +71,7 @@ async def run(signing_key: str, db: Path) -> int:
             approval_verify_key=verify_key_for(signing_key),
         )
         async with approve_all(handle, signing_key=signing_key, approver=ACTOR):
-            result = await handle.result()
+            result = await toolloop.request_result(handle)
 
     print(f"answer: {result.final_text}")
     for record in result.calls:

@@ -49,7 +49,7 @@ async def run(todo_file: Path) -> toolloop.AgentResult:
             approval_verify_key=verify_key_for(signing_key),
         )
         async with approve_all(handle, signing_key=signing_key, approver=ACTOR):
-            return await handle.result()
+            return await toolloop.request_result(handle)
 
 
 def report(result: toolloop.AgentResult, todo_file: Path) -> int:

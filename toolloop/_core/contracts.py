@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from toolloop._core.approvals import ApprovalInvalid, read_approval_claims
+
 # --- Conversation items (OpenAI Responses shape) -------------------------------------------------
 # Output items keep every field the provider sent (extra="allow"), so reasoning and other items go back
 # to the model unchanged; we never store the provider's raw response envelope.
@@ -43,6 +45,8 @@ class Compact(BaseModel):
     # Fields whose default is fixed for good (never to change, since a stored payload that leaves one out
     # means that default): left out too when they hold it.
     fixed_defaults: ClassVar[frozenset[str]] = frozenset()
+    # Every field's default is fixed so.
+    every_default_fixed: ClassVar[bool] = False
 
     @model_serializer(mode="wrap")
     def _without_empty_defaults(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
@@ -63,7 +67,7 @@ class Compact(BaseModel):
                 del data[key]
             elif value == "" and field.default == "":
                 del data[key]
-            elif name in self.fixed_defaults and value == field.default:
+            elif (self.every_default_fixed or name in self.fixed_defaults) and value == field.default:
                 del data[key]
         return self._without_repeats(data)
 
@@ -160,7 +164,13 @@ class Actor(BaseModel):
     tenant_id: str = Field(default="acme", min_length=1, max_length=64, pattern=ACTOR_ID)
 
 
-class Limits(BaseModel):
+class Limits(Compact):
+    """A request's limits. A payload holds only those that differ from these defaults, so each default is
+    fixed for good (a stored input that leaves one out means it): a starter that wants other values sets
+    them (tests/test_core_contracts.py pins them)."""
+
+    every_default_fixed: ClassVar[bool] = True
+
     max_rounds: int = Field(default=8, ge=1, le=100)
     max_calls_per_round: int = Field(default=8, ge=1, le=128)
     max_total_calls: int = Field(default=32, ge=1, le=1000)
@@ -222,6 +232,8 @@ class AgentInput(Compact):
 class ModelTurnInput(ActivityPayload):
     """One model call. Carries only what is new since the previous turn: the activity rebuilds the
     conversation from earlier turns (its cache, or this workflow's history), so history stays linear."""
+
+    fixed_defaults: ClassVar[frozenset[str]] = frozenset({"script_length"})
 
     turn: int = Field(ge=1)
     new_items: list[ConversationItem]
@@ -405,14 +417,37 @@ class StatusCheck(Compact):
     state: Literal["completed", "in_progress", "not_found", "unavailable"]
 
 
+# What a finished request's report may leave out of its payload, each because one record in the run's
+# history holds it (toolloop._temporal.results.complete_report reads it back from there):
+# - "arguments": the write attempts' input (when nothing was redacted), and with them "digest" (computed from
+#   them, as the workflow did);
+# - "evidence": the read-back, done in the completing attempt or by the read-back activity;
+# - "approval": the decision Update's answer (its DecisionReceipt);
+# - "output": what the model was told, in the next model turn (its input, or a local turn's record);
+# - "final_text": the last model turn's answer;
+# - "calls": the call records marked in_history (CallRecord).
+HistoryField = Literal["arguments", "digest", "evidence", "approval", "output", "final_text", "calls"]
+
+
+def _without_fields(data: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    for name in names:
+        data.pop(name, None)
+    return data
+
+
+# The transitions of an operation that went the happy path; fixed for good (a stored record that leaves them
+# out means these).
+VERIFIED_PATH = ("proposed", "validated", "awaiting_approval", "approved", "sent", "completed", "verified")
+
+
 class OperationRecord(Compact):
     """One side-effecting operation as the workflow knows it: the receipt the user is shown."""
 
     operation_id: str
     tool: str
     call_ids: list[str]
-    arguments: dict[str, Any]  # redacted
-    digest: str
+    arguments: dict[str, Any] = Field(default_factory=dict)  # redacted
+    digest: str = ""
     state: OperationState
     transitions: list[str] = Field(default_factory=list)
     approval: ApprovalRecord | None = None
@@ -430,6 +465,22 @@ class OperationRecord(Compact):
     retention_seconds: float | None = None
     # What the digest binds besides the arguments (an HTTP write's "POST /path"); None: the tool's name.
     target: str | None = None
+    # In a finished request's report: the fields its payload leaves out because the run's history holds them
+    # already (see AgentResult.in_history).
+    in_history: list[HistoryField] = Field(default_factory=list)
+
+    def _without_repeats(self, data: dict[str, Any]) -> dict[str, Any]:
+        # The happy path's transitions are implied by its final state.
+        if self.state == "verified" and self.transitions == list(VERIFIED_PATH):
+            del data["transitions"]
+        return _without_fields(data, self.in_history)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _with_repeats(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("state") == "verified" and "transitions" not in data:
+            return {**data, "transitions": list(VERIFIED_PATH)}
+        return data
 
     def receipt(self) -> DecisionReceipt:
         return DecisionReceipt(
@@ -471,7 +522,9 @@ class ApprovalRequest(BaseModel):
 
 
 class ApprovalDecision(Compact):
-    """The trusted channel's answer for one operation (Temporal Update `approve_operation`)."""
+    """The trusted channel's answer for one operation (Temporal Update `approve_operation`). In a payload the
+    operation, digest and decision are left out when the token's claims say the same: history holds them
+    once, signed, and they are read back from the claims (the validator still verifies the signature)."""
 
     operation_id: str
     digest: str
@@ -481,15 +534,44 @@ class ApprovalDecision(Compact):
     token: str | None = None
     by: str = Field(default="", max_length=128)  # informational only
 
+    def _without_repeats(self, data: dict[str, Any]) -> dict[str, Any]:
+        claimed = _token_claims(self.token)
+        for name, value in claimed.items():
+            if data.get(name) == value:
+                del data[name]
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _with_repeats(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or {"operation_id", "digest", "approve"} <= set(data):
+            return data
+        return {**_token_claims(data.get("token")), **data}
+
+
+def _token_claims(token: Any) -> dict[str, Any]:
+    """What a decision's token claims (unverified): its operation, digest and decision; {} when unreadable."""
+    if not isinstance(token, str) or not token:
+        return {}
+    try:
+        claims = read_approval_claims(token)
+    except ApprovalInvalid:
+        return {}
+    return {"operation_id": claims.operation_id, "digest": claims.digest, "approve": claims.decision == "approve"}
+
 
 class WriteInput(ActivityPayload):
     operation_id: str
     tool: str
     arguments: dict[str, Any]
     actor: Actor
-    approval_token: str
+    # The approval's signed token; "" when approval_update_id is set instead: the id of the decision Update
+    # whose input, in this run's history, holds it. The attempt reads it from there, so history stores each
+    # token once.
+    approval_token: str = ""
     attempt: int
     call_id: str
+    approval_update_id: str | None = None
 
 
 class WriteOutcome(ActivityPayload):
@@ -537,24 +619,46 @@ RunStatus = Literal["completed", "stopped", "failed"]
 
 
 class CallRecord(Compact):
+    fixed_defaults: ClassVar[frozenset[str]] = frozenset({"in_history"})
+
     call_id: str
     tool: str
     round: int
     ok: bool
     code: str | None = None
     duration_ms: int = 0
+    # In a finished request's report: every field is the call's tool result in history (its round's turn
+    # names the tool, the result holds the output and the duration), so the report's payload leaves it out.
+    in_history: bool = False
 
 
 class AgentResult(Compact):
-    workflow_id: str
+    """A finished request's report. Its payload in history leaves out what the run's history holds already
+    (each listed in `in_history`, here and on each operation): read it with toolloop.request_result, which
+    fills them in from that history."""
+
+    # Left out of the payload: it is the run's own id (request_result fills it in).
+    workflow_id: str = ""
     status: RunStatus
     stop_reason: StopReason
-    final_text: str | None
+    final_text: str | None = None
     rounds: int
     calls: list[CallRecord]
     model_label: str = ""
     error: str | None = None
     operations: list[OperationRecord] = Field(default_factory=list)
+    in_history: list[HistoryField] = Field(default_factory=list)
+
+    def _without_repeats(self, data: dict[str, Any]) -> dict[str, Any]:
+        data.pop("workflow_id", None)
+        if "calls" in self.in_history:
+            data["calls"] = [c for c in data["calls"] if not c.get("in_history")]
+        return _without_fields(data, [name for name in self.in_history if name != "calls"])
+
+    @property
+    def complete(self) -> bool:
+        """False while some field is still only in the run's history (see in_history)."""
+        return not self.in_history and not any(op.in_history for op in self.operations)
 
 
 class AgentProgress(BaseModel):

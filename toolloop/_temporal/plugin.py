@@ -162,7 +162,7 @@ class ToolloopPlugin(SimplePlugin):
             )
         registry = self.toolset.registry
         http = self._shared_http()
-        writes = WriteActivities(registry, http, self.retention_seconds)
+        writes = WriteActivities(registry, http, self.retention_seconds, client)
         # Tool outputs pass from the tool activities to the next model turn on this worker, not through history.
         outputs = ToolOutputStore()
         conversations = ConversationState(TemporalTurnHistory(client), outputs)

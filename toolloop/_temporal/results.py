@@ -1,21 +1,44 @@
 """Wiring (client side): a request's result, whether its run completed or failed. A request that failed (a
 model error, no answer) is a failed run in Temporal, so it is visibly failed in the UI; its whole report
-travels in the failure's details."""
+travels in the failure's details.
+
+A report's payload leaves out what the run's history holds already (AgentResult.in_history): the answer, and
+each operation's arguments, evidence, approval and the output the model was told. complete_report reads them
+back from that history, in one pass."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import ValidationError
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
 
+from activities.conversation import TurnReader
+from toolloop._core.approvals import payload_digest
 from toolloop._core.codes import ErrorType
-from toolloop._core.contracts import AgentResult
+from toolloop._core.contracts import (
+    AgentResult,
+    ApprovalDecision,
+    CallRecord,
+    DecisionReceipt,
+    FunctionCallOutputItem,
+    OperationRecord,
+    WriteInput,
+    WriteOutcome,
+    answer_text,
+)
+from toolloop._core.names import APPROVE_OPERATION_UPDATE, EXECUTE_WRITE_ACTIVITY, READ_BACK_ACTIVITY
+from toolloop._core.registry import Evidence
 
 
 def failed_result(exc: WorkflowFailureError) -> AgentResult | None:
-    """The report a failed request carries; None for a run that failed for another reason."""
+    """The report a failed request carries (as stored: see complete_report); None for a run that failed
+    for another reason."""
     cause = exc.cause
     if not (isinstance(cause, ApplicationError) and cause.type == ErrorType.REQUEST_FAILED and cause.details):
         return None
@@ -26,7 +49,7 @@ def failed_result(exc: WorkflowFailureError) -> AgentResult | None:
 
 
 async def request_result(handle: WorkflowHandle[Any, Any]) -> AgentResult:
-    """The request's AgentResult once it finished: answered, stopped at a limit, or failed. Raises
+    """The request's whole AgentResult once it finished: answered, stopped at a limit, or failed. Raises
     WorkflowFailureError only for a run that failed without a report (terminated, say)."""
     try:
         result = await handle.result()
@@ -34,5 +57,139 @@ async def request_result(handle: WorkflowHandle[Any, Any]) -> AgentResult:
         report = failed_result(exc)
         if report is None:
             raise
+        result = report
+    report = result if isinstance(result, AgentResult) else AgentResult.model_validate(result)
+    return await complete_report(handle, report)
+
+
+async def complete_report(handle: WorkflowHandle[Any, Any], report: AgentResult) -> AgentResult:
+    """`report` with every field its payload left out read back from the run's history. A field history
+    does not hold (it cannot, unless the history was tampered with) stays listed in `in_history`."""
+    if not report.workflow_id:
+        report = report.model_copy(update={"workflow_id": handle.id})
+    if report.complete:
         return report
-    return result if isinstance(result, AgentResult) else AgentResult.model_validate(result)
+    reader = _HistoryFacts(handle._client.data_converter)
+    async for event in handle.fetch_history_events():
+        await reader.read(event)
+    report = report.model_copy(deep=True)
+    report.in_history = [name for name in report.in_history if not reader.fill_report(report, name)]
+    for op in report.operations:
+        op.in_history = [name for name in op.in_history if not reader.fill_operation(op, name)]
+    return report
+
+
+class _HistoryFacts:
+    """What a report may refer to, read from one pass over the run's history."""
+
+    def __init__(self, converter: DataConverter) -> None:
+        self._converter = converter
+        self._turns = TurnReader(converter)
+        self._writes: dict[int, str] = {}  # scheduled event id -> operation id, for execute_write and read-back
+        self._arguments: dict[str, dict[str, Any]] = {}
+        self._evidence: dict[str, dict[str, Any]] = {}
+        self._decisions: dict[int, str] = {}  # update's accepted event id -> operation id
+        self._approvals: dict[str, DecisionReceipt] = {}
+
+    async def read(self, event: HistoryEvent) -> None:
+        await self._turns.read(event)
+        decode = self._converter.decode
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name == EXECUTE_WRITE_ACTIVITY:
+                [write] = await decode(attrs.input.payloads, [WriteInput])
+                self._writes[event.event_id] = write.operation_id
+                self._arguments.setdefault(write.operation_id, write.arguments)
+            elif attrs.activity_type.name == READ_BACK_ACTIVITY:
+                [data] = await decode(attrs.input.payloads, [dict[str, Any]])
+                self._writes[event.event_id] = str(data.get("operation_id"))
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            done = event.activity_task_completed_event_attributes
+            operation_id = self._writes.get(done.scheduled_event_id)
+            if operation_id is None:
+                return
+            [data] = await decode(done.result.payloads, [dict[str, Any]])
+            # A write attempt's result is a WriteOutcome, a read-back's an Evidence.
+            evidence = WriteOutcome.model_validate(data).evidence if "kind" in data else data
+            if evidence is not None:
+                self._evidence[operation_id] = Evidence.model_validate(evidence).model_dump(mode="json")
+        elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            accepted = event.workflow_execution_update_accepted_event_attributes.accepted_request.input
+            if accepted.name == APPROVE_OPERATION_UPDATE:
+                [decision] = await decode(accepted.args.payloads, [ApprovalDecision])
+                self._decisions[event.event_id] = decision.operation_id
+        elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED:
+            completed = event.workflow_execution_update_completed_event_attributes
+            operation_id = self._decisions.get(completed.accepted_event_id)
+            if operation_id is not None and completed.outcome.HasField("success"):
+                [receipt] = await decode(completed.outcome.success.payloads, [DecisionReceipt])
+                if receipt.approval is not None:
+                    self._approvals[operation_id] = receipt
+
+    def fill_report(self, report: AgentResult, name: str) -> bool:
+        if name == "calls":
+            return self._fill_calls(report)
+        if name != "final_text":
+            return False
+        answered = [result for _, result in self._turns.turns() if result is not None]
+        if not answered:
+            return False
+        report.final_text = answered[-1].final_text or answer_text(answered[-1].items)
+        return report.final_text is not None
+
+    def _fill_calls(self, report: AgentResult) -> bool:
+        """The call records in the order the workflow made them (each round's turn's calls, in the model's
+        order): those the report kept, and the others made from their tool results as the workflow did."""
+        kept = {(c.round, c.call_id): c for c in report.calls}
+        calls: list[CallRecord] = []
+        for turn_input, result in self._turns.turns():
+            for call in result.calls if result is not None else []:
+                key = (turn_input.turn, call.call_id)
+                if key in kept:
+                    calls.append(kept.pop(key))
+                elif (done := self._turns.tool_results.get(key)) is not None:
+                    output = done.output
+                    calls.append(
+                        CallRecord(
+                            call_id=call.call_id,
+                            tool=call.name,
+                            round=turn_input.turn,
+                            ok=bool(output.get("ok")),
+                            code=output.get("code"),
+                            duration_ms=done.duration_ms,
+                        )
+                    )
+                else:
+                    return False  # a call with neither: leave the report as it is, "calls" still named
+        if kept:
+            return False  # a record the report kept belongs to no recorded turn: likewise
+        report.calls = calls
+        return True
+
+    def fill_operation(self, op: OperationRecord, name: str) -> bool:
+        if name == "arguments" and op.operation_id in self._arguments:
+            op.arguments = dict(self._arguments[op.operation_id])
+        elif name == "digest" and op.operation_id in self._arguments:
+            op.digest = payload_digest(op.target or op.tool, self._arguments[op.operation_id])
+        elif name == "evidence" and op.operation_id in self._evidence:
+            op.evidence = self._evidence[op.operation_id]
+        elif name == "approval" and op.operation_id in self._approvals:
+            receipt = self._approvals[op.operation_id]
+            op.approval = receipt.approval.model_copy() if receipt.approval else None
+        elif name == "output" and (told := self._told(op.call_ids[0])) is not None:
+            op.output = told
+        else:
+            return False
+        return True
+
+    def _told(self, call_id: str) -> dict[str, Any] | None:
+        """The output the model was given for `call_id`, as the first turn given it recorded it."""
+        for turn_input, _ in self._turns.turns():
+            for item in turn_input.new_items:
+                if isinstance(item, FunctionCallOutputItem) and item.call_id == call_id:
+                    try:
+                        told = json.loads(item.output)
+                    except ValueError:
+                        return None
+                    return told if isinstance(told, dict) else None
+        return None
