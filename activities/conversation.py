@@ -18,9 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHandle
-from temporalio.converter import DataConverter
 
 from toolloop._core.contracts import (
     ConversationItem,
@@ -86,37 +84,15 @@ async def recorded_turns(handle: WorkflowHandle[Any, Any]) -> list[tuple[ModelTu
     """Every model turn of the run in order, decoded from its history: its input, the tool outputs it
     refers to filled in, and its result (None while it runs). A turn run as a local activity stored no
     input: its result's record of what it was given stands in for it."""
-    reader = TurnReader(handle._client.data_converter)
+    converter = handle._client.data_converter
+    inputs: dict[int, ModelTurnInput] = {}
+    results: dict[int, ModelTurnResult] = {}
+    tool_calls: dict[int, tuple[int, str]] = {}
+    tool_outputs: dict[tuple[int, str], str] = {}
+    # The round of the latest turn with a result: a local tool call's output after it is of that round
+    # (the tools of a round run after its turn, and the next turn only after all of them).
+    last_round = 0
     async for event in handle.fetch_history_events():
-        await reader.read(event)
-    return reader.turns()
-
-
-class TurnReader:
-    """Reads the model turns out of a run's history, one event at a time (recorded_turns), so that another
-    reader can go through the same events in the same pass."""
-
-    def __init__(self, converter: DataConverter) -> None:
-        self._converter = converter
-        self._inputs: dict[int, ModelTurnInput] = {}
-        self._results: dict[int, ModelTurnResult] = {}
-        self._tool_calls: dict[int, tuple[int, str]] = {}
-        self._tool_outputs: dict[tuple[int, str], str] = {}
-        # Every tool activity's result (an activity's or a local activity's), by (round, call id).
-        self.tool_results: dict[tuple[int, str], ToolCallResult] = {}
-        # The round of the latest turn with a result: a local tool call's output after it is of that round
-        # (the tools of a round run after its turn, and the next turn only after all of them).
-        self._last_round = 0
-
-    def _tool_result(self, key: tuple[int, str], result: ToolCallResult) -> None:
-        self.tool_results[key] = result
-        self._tool_outputs[key] = output_json(result.output)
-
-    def turns(self) -> list[tuple[ModelTurnInput, ModelTurnResult | None]]:
-        return [(self._inputs[event_id], self._results.get(event_id)) for event_id in sorted(self._inputs)]
-
-    async def read(self, event: HistoryEvent) -> None:
-        converter, inputs, tool_outputs = self._converter, self._inputs, self._tool_outputs
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = event.activity_task_scheduled_event_attributes
             if attrs.activity_type.name == MODEL_TURN_ACTIVITY:
@@ -125,35 +101,34 @@ class TurnReader:
                 inputs[event.event_id] = with_outputs(turn_input, _outputs_of(tool_outputs, turn_input.turn - 1))
             elif attrs.activity_type.name == RUN_TOOL_ACTIVITY:
                 [call] = await converter.decode(attrs.input.payloads, [ToolCallInput])
-                self._tool_calls[event.event_id] = (call.round, call.call_id)
+                tool_calls[event.event_id] = (call.round, call.call_id)
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             done = event.activity_task_completed_event_attributes
             if done.scheduled_event_id in inputs:
-                [self._results[done.scheduled_event_id]] = await converter.decode(
-                    done.result.payloads, [ModelTurnResult]
-                )
-                self._last_round = inputs[done.scheduled_event_id].turn
-            elif done.scheduled_event_id in self._tool_calls:
+                [results[done.scheduled_event_id]] = await converter.decode(done.result.payloads, [ModelTurnResult])
+                last_round = inputs[done.scheduled_event_id].turn
+            elif done.scheduled_event_id in tool_calls:
                 [tool_result] = await converter.decode(done.result.payloads, [ToolCallResult])
-                self._tool_result(self._tool_calls[done.scheduled_event_id], tool_result)
+                tool_outputs[tool_calls[done.scheduled_event_id]] = output_json(tool_result.output)
         else:
             local = local_activity_result(event)
             if local is None:
-                return
+                continue
             activity_type, payload = local
             if activity_type == RUN_TOOL_ACTIVITY:
                 [tool_result] = await converter.decode([payload], [ToolCallResult])
-                self._tool_result((self._last_round, tool_result.call_id), tool_result)
+                tool_outputs[(last_round, tool_result.call_id)] = output_json(tool_result.output)
             elif activity_type == MODEL_TURN_ACTIVITY and inputs:
                 [result] = await converter.decode([payload], [ModelTurnResult])
-                self._last_round += 1
+                last_round += 1
                 first = inputs[min(inputs)]
-                outputs = {**_outputs_of(tool_outputs, self._last_round - 1), **result.answered_outputs}
+                outputs = {**_outputs_of(tool_outputs, last_round - 1), **result.answered_outputs}
                 given = [FunctionCallOutputItem(call_id=cid, output=outputs.get(cid, "")) for cid in result.answered]
                 inputs[event.event_id] = ModelTurnInput(
-                    turn=self._last_round, new_items=given, provider=first.provider, model_name=first.model_name
+                    turn=last_round, new_items=given, provider=first.provider, model_name=first.model_name
                 )
-                self._results[event.event_id] = result
+                results[event.event_id] = result
+    return [(inputs[event_id], results.get(event_id)) for event_id in sorted(inputs)]
 
 
 def _outputs_of(tool_outputs: Mapping[tuple[int, str], str], round_: int) -> dict[str, str]:

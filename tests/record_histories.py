@@ -208,8 +208,8 @@ async def report_refers_to_history(
 ) -> WorkflowHandle[Any, AgentResult]:
     """Today's payloads for a write with a remote model: a decision whose operation and digest are only in its
     signed token, a write attempt that names the decision Update instead of holding the token, and a report
-    that refers to history for the answer and for the operation's arguments, digest, evidence, approval and
-    the output the model was told."""
+    that refers to history for the operation's arguments, digest, evidence, approval and the output the model
+    was told."""
     note = call("append_ticket_note", {"ticketId": "T1001", "text": "report refs", "expectedVersion": 1}, "w1")
     model = script_spec([call("get_ticket", {"ticketId": "T1001"}, "r1")], [note], [say("ok")])
     handle = await start_agent(client, settings, "w", model=model.model_copy(update={"provider": REMOTE_SCRIPT}))

@@ -19,7 +19,6 @@ PINNED: dict[str, dict[str, Any]] = {
     "ModelTurnResult": {"in_process": False},
     "ModelTurnInput": {"script_length": 0},
     "ToolCallInput": {"keep_output": True},
-    "CallRecord": {"in_history": False},
     "Limits": {
         "max_rounds": 8,
         "max_calls_per_round": 8,

@@ -235,6 +235,5 @@ async def test_a_remote_models_write_report_reads_the_told_output_back_from_the_
         assert op.output is not None and op.output["state"] == "verified"
         [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
         assert op == ledger and result.complete
-        # The local read's record is its marker's result, read back too.
         progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
         assert result.calls == progress.calls and [(c.call_id, c.round) for c in result.calls] == [("r1", 1), ("w1", 2)]

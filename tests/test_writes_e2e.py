@@ -1026,13 +1026,12 @@ async def test_the_report_stores_once_what_history_holds_and_request_result_read
     turns = [reads, [note_call(version, "Replacement shipped.", "w1")], [say("Noted.")]]
     result, handle = await run_approved(client, settings, business_service, turns)
 
-    # The report's payload leaves out the answer (the last turn's), the record of each call whose tool result
-    # is in history (r1, found; r2, a bad id, rejected before it ran, is kept), and of the operation its
-    # arguments and digest (the write's input), evidence (its read-back), approval (the Update's answer), what
-    # the model was told (the next turn's) and its happy-path transitions: each is stored once, elsewhere.
+    # The report's payload leaves out of the operation its arguments and digest (the write's input), evidence
+    # (its read-back), approval (the Update's answer), what the model was told (the next turn's) and its
+    # happy-path transitions: each is stored once, elsewhere in history. The answer and the call records stay.
     stored = await stored_report(handle)
-    assert "final_text" not in stored and stored["in_history"] == ["final_text", "calls"]
-    assert [c["call_id"] for c in stored["calls"]] == ["r2", "w1"]
+    assert stored["final_text"] == "Noted." and "in_history" not in stored
+    assert [c["call_id"] for c in stored["calls"]] == ["r1", "r2", "w1"]
     [op] = stored["operations"]
     assert op["in_history"] == ["arguments", "digest", "evidence", "approval", "output"]
     assert not {"arguments", "digest", "evidence", "approval", "output", "transitions"} & set(op)
@@ -1050,7 +1049,7 @@ async def test_the_report_stores_once_what_history_holds_and_request_result_read
     assert ledger.arguments["text"] == "Replacement shipped." and len(await effects(admin, ledger.operation_id)) == 1
     # The payload as stored decodes (a client reading handle.result() sees what is left out, named).
     raw = await handle.result()
-    assert not raw.complete and raw.operations[0].evidence is None and raw.final_text is None
+    assert not raw.complete and raw.operations[0].evidence is None and raw.calls == result.calls
 
 
 async def test_a_failed_requests_report_is_read_back_from_history_too(

@@ -102,8 +102,6 @@ class AgentWorkflow:
         # The calls whose output a model turn recorded in history was given (its input, or a local turn's
         # record of what it was given): the report need not store those outputs again.
         self._told: set[str] = set()
-        # (round, call id) of the calls whose record is their tool result in history (the report leaves it out).
-        self._records_in_history: set[tuple[int, str]] = set()
 
     @workflow.query(name=GET_PROGRESS_QUERY)
     def get_progress(self) -> AgentProgress:
@@ -234,8 +232,6 @@ class AgentWorkflow:
                     duration_ms=result.duration_ms,
                 )
                 records.append(record)
-                if in_history:
-                    self._records_in_history.add((rounds, call.call_id))
                 self._narrator.tool_finished(record, rejected=call.call_id in plan.immediate)
             if plan.limit_hit is not None:
                 stop = plan.limit_hit
@@ -256,18 +252,10 @@ class AgentWorkflow:
             stop_reason=stop,
             final_text=final_text,
             rounds=rounds,
-            calls=[
-                r.model_copy(update={"in_history": True}) if (r.round, r.call_id) in self._records_in_history else r
-                for r in records
-            ],
+            calls=list(records),
             model_label=model_label,
             error=error,
             operations=self._writes.report(self._told),
-            # The answer is the last turn's, and calls' records their tool results: in history already.
-            in_history=[
-                *(["final_text"] if final_text is not None else []),
-                *(["calls"] if self._records_in_history else []),
-            ],
         )
         # Added later: histories recorded before it complete as they did.
         monitored = workflow.patched(REQUEST_FAILED_PATCH)

@@ -423,10 +423,11 @@ class StatusCheck(Compact):
 #   them, as the workflow did);
 # - "evidence": the read-back, done in the completing attempt or by the read-back activity;
 # - "approval": the decision Update's answer (its DecisionReceipt);
-# - "output": what the model was told, in the next model turn (its input, or a local turn's record);
-# - "final_text": the last model turn's answer;
-# - "calls": the call records marked in_history (CallRecord).
-HistoryField = Literal["arguments", "digest", "evidence", "approval", "output", "final_text", "calls"]
+# - "output": what the model was told, in the next model turn (its input, or a local turn's record).
+# The answer (final_text) stays in the report although the last turn holds it too: it is what someone opening
+# the request in the Temporal UI looks for first. So do the call records: they are small, and a report that
+# refers to nothing (a request without side effects) is read without reading its history.
+HistoryField = Literal["arguments", "digest", "evidence", "approval", "output"]
 
 
 def _without_fields(data: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
@@ -619,17 +620,12 @@ RunStatus = Literal["completed", "stopped", "failed"]
 
 
 class CallRecord(Compact):
-    fixed_defaults: ClassVar[frozenset[str]] = frozenset({"in_history"})
-
     call_id: str
     tool: str
     round: int
     ok: bool
     code: str | None = None
     duration_ms: int = 0
-    # In a finished request's report: every field is the call's tool result in history (its round's turn
-    # names the tool, the result holds the output and the duration), so the report's payload leaves it out.
-    in_history: bool = False
 
 
 class AgentResult(Compact):
@@ -651,9 +647,7 @@ class AgentResult(Compact):
 
     def _without_repeats(self, data: dict[str, Any]) -> dict[str, Any]:
         data.pop("workflow_id", None)
-        if "calls" in self.in_history:
-            data["calls"] = [c for c in data["calls"] if not c.get("in_history")]
-        return _without_fields(data, [name for name in self.in_history if name != "calls"])
+        return _without_fields(data, self.in_history)
 
     @property
     def complete(self) -> bool:

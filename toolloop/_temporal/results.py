@@ -18,22 +18,25 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
 
-from activities.conversation import TurnReader
 from toolloop._core.approvals import payload_digest
 from toolloop._core.codes import ErrorType
 from toolloop._core.contracts import (
     AgentResult,
     ApprovalDecision,
-    CallRecord,
+    ApprovalRecord,
     DecisionReceipt,
-    FunctionCallOutputItem,
     OperationRecord,
     WriteInput,
     WriteOutcome,
-    answer_text,
 )
-from toolloop._core.names import APPROVE_OPERATION_UPDATE, EXECUTE_WRITE_ACTIVITY, READ_BACK_ACTIVITY
+from toolloop._core.names import (
+    APPROVE_OPERATION_UPDATE,
+    EXECUTE_WRITE_ACTIVITY,
+    MODEL_TURN_ACTIVITY,
+    READ_BACK_ACTIVITY,
+)
 from toolloop._core.registry import Evidence
+from toolloop._temporal.history import local_activity_result
 
 
 def failed_result(exc: WorkflowFailureError) -> AgentResult | None:
@@ -69,31 +72,33 @@ async def complete_report(handle: WorkflowHandle[Any, Any], report: AgentResult)
         report = report.model_copy(update={"workflow_id": handle.id})
     if report.complete:
         return report
-    reader = _HistoryFacts(handle._client.data_converter)
+    report = report.model_copy(deep=True)
+    told = {op.call_ids[0] for op in report.operations if "output" in op.in_history}
+    reader = _HistoryFacts(handle._client.data_converter, told)
     async for event in handle.fetch_history_events():
         await reader.read(event)
-    report = report.model_copy(deep=True)
-    report.in_history = [name for name in report.in_history if not reader.fill_report(report, name)]
     for op in report.operations:
-        op.in_history = [name for name in op.in_history if not reader.fill_operation(op, name)]
+        op.in_history = [name for name in op.in_history if not reader.fill(op, name)]
     return report
 
 
 class _HistoryFacts:
-    """What a report may refer to, read from one pass over the run's history."""
+    """What a report refers to, read from one pass over the run's history: only the events that can hold
+    it are decoded (a write's attempts, read-backs and decisions; the model turns only for what the model
+    was told of a write)."""
 
-    def __init__(self, converter: DataConverter) -> None:
-        self._converter = converter
-        self._turns = TurnReader(converter)
+    def __init__(self, converter: DataConverter, told_calls: set[str]) -> None:
+        self._decode = converter.decode
         self._writes: dict[int, str] = {}  # scheduled event id -> operation id, for execute_write and read-back
         self._arguments: dict[str, dict[str, Any]] = {}
         self._evidence: dict[str, dict[str, Any]] = {}
-        self._decisions: dict[int, str] = {}  # update's accepted event id -> operation id
-        self._approvals: dict[str, DecisionReceipt] = {}
+        self._decisions: dict[int, str] = {}  # the Update's accepted event id -> operation id
+        self._approvals: dict[str, ApprovalRecord] = {}
+        self._told_calls = told_calls
+        self._told: dict[str, str] = {}
 
     async def read(self, event: HistoryEvent) -> None:
-        await self._turns.read(event)
-        decode = self._converter.decode
+        decode = self._decode
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = event.activity_task_scheduled_event_attributes
             if attrs.activity_type.name == EXECUTE_WRITE_ACTIVITY:
@@ -103,6 +108,11 @@ class _HistoryFacts:
             elif attrs.activity_type.name == READ_BACK_ACTIVITY:
                 [data] = await decode(attrs.input.payloads, [dict[str, Any]])
                 self._writes[event.event_id] = str(data.get("operation_id"))
+            elif attrs.activity_type.name == MODEL_TURN_ACTIVITY and self._told_calls:
+                [data] = await decode(attrs.input.payloads, [dict[str, Any]])
+                for item in data.get("new_items") or []:
+                    if isinstance(item, dict) and item.get("type") == "function_call_output":
+                        self._tell(str(item.get("call_id")), item.get("output"))
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             done = event.activity_task_completed_event_attributes
             operation_id = self._writes.get(done.scheduled_event_id)
@@ -124,49 +134,20 @@ class _HistoryFacts:
             if operation_id is not None and completed.outcome.HasField("success"):
                 [receipt] = await decode(completed.outcome.success.payloads, [DecisionReceipt])
                 if receipt.approval is not None:
-                    self._approvals[operation_id] = receipt
+                    self._approvals[operation_id] = receipt.approval
+        elif self._told_calls and (local := local_activity_result(event)) is not None:
+            activity_type, payload = local
+            if activity_type == MODEL_TURN_ACTIVITY:
+                # A local turn's record of what it was given that is not a tool's result already in history.
+                [data] = await decode([payload], [dict[str, Any]])
+                for call_id, output in (data.get("answered_outputs") or {}).items():
+                    self._tell(call_id, output)
 
-    def fill_report(self, report: AgentResult, name: str) -> bool:
-        if name == "calls":
-            return self._fill_calls(report)
-        if name != "final_text":
-            return False
-        answered = [result for _, result in self._turns.turns() if result is not None]
-        if not answered:
-            return False
-        report.final_text = answered[-1].final_text or answer_text(answered[-1].items)
-        return report.final_text is not None
+    def _tell(self, call_id: str, output: Any) -> None:
+        if call_id in self._told_calls and isinstance(output, str) and output:
+            self._told.setdefault(call_id, output)  # the first turn given it
 
-    def _fill_calls(self, report: AgentResult) -> bool:
-        """The call records in the order the workflow made them (each round's turn's calls, in the model's
-        order): those the report kept, and the others made from their tool results as the workflow did."""
-        kept = {(c.round, c.call_id): c for c in report.calls}
-        calls: list[CallRecord] = []
-        for turn_input, result in self._turns.turns():
-            for call in result.calls if result is not None else []:
-                key = (turn_input.turn, call.call_id)
-                if key in kept:
-                    calls.append(kept.pop(key))
-                elif (done := self._turns.tool_results.get(key)) is not None:
-                    output = done.output
-                    calls.append(
-                        CallRecord(
-                            call_id=call.call_id,
-                            tool=call.name,
-                            round=turn_input.turn,
-                            ok=bool(output.get("ok")),
-                            code=output.get("code"),
-                            duration_ms=done.duration_ms,
-                        )
-                    )
-                else:
-                    return False  # a call with neither: leave the report as it is, "calls" still named
-        if kept:
-            return False  # a record the report kept belongs to no recorded turn: likewise
-        report.calls = calls
-        return True
-
-    def fill_operation(self, op: OperationRecord, name: str) -> bool:
+    def fill(self, op: OperationRecord, name: str) -> bool:
         if name == "arguments" and op.operation_id in self._arguments:
             op.arguments = dict(self._arguments[op.operation_id])
         elif name == "digest" and op.operation_id in self._arguments:
@@ -174,22 +155,16 @@ class _HistoryFacts:
         elif name == "evidence" and op.operation_id in self._evidence:
             op.evidence = self._evidence[op.operation_id]
         elif name == "approval" and op.operation_id in self._approvals:
-            receipt = self._approvals[op.operation_id]
-            op.approval = receipt.approval.model_copy() if receipt.approval else None
-        elif name == "output" and (told := self._told(op.call_ids[0])) is not None:
+            op.approval = self._approvals[op.operation_id].model_copy()
+        elif name == "output" and (told := self._told_output(op.call_ids[0])) is not None:
             op.output = told
         else:
             return False
         return True
 
-    def _told(self, call_id: str) -> dict[str, Any] | None:
-        """The output the model was given for `call_id`, as the first turn given it recorded it."""
-        for turn_input, _ in self._turns.turns():
-            for item in turn_input.new_items:
-                if isinstance(item, FunctionCallOutputItem) and item.call_id == call_id:
-                    try:
-                        told = json.loads(item.output)
-                    except ValueError:
-                        return None
-                    return told if isinstance(told, dict) else None
-        return None
+    def _told_output(self, call_id: str) -> dict[str, Any] | None:
+        try:
+            told = json.loads(self._told.get(call_id, ""))
+        except ValueError:
+            return None
+        return told if isinstance(told, dict) else None
