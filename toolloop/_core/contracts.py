@@ -430,12 +430,6 @@ class StatusCheck(Compact):
 HistoryField = Literal["arguments", "digest", "evidence", "approval", "output"]
 
 
-def _without_fields(data: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    for name in names:
-        data.pop(name, None)
-    return data
-
-
 # The transitions of an operation that went the happy path; fixed for good (a stored record that leaves them
 # out means these).
 VERIFIED_PATH = ("proposed", "validated", "awaiting_approval", "approved", "sent", "completed", "verified")
@@ -467,14 +461,16 @@ class OperationRecord(Compact):
     # What the digest binds besides the arguments (an HTTP write's "POST /path"); None: the tool's name.
     target: str | None = None
     # In a finished request's report: the fields its payload leaves out because the run's history holds them
-    # already (see AgentResult.in_history).
+    # already (see HistoryField).
     in_history: list[HistoryField] = Field(default_factory=list)
 
     def _without_repeats(self, data: dict[str, Any]) -> dict[str, Any]:
         # The happy path's transitions are implied by its final state.
         if self.state == "verified" and self.transitions == list(VERIFIED_PATH):
             del data["transitions"]
-        return _without_fields(data, self.in_history)
+        for name in self.in_history:
+            data.pop(name, None)
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -630,8 +626,8 @@ class CallRecord(Compact):
 
 class AgentResult(Compact):
     """A finished request's report. Its payload in history leaves out what the run's history holds already
-    (each listed in `in_history`, here and on each operation): read it with toolloop.request_result, which
-    fills them in from that history."""
+    (each operation lists it in its `in_history`): read it with toolloop.request_result, which fills it in
+    from that history."""
 
     # Left out of the payload: it is the run's own id (request_result fills it in).
     workflow_id: str = ""
@@ -643,16 +639,15 @@ class AgentResult(Compact):
     model_label: str = ""
     error: str | None = None
     operations: list[OperationRecord] = Field(default_factory=list)
-    in_history: list[HistoryField] = Field(default_factory=list)
 
     def _without_repeats(self, data: dict[str, Any]) -> dict[str, Any]:
         data.pop("workflow_id", None)
-        return _without_fields(data, self.in_history)
+        return data
 
     @property
     def complete(self) -> bool:
-        """False while some field is still only in the run's history (see in_history)."""
-        return not self.in_history and not any(op.in_history for op in self.operations)
+        """False while some operation's field is still only in the run's history (its in_history)."""
+        return not any(op.in_history for op in self.operations)
 
 
 class AgentProgress(BaseModel):

@@ -2,9 +2,9 @@
 model error, no answer) is a failed run in Temporal, so it is visibly failed in the UI; its whole report
 travels in the failure's details.
 
-A report's payload leaves out what the run's history holds already (AgentResult.in_history): the answer, and
-each operation's arguments, evidence, approval and the output the model was told. complete_report reads them
-back from that history, in one pass."""
+A report's payload leaves out what the run's history holds already (OperationRecord.in_history): each
+operation's arguments and digest, evidence, approval and the output the model was told. complete_report reads
+them back from that history, in one pass; a report that refers to nothing is returned without reading it."""
 
 from __future__ import annotations
 
