@@ -6,7 +6,8 @@ of the previous round instead of repeating them (so each item is stored in histo
 linearly with the rounds). The state before a turn comes from a bounded per-worker cache, and the outputs
 from the worker's output store; on a miss (another worker ran the earlier turns or the tools, or this one
 restarted) both are rebuilt from the run's own history: turn N's new items and its output items, for every
-earlier N, the instructions of turn 1, and the tool activities' results.
+earlier N, the instructions of turn 1, and the tool activities' results (and a write's output where its
+completing attempt establishes it alone: contracts.told_of_attempt).
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ from toolloop._core.contracts import (
     ModelTurnResult,
     ToolCallInput,
     ToolCallResult,
+    WriteInput,
+    WriteOutcome,
     output_json,
+    told_of_attempt,
 )
-from toolloop._core.names import MODEL_TURN_ACTIVITY, RUN_TOOL_ACTIVITY
+from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, MODEL_TURN_ACTIVITY, RUN_TOOL_ACTIVITY
 from toolloop._temporal.history import local_activity_result
 
 logger = logging.getLogger(__name__)
@@ -89,6 +93,7 @@ async def recorded_turns(handle: WorkflowHandle[Any, Any]) -> list[tuple[ModelTu
     results: dict[int, ModelTurnResult] = {}
     tool_calls: dict[int, tuple[int, str]] = {}
     tool_outputs: dict[tuple[int, str], str] = {}
+    write_attempts: dict[int, WriteInput] = {}
     # The round of the latest turn with a result: a local tool call's output after it is of that round
     # (the tools of a round run after its turn, and the next turn only after all of them).
     last_round = 0
@@ -102,6 +107,9 @@ async def recorded_turns(handle: WorkflowHandle[Any, Any]) -> list[tuple[ModelTu
             elif attrs.activity_type.name == RUN_TOOL_ACTIVITY:
                 [call] = await converter.decode(attrs.input.payloads, [ToolCallInput])
                 tool_calls[event.event_id] = (call.round, call.call_id)
+            elif attrs.activity_type.name == EXECUTE_WRITE_ACTIVITY:
+                [attempt] = await converter.decode(attrs.input.payloads, [WriteInput])
+                write_attempts[event.event_id] = attempt
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             done = event.activity_task_completed_event_attributes
             if done.scheduled_event_id in inputs:
@@ -110,6 +118,12 @@ async def recorded_turns(handle: WorkflowHandle[Any, Any]) -> list[tuple[ModelTu
             elif done.scheduled_event_id in tool_calls:
                 [tool_result] = await converter.decode(done.result.payloads, [ToolCallResult])
                 tool_outputs[tool_calls[done.scheduled_event_id]] = output_json(tool_result.output)
+            elif (attempt := write_attempts.get(done.scheduled_event_id)) is not None:
+                # A write runs after its round's turn, like a local tool call (see last_round).
+                [outcome] = await converter.decode(done.result.payloads, [WriteOutcome])
+                told = told_of_attempt(attempt, outcome)
+                if told is not None:
+                    tool_outputs[(last_round, attempt.call_id)] = told
         else:
             local = local_activity_result(event)
             if local is None:

@@ -18,6 +18,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
+from activities.conversation import RunKey, ToolOutputStore
 from activities.tool_calls import log_arguments, tool_context
 from toolloop._core.arguments import ArgumentsRejected
 from toolloop._core.codes import ErrorType, ResultCode
@@ -28,6 +29,7 @@ from toolloop._core.contracts import (
     WriteInput,
     WriteOutcome,
     error_output,
+    told_of_attempt,
 )
 from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
 from toolloop._core.outputs import cap_output
@@ -93,8 +95,11 @@ class WriteActivities:
         http: httpx.AsyncClient,
         retention_seconds: float | None = None,
         client: Client | None = None,
+        outputs: ToolOutputStore | None = None,
     ) -> None:
         self._registry = registry
+        # Where a model turn on this worker takes a write's output from (WriteInput.keep_output_round).
+        self._outputs = outputs
         self._http = http
         # To read an approval's token from the run's history (WriteInput.approval_update_id).
         self._client = client
@@ -178,7 +183,19 @@ class WriteActivities:
             )
         if outcome.kind == "completed" and spec.read_back is not None and outcome.output is not None:
             outcome.evidence = await self._read_back_now(spec, args, inp, outcome.output)
+        self._keep_told_output(inp, outcome)
         return outcome
+
+    def _keep_told_output(self, inp: WriteInput, outcome: WriteOutcome) -> None:
+        """For a next model turn that runs as an activity: what it is told of this write, when this attempt
+        establishes it alone (the turn refers to it rather than history storing it again)."""
+        if self._outputs is None or inp.keep_output_round is None:
+            return
+        told = told_of_attempt(inp, outcome)
+        if told is not None:
+            info = activity.info()
+            run = RunKey(info.workflow_id or "", info.workflow_run_id or "")
+            self._outputs.put(run, inp.keep_output_round, inp.call_id, told)
 
     async def _approval_token(self, inp: WriteInput) -> str | None:
         if inp.approval_token or inp.approval_update_id is None:

@@ -38,15 +38,29 @@ from tests.agent_helpers import (
     ticket_version,
     tool_outputs,
 )
-from toolloop import Actor, FunctionCallOutputItem, request_result
+from toolloop import Actor, ConversationItem, FunctionCallOutputItem, request_result
 from toolloop._core.contracts import AgentProgress, ModelTurnInput, OperationRecord
 from toolloop._core.names import GET_LEDGER_QUERY, GET_PROGRESS_QUERY, MODEL_TURN_ACTIVITY, RUN_TOOL_ACTIVITY
+from toolloop._models.adapter import ModelRequest
 from toolloop._temporal.history import local_activity_type
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker
 from toolloop.testing import script, start_request
 
 pytestmark = pytest.mark.e2e
+
+
+class SeeingRemoteScript(RemoteScriptModel):
+    """The remote script model, noting the tool outputs each turn was shown (turn -> call_id -> output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outputs_seen: dict[int, dict[str, Any]] = {}
+
+    async def respond(self, request: ModelRequest) -> list[ConversationItem]:
+        outputs = [i for i in request.conversation if isinstance(i, FunctionCallOutputItem)]
+        self.outputs_seen[request.turn] = {i.call_id: json.loads(i.output) for i in outputs}
+        return await super().respond(request)
 
 
 async def stored_turn_inputs(handle: WorkflowHandle[Any, Any], turn: int) -> list[ModelTurnInput]:
@@ -142,9 +156,13 @@ async def test_an_approved_write_with_local_turns_is_done_once_and_verified(
     ]
     outputs = await tool_outputs(handle)
     assert outputs["w1"]["state"] == "verified" and outputs["w1"]["operation_id"] == op.operation_id
-    # The write's output is the workflow's own: the last turn's marker is where history keeps it.
+    # The write's output is stored once: its attempt read the effect back, so the attempt's input and result
+    # hold all of it and the last turn's marker only names the call. Read back from there, it is exactly
+    # what the workflow told the model.
     *_, (_, last) = await model_turns(handle)
-    assert last is not None and json.loads(last.answered_outputs["w1"]) == outputs["w1"]
+    assert last is not None and last.answered == ["w1"] and last.answered_outputs == {}
+    [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
+    assert ledger.output == outputs["w1"] and ledger.output["result"]["ticket_id"] == "T1001"
 
 
 class EchoArgs(toolloop.Arguments):
@@ -216,7 +234,8 @@ async def test_a_remote_models_write_report_reads_the_told_output_back_from_the_
     version = await ticket_version(settings.service_url)
     note = call("append_ticket_note", {"ticketId": "T1001", "text": "remote turns", "expectedVersion": version}, "w1")
     spec = build_demo(settings.service_url)
-    spec = dataclasses.replace(spec, models={**spec.models, REMOTE_SCRIPT: RemoteScriptModel()})
+    model_adapter = SeeingRemoteScript()
+    spec = dataclasses.replace(spec, models={**spec.models, REMOTE_SCRIPT: model_adapter})
     async with running_worker(client, settings, spec):
         read = call("get_ticket", {"ticketId": "T1001"}, "r1")
         model = script_spec([read], [note], [say("ok")]).model_copy(update={"provider": REMOTE_SCRIPT})
@@ -227,13 +246,20 @@ async def test_a_remote_models_write_report_reads_the_told_output_back_from_the_
         [op] = result.operations
         assert (result.status, result.final_text, op.state) == ("completed", "ok", "verified")
         assert len(await effects(admin, op.operation_id)) == 1
-        # The model was told the write's outcome in its second turn, an activity: that turn's stored input is
-        # where history keeps it, and the report refers to it.
+        [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
+        assert ledger.output is not None and ledger.output["state"] == "verified"
+        # The model was told the write's outcome in its third turn, an activity. The write's attempt read the
+        # effect back, so its input and result hold that output: the turn's stored input only refers to it,
+        # and the model was given it whole (from the worker's output store).
         [told] = await stored_turn_inputs(handle, turn=3)
         [given] = [i for i in told.new_items if isinstance(i, FunctionCallOutputItem)]
-        assert "output" in op.model_fields_set and json.loads(given.output) == op.output
-        assert op.output is not None and op.output["state"] == "verified"
-        [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
+        assert (told.output_refs, given.output) == (["w1"], "")
+        assert model_adapter.outputs_seen[3] == {"w1": ledger.output}
+        # Read back from history (what another worker rebuilds), it is the same; and so in the report.
+        *_, (third, _) = await model_turns(handle)
+        [rebuilt] = [i for i in third.new_items if isinstance(i, FunctionCallOutputItem)]
+        assert json.loads(rebuilt.output) == ledger.output
+        assert "output" not in op.model_fields_set or op.output == ledger.output
         assert op == ledger and result.complete
         progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
         assert result.calls == progress.calls and [(c.call_id, c.round) for c in result.calls] == [("r1", 1), ("w1", 2)]

@@ -12,7 +12,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from toolloop._core.codes import NON_RETRYABLE_MODEL_ERRORS, ErrorType, ResultCode
+    from toolloop._core.codes import ErrorType, ResultCode
     from toolloop._core.contracts import (
         AgentInput,
         AgentProgress,
@@ -324,7 +324,8 @@ class AgentWorkflow:
             initial_interval=timedelta(seconds=1),
             maximum_interval=timedelta(seconds=30),
             maximum_attempts=limits.model_max_attempts,
-            non_retryable_error_types=[str(t) for t in NON_RETRYABLE_MODEL_ERRORS],
+            # No list of final error types: the activity raises those as non-retryable itself, and a list
+            # here would be stored in every model turn's scheduled event.
         )
         summary = f"model turn {turn}"
         # The same options either way; a local activity's failure is wrapped like an activity's.
@@ -353,7 +354,9 @@ class AgentWorkflow:
             results = []
             for call in group.calls:
                 self._narrator.tool_started(call, turn)
-                results.append(await self._writes.run(call, turn))
+                results.append(await self._writes.run(call, turn, keep_output=not self._local_turns))
+                if self._writes.told_in_history(call.call_id):
+                    self._outputs_in_history.add(call.call_id)
             return results
         gate = asyncio.Semaphore(inp.limits.max_parallel_reads)
         done: dict[str, ToolCallResult] = {}

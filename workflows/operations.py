@@ -61,6 +61,7 @@ with workflow.unsafe.imports_passed_through():
         WriteInput,
         WriteOutcome,
         error_output,
+        verified_write_output,
     )
     from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
     from toolloop._core.registry import Evidence, OperationStatus
@@ -104,6 +105,12 @@ class OperationStateMachine:
         self._read_in_attempt: dict[str, Evidence] = {}
         # Operations whose evidence is an activity's result in history (not made up here after a failure).
         self._evidence_in_history: set[str] = set()
+        # Calls whose output is what their completing attempt establishes alone (told_of_attempt): a model
+        # turn refers to it rather than storing it again.
+        self._told_by_attempt: set[str] = set()
+        # Per operation, the round whose next model turn (an activity) takes its output from the worker's
+        # output store; absent when the turns are local activities (the workflow gives them the output).
+        self._keep_output_round: dict[str, int] = {}
 
     @staticmethod
     def cancel_requested() -> bool:
@@ -204,7 +211,9 @@ class OperationStateMachine:
 
     # --- One side-effecting call ----------------------------------------------------------------
 
-    async def run(self, call: CheckedCall, turn: int) -> ToolCallResult:
+    async def run(self, call: CheckedCall, turn: int, *, keep_output: bool = False) -> ToolCallResult:
+        """Drive one side-effecting call to its output for the model. `keep_output`: the next model turn is
+        an activity, which can take the output from the worker's store (told_in_history)."""
         assert call.arguments is not None  # the planner only schedules validated calls
         started = workflow.now()
         operation_id = derive_operation_id(workflow.info().workflow_id, call.name, call.arguments)
@@ -229,6 +238,9 @@ class OperationStateMachine:
         )
         self.ledger[operation_id] = op
         self._arguments[operation_id] = call.arguments
+        if keep_output:
+            self._keep_output_round[operation_id] = turn
+        self._told_by_attempt.discard(call.call_id)  # a model may use a call id again in a later round
         output = await self._drive(op, call, turn)
         op.output = output
         return ToolCallResult(call_id=call.call_id, output=output, duration_ms=_ms_since(started))
@@ -416,6 +428,7 @@ class OperationStateMachine:
                     approval_update_id=self._token_updates.get(op.operation_id),
                     attempt=op.attempts,
                     call_id=call.call_id,
+                    keep_output_round=self._keep_output_round.get(op.operation_id),
                 ),
                 result_type=WriteOutcome,
                 start_to_close_timeout=timeout,
@@ -479,13 +492,17 @@ class OperationStateMachine:
     async def _verify(self, op: OperationRecord, result: dict[str, Any]) -> dict[str, Any]:
         # The attempt that completed read the effect back itself (the happy path); otherwise the read-back
         # activity reads it, retrying a read that does not see it yet.
-        evidence = self._read_in_attempt.pop(op.operation_id, None) or await self._read_back(op, result)
+        in_attempt = self._read_in_attempt.pop(op.operation_id, None)
+        evidence = in_attempt or await self._read_back(op, result)
         if evidence is not _NOT_READ_BACK:
             self._evidence_in_history.add(op.operation_id)
         op.evidence = evidence.model_dump(mode="json")
         if evidence.verified:
             self._move(op, "verified")
-            return {"ok": True, "operation_id": op.operation_id, "state": "verified", "result": result}
+            if in_attempt is not None:
+                # The completing attempt's input and result hold this output (told_of_attempt).
+                self._told_by_attempt.add(op.call_ids[0])
+            return verified_write_output(op.operation_id, result)
         return self._unverified(op, result, evidence.detail)
 
     async def _read_back(self, op: OperationRecord, result: dict[str, Any]) -> Evidence:
@@ -555,6 +572,11 @@ class OperationStateMachine:
         self._move(op, "unknown")
         message = f"it could not be established whether this happened: {why} Do not repeat it; tell the user."
         return self._op_error(op, ResultCode.OUTCOME_UNKNOWN, why, message)
+
+    def told_in_history(self, call_id: str) -> bool:
+        """True when the output of this call is what its completing attempt establishes alone: history
+        holds it there (told_of_attempt), so a model turn may refer to it."""
+        return call_id in self._told_by_attempt
 
     def snapshot(self) -> list[OperationRecord]:
         return [op.model_copy(deep=True) for op in self.ledger.values()]

@@ -58,10 +58,3 @@ class ErrorType(StrEnum):
     # A write attempt that ended without a definite answer: the attempt fails (visibly, in the UI) with the
     # WriteOutcome as its details, and the workflow asks the operation's status.
     WRITE_OUTCOME_UNKNOWN = "WriteOutcomeUnknown"
-
-
-NON_RETRYABLE_MODEL_ERRORS = (
-    ErrorType.MODEL_REQUEST_REJECTED,
-    ErrorType.MODEL_RESPONSE_MALFORMED,
-    ErrorType.SCRIPT_EXHAUSTED,
-)

@@ -569,6 +569,10 @@ class WriteInput(ActivityPayload):
     attempt: int
     call_id: str
     approval_update_id: str | None = None
+    # Set when the request's model turns are activities: the round whose next turn is told this write's
+    # output. A completed attempt that read its effect back keeps that output in the worker's output store
+    # for it (the turn refers to the output instead of carrying it).
+    keep_output_round: int | None = None
 
 
 class WriteOutcome(ActivityPayload):
@@ -692,6 +696,21 @@ def ok_output(**data: Any) -> dict[str, Any]:
 
 def error_output(code: str, message: str) -> dict[str, Any]:
     return {"ok": False, "code": str(code), "message": message}
+
+
+def verified_write_output(operation_id: str, result: dict[str, Any]) -> dict[str, Any]:
+    """What the model is told of a write that completed and was read back: the service's result and the
+    verified state. A write attempt that did both holds everything in it, so history need not store this
+    again (toolloop reads it back from the attempt's input and result)."""
+    return {"ok": True, "operation_id": operation_id, "state": "verified", "result": result}
+
+
+def told_of_attempt(attempt: WriteInput, outcome: WriteOutcome) -> str | None:
+    """The JSON the model is told of the write `attempt` that ended in `outcome`, when the attempt alone
+    establishes it (completed, and its own read-back verified the effect); None otherwise."""
+    if outcome.kind != "completed" or not (outcome.evidence or {}).get("verified"):
+        return None
+    return output_json(verified_write_output(attempt.operation_id, dict(outcome.output or {})))
 
 
 def answer_text(items: Sequence[ConversationItem]) -> str | None:

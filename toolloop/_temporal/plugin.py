@@ -162,9 +162,9 @@ class ToolloopPlugin(SimplePlugin):
             )
         registry = self.toolset.registry
         http = self._shared_http()
-        writes = WriteActivities(registry, http, self.retention_seconds, client)
         # Tool outputs pass from the tool activities to the next model turn on this worker, not through history.
         outputs = ToolOutputStore()
+        writes = WriteActivities(registry, http, self.retention_seconds, client, outputs)
         conversations = ConversationState(TemporalTurnHistory(client), outputs)
         config["activities"] = [
             *config.get("activities", []),

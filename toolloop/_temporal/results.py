@@ -28,6 +28,7 @@ from toolloop._core.contracts import (
     OperationRecord,
     WriteInput,
     WriteOutcome,
+    told_of_attempt,
 )
 from toolloop._core.names import (
     APPROVE_OPERATION_UPDATE,
@@ -90,6 +91,10 @@ class _HistoryFacts:
     def __init__(self, converter: DataConverter, told_calls: set[str]) -> None:
         self._decode = converter.decode
         self._writes: dict[int, str] = {}  # scheduled event id -> operation id, for execute_write and read-back
+        self._attempts: dict[int, WriteInput] = {}  # scheduled event id -> a write attempt's input
+        # Per operation: what the model was told of it, where its completing attempt establishes it alone (a
+        # model turn then refers to it: contracts.told_of_attempt).
+        self._told_by_attempt: dict[str, str] = {}
         self._arguments: dict[str, dict[str, Any]] = {}
         self._evidence: dict[str, dict[str, Any]] = {}
         self._decisions: dict[int, str] = {}  # the Update's accepted event id -> operation id
@@ -104,6 +109,7 @@ class _HistoryFacts:
             if attrs.activity_type.name == EXECUTE_WRITE_ACTIVITY:
                 [write] = await decode(attrs.input.payloads, [WriteInput])
                 self._writes[event.event_id] = write.operation_id
+                self._attempts[event.event_id] = write
                 self._arguments.setdefault(write.operation_id, write.arguments)
             elif attrs.activity_type.name == READ_BACK_ACTIVITY:
                 [data] = await decode(attrs.input.payloads, [dict[str, Any]])
@@ -120,7 +126,12 @@ class _HistoryFacts:
                 return
             [data] = await decode(done.result.payloads, [dict[str, Any]])
             # A write attempt's result is a WriteOutcome, a read-back's an Evidence.
-            evidence = WriteOutcome.model_validate(data).evidence if "kind" in data else data
+            evidence = data
+            if (attempt := self._attempts.get(done.scheduled_event_id)) is not None:
+                outcome = WriteOutcome.model_validate(data)
+                evidence = outcome.evidence
+                if (told := told_of_attempt(attempt, outcome)) is not None:
+                    self._told_by_attempt[operation_id] = told
             if evidence is not None:
                 self._evidence[operation_id] = Evidence.model_validate(evidence).model_dump(mode="json")
         elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
@@ -156,15 +167,15 @@ class _HistoryFacts:
             op.evidence = self._evidence[op.operation_id]
         elif name == "approval" and op.operation_id in self._approvals:
             op.approval = self._approvals[op.operation_id].model_copy()
-        elif name == "output" and (told := self._told_output(op.call_ids[0])) is not None:
+        elif name == "output" and (told := self._told_output(op)) is not None:
             op.output = told
         else:
             return False
         return True
 
-    def _told_output(self, call_id: str) -> dict[str, Any] | None:
+    def _told_output(self, op: OperationRecord) -> dict[str, Any] | None:
         try:
-            told = json.loads(self._told.get(call_id, ""))
+            told = json.loads(self._told.get(op.call_ids[0]) or self._told_by_attempt.get(op.operation_id, ""))
         except ValueError:
             return None
         return told if isinstance(told, dict) else None
