@@ -290,19 +290,27 @@ async def test_approvals_as_they_come_yields_each_operation_once_and_ends_with_t
     result = await request_result(handle)
     assert [(op.operation_id, op.state) for op in result.operations] == [(seen[0], "verified"), (seen[1], "denied")]
     assert len(await effects(admin, seen[0])) == 1 and await effects(admin, seen[1]) == []
-    # Each decision is answered with the operation's state right after it, and history stores only that
-    # answer: not the operation's whole record (its arguments) once more per decision.
+    # Each decision is answered with the operation's state right after it and its approval, exactly as the
+    # workflow recorded them. History stores only the state and the time: who decided and until when an
+    # approval holds are in the decision's token, once.
     assert [(a.operation_id, a.tool, a.state) for a in answers] == [
         (seen[0], "append_ticket_note", "approved"),
         (seen[1], "append_ticket_note", "denied"),
     ]
+    assert [op.approval for op in result.operations] == [a.approval for a in answers]
     assert [a.approval.by if a.approval else None for a in answers] == ["u1 via cli"] * 2
+    assert [a.approval.decision if a.approval else None for a in answers] == ["approved", "rejected"]
     stored = [
         json.loads(event.workflow_execution_update_completed_event_attributes.outcome.success.payloads[0].data)
         async for event in handle.fetch_history_events()
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED
     ]
-    assert [sorted(answer) for answer in stored] == [["approval", "operation_id", "state", "tool"]] * 2
+    assert [(answer["state"], sorted(answer)) for answer in stored] == [
+        ("approved", ["at", "state"]),
+        ("denied", ["at", "state"]),
+    ]
+    ledger = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
+    assert [op.approval for op in ledger] == [a.approval for a in answers]
 
 
 @pytest.mark.parametrize("page_size", [1000, 1], ids=["one-page", "a-page-per-batch"])

@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
         CallRecord,
         CheckedCall,
         ConversationItem,
-        DecisionReceipt,
+        DecisionAnswer,
         EventsPage,
         FunctionCallOutputItem,
         ModelTurnInput,
@@ -130,8 +130,8 @@ class AgentWorkflow:
         return self._writes.pending_approvals()
 
     @workflow.update(name=APPROVE_OPERATION_UPDATE)
-    def approve_operation(self, decision: ApprovalDecision) -> DecisionReceipt:
-        return self._writes.record_decision(decision).receipt()
+    def approve_operation(self, decision: ApprovalDecision) -> DecisionAnswer:
+        return self._writes.record_decision(decision).decision_answer()
 
     @approve_operation.validator
     def _check_approval(self, decision: ApprovalDecision) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Container
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -39,7 +39,6 @@ with workflow.unsafe.imports_passed_through():
         approval_wait_summary,
         derive_operation_id,
         payload_digest,
-        read_approval_claims,
         short_operation_id,
         verify_approval_token,
     )
@@ -47,7 +46,6 @@ with workflow.unsafe.imports_passed_through():
     from toolloop._core.contracts import (
         Actor,
         ApprovalDecision,
-        ApprovalRecord,
         ApprovalRequest,
         CheckedCall,
         HistoryField,
@@ -60,6 +58,7 @@ with workflow.unsafe.imports_passed_through():
         ToolCallResult,
         WriteInput,
         WriteOutcome,
+        approval_record,
         error_output,
         verified_write_output,
     )
@@ -190,23 +189,14 @@ class OperationStateMachine:
         op = self.ledger[decision.operation_id]
         if op.state != "awaiting_approval":
             return op  # a repeated decision changes nothing
-        by = decision.by
-        expires_at = None
-        if decision.token is not None:  # always, since the validator requires one
-            claims = read_approval_claims(decision.token)
-            self._tokens[op.operation_id] = decision.token
-            update = workflow.current_update_info()
-            if update is not None:
-                self._token_updates[op.operation_id] = update.id
-            # Who decided comes from the verified token, never from the caller's words.
-            by = claims.approved_by + (f" via {claims.channel}" if claims.channel else "")
-            expires_at = datetime.fromtimestamp(claims.expires_at, tz=UTC)
-        if decision.approve:
-            op.approval = ApprovalRecord(decision="approved", by=by, at=workflow.now(), expires_at=expires_at)
-            self._move(op, "approved")
-        else:
-            op.approval = ApprovalRecord(decision="rejected", by=by, at=workflow.now())
-            self._move(op, "denied")
+        assert decision.token is not None  # the validator requires one
+        self._tokens[op.operation_id] = decision.token
+        update = workflow.current_update_info()
+        if update is not None:
+            self._token_updates[op.operation_id] = update.id
+        # Who decided, and until when an approval holds, come from the verified token.
+        op.approval = approval_record(decision.token, workflow.now())
+        self._move(op, "approved" if decision.approve else "denied")
         return op
 
     # --- One side-effecting call ----------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -479,23 +479,39 @@ class OperationRecord(Compact):
             return {**data, "transitions": list(VERIFIED_PATH)}
         return data
 
-    def receipt(self) -> DecisionReceipt:
-        return DecisionReceipt(
-            operation_id=self.operation_id,
-            tool=self.tool,
-            state=self.state,
-            approval=self.approval.model_copy() if self.approval else None,
-        )
+    def decision_answer(self) -> DecisionAnswer:
+        return DecisionAnswer(state=self.state, at=self.approval.at if self.approval else None)
+
+
+class DecisionAnswer(Compact):
+    """The `approve_operation` Update's answer, as history stores it: the operation's state right after the
+    decision, and when the workflow recorded that decision. Everything else of the approval is in the
+    decision's signed token, once (approval_record); the channel makes the DecisionReceipt from both."""
+
+    state: OperationState
+    at: datetime | None = None
 
 
 class DecisionReceipt(Compact):
-    """The answer to a decision (the `approve_operation` Update, and the API's decision call): the operation's
-    state right after it, not its whole record (that would be stored once more in history per decision)."""
+    """The answer to a decision (toolloop.send_decision, the CLI's and the API's decision call): the
+    operation's state right after it, not its whole record."""
 
     operation_id: str
     tool: str
     state: OperationState
     approval: ApprovalRecord | None = None
+
+
+def approval_record(token: str, at: datetime) -> ApprovalRecord:
+    """The approval a decision's (verified) token records, at `at`: who decided comes from its claims, never
+    from the caller's words; an approval's lifetime too."""
+    claims = read_approval_claims(token)
+    by = claims.approved_by + (f" via {claims.channel}" if claims.channel else "")
+    if claims.decision == "approve":
+        return ApprovalRecord(
+            decision="approved", by=by, at=at, expires_at=datetime.fromtimestamp(claims.expires_at, tz=UTC)
+        )
+    return ApprovalRecord(decision="rejected", by=by, at=at)
 
 
 class ApprovalRequest(BaseModel):
@@ -541,20 +557,26 @@ class ApprovalDecision(Compact):
     @model_validator(mode="before")
     @classmethod
     def _with_repeats(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or {"operation_id", "digest", "approve"} <= set(data):
+        if not isinstance(data, dict) or {"operation_id", "digest", "approve", "by"} <= set(data):
             return data
         return {**_token_claims(data.get("token")), **data}
 
 
 def _token_claims(token: Any) -> dict[str, Any]:
-    """What a decision's token claims (unverified): its operation, digest and decision; {} when unreadable."""
+    """What a decision's token claims (unverified): its operation, digest, decision and who decided through
+    which channel; {} when unreadable."""
     if not isinstance(token, str) or not token:
         return {}
     try:
         claims = read_approval_claims(token)
     except ApprovalInvalid:
         return {}
-    return {"operation_id": claims.operation_id, "digest": claims.digest, "approve": claims.decision == "approve"}
+    return {
+        "operation_id": claims.operation_id,
+        "digest": claims.digest,
+        "approve": claims.decision == "approve",
+        "by": claims.approved_by + (f" via {claims.channel}" if claims.channel else ""),
+    }
 
 
 class WriteInput(ActivityPayload):

@@ -11,7 +11,14 @@ from typing import Any
 from temporalio.client import WorkflowHandle
 
 from toolloop._core.approvals import ApprovalClaims, mint_approval_token, payload_digest
-from toolloop._core.contracts import Actor, ApprovalDecision, ApprovalRequest, DecisionReceipt
+from toolloop._core.contracts import (
+    Actor,
+    ApprovalDecision,
+    ApprovalRequest,
+    DecisionAnswer,
+    DecisionReceipt,
+    approval_record,
+)
 from toolloop._core.names import APPROVE_OPERATION_UPDATE, GET_APPROVAL_REQUEST_QUERY
 
 DEFAULT_APPROVAL_TTL_SECONDS = 600.0
@@ -93,7 +100,11 @@ async def send_decision(
         token=token,
         by=f"{decider.user_id} via {channel}",
     )
-    result: DecisionReceipt = await handle.execute_update(
-        APPROVE_OPERATION_UPDATE, decision, result_type=DecisionReceipt
+    answer: DecisionAnswer = await handle.execute_update(APPROVE_OPERATION_UPDATE, decision, result_type=DecisionAnswer)
+    # The workflow answers with the state and when it recorded the decision; the rest is in the token.
+    return DecisionReceipt(
+        operation_id=request.operation_id,
+        tool=request.tool,
+        state=answer.state,
+        approval=approval_record(token, answer.at) if answer.at is not None else None,
     )
-    return result

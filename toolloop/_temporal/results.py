@@ -18,16 +18,18 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
 
-from toolloop._core.approvals import payload_digest
+from toolloop._core.approvals import ApprovalInvalid, payload_digest
 from toolloop._core.codes import ErrorType
 from toolloop._core.contracts import (
     AgentResult,
     ApprovalDecision,
     ApprovalRecord,
+    DecisionAnswer,
     DecisionReceipt,
     OperationRecord,
     WriteInput,
     WriteOutcome,
+    approval_record,
     told_of_attempt,
 )
 from toolloop._core.names import (
@@ -38,6 +40,20 @@ from toolloop._core.names import (
 )
 from toolloop._core.registry import Evidence
 from toolloop._temporal.history import local_activity_result
+
+
+def _approval_of(decision: ApprovalDecision, answer: dict[str, Any]) -> ApprovalRecord | None:
+    """The approval a decision Update recorded: from its token and the answer's time (DecisionAnswer), or as
+    the answer held it whole (histories from before)."""
+    if isinstance(answer.get("approval"), dict):
+        return DecisionReceipt.model_validate(answer).approval
+    recorded = DecisionAnswer.model_validate(answer)
+    if recorded.at is None or not decision.token:
+        return None
+    try:
+        return approval_record(decision.token, recorded.at)
+    except ApprovalInvalid:  # the workflow verified it: only a tampered history gets here
+        return None
 
 
 def failed_result(exc: WorkflowFailureError) -> AgentResult | None:
@@ -97,7 +113,7 @@ class _HistoryFacts:
         self._told_by_attempt: dict[str, str] = {}
         self._arguments: dict[str, dict[str, Any]] = {}
         self._evidence: dict[str, dict[str, Any]] = {}
-        self._decisions: dict[int, str] = {}  # the Update's accepted event id -> operation id
+        self._decisions: dict[int, ApprovalDecision] = {}  # by the Update's accepted event id
         self._approvals: dict[str, ApprovalRecord] = {}
         self._told_calls = told_calls
         self._told: dict[str, str] = {}
@@ -138,14 +154,15 @@ class _HistoryFacts:
             accepted = event.workflow_execution_update_accepted_event_attributes.accepted_request.input
             if accepted.name == APPROVE_OPERATION_UPDATE:
                 [decision] = await decode(accepted.args.payloads, [ApprovalDecision])
-                self._decisions[event.event_id] = decision.operation_id
+                self._decisions[event.event_id] = decision
         elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED:
             completed = event.workflow_execution_update_completed_event_attributes
-            operation_id = self._decisions.get(completed.accepted_event_id)
-            if operation_id is not None and completed.outcome.HasField("success"):
-                [receipt] = await decode(completed.outcome.success.payloads, [DecisionReceipt])
-                if receipt.approval is not None:
-                    self._approvals[operation_id] = receipt.approval
+            decision = self._decisions.get(completed.accepted_event_id)
+            if decision is not None and completed.outcome.HasField("success"):
+                [answer] = await decode(completed.outcome.success.payloads, [dict[str, Any]])
+                approval = _approval_of(decision, answer)
+                if approval is not None:
+                    self._approvals[decision.operation_id] = approval
         elif self._told_calls and (local := local_activity_result(event)) is not None:
             activity_type, payload = local
             if activity_type == MODEL_TURN_ACTIVITY:
