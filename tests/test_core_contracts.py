@@ -100,6 +100,11 @@ def test_a_decision_stores_its_operation_digest_and_decision_once_in_the_signed_
     [payload] = converter.to_payloads([decision])
     assert json.loads(payload.data) == {"token": token, "by": "u1 via cli"}
     assert converter.from_payloads([payload], [ApprovalDecision]) == [decision]
+    # Who decided through which channel is in the token too: a decision that says the same leaves it out.
+    same_by = decision.model_copy(update={"by": "u1"})
+    [payload] = converter.to_payloads([same_by])
+    assert json.loads(payload.data) == {"token": token}
+    assert converter.from_payloads([payload], [ApprovalDecision]) == [same_by]
     # A decision that says something its token does not keeps it, and is refused by the validator later.
     other = decision.model_copy(update={"operation_id": "op_2", "approve": True})
     [payload] = converter.to_payloads([other])
@@ -111,3 +116,23 @@ def test_a_decision_stores_its_operation_digest_and_decision_once_in_the_signed_
     assert {"operation_id", "digest", "approve"} <= set(json.loads(payload.data))
     with pytest.raises(ValidationError):
         ApprovalDecision.model_validate({"token": "junk"})
+
+
+def test_a_report_operation_names_every_field_history_holds_in_short() -> None:
+    converter = data_converter().payload_converter
+    every = list(contracts.HISTORY_FIELDS)
+    op = contracts.OperationRecord(
+        operation_id="op_1", tool="t", call_ids=["c1"], digest="sha256:ab", state="verified", in_history=every
+    )
+    [payload] = converter.to_payloads([op])
+    stored = json.loads(payload.data)
+    assert stored["in_history"] == ["*"] and "digest" not in stored
+    [back] = converter.from_payloads([payload], [contracts.OperationRecord])
+    assert back.in_history == every and back.digest == ""  # the reader fills it from history
+    # Fewer than all are named one by one; a record stored before in_history existed names none.
+    some = op.model_copy(update={"in_history": ["approval"]})
+    [payload] = converter.to_payloads([some])
+    assert json.loads(payload.data)["in_history"] == ["approval"]
+    assert converter.from_payloads([payload], [contracts.OperationRecord]) == [some]
+    old = {"operation_id": "op_1", "tool": "t", "call_ids": ["c1"], "digest": "sha256:ab", "state": "failed"}
+    assert contracts.OperationRecord.model_validate(old).in_history == []

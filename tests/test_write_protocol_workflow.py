@@ -51,6 +51,7 @@ from toolloop._core.contracts import (
     ModelTurnInput,
     ModelTurnResult,
     OperationQuery,
+    OperationRecord,
     ReadBackInput,
     ToolCallInput,
     ToolCallResult,
@@ -388,7 +389,8 @@ async def test_a_write_whose_read_back_fails_ends_completed_not_verified(
     # after the activity gave up is not, and the report keeps it.
     [stored] = (await stored_report(handle))["operations"]
     made_up = isinstance(evidence, Exception)
-    assert ("evidence" in stored) is made_up and ("evidence" in stored["in_history"]) is not made_up
+    in_history = OperationRecord.model_validate(stored).in_history
+    assert ("evidence" in stored) is made_up and ("evidence" in in_history) is not made_up
     assert op.evidence is not None and op.evidence["verified"] is False and not op.in_history
 
 

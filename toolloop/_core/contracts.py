@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -422,12 +422,15 @@ class StatusCheck(Compact):
 # - "arguments": the write attempts' input (when nothing was redacted), and with them "digest" (computed from
 #   them, as the workflow did);
 # - "evidence": the read-back, done in the completing attempt or by the read-back activity;
-# - "approval": the decision Update's answer (its DecisionReceipt);
+# - "approval": the decision Update's input (its token) and answer (its time);
 # - "output": what the model was told, in the next model turn (its input, or a local turn's record).
 # The answer (final_text) stays in the report although the last turn holds it too: it is what someone opening
 # the request in the Temporal UI looks for first. So do the call records: they are small, and a report that
 # refers to nothing (a request without side effects) is read without reading its history.
 HistoryField = Literal["arguments", "digest", "evidence", "approval", "output"]
+HISTORY_FIELDS: tuple[HistoryField, ...] = get_args(HistoryField)
+# How a payload says "every HistoryField" (the happy path's case): fixed for good.
+_EVERY_HISTORY_FIELD = "*"
 
 
 # The transitions of an operation that went the happy path; fixed for good (a stored record that leaves them
@@ -470,13 +473,19 @@ class OperationRecord(Compact):
             del data["transitions"]
         for name in self.in_history:
             data.pop(name, None)
+        if tuple(self.in_history) == HISTORY_FIELDS:
+            data["in_history"] = [_EVERY_HISTORY_FIELD]
         return data
 
     @model_validator(mode="before")
     @classmethod
     def _with_repeats(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("state") == "verified" and "transitions" not in data:
-            return {**data, "transitions": list(VERIFIED_PATH)}
+        if not isinstance(data, dict):
+            return data
+        if data.get("state") == "verified" and "transitions" not in data:
+            data = {**data, "transitions": list(VERIFIED_PATH)}
+        if data.get("in_history") == [_EVERY_HISTORY_FIELD]:
+            data = {**data, "in_history": list(HISTORY_FIELDS)}
         return data
 
     def decision_answer(self) -> DecisionAnswer:
