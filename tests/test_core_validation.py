@@ -547,25 +547,29 @@ def test_a_model_turn_result_stores_each_calls_name_and_arguments_once(registry:
     items: list[Any] = [
         OtherItem.model_validate({"type": "reasoning", "id": "r1"}),
         FunctionCallItem(call_id="c1", name="lookup", arguments='{"itemId": "I01", "title": null, "limit": null}'),
-        # Arguments the check canonicalises: the checked ones differ from the item's, so both are kept.
+        # Arguments the check canonicalises: only what differs from the item's is kept.
         FunctionCallItem(call_id="c2", name="note", arguments='{"text": "Cafe\\u0301"}'),
         FunctionCallItem(call_id="c3", name="nope", arguments="{}"),
         FunctionCallItem(call_id="c4", name="lookup", arguments="not json"),
+        # Defaults the check fills in: only those are kept.
+        FunctionCallItem(call_id="c5", name="lookup", arguments='{"itemId": "I02"}'),
     ]
     checked, error = check_turn(registry, [i for i in items if isinstance(i, FunctionCallItem)])
     result = ModelTurnResult(items=items, calls=checked, model_label="test", protocol_error=error)
     converter = data_converter().payload_converter
     [payload] = converter.to_payloads([result])
     stored = {c["call_id"]: c for c in json.loads(payload.data)["calls"]}
-    assert "name" not in stored["c1"] and "arguments" not in stored["c1"]
-    assert stored["c2"]["arguments"] == {"text": "Café"}
+    assert "name" not in stored["c1"] and not {"arguments", "arguments_changed"} & set(stored["c1"])
+    assert "arguments" not in stored["c2"] and stored["c2"]["arguments_changed"] == {"text": "Café"}
     assert "rejection" in stored["c3"] and "rejection" in stored["c4"]
+    assert stored["c5"]["arguments_changed"] == {"title": None, "limit": None}
     [back] = converter.from_payloads([payload], [ModelTurnResult])
     assert back == result
     assert [(c.name, c.arguments) for c in back.calls][:2] == [
         ("lookup", {"itemId": "I01", "title": None, "limit": None}),
         ("note", {"text": "Café"}),
     ]
+    assert back.calls[-1].arguments == {"itemId": "I02", "title": None, "limit": None}
     # A payload written before calls were shortened (every field there) reads the same.
     full = result.model_dump(mode="json")
     assert ModelTurnResult.model_validate(full) == result

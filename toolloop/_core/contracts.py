@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from toolloop._core.approvals import ApprovalInvalid, read_approval_claims
+from toolloop._core.approvals import ApprovalInvalid, canonical_json, read_approval_claims
 
 # --- Conversation items (OpenAI Responses shape) -------------------------------------------------
 # Output items keep every field the provider sent (extra="allow"), so reasoning and other items go back
@@ -290,8 +290,9 @@ class CheckedCall(ActivityPayload):
 
 class ModelTurnResult(ActivityPayload):
     """The model's items and its calls as checked. In a payload a checked call leaves out its `name`, and
-    its `arguments` where they are its item's own, parsed: both are in the call's item already, and are
-    restored from it when the payload is read."""
+    of its `arguments` what is its item's own, parsed: both are in the call's item already, and are
+    restored from it when the payload is read. Arguments that validation changed or added (a default, say)
+    are kept as `arguments_changed`, the rest read from the item."""
 
     fixed_defaults: ClassVar[frozenset[str]] = frozenset({"in_process"})
 
@@ -320,7 +321,18 @@ class ModelTurnResult(ActivityPayload):
                 continue
             if call.get("name") == item.get("name"):
                 del call["name"]
-            if "rejection" not in call and "arguments" in call and call["arguments"] == _parsed(item):
+            arguments, parsed = call.get("arguments"), _parsed(item)
+            if "rejection" in call or not isinstance(arguments, dict) or not isinstance(parsed, dict):
+                continue
+            if set(parsed) <= set(arguments):
+                # The same JSON, not just equal values (1 == 1.0 == True in Python).
+                changed = {
+                    name: value
+                    for name, value in arguments.items()
+                    if name not in parsed or canonical_json(value) != canonical_json(parsed[name])
+                }
+                if changed:
+                    call["arguments_changed"] = changed
                 del call["arguments"]
         return data
 
@@ -343,7 +355,8 @@ class ModelTurnResult(ActivityPayload):
                 call = dict(call)
                 call.setdefault("name", item.get("name"))
                 if "arguments" not in call and "rejection" not in call:
-                    call["arguments"] = _parsed(item)
+                    parsed, changed = _parsed(item), call.pop("arguments_changed", None)
+                    call["arguments"] = {**parsed, **changed} if isinstance(changed, dict) else parsed
             calls.append(call)
         return {**data, "calls": calls}
 
