@@ -129,6 +129,8 @@ class ModelActivities:
             in_history = set(inp.output_refs)
             result.answered = [item.call_id for item in outputs]
             result.answered_outputs = {item.call_id: item.output for item in outputs if item.call_id not in in_history}
+            if result.model_label == inp.model_label:
+                result.model_label = ""  # the same as the previous turn's, which the workflow keeps
         elif inp.turn == 1:
             result.in_process = in_process
         return result

@@ -19,6 +19,7 @@ PINNED: dict[str, dict[str, Any]] = {
     "ModelTurnResult": {"in_process": False},
     "ModelTurnInput": {"script_length": 0},
     "ToolCallInput": {"keep_output": True},
+    "WriteInput": {"attempt": 1},
     "Limits": {
         "max_rounds": 8,
         "max_calls_per_round": 8,
@@ -136,3 +137,17 @@ def test_a_report_operation_names_every_field_history_holds_in_short() -> None:
     assert converter.from_payloads([payload], [contracts.OperationRecord]) == [some]
     old = {"operation_id": "op_1", "tool": "t", "call_ids": ["c1"], "digest": "sha256:ab", "state": "failed"}
     assert contracts.OperationRecord.model_validate(old).in_history == []
+
+
+@pytest.mark.parametrize(
+    ("stop", "status"),
+    [("final_answer", "completed"), ("max_rounds", "stopped"), ("cancelled", "stopped"), ("model_error", "failed")],
+)
+def test_a_reports_status_is_implied_by_its_stop_reason(stop: str, status: str) -> None:
+    converter = data_converter().payload_converter
+    report = contracts.AgentResult(status=status, stop_reason=stop, rounds=1, calls=[])
+    [payload] = converter.to_payloads([report])
+    assert "status" not in json.loads(payload.data)
+    assert converter.from_payloads([payload], [contracts.AgentResult]) == [report]
+    # A report stored with its status written reads the same.
+    assert contracts.AgentResult.model_validate(report.model_dump(mode="json")) == report

@@ -352,7 +352,8 @@ async def test_the_read_back_verifies_what_was_approved(kit: Kit, tools: Toolset
     evidence = await spec.read_back(context(tools, None, None), args, output)
 
     assert evidence.verified is True and evidence.checks == {"id": True, "text": True}
-    assert output["note_id"] in evidence.detail
+    # Where the effect was seen, the created id named once (the path read holds it).
+    assert evidence.detail == f"GET /notes/{output['note_id']} matches the approved operation"
 
 
 async def test_the_read_back_of_a_note_changed_since_differs(

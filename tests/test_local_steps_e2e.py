@@ -161,6 +161,8 @@ async def test_an_approved_write_with_local_turns_is_done_once_and_verified(
     # what the workflow told the model.
     *_, (_, last) = await model_turns(handle)
     assert last is not None and last.answered == ["w1"] and last.answered_outputs == {}
+    # Nor does it repeat the model's label, the previous turn's: the report has it.
+    assert last.model_label == "" and result.model_label == "script"
     [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
     assert ledger.output == outputs["w1"] and ledger.output["result"]["ticket_id"] == "T1001"
 

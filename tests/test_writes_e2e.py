@@ -1036,16 +1036,18 @@ async def test_the_report_stores_once_what_history_holds_and_request_result_read
     result, handle = await run_approved(client, settings, business_service, turns)
 
     # The report's payload leaves out of the operation its arguments and digest (the write's input), evidence
-    # (its read-back), approval (the Update's answer), what the model was told (the next turn's) and its
-    # happy-path transitions: each is stored once, elsewhere in history. The answer and the call records stay.
+    # (its read-back), approval (the Update's input and answer) and with it when the write was first sent,
+    # what the model was told (the write's attempt) and its happy-path transitions: each is stored once,
+    # elsewhere in history. The answer and the call records stay.
     stored = await stored_report(handle)
     assert stored["final_text"] == "Noted." and "in_history" not in stored
     assert [c["call_id"] for c in stored["calls"]] == ["r1", "r2", "w1"]
     [op] = stored["operations"]
     # All five, as the payload says it in short.
     assert op["in_history"] == ["*"]
-    assert OperationRecord.model_validate(op).in_history == ["arguments", "digest", "evidence", "approval", "output"]
-    assert not {"arguments", "digest", "evidence", "approval", "output", "transitions"} & set(op)
+    every = ["arguments", "digest", "evidence", "approval", "first_sent_at", "output"]
+    assert OperationRecord.model_validate(op).in_history == every
+    assert not {*every, "transitions"} & set(op)
     assert "workflow_id" not in stored
 
     # request_result reads them back: the same report as the workflow holds it.

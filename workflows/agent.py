@@ -28,13 +28,13 @@ with workflow.unsafe.imports_passed_through():
         ModelTurnInput,
         ModelTurnResult,
         OperationRecord,
-        RunStatus,
         StopReason,
         ToolCallInput,
         ToolCallResult,
         answer_text,
         error_output,
         output_json,
+        status_of,
         user_message,
     )
     from toolloop._core.names import (
@@ -169,7 +169,7 @@ class AgentWorkflow:
             self._progress.round = rounds
             self._set_phase(f"round {rounds}: waiting for the model")
             try:
-                turn = await self._model_turn(inp, rounds, new_items, output_refs, deadline)
+                turn = await self._model_turn(inp, rounds, new_items, output_refs, deadline, model_label)
             except asyncio.CancelledError as cancelled:
                 self._writes.absorb_cancel(cancelled)
                 stop = "cancelled"
@@ -181,7 +181,7 @@ class AgentWorkflow:
                 stop = "deadline" if workflow.now() >= deadline else "model_error"
                 error = f"model turn {rounds} failed: {_failure_message(err)}"
                 break
-            model_label = turn.model_label
+            model_label = turn.model_label or model_label
             self._told.update(item.call_id for item in new_items if isinstance(item, FunctionCallOutputItem))
             if rounds == 1 and turn.in_process:
                 self._local_turns = True
@@ -243,9 +243,7 @@ class AgentWorkflow:
                 stop = "deadline"
                 break
 
-        status: RunStatus = "completed" if stop == "final_answer" else "stopped"
-        if stop in ("model_error", "no_answer"):
-            status = "failed"
+        status = status_of(stop)
         report = AgentResult(
             workflow_id=workflow.info().workflow_id,
             status=status,
@@ -298,7 +296,13 @@ class AgentWorkflow:
         )
 
     async def _model_turn(
-        self, inp: AgentInput, turn: int, new_items: list[ConversationItem], output_refs: list[str], deadline: datetime
+        self,
+        inp: AgentInput,
+        turn: int,
+        new_items: list[ConversationItem],
+        output_refs: list[str],
+        deadline: datetime,
+        model_label: str,
     ) -> ModelTurnResult:
         limits = inp.limits
         local = self._local_turns
@@ -317,6 +321,7 @@ class AgentWorkflow:
             conversation=self._conversation if local else None,
             scripted_output=script[turn - 1] if script and turn <= len(script) else None,
             script_length=len(script or ()),
+            model_label=model_label if local else "",
         )
         timeout = timedelta(seconds=limits.model_timeout_seconds)
         budget = max(deadline - workflow.now(), _MIN_TIMEOUT)

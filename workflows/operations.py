@@ -44,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from toolloop._core.codes import ErrorType, ResultCode
     from toolloop._core.contracts import (
+        HISTORY_FIELDS,
         Actor,
         ApprovalDecision,
         ApprovalRequest,
@@ -582,9 +583,10 @@ class OperationStateMachine:
                 "digest": sent_as_is,
                 "evidence": op.operation_id in self._evidence_in_history,
                 "approval": op.approval is not None,
+                "first_sent_at": op.approval is not None and op.first_sent_at == op.approval.at,
                 "output": op.output is not None and op.call_ids[0] in told,
             }
-            op.in_history = [name for name, in_history in held.items() if in_history]
+            op.in_history = [name for name in HISTORY_FIELDS if held[name]]
         return operations
 
 

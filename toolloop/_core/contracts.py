@@ -258,6 +258,9 @@ class ModelTurnInput(ActivityPayload):
     # so this costs no history, and no conversation state is needed on the activity side. Its new_items
     # then hold every output, those of output_refs included.
     conversation: list[ConversationItem] | None = None
+    # A turn run as a local activity: the model's label as the previous turn said it. Its record leaves the
+    # label out when it is the same (ModelTurnResult.model_label).
+    model_label: str = ""
 
 
 class CheckedCall(ActivityPayload):
@@ -300,7 +303,8 @@ class ModelTurnResult(ActivityPayload):
     calls: list[CheckedCall]
     # Set by older workers only; the answer's text is read from the items (answer_text), not stored twice.
     final_text: str | None = None
-    model_label: str
+    # "": the previous turn's (a local turn's record leaves out a label that did not change).
+    model_label: str = ""
     # Set when the turn itself broke the protocol (e.g. one call_id twice): nothing in it runs.
     protocol_error: str | None = None
     # Said by the first turn, run as an activity: the model runs in the worker's process
@@ -436,11 +440,13 @@ class StatusCheck(Compact):
 #   them, as the workflow did);
 # - "evidence": the read-back, done in the completing attempt or by the read-back activity;
 # - "approval": the decision Update's input (its token) and answer (its time);
+# - "first_sent_at": the approval's time, when the first attempt went out in the same workflow task (as it
+#   does once an approval arrives while the operation waits);
 # - "output": what the model was told, in the next model turn (its input, or a local turn's record).
 # The answer (final_text) stays in the report although the last turn holds it too: it is what someone opening
 # the request in the Temporal UI looks for first. So do the call records: they are small, and a report that
 # refers to nothing (a request without side effects) is read without reading its history.
-HistoryField = Literal["arguments", "digest", "evidence", "approval", "output"]
+HistoryField = Literal["arguments", "digest", "evidence", "approval", "first_sent_at", "output"]
 HISTORY_FIELDS: tuple[HistoryField, ...] = get_args(HistoryField)
 # How a payload says "every HistoryField" (the happy path's case): fixed for good.
 _EVERY_HISTORY_FIELD = "*"
@@ -602,6 +608,8 @@ def _token_claims(token: Any) -> dict[str, Any]:
 
 
 class WriteInput(ActivityPayload):
+    fixed_defaults: ClassVar[frozenset[str]] = frozenset({"attempt"})
+
     operation_id: str
     tool: str
     arguments: dict[str, Any]
@@ -610,7 +618,7 @@ class WriteInput(ActivityPayload):
     # whose input, in this run's history, holds it. The attempt reads it from there, so history stores each
     # token once.
     approval_token: str = ""
-    attempt: int
+    attempt: int = 1
     call_id: str
     approval_update_id: str | None = None
     # Set when the request's model turns are activities: the round whose next turn is told this write's
@@ -663,6 +671,13 @@ StopReason = Literal[
 RunStatus = Literal["completed", "stopped", "failed"]
 
 
+def status_of(stop: StopReason) -> RunStatus:
+    """How a request that stopped so ended: answered, stopped at a limit (or cancelled), or failed."""
+    if stop == "final_answer":
+        return "completed"
+    return "failed" if stop in ("model_error", "no_answer") else "stopped"
+
+
 class CallRecord(Compact):
     call_id: str
     tool: str
@@ -690,6 +705,15 @@ class AgentResult(Compact):
 
     def _without_repeats(self, data: dict[str, Any]) -> dict[str, Any]:
         data.pop("workflow_id", None)
+        if self.status == status_of(self.stop_reason):
+            del data["status"]  # implied by the stop reason
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _with_repeats(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "status" not in data and isinstance(data.get("stop_reason"), str):
+            return {**data, "status": status_of(data["stop_reason"])}
         return data
 
     @property

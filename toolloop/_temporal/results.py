@@ -184,6 +184,8 @@ class _HistoryFacts:
             op.evidence = self._evidence[op.operation_id]
         elif name == "approval" and op.operation_id in self._approvals:
             op.approval = self._approvals[op.operation_id].model_copy()
+        elif name == "first_sent_at" and op.approval is not None:  # filled before it, when in history
+            op.first_sent_at = op.approval.at
         elif name == "output" and (told := self._told_output(op)) is not None:
             op.output = told
         else:

@@ -348,19 +348,20 @@ class HttpWriteContract:
         if checks is None:
             raise EvidenceNotYetVisible(f"the effect is not visible at {path} yet")
         differing = [name for name, same in checks.items() if not same]
-        seen = f"GET {path} for {_created_id(created)}"
+        seen = f"GET {path}{_created_id(created, path)}"
         detail = f"{seen} matches the approved operation"
         if differing:
             detail = f"{seen} differs from the approved operation: {', '.join(differing)}"
         return Evidence(verified=not differing, detail=detail, checks=dict(checks))
 
 
-def _created_id(created: BaseModel) -> str:
-    """The created object's id, for the evidence's wording: its first field whose name ends in "id"."""
+def _created_id(created: BaseModel, path: str) -> str:
+    """The created object's id, for the evidence's wording: its first field whose name ends in "id"; nothing
+    when the path read names it already."""
     for name, value in created.model_dump(mode="json").items():
         if name == "id" or name.endswith("_id"):
-            return f"{name} {value}"
-    return "the created object"
+            return "" if str(value) in path.split("/") else f" for {name} {value}"
+    return " for the created object"
 
 
 Executor = Callable[[ToolContext, Any], Awaitable[Mapping[str, Any]]]
