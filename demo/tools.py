@@ -97,6 +97,8 @@ class CreateCalendarEventArgs(_WriteArguments):
     end: Instant = Field(description="End, ISO 8601 with a UTC offset; after start, at most 8 hours later.")
     attendees: Annotated[list[Email], Field(max_length=20), AfterValidator(sorted_unique)] | None = Field(
         default=None,
+        # Left out by the model, it is [] too (the default goes through _none_is_empty).
+        validate_default=True,
         description="Up to 20 attendee email addresses (a set: order and repeats do not matter); null for none.",
     )
 

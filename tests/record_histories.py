@@ -217,6 +217,24 @@ async def report_refers_to_history(
         return await _finished(handle)
 
 
+async def write_told_by_reference(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> WorkflowHandle[Any, AgentResult]:
+    """Today's payloads for a write with an in-process model (turns 2 and on local): the write's output told
+    by reference to its attempt, a checked call keeping only the arguments validation changed, a decision
+    answered with its state and time, a local turn's record without an unchanged label, and a report that
+    names every field history holds in short."""
+    write = call(
+        "create_calendar_event",
+        {"calendarId": "cal-u1", "title": "told", "start": "2027-02-01T10:00:00Z", "end": "2027-02-01T11:00:00Z"},
+        "w1",
+    )
+    model = script_spec([call("get_order_status", {"orderId": "A100"}, "r1")], [write], [say("ok")])
+    handle = await start_agent(client, settings, "w", model=model)
+    async with approving(handle):
+        return await _finished(handle)
+
+
 async def _first_verified(handle: WorkflowHandle[Any, AgentResult]) -> None:
     while True:
         ledger = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
@@ -239,6 +257,7 @@ SCENARIOS: dict[str, Scenario] = {
     "local_steps": local_steps,
     "remote_model_local_reads": remote_model_local_reads,
     "report_refers_to_history": report_refers_to_history,
+    "write_told_by_reference": write_told_by_reference,
 }
 
 

@@ -229,6 +229,23 @@ async def test_event_and_refund_outputs(registry: ToolRegistry, service: httpx.A
     assert (refund["amount_cents"], refund["refunded_cents"], refund["refundable_cents"]) == (500, 500, total - 500)
 
 
+@pytest.mark.parametrize("attendees", ["omitted", None, []], ids=["omitted", "null", "empty"])
+async def test_an_event_without_attendees_is_approved_and_created_whichever_way_the_model_says_none(
+    registry: ToolRegistry, service: httpx.AsyncClient, attendees: Any
+) -> None:
+    # The approved payload, the sent body and the read-back all say [] for "none", also when the model leaves
+    # the optional field out (the service digests the body it receives, so anything else is refused).
+    arguments = {k: v for k, v in EVENT.items() if k != "attendees"}
+    if attendees != "omitted":
+        arguments["attendees"] = attendees
+    _, digested = checked(registry, "create_calendar_event", arguments)
+    assert digested["attendees"] == []
+    operation_id = f"op-none-{len(arguments)}-{attendees is None}"
+    _, event = await run_write(registry, service, "create_calendar_event", arguments, operation_id)
+    assert event["ok"] is True and event["attendees"] == []
+    assert await effect_count(service, operation_id) == 1
+
+
 @pytest.mark.parametrize(
     ("case", "code"),
     [

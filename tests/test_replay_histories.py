@@ -5,9 +5,11 @@ must fail the same replay (the negative control). Refresh: `python -m tests.reco
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
@@ -15,7 +17,10 @@ from temporalio.workflow import NondeterminismError
 from faultbed.scenarios import BUILT_IN
 from tests.drifted_workflow import DriftedAgentWorkflow
 from tests.record_histories import HISTORIES, SCENARIOS
+from toolloop._core.approvals import payload_digest
+from toolloop._core.contracts import AgentResult
 from toolloop._temporal.converter import data_converter
+from toolloop._temporal.results import completed_from
 from toolloop._temporal.worker_factory import workflow_runner
 from workflows.agent import AgentWorkflow
 
@@ -48,3 +53,31 @@ async def test_a_non_deterministic_change_fails_the_replay(path: Path) -> None:
     )
     with pytest.raises(NondeterminismError):
         await replayer.replay_workflow(load(path))
+
+
+@pytest.mark.parametrize("name", ["report_refers_to_history", "write_told_by_reference"])
+async def test_a_stored_report_is_read_back_whole_from_its_history(name: str) -> None:
+    """The reader of a report that refers to history, on histories recorded by earlier code too: the
+    decision answered with the whole approval (report_refers_to_history) or with its time only, and the
+    write's output told in the next turn's input or by reference to its attempt."""
+    history = load(HISTORIES / f"{name}.json")
+    converter = data_converter()
+    [done] = [e for e in history.events if e.HasField("workflow_execution_completed_event_attributes")]
+    payloads = done.workflow_execution_completed_event_attributes.result.payloads
+    [stored] = await converter.decode(payloads, [AgentResult])
+    assert not stored.complete
+
+    async def events() -> AsyncIterator[HistoryEvent]:
+        for event in history.events:
+            yield event
+
+    report = await completed_from(events(), converter, stored)
+    assert report.complete
+    [op] = report.operations
+    assert op.approval is not None and (op.approval.decision, op.approval.by) == ("approved", "u1 via cli")
+    assert op.approval.expires_at is not None and op.approval.expires_at > op.approval.at
+    assert op.first_sent_at is not None and op.first_sent_at >= op.approval.at
+    assert op.digest == payload_digest(op.target or op.tool, op.arguments)
+    assert op.evidence is not None and op.evidence["verified"] is True
+    assert op.output is not None and (op.output["state"], op.output["operation_id"]) == ("verified", op.operation_id)
+    assert report.status == "completed" and report.final_text == "ok"

@@ -9,6 +9,7 @@ them back from that history, in one pass; a report that refers to nothing is ret
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterable
 from typing import Any
 
 from pydantic import ValidationError
@@ -89,10 +90,17 @@ async def complete_report(handle: WorkflowHandle[Any, Any], report: AgentResult)
         report = report.model_copy(update={"workflow_id": handle.id})
     if report.complete:
         return report
+    return await completed_from(handle.fetch_history_events(), handle._client.data_converter, report)
+
+
+async def completed_from(
+    events: AsyncIterable[HistoryEvent], converter: DataConverter, report: AgentResult
+) -> AgentResult:
+    """A copy of `report` with what its payload left out read back from `events`, the run's history."""
     report = report.model_copy(deep=True)
     told = {op.call_ids[0] for op in report.operations if "output" in op.in_history}
-    reader = _HistoryFacts(handle._client.data_converter, told)
-    async for event in handle.fetch_history_events():
+    reader = _HistoryFacts(converter, told)
+    async for event in events:
         await reader.read(event)
     for op in report.operations:
         op.in_history = [name for name in op.in_history if not reader.fill(op, name)]
