@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import logging
+import re
 import sys
 import tempfile
 import time
@@ -262,7 +263,9 @@ async def details_page(page: Page, ui: str, shown: Shown, out: Path) -> Path:
     await page.get_by_test_id("workflow-id-heading").wait_for()
     await page.get_by_test_id("execution-status").get_by_text(shown.status, exact=False).wait_for()
     summary = page.frame_locator("#user-metadata-summary")
-    await summary.get_by_text(request_summary(U1, shown.question), exact=True).wait_for()
+    # As the UI renders it: the summary is Markdown, its punctuation escaped.
+    shown_summary = re.sub(r"\\(.)", r"\1", request_summary(U1, shown.question))
+    await summary.get_by_text(shown_summary, exact=True).wait_for()
     details = page.frame_locator("#user-metadata-current-details")
     for text in shown.details:
         await details.get_by_text(text, exact=False).first.wait_for()
