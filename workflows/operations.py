@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Container
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         HISTORY_FIELDS,
         Actor,
         ApprovalDecision,
+        ApprovalRecord,
         ApprovalRequest,
         CheckedCall,
         HistoryField,
@@ -190,13 +191,17 @@ class OperationStateMachine:
         op = self.ledger[decision.operation_id]
         if op.state != "awaiting_approval":
             return op  # a repeated decision changes nothing
-        assert decision.token is not None  # the validator requires one
-        self._tokens[op.operation_id] = decision.token
-        update = workflow.current_update_info()
-        if update is not None:
-            self._token_updates[op.operation_id] = update.id
-        # Who decided, and until when an approval holds, come from the verified token.
-        op.approval = approval_record(decision.token, workflow.now())
+        if decision.token is None:
+            # Only in a history from before the validator required a token: the caller's words, no expiry.
+            verdict: Literal["approved", "rejected"] = "approved" if decision.approve else "rejected"
+            op.approval = ApprovalRecord(decision=verdict, by=decision.by, at=workflow.now())
+        else:
+            self._tokens[op.operation_id] = decision.token
+            update = workflow.current_update_info()
+            if update is not None:
+                self._token_updates[op.operation_id] = update.id
+            # Who decided, and until when an approval holds, come from the verified token.
+            op.approval = approval_record(decision.token, workflow.now())
         self._move(op, "approved" if decision.approve else "denied")
         return op
 
