@@ -89,6 +89,11 @@ class ApprovalClaims(BaseModel):
     decision: Decision = "approve"
     channel: str = ""
 
+    @property
+    def decided_by(self) -> str:
+        """Who decided, through which channel: what a record of the decision names."""
+        return self.approved_by + (f" via {self.channel}" if self.channel else "")
+
 
 class ApprovalInvalid(ValueError):
     """The token is missing, malformed, forged, expired or bound to something else."""

@@ -534,12 +534,10 @@ def approval_record(token: str, at: datetime) -> ApprovalRecord:
     """The approval a decision's (verified) token records, at `at`: who decided comes from its claims, never
     from the caller's words; an approval's lifetime too."""
     claims = read_approval_claims(token)
-    by = claims.approved_by + (f" via {claims.channel}" if claims.channel else "")
     if claims.decision == "approve":
-        return ApprovalRecord(
-            decision="approved", by=by, at=at, expires_at=datetime.fromtimestamp(claims.expires_at, tz=UTC)
-        )
-    return ApprovalRecord(decision="rejected", by=by, at=at)
+        expires_at = datetime.fromtimestamp(claims.expires_at, tz=UTC)
+        return ApprovalRecord(decision="approved", by=claims.decided_by, at=at, expires_at=expires_at)
+    return ApprovalRecord(decision="rejected", by=claims.decided_by, at=at)
 
 
 class ApprovalRequest(BaseModel):
@@ -603,7 +601,7 @@ def _token_claims(token: Any) -> dict[str, Any]:
         "operation_id": claims.operation_id,
         "digest": claims.digest,
         "approve": claims.decision == "approve",
-        "by": claims.approved_by + (f" via {claims.channel}" if claims.channel else ""),
+        "by": claims.decided_by,
     }
 
 
