@@ -26,6 +26,7 @@ from temporalio.client import (
     Client,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import (
@@ -61,6 +62,7 @@ from toolloop._temporal.approval_channel import (
     ApprovalRefused,
     check_shown_payload,
     fetch_approval_request,
+    raise_if_finished,
     send_decision,
 )
 from toolloop._temporal.converter import data_converter
@@ -68,6 +70,7 @@ from toolloop._temporal.following import RunFollower
 from toolloop._temporal.logs import configure_logging
 from toolloop._temporal.requests import (
     REQUEST_ID,
+    UNREADABLE_REQUEST,
     acts_for,
     request_search_attributes,
     request_summary,
@@ -731,6 +734,7 @@ async def _decide_from_shell(
     # Whose request it is comes from the workflow's own start event, checked before anything is shown.
     if await acts_for(client, handle) != actor:
         _not_found(workflow_id, actor)
+    await raise_if_finished(handle)
     request = await fetch_approval_request(handle, operation_id)
     if request is None:
         ledger = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
@@ -987,6 +991,10 @@ def main() -> None:
     except KeyboardInterrupt:
         err_console.print("\ninterrupted")
         code = EXIT_INTERRUPTED
+    except WorkflowQueryFailedError:
+        # Any command that reads a request: one line, whichever step asked.
+        err_console.print(Text.assemble(("error: ", "bold red"), UNREADABLE_REQUEST))
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     # temporalio 1.35 can abort during interpreter teardown ("PyGILState_Release") once a client has

@@ -34,7 +34,6 @@ from toolloop._core.contracts import (
     told_of_attempt,
 )
 from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, MODEL_TURN_ACTIVITY, RUN_TOOL_ACTIVITY
-from toolloop._temporal.history import local_activity_result
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +93,8 @@ async def recorded_turns(handle: WorkflowHandle[Any, Any]) -> list[tuple[ModelTu
     tool_calls: dict[int, tuple[int, str]] = {}
     tool_outputs: dict[tuple[int, str], str] = {}
     write_attempts: dict[int, WriteInput] = {}
-    # The round of the latest turn with a result: a local tool call's output after it is of that round
-    # (the tools of a round run after its turn, and the next turn only after all of them).
+    # The round of the latest turn with a result: a write's output after it is of that round (the tools of
+    # a round run after its turn, and the next turn only after all of them).
     last_round = 0
     async for event in handle.fetch_history_events():
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
@@ -119,29 +118,11 @@ async def recorded_turns(handle: WorkflowHandle[Any, Any]) -> list[tuple[ModelTu
                 [tool_result] = await converter.decode(done.result.payloads, [ToolCallResult])
                 tool_outputs[tool_calls[done.scheduled_event_id]] = output_json(tool_result.output)
             elif (attempt := write_attempts.get(done.scheduled_event_id)) is not None:
-                # A write runs after its round's turn, like a local tool call (see last_round).
+                # A write runs after its round's turn (see last_round).
                 [outcome] = await converter.decode(done.result.payloads, [WriteOutcome])
                 told = told_of_attempt(attempt, outcome)
                 if told is not None:
                     tool_outputs[(last_round, attempt.call_id)] = told
-        else:
-            local = local_activity_result(event)
-            if local is None:
-                continue
-            activity_type, payload = local
-            if activity_type == RUN_TOOL_ACTIVITY:
-                [tool_result] = await converter.decode([payload], [ToolCallResult])
-                tool_outputs[(last_round, tool_result.call_id)] = output_json(tool_result.output)
-            elif activity_type == MODEL_TURN_ACTIVITY and inputs:
-                [result] = await converter.decode([payload], [ModelTurnResult])
-                last_round += 1
-                first = inputs[min(inputs)]
-                outputs = {**_outputs_of(tool_outputs, last_round - 1), **result.answered_outputs}
-                given = [FunctionCallOutputItem(call_id=cid, output=outputs.get(cid, "")) for cid in result.answered]
-                inputs[event.event_id] = ModelTurnInput(
-                    turn=last_round, new_items=given, provider=first.provider, model_name=first.model_name
-                )
-                results[event.event_id] = result
     return [(inputs[event_id], results.get(event_id)) for event_id in sorted(inputs)]
 
 

@@ -29,14 +29,13 @@ from toolloop._core.contracts import (
     AgentInput,
     ConversationItem,
     FunctionCallItem,
-    FunctionCallOutputItem,
     ModelTurnInput,
     ModelTurnResult,
     answer_text,
 )
 from toolloop._core.names import MODEL_TURN_ACTIVITY
 from toolloop._core.registry import ToolRegistry
-from toolloop._core.validation import check_turn
+from toolloop._core.validation import MAX_ARGUMENT_BYTES, check_turn
 from toolloop._models.adapter import ModelAdapter, ModelRequest
 from toolloop._models.errors import ModelCallError
 
@@ -90,19 +89,16 @@ class ModelActivities:
         info = activity.info()
         run = RunKey(info.workflow_id or "", info.workflow_run_id or "")
         adapter = self._adapter(inp.provider)
-        in_process = bool(getattr(adapter, "in_process", False))
         try:
-            if inp.conversation is not None:
-                # A local activity: the workflow holds the conversation and gives it whole.
-                conversation = Conversation(inp.instructions, [*inp.conversation, *inp.new_items])
-            elif adapter.needs_conversation:
+            if adapter.needs_conversation:
                 conversation = await self._conversations.before(run, inp)
             else:
                 conversation = Conversation(inp.instructions, await self._conversations.new_items(run, inp))
         except MissingTurn as exc:
             raise ApplicationError(str(exc), type=ErrorType.MODEL_RESPONSE_MALFORMED, non_retryable=True) from None
-        scripted, script_length = inp.scripted_output, inp.script_length
-        if scripted is None and script_length == 0 and getattr(adapter, "reads_script", False):
+        scripted: list[ConversationItem] | None = None
+        script_length = 0
+        if getattr(adapter, "reads_script", False):
             scripted, script_length = await self._scripts.turn(run, inp.turn)
         request = ModelRequest(
             turn=inp.turn,
@@ -118,22 +114,9 @@ class ModelActivities:
             items = await adapter.respond(request)
         except ModelCallError as err:
             raise _application_error(err) from None
-        # An in-process model's later turns get the conversation from the workflow: nothing to keep here.
-        if adapter.needs_conversation and inp.conversation is None and not in_process:
+        if adapter.needs_conversation:
             self._conversations.after(run, inp.turn, conversation.extended(items))
-        label = adapter.label(inp.model_name)
-        result = checked_turn(self._registry, items, label, inp.turn)
-        if info.is_local:
-            # Its input is not in history: record what it gave the model (a tool's result only by its call id).
-            outputs = [item for item in inp.new_items if isinstance(item, FunctionCallOutputItem)]
-            in_history = set(inp.output_refs)
-            result.answered = [item.call_id for item in outputs]
-            result.answered_outputs = {item.call_id: item.output for item in outputs if item.call_id not in in_history}
-            if result.model_label == inp.model_label:
-                result.model_label = ""  # the same as the previous turn's, which the workflow keeps
-        elif inp.turn == 1:
-            result.in_process = in_process
-        return result
+        return checked_turn(self._registry, items, adapter.label(inp.model_name), inp.turn)
 
 
 class RequestScripts:
@@ -176,7 +159,20 @@ def checked_turn(registry: ToolRegistry, items: list[ConversationItem], label: s
             "has_text": answer_text(items) is not None,
         },
     )
-    return ModelTurnResult(items=items, calls=checked, model_label=label, protocol_error=protocol_error)
+    return ModelTurnResult(items=_stored(items), calls=checked, model_label=label, protocol_error=protocol_error)
+
+
+def _stored(items: list[ConversationItem]) -> list[ConversationItem]:
+    """The items as history keeps them: a call's arguments over the size limit (answered BAD_ARGUMENTS, never
+    run) keep their first KiB, so a hostile turn cannot grow a payload past what Temporal accepts."""
+    kept: list[ConversationItem] = []
+    for item in items:
+        if isinstance(item, FunctionCallItem) and len(item.arguments) > MAX_ARGUMENT_BYTES // 4:
+            size = len(item.arguments.encode("utf-8", "surrogatepass"))
+            if size > MAX_ARGUMENT_BYTES:
+                item = item.model_copy(update={"arguments": f"{item.arguments[:1024]}...[{size} bytes, cut]"})
+        kept.append(item)
+    return kept
 
 
 def _application_error(err: ModelCallError) -> ApplicationError:

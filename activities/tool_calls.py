@@ -133,7 +133,8 @@ class ToolActivities:
         result = ToolCallResult(
             call_id=inp.call_id, output=cap_output(output, inp.max_output_bytes), duration_ms=duration_ms
         )
-        if self._outputs is not None and inp.keep_output:
+        # The next model turn refers to this output in history: the worker keeps it for that turn.
+        if self._outputs is not None:
             run = RunKey(info.workflow_id or "", info.workflow_run_id or "")
             self._outputs.put(run, inp.round, inp.call_id, output_json(result.output))
         return result

@@ -33,8 +33,6 @@ class BenchModel:
     """Turn N of a benchmark request: the calls `bench.scenarios` gives, then the answer."""
 
     needs_conversation = True
-    # Answers in the worker's process: its turns after the first run as local activities.
-    in_process = True
 
     def label(self, model_name: str | None) -> str:
         return BENCH_MODEL

@@ -102,6 +102,7 @@ class BenchStack:
             "TEMPORAL_ADDRESS": self.temporal_address,
             "TOOLLOOP_TASK_QUEUE": queue,
             "TOOLLOOP_SERVICE_URL": self.service_url,
+            "TOOLLOOP_APPROVAL_VERIFY_KEY": self.verify_key,
         }
 
     def start_ours_worker(self) -> ManagedProcess:

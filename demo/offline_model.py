@@ -98,8 +98,6 @@ class OfflineDemoModel:
     function of the conversation and the actor: same input, same output."""
 
     needs_conversation = True
-    # Answers in the worker's process: its turns after the first run as local activities.
-    in_process = True
 
     def label(self, model_name: str | None) -> str:
         return OFFLINE_LABEL

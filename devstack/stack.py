@@ -321,6 +321,8 @@ class LocalStack:
             "TOOLLOOP_TASK_QUEUE": s.task_queue,
             "TOOLLOOP_SERVICE_URL": self.service_url,
             "TOOLLOOP_SERVICE_ADMIN_TOKEN": token.admin_token,
+            # The approval channel's public key: the only one the worker verifies decisions with.
+            "TOOLLOOP_APPROVAL_VERIFY_KEY": token.approval_verify_key,
             "OPENAI_BASE_URL": s.openai_base_url,
             "OPENAI_MODEL": s.openai_model,
         }

@@ -169,6 +169,8 @@ async def chaos_stack(target: ChaosTarget | None = None, root: Path | None = Non
             # Its Responses adapter reaches the scripted model endpoint: model endpoint faults happen there.
             "OPENAI_API_KEY": "sk-chaos-not-a-real-key",
             "OPENAI_BASE_URL": endpoint.url,
+            # The approval channel's public key: the only one the worker verifies decisions with.
+            "TOOLLOOP_APPROVAL_VERIFY_KEY": verify_key_for(signing_key),
         }
         starters["worker"] = lambda: start_worker(REPO_ROOT, env, base / "logs" / "worker.log", tools=target.tools)
         try:

@@ -145,8 +145,14 @@ async def strike(ctx: StrikeContext, fault: ProcessFault, hold_position: int) ->
             ctx.gate.open.set()
         return None
     struck = time.time()
+    restarting = asyncio.ensure_future(ctx.crash_and_restart(fault.process))
     try:
-        restart = await ctx.crash_and_restart(fault.process)
+        try:
+            restart = await asyncio.shield(restarting)
+        except asyncio.CancelledError:
+            # A restart begun is finished, even when the run has ended meanwhile: the runner then uses the
+            # process (its admin API, the next run) and stops it at the end, never a half-started one.
+            restart = await restarting
     finally:
         ctx.release_model_call()
         if at == "during_approval_wait":

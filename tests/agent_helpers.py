@@ -23,7 +23,6 @@ from toolloop._core.contracts import (
     OperationRecord,
 )
 from toolloop._core.names import AGENT_WORKFLOW
-from toolloop._temporal.history import local_activity_type
 from toolloop._temporal.settings import Settings
 
 U1 = Actor(user_id="u1", tenant_id="acme")
@@ -32,10 +31,7 @@ REMOTE_SCRIPT = "remote_script"
 
 
 class RemoteScriptModel(ScriptModel):
-    """The script model as if it were behind a network call (ModelAdapter.in_process unset): every turn an
-    activity of its own, as a real provider's."""
-
-    in_process = False
+    """The script model under a name of its own, for a test that gives a worker its own instance of it."""
 
 
 async def waiting_operation(handle: WorkflowHandle[Any, Any]) -> OperationRecord:
@@ -130,6 +126,7 @@ def worker_env(settings: Settings, service_url: str | None = None) -> dict[str, 
         "TEMPORAL_ADDRESS": settings.temporal_address,
         "TOOLLOOP_TASK_QUEUE": settings.task_queue,
         "TOOLLOOP_SERVICE_URL": service_url or settings.service_url,
+        "TOOLLOOP_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY,
     }
 
 
@@ -141,16 +138,19 @@ async def ticket_version(service_url: str, ticket_id: str = "T1001", user: str =
         return int(response.json()["version"])
 
 
-async def activity_steps(handle: WorkflowHandle[Any, Any]) -> list[tuple[str, str]]:
-    """Each model turn, tool call and write in the order history has them: ("activity", type) for an activity
-    scheduled, ("local", type) for a local activity's marker."""
-    found: list[tuple[str, str]] = []
-    async for event in handle.fetch_history_events():
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            found.append(("activity", event.activity_task_scheduled_event_attributes.activity_type.name))
-        elif (local := local_activity_type(event)) is not None:
-            found.append(("local", local))
-    return found
+async def activity_steps(handle: WorkflowHandle[Any, Any]) -> list[str]:
+    """Each model turn, tool call and write in the order history schedules them, by activity type."""
+    return [
+        event.activity_task_scheduled_event_attributes.activity_type.name
+        async for event in handle.fetch_history_events()
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+
+
+async def marker_count(handle: WorkflowHandle[Any, Any]) -> int:
+    """How many markers the run recorded: a local activity, a patch or a side effect each leave one. The
+    workflow uses none of them (a local activity's result can reach the workflow a task after its marker)."""
+    return len([e async for e in handle.fetch_history_events() if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED])
 
 
 async def stored_report(handle: WorkflowHandle[Any, Any]) -> dict[str, Any]:

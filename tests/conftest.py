@@ -65,9 +65,11 @@ def approval_token(
     expires_in: float = 300.0,
     key: str = APPROVAL_KEY,
     decision: Literal["approve", "reject"] = "approve",
+    decide_by: float | None = None,
 ) -> str:
     """A decision token made by hand (the channel's job), for exactly `tool` (a demo write's name stands for its
-    method and path) and `body` unless told otherwise."""
+    method and path) and `body` unless told otherwise. `decide_by`: the approval window's end, in seconds from
+    now (None: the token names no window)."""
     now = time.time()
     claims = ApprovalClaims(
         user_id=user,
@@ -78,6 +80,7 @@ def approval_token(
         approved_at=now,
         expires_at=now + expires_in,
         decision=decision,
+        decide_by=None if decide_by is None else now + decide_by,
     )
     return mint_approval_token(key, claims)
 
@@ -152,6 +155,7 @@ def settings(temporal_server: TemporalServer, business_service: BusinessService)
             "TEMPORAL_ADDRESS": temporal_server.address,
             "TOOLLOOP_TASK_QUEUE": f"test-{uuid.uuid4().hex[:10]}",
             "TOOLLOOP_SERVICE_URL": business_service.url,
+            "TOOLLOOP_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY,
         }
     )
 

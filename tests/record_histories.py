@@ -39,6 +39,7 @@ from tests.agent_helpers import (
     script_spec,
     set_faults,
     start_agent,
+    ticket_version,
     waiting_operation,
 )
 from tests.conftest import APPROVAL_VERIFY_KEY, REPO_ROOT
@@ -128,7 +129,11 @@ async def per_round_cap(
     """Over the per-round cap with reads and a write: the extra calls are answered, nothing more runs."""
     turn = [
         call("get_ticket", {"ticketId": "T1001"}, "r1"),
-        call("append_ticket_note", {"ticketId": "T1001", "text": "capped", "expectedVersion": 1}, "w1"),
+        call(
+            "append_ticket_note",
+            {"ticketId": "T1001", "text": "capped", "expectedVersion": await ticket_version(settings.service_url)},
+            "w1",
+        ),
         call("get_ticket", {"ticketId": "T1003"}, "r2"),
     ]
     handle = await start_agent(client, settings, "w", model=script_spec(turn), limits=Limits(max_calls_per_round=1))
@@ -156,7 +161,11 @@ async def write_verified_in_attempt(
 ) -> WorkflowHandle[Any, AgentResult]:
     """An approved note read back inside its write attempt; then one whose first read-back fails, read
     again by the read-back activity."""
-    first = call("append_ticket_note", {"ticketId": "T1001", "text": "in the attempt", "expectedVersion": 1}, "w1")
+    first = call(
+        "append_ticket_note",
+        {"ticketId": "T1001", "text": "in the attempt", "expectedVersion": await ticket_version(settings.service_url)},
+        "w1",
+    )
     second = call("append_ticket_note", {"ticketId": "T1001", "text": "by its activity", "expectedVersion": 2}, "w2")
     handle = await start_agent(client, settings, "w", model=script_spec([first], [second], [say("ok")]))
     async with approving(handle):
@@ -171,36 +180,35 @@ async def short_payloads(
     """Reads and an approved note in today's payloads: checked calls leave out what their items hold, and
     the decision is answered by a short receipt."""
     reads = [call("get_order_status", {"orderId": order}, f"r-{order}") for order in ("A100", "A102")]
-    note = call("append_ticket_note", {"ticketId": "T1001", "text": "short payloads", "expectedVersion": 1}, "w1")
+    note = call(
+        "append_ticket_note",
+        {"ticketId": "T1001", "text": "short payloads", "expectedVersion": await ticket_version(settings.service_url)},
+        "w1",
+    )
     handle = await start_agent(client, settings, "w", model=script_spec(reads, [note], [say("ok")]))
     async with approving(handle):
         return await _finished(handle)
 
 
-async def local_steps(client: Client, settings: Settings, admin: httpx.AsyncClient) -> WorkflowHandle[Any, AgentResult]:
-    """An in-process model (the script's): turn 1 an activity, then local reads (one slow, one rejected), a
-    local turn proposing an approved note (its write an activity), and a local turn answering."""
+async def in_process_model(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> WorkflowHandle[Any, AgentResult]:
+    """A model in the worker's process (the script's), every step an activity all the same: reads (one slow,
+    one rejected), a turn proposing an approved note, and a turn answering."""
     await set_faults(admin, {"method": "GET", "path_regex": "^/orders/A100$", "latency_ms": 300})
     reads = [
         call("get_order_status", {"orderId": "A100"}, "slow"),
         call("get_order_status", {"orderId": "A102"}, "fast"),
         call("get_order_status", {"orderId": "A1"}, "bad"),
     ]
-    note = call("append_ticket_note", {"ticketId": "T1001", "text": "local steps", "expectedVersion": 1}, "w1")
+    note = call(
+        "append_ticket_note",
+        {"ticketId": "T1001", "text": "in process", "expectedVersion": await ticket_version(settings.service_url)},
+        "w1",
+    )
     handle = await start_agent(client, settings, "w", model=script_spec(reads, [note], [say("ok")]))
     async with approving(handle):
         return await _finished(handle)
-
-
-async def remote_model_local_reads(
-    client: Client, settings: Settings, admin: httpx.AsyncClient
-) -> WorkflowHandle[Any, AgentResult]:
-    """A model behind a network call: every turn an activity, its reads local, the next turn referring to
-    their markers' results."""
-    reads = [call("get_order_status", {"orderId": order}, f"r-{order}") for order in ("A100", "A102")]
-    model = script_spec(reads, [say("ok")]).model_copy(update={"provider": REMOTE_SCRIPT})
-    handle = await start_agent(client, settings, "orders?", model=model)
-    return await _finished(handle)
 
 
 async def report_refers_to_history(
@@ -210,7 +218,11 @@ async def report_refers_to_history(
     signed token, a write attempt that names the decision Update instead of holding the token, and a report
     that refers to history for the operation's arguments, digest, evidence, approval and the output the model
     was told."""
-    note = call("append_ticket_note", {"ticketId": "T1001", "text": "report refs", "expectedVersion": 1}, "w1")
+    note = call(
+        "append_ticket_note",
+        {"ticketId": "T1001", "text": "report refs", "expectedVersion": await ticket_version(settings.service_url)},
+        "w1",
+    )
     model = script_spec([call("get_ticket", {"ticketId": "T1001"}, "r1")], [note], [say("ok")])
     handle = await start_agent(client, settings, "w", model=model.model_copy(update={"provider": REMOTE_SCRIPT}))
     async with approving(handle):
@@ -220,10 +232,9 @@ async def report_refers_to_history(
 async def write_told_by_reference(
     client: Client, settings: Settings, admin: httpx.AsyncClient
 ) -> WorkflowHandle[Any, AgentResult]:
-    """Today's payloads for a write with an in-process model (turns 2 and on local): the write's output told
-    by reference to its attempt, a checked call keeping only the arguments validation changed, a decision
-    answered with its state and time, a local turn's record without an unchanged label, and a report that
-    names every field history holds in short."""
+    """Today's payloads for a write with an in-process model: the write's output told by reference to its
+    attempt, a checked call keeping only the arguments validation changed, a decision answered with its state
+    and time, and a report that names every field history holds in short."""
     write = call(
         "create_calendar_event",
         {"calendarId": "cal-u1", "title": "told", "start": "2027-02-01T10:00:00Z", "end": "2027-02-01T11:00:00Z"},
@@ -254,8 +265,7 @@ SCENARIOS: dict[str, Scenario] = {
     "reads_by_reference": reads_by_reference,
     "write_verified_in_attempt": write_verified_in_attempt,
     "short_payloads": short_payloads,
-    "local_steps": local_steps,
-    "remote_model_local_reads": remote_model_local_reads,
+    "in_process_model": in_process_model,
     "report_refers_to_history": report_refers_to_history,
     "write_told_by_reference": write_told_by_reference,
 }
@@ -282,6 +292,7 @@ async def record(directory: Path, only: set[str]) -> None:
                 "TEMPORAL_ADDRESS": f"127.0.0.1:{address}",
                 "TOOLLOOP_TASK_QUEUE": "record-histories",
                 "TOOLLOOP_SERVICE_URL": f"http://127.0.0.1:{port}",
+                "TOOLLOOP_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY,
             }
         )
         HISTORIES.mkdir(exist_ok=True)

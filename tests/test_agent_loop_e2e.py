@@ -3,6 +3,7 @@ the service's own request log and the outputs the model received (paired by call
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import httpx
@@ -10,6 +11,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from demo.agent import build as build_demo
 from tests.agent_helpers import (
     call,
     run_agent,
@@ -19,8 +21,10 @@ from tests.agent_helpers import (
     set_faults,
     tool_outputs,
 )
-from toolloop._core.contracts import Limits
+from toolloop._core.contracts import ConversationItem, FunctionCallItem, Limits, MessageItem, ModelSpec
+from toolloop._models.adapter import ModelRequest
 from toolloop._temporal.settings import Settings
+from toolloop._temporal.worker_factory import running_worker
 
 pytestmark = pytest.mark.e2e
 
@@ -286,3 +290,58 @@ async def test_overall_deadline_stops_the_request(
 
     assert (result.status, result.stop_reason, result.rounds) == ("stopped", "deadline", 1)
     assert [(c.call_id, c.code) for c in result.calls] == [("c1", "LIMIT_REACHED")]
+
+
+# A model's arguments as no schema-honouring model writes them: what a broken or hostile one may send.
+HOSTILE_ARGUMENTS = {
+    "deep_arrays": '{"orderId": ' + "[" * 200_000 + "]" * 200_000 + "}",
+    "deep_objects": '{"orderId": "A100", "x": ' + '{"a":' * 5_000 + "1" + "}" * 5_000 + "}",
+    "huge_string": json.dumps({"orderId": "A" * 20_000_000}),
+    "huge_integer": '{"orderId": ' + "9" * 50_000 + "}",
+    "infinite_float": '{"orderId": 1e999999}',
+}
+
+
+class HostileModel:
+    """Turn 1 proposes one call per hostile argument text; turn 2 answers."""
+
+    needs_conversation = False
+
+    def label(self, model_name: str | None) -> str:
+        return "hostile"
+
+    async def respond(self, request: ModelRequest) -> list[ConversationItem]:
+        if request.turn > 1:
+            return [MessageItem.model_validate(say("still here"))]
+        return [
+            FunctionCallItem(call_id=call_id, name="get_order_status", arguments=text)
+            for call_id, text in HOSTILE_ARGUMENTS.items()
+        ]
+
+
+async def test_hostile_arguments_are_answered_to_the_model_and_the_request_goes_on(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> None:
+    spec = build_demo(settings.service_url)
+    spec = dataclasses.replace(spec, models={**spec.models, "hostile": HostileModel()})
+    async with running_worker(client, settings, spec):
+        result, handle = await run_agent(
+            client, settings, "x", model=ModelSpec(provider="hostile"), limits=Limits(max_calls_per_round=10)
+        )
+
+    assert (result.status, result.stop_reason, result.final_text) == ("completed", "final_answer", "still here")
+    outputs = await tool_outputs(handle)  # every call answered exactly once
+    codes = {call_id: out["code"] for call_id, out in outputs.items()}
+    assert codes == {
+        "deep_arrays": "BAD_ARGUMENTS",
+        "deep_objects": "BAD_ARGUMENTS",
+        "huge_string": "BAD_ARGUMENTS",
+        "huge_integer": "BAD_JSON",
+        "infinite_float": "BAD_JSON",
+    }
+    assert "at most 65536" in outputs["huge_string"]["message"]
+    assert "nest more than 32 levels" in outputs["deep_objects"]["message"]
+    assert await service_requests(admin) == []
+    # History keeps only the first KiB of an oversized call: the run's whole history stays small.
+    size = sum([event.ByteSize() async for event in handle.fetch_history_events()])
+    assert size < 200_000, size

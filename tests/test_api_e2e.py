@@ -8,8 +8,6 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,14 +15,11 @@ import pytest
 from httpx_sse import aconnect_sse
 from temporalio.client import Client
 
-from demo.agent import build as build_demo
-from devstack.processes import ManagedProcess, free_port, start_api
 from tests.agent_helpers import assert_eventually, effects, service_requests
-from tests.conftest import APPROVAL_KEY, REPO_ROOT, BusinessService, TemporalServer
+from tests.api_helpers import Api, running_api
+from tests.conftest import BusinessService, TemporalServer
 from toolloop import Actor
 from toolloop._temporal.requests import request_workflow_id
-from toolloop._temporal.settings import Settings
-from toolloop._temporal.worker_factory import running_worker
 
 pytestmark = pytest.mark.e2e
 
@@ -35,35 +30,13 @@ READ = "Where is my order A100?"
 WRITE = "Refund 5 EUR on order A100 because it arrived late"
 
 
-@dataclass(frozen=True)
-class Api:
-    url: str
-    task_queue: str
-    process: ManagedProcess
-
-
 @pytest.fixture(scope="module")
 async def api(
     temporal_server: TemporalServer, business_service: BusinessService, client: Client, tmp_path_factory: Any
 ) -> AsyncIterator[Api]:
     """One API process and one worker for this module's requests, on a task queue of their own."""
-    task_queue = f"api-{uuid.uuid4().hex[:8]}"
-    settings = Settings.model_validate({"TEMPORAL_ADDRESS": temporal_server.address, "TOOLLOOP_TASK_QUEUE": task_queue})
-    port = free_port()
-    env = {
-        "TEMPORAL_ADDRESS": temporal_server.address,
-        "TOOLLOOP_TASK_QUEUE": task_queue,
-        "TOOLLOOP_APPROVAL_KEY": APPROVAL_KEY,
-        "TOOLLOOP_API_TOKENS": str(REPO_ROOT / "config" / "api_tokens.json"),
-        "TOOLLOOP_API_MODEL": "offline",
-    }
-    log = Path(tmp_path_factory.mktemp("api")) / "api.log"
-    process = await asyncio.to_thread(start_api, REPO_ROOT, env, port, log)
-    try:
-        async with running_worker(client, settings, build_demo(business_service.url)):
-            yield Api(url=f"http://127.0.0.1:{port}", task_queue=task_queue, process=process)
-    finally:
-        process.stop()
+    async with running_api(temporal_server, business_service, client, tmp_path_factory) as started:
+        yield started
 
 
 @pytest.fixture
@@ -229,6 +202,9 @@ async def test_only_the_requests_user_with_the_right_digest_decides_and_then_it_
     view = await finished(http, request_id)
     assert [o["state"] for o in view["operations"]] == ["verified"]
     assert len(await effects(admin, op["operation_id"])) == 1
+    # A decision once the request has ended: 409 at once, never "Temporal unavailable, try again".
+    late = await http.post(f"{path}/decision", json=approve, headers=U1)
+    assert_problem(late, 409, "REQUEST_FINISHED")
 
 
 async def test_a_rejection_is_recorded_and_nothing_is_done(http: httpx.AsyncClient, admin: httpx.AsyncClient) -> None:

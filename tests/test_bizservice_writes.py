@@ -65,9 +65,11 @@ async def write(
     path: str | None = None,
     token: str | None = None,
     actor: Mapping[str, str] = U1,
+    expires_in: float = 30.0,
 ) -> httpx.Response:
-    """POST an approved write (approval minted for exactly this body unless `token` is given)."""
-    token = token if token is not None else approval_token(operation_id, tool, body)
+    """POST an approved write (approval minted for exactly this body unless `token` is given). The approval
+    expires before any retention used here: the service refuses one that outlives its records."""
+    token = token if token is not None else approval_token(operation_id, tool, body, expires_in=expires_in)
     return await client.post(
         path or WRITES[tool], json=dict(body), headers=write_headers(operation_id, token, actor), timeout=10
     )
@@ -212,11 +214,16 @@ async def test_same_key_and_payload_replays_even_after_the_version_moved(client:
     assert len(await effects(client)) == 2
 
 
-async def test_replay_does_not_need_a_still_valid_approval(client: httpx.AsyncClient) -> None:
+async def test_replay_needs_the_approval_but_not_that_it_is_still_valid(client: httpx.AsyncClient) -> None:
     first = await write(client, "refund_order", REFUND, "op-r")
-    late = await write(client, "refund_order", REFUND, "op-r", token="no-longer-checked")
+    expired = approval_token("op-r", "refund_order", REFUND, expires_in=-1)
+    late = await write(client, "refund_order", REFUND, "op-r", token=expired)
     assert (late.status_code, late.json()) == (201, first.json())
     assert late.headers["idempotent-replayed"] == "true"
+    # Without the approval, the stored reply (refund id, amounts, reason) is not given back.
+    stranger = await write(client, "refund_order", REFUND, "op-r", token="not-a-token")
+    assert_problem(stranger, 403, "APPROVAL_REQUIRED")
+    assert first.json()["refund_id"] not in stranger.text
 
 
 async def test_same_key_other_payload_is_an_idempotency_conflict(client: httpx.AsyncClient) -> None:
@@ -265,6 +272,7 @@ def _bad_tokens() -> dict[str, str | None]:
         "missing": None,
         "garbage": "not-a-token",
         "expired": approval_token("op-z", "append_ticket_note", NOTE, expires_in=-1),
+        "decided after its window": approval_token("op-z", "append_ticket_note", NOTE, decide_by=-0.001),
         "forged": approval_token("op-z", "append_ticket_note", NOTE, key=OTHER_SIGNING_KEY),
         "a rejection": approval_token("op-z", "append_ticket_note", NOTE, decision="reject"),
         "other actor": approval_token("op-z", "append_ticket_note", NOTE, user="u2"),
@@ -279,6 +287,7 @@ BAD_TOKENS = [
     "missing",
     "garbage",
     "expired",
+    "decided after its window",
     "forged",
     "a rejection",
     "other actor",
@@ -458,12 +467,12 @@ async def test_status_reports_completed_and_not_found_per_actor(client: httpx.As
 
 async def test_records_expire_after_the_retention_window(db: Path) -> None:
     async with asgi_client(db, idempotency_retention_seconds=1.0) as c:
-        assert (await write(c, "append_ticket_note", NOTE, "op-old")).status_code == 201
+        assert (await write(c, "append_ticket_note", NOTE, "op-old", expires_in=0.9)).status_code == 201
         assert (await status_of(c, "op-old"))["state"] == "completed"
         await asyncio.sleep(1.2)
         assert (await status_of(c, "op-old"))["state"] == "not_found"
         # A later write purges the expired rows from the ledger table itself.
-        assert (await write(c, "refund_order", REFUND, "op-new")).status_code == 201
+        assert (await write(c, "refund_order", REFUND, "op-new", expires_in=0.9)).status_code == 201
     with sqlite3.connect(db) as conn:
         keys = [r[0] for r in conn.execute("SELECT operation_id FROM idempotency_records")]
     assert keys == ["op-new"]

@@ -265,6 +265,11 @@ def test_approve_from_another_shell_only_as_the_requests_user(cli_env: dict[str,
     assert op["approval"]["by"] == "u1 via cli"
     [effect] = admin_effects(cli_env, operation_id)
     assert effect["kind"] == "refund"
+    # The request has finished: deciding again is one line saying so, exit 1, and nothing is shown or sent.
+    again = run_cli(cli_env, "approve", workflow_id, operation_id, "--user", "u1")
+    assert again.returncode == 1
+    assert again.stderr.strip() == f"error: request {workflow_id} has finished (completed); it takes no more decisions"
+    assert len(admin_effects(cli_env, operation_id)) == 1
 
 
 def test_offline_model_adds_a_note_with_auto_approve_and_says_verified(cli_env: dict[str, str]) -> None:

@@ -60,6 +60,8 @@ def test_a_signed_token_verifies_and_carries_its_claims() -> None:
         ({"decision": "reject"}, "a decision to reject, not to approve"),
         ({"expires_at": NOW}, "expired"),
         ({"expires_at": NOW - 1}, "expired"),
+        ({"decide_by": NOW}, "after the operation's approval window closed"),
+        ({"decide_by": NOW - 0.001}, "after the operation's approval window closed"),
     ],
 )
 def test_a_token_for_anything_else_is_refused_with_its_reason(change: dict[str, Any], reason: str) -> None:

@@ -15,10 +15,7 @@ from toolloop._core.contracts import Actor, AgentInput, ApprovalDecision, Compac
 from toolloop._temporal.converter import data_converter
 
 PINNED: dict[str, dict[str, Any]] = {
-    "CheckedCall": {"read_only": True, "has_status": True, "has_read_back": True, "local": False},
-    "ModelTurnResult": {"in_process": False},
-    "ModelTurnInput": {"script_length": 0},
-    "ToolCallInput": {"keep_output": True},
+    "CheckedCall": {"read_only": True, "has_status": True, "has_read_back": True},
     "WriteInput": {"attempt": 1},
     "Limits": {
         "max_rounds": 8,

@@ -22,7 +22,7 @@ from toolloop._core.registry import (
     sorted_unique,
     strict_json_schema,
 )
-from toolloop._core.validation import check_call, check_turn, forbid_not_allowed
+from toolloop._core.validation import argument_text_problem, check_call, check_turn, forbid_not_allowed
 
 
 class LookupArgs(BaseModel):
@@ -531,11 +531,9 @@ def test_a_checked_read_is_stored_without_the_write_only_fields(registry: ToolRe
     write = check_call(registry, FunctionCallItem(call_id="c2", name="note", arguments='{"text": "hi"}'))
     converter = data_converter().payload_converter
     [read_payload, write_payload] = converter.to_payloads([read, write])
-    # A read has no status query or read-back to lack: history holds neither flag for it (nor empty fields),
-    # only that it runs as a local activity; a write never does, and holds no such flag.
-    assert set(json.loads(read_payload.data)) == {"call_id", "name", "summary", "arguments", "local"}
-    assert (read.has_status, read.has_read_back, read.local) == (True, True, True)
-    assert "local" not in json.loads(write_payload.data) and not write.local
+    # A read has no status query or read-back to lack: history holds neither flag for it (nor empty fields).
+    assert set(json.loads(read_payload.data)) == {"call_id", "name", "summary", "arguments"}
+    assert (read.has_status, read.has_read_back) == (True, True)
     # Both decode to what was checked.
     assert converter.from_payloads([read_payload, write_payload], [type(read), type(write)]) == [read, write]
 
@@ -573,3 +571,31 @@ def test_a_model_turn_result_stores_each_calls_name_and_arguments_once(registry:
     # A payload written before calls were shortened (every field there) reads the same.
     full = result.model_dump(mode="json")
     assert ModelTurnResult.model_validate(full) == result
+
+
+@pytest.mark.parametrize(
+    ("arguments", "code", "needle"),
+    [
+        ('{"itemId": ' + "[" * 200_000 + "]" * 200_000 + "}", "BAD_ARGUMENTS", "at most 65536"),
+        ('{"itemId": ' + "[" * 33 + "]" * 33 + "}", "BAD_ARGUMENTS", "nest more than 32 levels"),
+        ('{"itemId": "I01", "x": ' + '{"a":' * 40 + "1" + "}" * 40 + "}", "BAD_ARGUMENTS", "nest more than 32"),
+        (json.dumps({"itemId": "I" * 70_000}), "BAD_ARGUMENTS", "at most 65536"),
+        ('{"itemId": ' + "9" * 5_000 + "}", "BAD_JSON", "not valid JSON"),
+        ('{"itemId": "I01", "limit": 1e999}', "BAD_JSON", "too large"),
+        ('{"itemId": "I01", "limit": -1e999}', "BAD_JSON", "too large"),
+    ],
+    ids=["deep", "33-levels", "deep-objects", "huge-string", "huge-integer", "infinity", "minus-infinity"],
+)
+def test_hostile_arguments_are_refused_before_they_are_parsed(
+    registry: ToolRegistry, arguments: str, code: str, needle: str
+) -> None:
+    checked = check_call(registry, call("lookup", arguments))
+    assert checked.rejection is not None and checked.arguments is None
+    assert checked.rejection["code"] == code and needle in checked.rejection["message"]
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting(registry: ToolRegistry) -> None:
+    text = json.dumps({"itemId": "I01", "title": "[[[[{{{{" * 2})
+    assert argument_text_problem(text) is None
+    assert argument_text_problem('{"itemId": "\\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["}') is None
+    assert argument_text_problem("[" * 32 + "]" * 32) is None

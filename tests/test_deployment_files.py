@@ -406,16 +406,17 @@ def _holders(variable: str) -> set[str]:
 
 
 def test_each_key_reaches_only_the_service_that_may_hold_it() -> None:
-    # The approval signing key: the API (the approval channel) alone. Its public half: the service.
+    # The approval signing key: the API (the approval channel) alone. Its public half: the service and the
+    # workers (their trust anchor: a request's input never names the key).
     assert _holders("TOOLLOOP_APPROVAL_KEY") == {"api"}
     assert {name for name in SERVICES if "BIZSERVICE_APPROVAL_VERIFY_KEY" in _env(name)} == {"bizservice"}
-    assert _holders("TOOLLOOP_APPROVAL_VERIFY_KEY") == {"bizservice"}
+    assert _holders("TOOLLOOP_APPROVAL_VERIFY_KEY") == {"bizservice", "worker"}
     # The model key: the workers alone. The database password: Temporal's own containers.
     assert _holders("OPENAI_API_KEY") == {"worker"}
     assert _holders("POSTGRES_PASSWORD") == {"postgresql", SCHEMA_JOB, "temporal"}
     assert _holders("BIZSERVICE_ADMIN_TOKEN") == {"bizservice"}
     worker_keys = {name for name in _env("worker") if "APPROVAL" in name or "ADMIN" in name}
-    assert worker_keys == set()
+    assert worker_keys == {"TOOLLOOP_APPROVAL_VERIFY_KEY"}
 
 
 # --- Temporal: schema job, server, setup job, start-up order ------------------------------------------------

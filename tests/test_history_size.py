@@ -98,21 +98,10 @@ async def content_bytes(handle: WorkflowHandle[Any, AgentResult]) -> int:
     return model_outputs + tool_outputs
 
 
-class InProcessPagingModel(PagingModel):
-    """The same model answering in the worker's process: its later turns are local activities, given the
-    conversation by the workflow (a local activity's input is not in history)."""
-
-    in_process = True
-
-
-@pytest.mark.parametrize("in_process", [False, True], ids=["model-activities", "local-model-turns"])
 @pytest.mark.parametrize("rounds", [1, 10, 40])
-async def test_history_stays_within_the_bound_of_the_content_produced(
-    client: Client, rounds: int, in_process: bool
-) -> None:
+async def test_history_stays_within_the_bound_of_the_content_produced(client: Client, rounds: int) -> None:
     queue = f"history-{uuid.uuid4().hex[:8]}"
-    model = InProcessPagingModel() if in_process else PagingModel()
-    async with worker(client, paging_tools(), task_queue=queue, models={"paging": model}):
+    async with worker(client, paging_tools(), task_queue=queue, models={"paging": PagingModel()}):
         handle = await start_request(
             client,
             str(rounds),

@@ -28,7 +28,7 @@ from tests.conftest import REPO_ROOT
 from toolloop import McpSource, Toolset, request_result
 from toolloop._core.approvals import payload_digest
 from toolloop._core.codes import ResultCode
-from toolloop._core.contracts import Actor, AgentResult, FunctionCallItem, Limits
+from toolloop._core.contracts import Actor, AgentResult, Limits
 from toolloop._core.names import RUN_TOOL_ACTIVITY
 from toolloop._core.registry import (
     ToolContext,
@@ -39,8 +39,6 @@ from toolloop._core.registry import (
     WriteNotSent,
     WriteOutcomeUnknown,
 )
-from toolloop._core.validation import check_call
-from toolloop._temporal.history import local_activity_data
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker
 from toolloop._tools.mcp import McpServerUnavailable, tool_output
@@ -175,15 +173,11 @@ async def run_requests(
 
 
 async def run_tool_attempts(handle: WorkflowHandle[Any, Any]) -> dict[int, int]:
-    """event id -> the attempt each run_tool call ended on: a local activity's marker records it (reads are
-    local activities), an activity's started event records its last."""
+    """event id -> the attempt each run_tool call ended on (its started event records its last)."""
     scheduled: set[int] = set()
     attempts: dict[int, int] = {}
     async for event in handle.fetch_history_events():
-        local = local_activity_data(event)
-        if local is not None and local.get("activity_type") == RUN_TOOL_ACTIVITY:
-            attempts[event.event_id] = int(local["attempt"])
-        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             if event.activity_task_scheduled_event_attributes.activity_type.name == RUN_TOOL_ACTIVITY:
                 scheduled.add(event.event_id)
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
@@ -193,36 +187,20 @@ async def run_tool_attempts(handle: WorkflowHandle[Any, Any]) -> dict[int, int]:
     return attempts
 
 
-async def local_reads_in_one_task(handle: WorkflowHandle[Any, Any]) -> int:
-    """How many run_tool local activities the run's first wave of reads ran in one workflow task (markers
-    with no workflow task between them): requested together, none waiting for another's result."""
-    wave = 0
+async def reads_scheduled_together(handle: WorkflowHandle[Any, Any]) -> int:
+    """How many run_tool activities the run's first wave of reads scheduled in one workflow task: requested
+    together, none waiting for another's result."""
+    by_task: dict[int, int] = {}
     async for event in handle.fetch_history_events():
-        local = local_activity_data(event)
-        if local is not None and local.get("activity_type") == RUN_TOOL_ACTIVITY:
-            wave += 1
-        elif wave and event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
-            break
-    return wave
+        attrs = event.activity_task_scheduled_event_attributes
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and (
+            attrs.activity_type.name == RUN_TOOL_ACTIVITY
+        ):
+            by_task[attrs.workflow_task_completed_event_id] = by_task.get(attrs.workflow_task_completed_event_id, 0) + 1
+    return by_task[min(by_task)] if by_task else 0
 
 
 # --- Listing: strict schemas, effect classes, refusals ----------------------------------------------------
-
-
-@pytest.mark.parametrize("local_reads", [True, False])
-async def test_a_servers_reads_run_as_local_activities_unless_it_says_otherwise(
-    notes_server: Callable[..., NotesServer], local_reads: bool
-) -> None:
-    source = notes_server().source(read_only={"get_note", "list_notes"}, local_reads=local_reads)
-    toolset = Toolset()
-    toolset.include(source)
-    async with toolset.opened():
-        registry = toolset.registry
-        read = check_call(registry, FunctionCallItem(call_id="r", name="get_note", arguments='{"note_id": 1}'))
-        write = check_call(registry, FunctionCallItem(call_id="w", name="add_note", arguments='{"text": "x"}'))
-    # What the model turn records, and so how the workflow runs each: a write never locally.
-    assert (read.rejection, read.local) == (None, local_reads)
-    assert (write.rejection, write.local) == (None, False)
 
 
 async def test_tools_are_listed_strict_with_configured_effects_and_bad_ones_refused(
@@ -305,11 +283,11 @@ async def test_parallel_reads_are_each_answered_once(
     assert outputs["r3"]["code"] == ResultCode.CONFLICT
     assert outputs["r3"]["message"].startswith("the tool reported an error: ")
     assert "there is no note 7" in outputs["r3"]["message"]
-    # Each read reached the server once, and all three ran as local activities in one workflow task (that
-    # they overlap in time is checked at the demo service's own log: test_read_only_calls_overlap_in_time...).
+    # Each read reached the server once, and all three were scheduled in one workflow task (that they
+    # overlap in time is checked at the demo service's own log: test_read_only_calls_overlap_in_time...).
     assert len(server.events("call", "list_notes")) == 1 and len(server.events("call", "get_note")) == 2
     assert list((await run_tool_attempts(handle)).values()) == [1, 1, 1]
-    assert await local_reads_in_one_task(handle) == 3
+    assert await reads_scheduled_together(handle) == 3
 
 
 @pytest.mark.e2e

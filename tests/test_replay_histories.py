@@ -26,7 +26,12 @@ from workflows.agent import AgentWorkflow
 
 # The chaos runner's: one run of each built-in scenario (`starter.py chaos --save-histories`).
 CHAOS_HISTORIES = HISTORIES / "chaos"
-FILES = sorted(HISTORIES.glob("*.json")) + sorted(CHAOS_HISTORIES.glob("*.json"))
+# Write requests followed live under load (tests/test_replay_under_load_e2e.py with
+# TOOLLOOP_SAVE_LOAD_HISTORIES): queries arrived while their workflow tasks were open.
+LOAD_HISTORIES = HISTORIES / "under_load"
+FILES = (
+    sorted(HISTORIES.glob("*.json")) + sorted(CHAOS_HISTORIES.glob("*.json")) + sorted(LOAD_HISTORIES.glob("*.json"))
+)
 
 
 def load(path: Path) -> WorkflowHistory:
@@ -37,6 +42,7 @@ def load(path: Path) -> WorkflowHistory:
 def test_every_scenario_family_has_a_committed_history() -> None:
     assert {path.stem for path in FILES if path.parent == HISTORIES} == set(SCENARIOS)
     assert {path.stem for path in FILES if path.parent == CHAOS_HISTORIES} == {s.name for s in BUILT_IN}
+    assert len([path for path in FILES if path.parent == LOAD_HISTORIES]) >= 4
 
 
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(HISTORIES).with_suffix("")) for p in FILES])

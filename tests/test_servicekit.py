@@ -114,8 +114,14 @@ async def post_note(
     if operation_id is not None:
         headers["Idempotency-Key"] = operation_id
         if token is None:
+            # Shorter than every retention used here: an approval may not outlive the record it makes.
             token = note_token(
-                APPROVAL_KEY, operation_id, body, user=actor["X-Actor-User"], tenant=actor["X-Actor-Tenant"]
+                APPROVAL_KEY,
+                operation_id,
+                body,
+                user=actor["X-Actor-User"],
+                tenant=actor["X-Actor-Tenant"],
+                expires_in=RETENTION / 2,
             )
     if token:
         headers["X-Approval-Token"] = token
@@ -674,3 +680,50 @@ async def test_a_status_read_while_an_attempt_commits_and_releases_never_says_no
 
     # What the lookup saw was one moment, and then the attempt was in flight: never "not_found".
     assert found == "in_progress"
+
+
+async def test_a_stored_reply_is_given_back_only_with_a_valid_approval_for_it(storage: NotesStorage) -> None:
+    """A replay answers only a caller whose approval (actor, operation, payload, signature) a fresh write would
+    need: without one, the key's existence, its payload and its stored reply stay hidden."""
+    token = note_token(APPROVAL_KEY, "op-kept", NOTE)
+    async with kit_app(storage) as http:
+        first = await post_note(http, "op-kept", NOTE, token=token)
+        probes = {
+            "no token": await post_note(http, "op-kept", NOTE, token=NO_TOKEN),
+            "no token, other body": await post_note(http, "op-kept", OTHER_NOTE, token=NO_TOKEN),
+            "forged": await post_note(http, "op-kept", NOTE, token=note_token(OTHER_SIGNING_KEY, "op-kept", NOTE)),
+            "other operation's": await post_note(
+                http, "op-kept", NOTE, token=note_token(APPROVAL_KEY, "op-other", NOTE)
+            ),
+            "other payload's": await post_note(
+                http, "op-kept", NOTE, token=note_token(APPROVAL_KEY, "op-kept", OTHER_NOTE)
+            ),
+        }
+        missing = await post_note(http, "op-never-used", NOTE, token=NO_TOKEN)
+        # The approval that made it, even once expired, still reads its own reply: nothing new is made.
+        expired = note_token(APPROVAL_KEY, "op-kept", NOTE, expires_in=-1)
+        again = await post_note(http, "op-kept", NOTE, token=expired)
+
+    assert first.status_code == 201
+    for case, answer in probes.items():
+        assert (answer.status_code, problem_code(answer)) == (403, "APPROVAL_REQUIRED"), case
+        assert NOTE["text"] not in answer.text and str(first.json()["note_id"]) not in answer.text, case
+    # The same answer as for a key never used: nothing tells that the key exists.
+    assert probes["no token"].json() == missing.json()
+    assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+    assert notes_of(storage, "op-kept") == [("u1", "acme", NOTE["text"])]
+
+
+async def test_an_approval_that_outlives_the_retention_is_refused(storage: NotesStorage) -> None:
+    """A record kept shorter than its approval lives would let the same key and token commit again once it is
+    purged: such an approval is refused before anything is made."""
+    async with kit_app(storage, retention_seconds=60.0) as http:
+        too_long = await post_note(
+            http, "op-long", NOTE, token=note_token(APPROVAL_KEY, "op-long", NOTE, expires_in=90)
+        )
+        fits = await post_note(http, "op-short", NOTE, token=note_token(APPROVAL_KEY, "op-short", NOTE, expires_in=30))
+
+    assert (too_long.status_code, problem_code(too_long)) == (403, "APPROVAL_REQUIRED")
+    assert "retention" in too_long.json()["detail"]
+    assert fits.status_code == 201
+    assert notes_of(storage, "op-long") == [] and len(notes_of(storage, "op-short")) == 1

@@ -348,3 +348,54 @@ async def test_run_tool_checks_like_the_loop_and_returns_what_the_model_reads() 
         "u1",
         "acme",
     )
+
+
+class ProjectNoteArgs(Arguments):
+    project: str = Field(max_length=20, description="Project.")
+    note: str = Field(max_length=20, description="Note.")
+
+
+@pytest.mark.parametrize(
+    ("project", "note"),
+    [("..", "globex"), (".", "x"), ("a", ".."), ("", "x")],
+    ids=["dot-dot", "dot", "dot-dot-last", "empty"],
+)
+async def test_a_path_value_cannot_leave_the_sources_base_path(project: str, note: str) -> None:
+    """`..` under the base `.../tenants/me` would have sent GET `.../tenants/globex` (httpx removes dot
+    segments): such a value is refused before anything is sent."""
+    tools = Toolset()
+    shop = toolloop.HttpSource("shop", base_url="http://shop/tenants/me")
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"order_id": "A100", "status": "x"})
+
+    tools.http_read(
+        "get_note", source=shop, path="/{project}/{note}", arguments=ProjectNoteArgs, result=Order, description="d"
+    )
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer), base_url="http://shop/tenants/me") as http:
+        out = await run_tool(tools, "get_note", {"project": project, "note": note}, actor=U1, http=http)
+        fine = await run_tool(tools, "get_note", {"project": "p..q", "note": "a.b"}, actor=U1, http=http)
+    assert out["code"] == "BAD_ARGUMENTS"
+    assert fine["ok"] is True
+    assert [r.url.path for r in seen] == ["/tenants/me/p..q/a.b"]
+
+
+async def test_a_hand_built_path_that_leaves_the_base_path_is_refused_too() -> None:
+    tools = Toolset()
+    shop = toolloop.HttpSource("shop", base_url="http://shop/tenants/me")
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"order_id": "A100", "status": "x"})
+
+    @tools.read(source=shop)
+    async def get_order(ctx: ToolContext, args: OrderArgs) -> Order:
+        """A read that builds its own path (here from a constant: the point is what reaches the service)."""
+        return await shop.get(ctx, "/../globex/orders/A100", Order, not_available="no such order")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer), base_url="http://shop/tenants/me") as http:
+        out = await run_tool(tools, "get_order", {"orderId": "A100"}, actor=U1, http=http)
+    assert out["code"] == "BAD_ARGUMENTS" and seen == []

@@ -20,7 +20,7 @@ from temporalio.worker import Worker
 import toolloop
 from devstack.processes import start_worker
 from tests.agent_helpers import run_agent, script_spec, tool_outputs, worker_env
-from tests.conftest import REPO_ROOT, TemporalServer
+from tests.conftest import APPROVAL_VERIFY_KEY, REPO_ROOT, TemporalServer
 from toolloop import Actor, ModelRequest, ToolContext, Toolset, request_result
 from toolloop._temporal.settings import Settings
 from toolloop.testing import call, say, start_request
@@ -116,7 +116,7 @@ async def test_a_tools_own_timeout_and_attempts_bound_its_calls(client: Client, 
         await asyncio.sleep(args.seconds)
         return Waited(waited=args.seconds)
 
-    async with toolloop_worker(client, tools, task_queue=settings.task_queue):
+    async with toolloop_worker(client, tools, task_queue=settings.task_queue, approval_verify_key=APPROVAL_VERIFY_KEY):
         # The request's own limits would allow 3 attempts of 10 s each; the tool says 2 of 1 s.
         result, handle = await run_agent(
             client, settings, "wait", model=script_spec([call("slow", {"seconds": 5}, "c1")], [say("gave up")])
@@ -154,7 +154,7 @@ async def test_a_users_model_adapter_gets_the_requests_instructions_or_the_worke
     model = RecordingModel()
     spec = toolloop.AgentSpec(tools=build(), models={"recording": model}, instructions="Be brief.")
     actor = Actor(user_id="u1", tenant_id="acme")
-    async with toolloop_worker(client, spec, task_queue=settings.task_queue):
+    async with toolloop_worker(client, spec, task_queue=settings.task_queue, approval_verify_key=APPROVAL_VERIFY_KEY):
         own = await start_request(
             client,
             "add",
@@ -182,7 +182,9 @@ async def test_a_users_model_adapter_gets_the_requests_instructions_or_the_worke
 async def test_a_request_for_a_model_the_worker_lacks_fails_and_names_it(client: Client, settings: Settings) -> None:
     from tests.user_tools import build
 
-    async with toolloop_worker(client, build(), task_queue=settings.task_queue):
+    async with toolloop_worker(
+        client, build(), task_queue=settings.task_queue, approval_verify_key=APPROVAL_VERIFY_KEY
+    ):
         handle = await start_request(
             client,
             "add",
@@ -224,5 +226,10 @@ async def test_a_worker_run_with_the_plugin_whose_source_cannot_open_stops_and_s
 
     # The plugin opens the sources inside the worker's run: it must not leave the worker waiting forever.
     with pytest.raises(OSError, match="MCP server 'gone'"):
-        async with asyncio.timeout(60), toolloop_worker(client, unopenable(), task_queue=settings.task_queue):
+        async with (
+            asyncio.timeout(60),
+            toolloop_worker(
+                client, unopenable(), task_queue=settings.task_queue, approval_verify_key=APPROVAL_VERIFY_KEY
+            ),
+        ):
             await asyncio.sleep(30)  # never reached: the worker fails as it starts

@@ -25,8 +25,8 @@ from temporalio.client import Client
 from demo.agent import build as build_demo
 from devstack.processes import ManagedProcess, free_port, start_api
 from tests.agent_helpers import assert_eventually, effects
-from tests.conftest import APPROVAL_KEY, REPO_ROOT, BusinessService, TemporalServer
-from toolloop._temporal.settings import Settings
+from tests.api_helpers import api_env, worker_settings
+from tests.conftest import REPO_ROOT, BusinessService, TemporalServer
 from toolloop._temporal.worker_factory import running_worker
 
 pytestmark = pytest.mark.e2e
@@ -73,15 +73,9 @@ async def api(
 ) -> AsyncIterator[Api]:
     """One API process (serving the page) and one worker for this module's requests, on their own task queue."""
     task_queue = f"web-{uuid.uuid4().hex[:8]}"
-    settings = Settings.model_validate({"TEMPORAL_ADDRESS": temporal_server.address, "TOOLLOOP_TASK_QUEUE": task_queue})
+    settings = worker_settings(temporal_server, task_queue)
     port = free_port()
-    env = {
-        "TEMPORAL_ADDRESS": temporal_server.address,
-        "TOOLLOOP_TASK_QUEUE": task_queue,
-        "TOOLLOOP_APPROVAL_KEY": APPROVAL_KEY,
-        "TOOLLOOP_API_TOKENS": str(REPO_ROOT / "config" / "api_tokens.json"),
-        "TOOLLOOP_API_MODEL": "offline",
-    }
+    env = api_env(temporal_server, task_queue)
     log = Path(tmp_path_factory.mktemp("web")) / "api.log"
     process = await asyncio.to_thread(start_api, REPO_ROOT, env, port, log)
     served = Api(url=f"http://127.0.0.1:{port}", port=port, env=env, log=log, process=process)

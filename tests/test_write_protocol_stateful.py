@@ -96,11 +96,14 @@ class WriteProtocol(RuleBasedStateMachine):
             return
         if first is not None:
             # The key is taken: the same payload gets the stored result (nothing is done again, so no
-            # after-commit fault fires), another payload is refused. Never a second effect.
+            # after-commit fault fires) if its approval is the one it needs, expired or not; another payload,
+            # or no such approval, is refused. Never a second effect.
             assert response is not None, fault
             code = _code(response)
-            if first == variant:
+            if first == variant and approval in ("valid", "expired"):
                 assert response.status_code in (200, 201), response.text
+            elif first == variant:
+                assert (response.status_code, code) == (403, "APPROVAL_REQUIRED"), response.text
             else:
                 assert code in ("IDEMPOTENCY_KEY_REUSED", "APPROVAL_REQUIRED"), response.text
             return

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from temporalio import activity
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType, UpdateWorkflowExecutionLifecycleStage
+from temporalio.api.update.v1 import UpdateRef, WaitPolicy
+from temporalio.api.workflowservice.v1 import PollWorkflowExecutionUpdateRequest
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
@@ -37,12 +41,14 @@ from tests.agent_helpers import (
 )
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY
 from toolloop import request_result
+from toolloop._core.approvals import payload_digest, read_approval_claims
 from toolloop._core.codes import ErrorType
 from toolloop._core.contracts import (
     Actor,
     AgentInput,
     AgentResult,
     ApprovalDecision,
+    ApprovalRequest,
     ConversationItem,
     FunctionCallItem,
     Limits,
@@ -69,7 +75,7 @@ from toolloop._core.names import (
 )
 from toolloop._core.registry import Evidence, OperationStatus, ToolContext, ToolRegistry, ToolSpec
 from toolloop._core.validation import check_turn
-from toolloop._temporal.approval_channel import fetch_approval_request, sign_decision
+from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request, sign_decision
 from toolloop._temporal.worker_factory import workflow_runner
 from workflows.agent import AgentWorkflow
 
@@ -772,3 +778,73 @@ async def test_an_approval_and_a_cancel_in_one_task_never_send_and_report_not_do
     assert (done.state, done.transitions[-3:], done.attempts) == ("failed", ["approved", "sent", "failed"], 1)
     assert done.note == "the request was cancelled; no attempt reached the service, so it was not done."
     assert stand_ins.sent == [] and stand_ins.asked == []
+
+
+async def admitted(client: Client, handle: WorkflowHandle[Any, Any], update_id: str) -> None:
+    """Returns once the server holds the Update (admitted), before any worker has seen it."""
+    request = PollWorkflowExecutionUpdateRequest(
+        namespace=client.namespace,
+        update_ref=UpdateRef(
+            workflow_execution=WorkflowExecution(workflow_id=handle.id, run_id=handle.result_run_id or ""),
+            update_id=update_id,
+        ),
+        wait_policy=WaitPolicy(
+            lifecycle_stage=UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ADMITTED
+        ),
+    )
+    for _ in range(200):
+        try:
+            await client.workflow_service.poll_workflow_execution_update(request)
+            return
+        except RPCError:  # not there yet: the client's Update call has not reached the server
+            await asyncio.sleep(0.01)
+    raise AssertionError(f"update {update_id} was never admitted")
+
+
+async def test_an_approval_that_arrives_after_its_window_is_refused_whatever_the_timers_state(client: Client) -> None:
+    """The approval was signed inside the window but reaches the workflow after it, in the same task as the
+    window's timer firing (no worker ran in between): it is refused and nothing is sent."""
+    stand_ins = StandIns(turns=[[note("n", "w1")], [say("ok")]])
+    task_queue = f"standin-{uuid.uuid4().hex[:10]}"
+    harness = Harness(client, task_queue, stand_ins)
+    handle = await harness.start(Limits(**FAST, approval_ttl_seconds=2))
+    async with standin_worker(client, task_queue, stand_ins):
+        op = await waiting_operation(handle)
+        request = await fetch_approval_request(handle, op.operation_id)
+        assert request is not None and request.approval_expires_at is not None
+        token = sign_decision(request, U1, APPROVAL_KEY, approve=True)
+    # No worker now: wait on the wall clock until the window has closed, then send the decision.
+    await asyncio.sleep(max(0.0, request.approval_expires_at.timestamp() - time.time()) + 0.05)
+    decision = ApprovalDecision(operation_id=op.operation_id, digest=op.digest, approve=True, token=token)
+    update_id = f"late-{uuid.uuid4().hex[:8]}"
+    late = asyncio.create_task(handle.execute_update(APPROVE_OPERATION_UPDATE, decision, id=update_id))
+    await admitted(client, handle, update_id)
+    async with standin_worker(client, task_queue, stand_ins):
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await late
+        result = await asyncio.wait_for(request_result(handle), timeout=30)
+    assert "approval window has closed" in str(refused.value.cause)
+    [done] = result.operations
+    assert done.state == "expired" and "approved" not in done.transitions
+    assert stand_ins.sent == []
+
+
+def test_the_channel_will_not_sign_once_the_window_has_closed_and_says_so() -> None:
+    now = datetime.now(UTC)
+    request = ApprovalRequest(
+        operation_id="op_1",
+        tool="append_ticket_note",
+        arguments={"text": "x"},
+        digest=payload_digest("append_ticket_note", {"text": "x"}),
+        state="awaiting_approval",
+        actor=U1,
+        approval_expires_at=now - timedelta(milliseconds=1),
+    )
+    with pytest.raises(ApprovalRefused, match="approval window has closed"):
+        sign_decision(request, U1, APPROVAL_KEY, approve=True)
+    # Inside the window, the token names it: the workflow and the service refuse a decision made after it.
+    token = sign_decision(
+        request.model_copy(update={"approval_expires_at": now + timedelta(seconds=30)}), U1, APPROVAL_KEY, approve=True
+    )
+    claims = read_approval_claims(token)
+    assert claims.decide_by == pytest.approx((now + timedelta(seconds=30)).timestamp())

@@ -325,6 +325,7 @@ async def main(out: Path) -> list[Path]:
                         "TEMPORAL_ADDRESS": address,
                         "TOOLLOOP_TASK_QUEUE": "ui-screenshots",
                         "TOOLLOOP_SERVICE_URL": service.url,
+                        "TOOLLOOP_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY,
                     }
                 )
                 admin_headers = {"X-Admin-Token": service.admin_token}

@@ -5,7 +5,7 @@ model was shown - including the check that every call was answered exactly once.
     tools = my_tools()
     out = await toolloop.testing.run_tool(tools, "get_order", {"orderId": "A100"}, actor=Actor(user_id="u1"))
 
-    async with toolloop.testing.worker(client, tools, task_queue="t1"):
+    async with toolloop.testing.worker(client, tools, task_queue="t1", approval_verify_key=verify_key):
         handle = await toolloop.testing.start_request(
             client, "Refund A100", actor=Actor(user_id="u1"), task_queue="t1", model=script(
                 [call("refund", {"orderId": "A100"}, "c1")], [say("Refunded.")]),
@@ -149,10 +149,12 @@ async def worker(
     task_queue: str,
     models: Mapping[str, ModelAdapter] | None = None,
     instructions: str | None = None,
+    approval_verify_key: str | None = None,
     **worker_options: Any,
 ) -> AsyncIterator[Worker]:
-    """A started worker with the toolloop plugin for `tools`, shut down explicitly at the end of the block."""
-    plugin = ToolloopPlugin(tools, models=models, instructions=instructions)
+    """A started worker with the toolloop plugin for `tools`, shut down explicitly at the end of the block.
+    `approval_verify_key`: the key of the requests it runs that take decisions (start_request's)."""
+    plugin = ToolloopPlugin(tools, models=models, instructions=instructions, approval_verify_key=approval_verify_key)
     async with Worker(client, task_queue=task_queue, plugins=[plugin], **worker_options) as running:
         yield running
 

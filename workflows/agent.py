@@ -48,7 +48,6 @@ with workflow.unsafe.imports_passed_through():
         MODEL_TURN_ACTIVITY,
         OPERATIONS_METRIC,
         OUTCOME_SEARCH_ATTRIBUTE,
-        REQUEST_FAILED_PATCH,
         REQUESTS_FINISHED_METRIC,
         RUN_TOOL_ACTIVITY,
         UNSETTLED_SEARCH_ATTRIBUTE,
@@ -59,8 +58,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.narration import Narrator
     from workflows.operations import OperationStateMachine
 
-    # The workflow's own stateless helper modules (the plugin's runner passes the whole package through).
-    from workflows.retries import io_retry_policy, local_activity_error
+    # The workflow's own stateless helper module (the plugin's runner passes the whole package through).
+    from workflows.retries import io_retry_policy
 
 _MIN_TIMEOUT = timedelta(seconds=1)
 _MAX_EVENTS_PER_QUERY = 500
@@ -95,10 +94,6 @@ class AgentWorkflow:
         )
         # This round's calls whose output is a tool activity's result (so already in history).
         self._outputs_in_history: set[str] = set()
-        # The model runs in the worker's process (said by turn 1): later turns are local activities, given
-        # the conversation so far, which this run then holds (a local activity's input is not in history).
-        self._local_turns = False
-        self._conversation: list[ConversationItem] = []
         # The calls whose output a model turn recorded in history was given (its input, or a local turn's
         # record of what it was given): the report need not store those outputs again.
         self._told: set[str] = set()
@@ -169,7 +164,7 @@ class AgentWorkflow:
             self._progress.round = rounds
             self._set_phase(f"round {rounds}: waiting for the model")
             try:
-                turn = await self._model_turn(inp, rounds, new_items, output_refs, deadline, model_label)
+                turn = await self._model_turn(inp, rounds, new_items, output_refs, deadline)
             except asyncio.CancelledError as cancelled:
                 self._writes.absorb_cancel(cancelled)
                 stop = "cancelled"
@@ -183,10 +178,6 @@ class AgentWorkflow:
                 break
             model_label = turn.model_label or model_label
             self._told.update(item.call_id for item in new_items if isinstance(item, FunctionCallOutputItem))
-            if rounds == 1 and turn.in_process:
-                self._local_turns = True
-            if self._local_turns:
-                self._conversation += [*new_items, *turn.items]
 
             if not turn.calls:
                 answer = turn.final_text or answer_text(turn.items)
@@ -212,8 +203,7 @@ class AgentWorkflow:
             executed += plan.runnable_count
 
             # Stage 5: one output per call_id, in the model's order. A tool activity's result is already in
-            # history: the next model turn refers to it instead of storing it again (a local turn is given
-            # it: its input is not stored).
+            # history: the next model turn refers to it instead of storing it again.
             new_items = []
             output_refs = []
             for call in calls:
@@ -221,7 +211,7 @@ class AgentWorkflow:
                 in_history = call.call_id in self._outputs_in_history
                 if in_history:
                     output_refs.append(call.call_id)
-                output = "" if in_history and not self._local_turns else output_json(result.output)
+                output = "" if in_history else output_json(result.output)
                 new_items.append(FunctionCallOutputItem(call_id=call.call_id, output=output))
                 record = CallRecord(
                     call_id=call.call_id,
@@ -255,15 +245,12 @@ class AgentWorkflow:
             error=error,
             operations=self._writes.report(self._told),
         )
-        # Added later: histories recorded before it complete as they did.
-        monitored = workflow.patched(REQUEST_FAILED_PATCH)
-        if monitored:
-            self._mark_outcome(report)
+        self._mark_outcome(report)
         self._count(report)
         self._set_phase(f"finished: {stop}")
         self._narrator.final(status=status, stop_reason=stop, final_text=final_text, error=error)
         self._progress.done = True
-        if monitored and status == "failed":
+        if status == "failed":
             # Failed is failed in Temporal too (red in the UI's list); the report travels in the failure's
             # details, so clients still get the whole report (toolloop.request_result reads it).
             raise ApplicationError(
@@ -302,53 +289,37 @@ class AgentWorkflow:
         new_items: list[ConversationItem],
         output_refs: list[str],
         deadline: datetime,
-        model_label: str,
     ) -> ModelTurnResult:
         limits = inp.limits
-        local = self._local_turns
-        script = inp.model.script if local else None
         turn_input = ModelTurnInput(
             turn=turn,
             new_items=new_items,
             provider=inp.model.provider,
             model_name=inp.model.name,
             actor=inp.actor,
-            # An activity's are sent once: later turns find them in the conversation state.
-            instructions=inp.instructions if turn == 1 or local else None,
+            # Sent once: later turns find them in the conversation state.
+            instructions=inp.instructions if turn == 1 else None,
             output_refs=output_refs,
             offered_tools=inp.allowed_tools,
-            # A local activity's input is not stored: it carries what the activity side would look up.
-            conversation=self._conversation if local else None,
-            scripted_output=script[turn - 1] if script and turn <= len(script) else None,
-            script_length=len(script or ()),
-            model_label=model_label if local else "",
         )
-        timeout = timedelta(seconds=limits.model_timeout_seconds)
-        budget = max(deadline - workflow.now(), _MIN_TIMEOUT)
-        retry_policy = RetryPolicy(
-            initial_interval=timedelta(seconds=1),
-            maximum_interval=timedelta(seconds=30),
-            maximum_attempts=limits.model_max_attempts,
-            # No list of final error types: the activity raises those as non-retryable itself, and a list
-            # here would be stored in every model turn's scheduled event.
+        # Always an activity, never a local activity: sdk-core (temporalio 1.35) can record a local activity's
+        # marker in one workflow task and hand its result to the workflow only in the next one when a query
+        # arrives meanwhile. A replay resolves it a task earlier, so whatever the code does next (a patch
+        # check, the time, an update handled in between) may no longer match the history (docs/DESIGN.md).
+        result: ModelTurnResult = await workflow.execute_activity(
+            MODEL_TURN_ACTIVITY,
+            turn_input,
+            result_type=ModelTurnResult,
+            start_to_close_timeout=timedelta(seconds=limits.model_timeout_seconds),
+            schedule_to_close_timeout=max(deadline - workflow.now(), _MIN_TIMEOUT),
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=1),
+                maximum_interval=timedelta(seconds=30),
+                maximum_attempts=limits.model_max_attempts,
+                # No list of final error types: the activity raises those as non-retryable itself.
+            ),
+            summary=f"model turn {turn}",
         )
-        summary = f"model turn {turn}"
-        # The same options either way; a local activity's failure is wrapped like an activity's.
-        execute = workflow.execute_local_activity if local else workflow.execute_activity
-        try:
-            result: ModelTurnResult = await execute(
-                MODEL_TURN_ACTIVITY,
-                turn_input,
-                result_type=ModelTurnResult,
-                start_to_close_timeout=timeout,
-                schedule_to_close_timeout=budget,
-                retry_policy=retry_policy,
-                summary=summary,
-            )
-        except ApplicationError as err:
-            if not local:
-                raise
-            raise local_activity_error(err, MODEL_TURN_ACTIVITY) from err
         return result
 
     async def _run_group(
@@ -359,7 +330,7 @@ class AgentWorkflow:
             results = []
             for call in group.calls:
                 self._narrator.tool_started(call, turn)
-                results.append(await self._writes.run(call, turn, keep_output=not self._local_turns))
+                results.append(await self._writes.run(call, turn))
                 if self._writes.told_in_history(call.call_id):
                     self._outputs_in_history.add(call.call_id)
             return results
@@ -399,37 +370,23 @@ class AgentWorkflow:
             arguments=call.arguments,
             actor=inp.actor,
             max_output_bytes=limits.max_tool_output_bytes,
-            keep_output=not self._local_turns,
         )
         # The tool's own timeout and attempts where it declares them, else the request's.
         start_to_close = timedelta(seconds=call.timeout_seconds or limits.tool_timeout_seconds)
         schedule_to_close = max(deadline - workflow.now(), _MIN_TIMEOUT)
         retry_policy = io_retry_policy(call.max_attempts or limits.tool_max_attempts)
         try:
-            result: ToolCallResult
-            if call.local:
-                handle = workflow.start_local_activity(
-                    RUN_TOOL_ACTIVITY,
-                    tool_input,
-                    result_type=ToolCallResult,
-                    start_to_close_timeout=start_to_close,
-                    schedule_to_close_timeout=schedule_to_close,
-                    retry_policy=retry_policy,
-                    summary=call.summary,
-                )
-                result = await self._finished(handle)
-            else:
-                result = await workflow.execute_activity(
-                    RUN_TOOL_ACTIVITY,
-                    tool_input,
-                    result_type=ToolCallResult,
-                    start_to_close_timeout=start_to_close,
-                    schedule_to_close_timeout=schedule_to_close,
-                    retry_policy=retry_policy,
-                    # A read started is finished even if the request is cancelled: its call gets its output.
-                    cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                    summary=call.summary,
-                )
+            result: ToolCallResult = await workflow.execute_activity(
+                RUN_TOOL_ACTIVITY,
+                tool_input,
+                result_type=ToolCallResult,
+                start_to_close_timeout=start_to_close,
+                schedule_to_close_timeout=schedule_to_close,
+                retry_policy=retry_policy,
+                # A read started is finished even if the request is cancelled: its call gets its output.
+                cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                summary=call.summary,
+            )
             self._outputs_in_history.add(call.call_id)
             return result
         except ActivityError as err:
@@ -451,16 +408,3 @@ class AgentWorkflow:
             self._progress.running.remove(call.summary)
             if self._progress.running:
                 self._set_phase(f"round {turn}: running {', '.join(self._progress.running)}")
-
-    async def _finished(self, handle: workflow.ActivityHandle[ToolCallResult]) -> ToolCallResult:
-        """A local read's result. A read started is finished even if the request is cancelled (a local
-        activity would be cut off): its call gets its output. A failure comes as an ActivityError, as an
-        activity's does."""
-        try:
-            try:
-                return await asyncio.shield(handle)
-            except asyncio.CancelledError as cancelled:
-                self._writes.absorb_cancel(cancelled)
-                return await handle
-        except ApplicationError as err:
-            raise local_activity_error(err, RUN_TOOL_ACTIVITY) from err

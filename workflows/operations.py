@@ -109,8 +109,8 @@ class OperationStateMachine:
         # Calls whose output is what their completing attempt establishes alone (told_of_attempt): a model
         # turn refers to it rather than storing it again.
         self._told_by_attempt: set[str] = set()
-        # Per operation, the round whose next model turn (an activity) takes its output from the worker's
-        # output store; absent when the turns are local activities (the workflow gives them the output).
+        # Per operation, the round whose next model turn takes its output from the worker's
+        # output store.
         self._keep_output_round: dict[str, int] = {}
 
     @staticmethod
@@ -171,6 +171,10 @@ class OperationStateMachine:
             raise ValueError(f"operation {op.operation_id} is not waiting for approval (state: {op.state})")
         if self._verify_key is None:
             raise ValueError("this request was started without the approval channel's key; it takes no decisions")
+        # Whatever the approval timer's state: a decision that arrives once the window has closed sends nothing.
+        window_end = op.approval_expires_at
+        if window_end is not None and workflow.now() >= window_end:
+            raise ValueError(f"operation {op.operation_id}'s approval window has closed")
         expected = {
             "user_id": self._actor.user_id,
             "tenant_id": self._actor.tenant_id,
@@ -186,6 +190,10 @@ class OperationStateMachine:
             raise ValueError(str(exc)) from None
         if decision.approve and claims.expires_at > self._deadline.timestamp() + _CLOCK_TOLERANCE_SECONDS:
             raise ValueError("the approval would outlive the request's deadline; it must expire by then")
+        if window_end is not None and (
+            claims.decide_by is None or claims.decide_by > window_end.timestamp() + _CLOCK_TOLERANCE_SECONDS
+        ):
+            raise ValueError("the decision must name the operation's approval window (decide_by) and keep to it")
 
     def record_decision(self, decision: ApprovalDecision) -> OperationRecord:
         op = self.ledger[decision.operation_id]
@@ -207,9 +215,9 @@ class OperationStateMachine:
 
     # --- One side-effecting call ----------------------------------------------------------------
 
-    async def run(self, call: CheckedCall, turn: int, *, keep_output: bool = False) -> ToolCallResult:
-        """Drive one side-effecting call to its output for the model. `keep_output`: the next model turn is
-        an activity, which can take the output from the worker's store (told_in_history)."""
+    async def run(self, call: CheckedCall, turn: int) -> ToolCallResult:
+        """Drive one side-effecting call to its output for the model. The next model turn can take the
+        output from the worker's store (told_in_history)."""
         assert call.arguments is not None  # the planner only schedules validated calls
         started = workflow.now()
         operation_id = derive_operation_id(workflow.info().workflow_id, call.name, call.arguments)
@@ -234,8 +242,7 @@ class OperationStateMachine:
         )
         self.ledger[operation_id] = op
         self._arguments[operation_id] = call.arguments
-        if keep_output:
-            self._keep_output_round[operation_id] = turn
+        self._keep_output_round[operation_id] = turn
         self._told_by_attempt.discard(call.call_id)  # a model may use a call id again in a later round
         output = await self._drive(op, call, turn)
         op.output = output

@@ -53,7 +53,7 @@ def _wait_for(url: str, process: subprocess.Popen[bytes], within: float = 30.0) 
 
 
 async def run(signing_key: str, db: Path) -> int:
-    plugin = toolloop.ToolloopPlugin(build())
+    plugin = toolloop.ToolloopPlugin(build(), approval_verify_key=verify_key_for(signing_key))
     async with (
         await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_cli(), plugins=[plugin]) as temporal,
         Worker(temporal.client, task_queue=TASK_QUEUE),

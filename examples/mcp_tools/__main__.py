@@ -31,7 +31,7 @@ TASK_QUEUE = "todos-example"
 async def run(todo_file: Path) -> toolloop.AgentResult:
     signing_key = generate_signing_key()
     os.environ["TODO_FILE"] = str(todo_file)  # what tools.build() passes to the server
-    plugin = toolloop.ToolloopPlugin(build())
+    plugin = toolloop.ToolloopPlugin(build(), approval_verify_key=verify_key_for(signing_key))
     async with (
         await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_cli(), plugins=[plugin]) as temporal,
         Worker(temporal.client, task_queue=TASK_QUEUE),

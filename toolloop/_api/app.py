@@ -33,6 +33,7 @@ from temporalio.client import (
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowHandle,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import MetricMeter, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
@@ -56,12 +57,18 @@ from toolloop._core.contracts import (
     OperationRecord,
 )
 from toolloop._core.names import AGENT_WORKFLOW, GET_EVENTS_QUERY, GET_PROGRESS_QUERY
-from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request, send_decision
+from toolloop._temporal.approval_channel import (
+    ApprovalRefused,
+    RequestFinished,
+    fetch_approval_request,
+    send_decision,
+)
 from toolloop._temporal.following import RunFollower
 from toolloop._temporal.requests import (
     OUTCOME_KEY,
     REQUEST_ID,
     TENANT_KEY,
+    UNREADABLE_REQUEST,
     USER_KEY,
     list_query,
     request_search_attributes,
@@ -258,6 +265,10 @@ async def _describe(handle: WorkflowHandle[Any, Any], actor: Actor, request_id: 
     return description
 
 
+def _finished(request_id: str) -> Problem:
+    return Problem(409, "REQUEST_FINISHED", f"request {request_id} has finished; it takes no more decisions")
+
+
 def _status_name(status: WorkflowExecutionStatus | None) -> str:
     if status is None:
         return "unknown"
@@ -338,6 +349,11 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
     @app.exception_handler(RPCError)
     async def on_temporal_error(_: Request, exc: Exception) -> Response:
         return _problem(503, "TEMPORAL_UNAVAILABLE", "Temporal did not answer; try again")
+
+    @app.exception_handler(WorkflowQueryFailedError)
+    async def on_unreadable_request(request: Request, exc: Exception) -> Response:
+        logger.error("a query failed", extra={"request_id": request.path_params.get("request_id"), "why": str(exc)})
+        return _problem(503, "REQUEST_UNREADABLE", UNREADABLE_REQUEST)
 
     def handle_of(actor: Actor, request_id: str) -> WorkflowHandle[Any, Any]:
         return client.get_workflow_handle(request_workflow_id(actor, request_id))
@@ -469,7 +485,9 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         await _describe(handle, actor, request_id)
         resume = last_event_id or ""
         start = after if after is not None else int(resume) if resume.isdigit() else 0
-        return EventSourceResponse(_event_stream(handle, request, start), ping=15)
+        # Asked once before the response starts, so a request the worker cannot read is a problem+json.
+        first: EventsPage = await handle.query(GET_EVENTS_QUERY, start, result_type=EventsPage)
+        return EventSourceResponse(_event_stream(handle, request, start, first), ping=15)
 
     @app.get("/v1/requests/{request_id}/operations/{operation_id}", response_model=ApprovalRequest)
     async def get_operation(request_id: RequestId, operation_id: OperationId, actor: Caller) -> ApprovalRequest:
@@ -491,7 +509,9 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         if config.signing_key is None:
             raise Problem(503, "NO_APPROVAL_KEY", "this API holds no approval key; it cannot decide")
         handle = handle_of(actor, request_id)
-        await _describe(handle, actor, request_id)
+        description = await _describe(handle, actor, request_id)
+        if description.status != WorkflowExecutionStatus.RUNNING:
+            raise _finished(request_id)
         pending = await fetch_approval_request(handle, operation_id)
         if pending is None:
             raise Problem(404, "NOT_FOUND", f"request {request_id} has no operation {operation_id}")
@@ -512,6 +532,8 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                 key=config.signing_key,
                 channel="api",
             )
+        except RequestFinished:
+            raise _finished(request_id) from None
         except (ApprovalRefused, WorkflowUpdateFailedError) as exc:
             reason = exc.cause if isinstance(exc, WorkflowUpdateFailedError) else exc
             raise Problem(409, "DECISION_REFUSED", f"the decision was not recorded: {reason}") from None
@@ -538,20 +560,27 @@ def _finished_view(request_id: str, result: AgentResult) -> RequestView:
 
 
 async def _event_stream(
-    handle: WorkflowHandle[Any, Any], request: Request, after: int
+    handle: WorkflowHandle[Any, Any], request: Request, after: int, first: EventsPage
 ) -> AsyncIterator[dict[str, str]]:
-    """The request's events after number `after`, as they happen, ending with the final one."""
+    """The request's events after number `after`, as they happen, ending with the final one; `first` is the
+    first page, already read."""
     ends = time.monotonic() + _STREAM_SECONDS
     # Read the events each time the run's history says it may have changed (a long poll, no polling
     # interval); the bounded wait lets the stream notice a client that went away.
     async with RunFollower(handle) as follower:
+        page: EventsPage | None = first
         while time.monotonic() < ends and not await request.is_disconnected():
             try:
-                page: EventsPage = await handle.query(GET_EVENTS_QUERY, after, result_type=EventsPage)
+                if page is None:
+                    page = await handle.query(GET_EVENTS_QUERY, after, result_type=EventsPage)
             except RPCError:
                 # The response has started: the failure is said in the stream itself, and the stream ends
                 # (the client may reconnect with Last-Event-ID once the workflow answers again).
                 problem = {"code": "TEMPORAL_UNAVAILABLE", "detail": "the request's events could not be read; retry"}
+                yield {"event": "error", "data": json.dumps(problem)}
+                return
+            except WorkflowQueryFailedError:
+                problem = {"code": "REQUEST_UNREADABLE", "detail": UNREADABLE_REQUEST}
                 yield {"event": "error", "data": json.dumps(problem)}
                 return
             for event in page.events:
@@ -561,6 +590,7 @@ async def _event_stream(
                 return
             if not page.events:
                 await follower.wait(at_most=min(_DISCONNECT_CHECK_SECONDS, max(0.0, ends - time.monotonic())))
+            page = None
 
 
 def _add_page(app: FastAPI) -> None:

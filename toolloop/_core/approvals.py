@@ -88,6 +88,9 @@ class ApprovalClaims(BaseModel):
     # Added later, with defaults so older tokens still decode.
     decision: Decision = "approve"
     channel: str = ""
+    # The end of the operation's approval window (unix seconds): a decision made after it counts for nothing,
+    # for the workflow and for the service alike. None: the channel named no window.
+    decide_by: float | None = None
 
     @property
     def decided_by(self) -> str:
@@ -174,6 +177,8 @@ def verify_approval_token(
     claims = read_approval_claims(token)
     if claims.expires_at <= now:
         raise ApprovalInvalid("the approval has expired")
+    if claims.decide_by is not None and claims.approved_at >= claims.decide_by:
+        raise ApprovalInvalid("the decision was made after the operation's approval window closed")
     for name, value in expected.items():
         if getattr(claims, name) != value:
             if name == "decision":

@@ -233,40 +233,24 @@ class ModelTurnInput(ActivityPayload):
     """One model call. Carries only what is new since the previous turn: the activity rebuilds the
     conversation from earlier turns (its cache, or this workflow's history), so history stays linear."""
 
-    fixed_defaults: ClassVar[frozenset[str]] = frozenset({"script_length"})
-
     turn: int = Field(ge=1)
     new_items: list[ConversationItem]
     provider: ModelProvider
     model_name: str | None = None
     actor: Actor | None = None
-    # A scripted request's turn: set only for a turn run as a local activity (its input is not stored in
-    # history). Otherwise the worker reads the script from the run's start event instead of the workflow
-    # copying each turn into history again.
-    scripted_output: list[ConversationItem] | None = None
-    script_length: int = 0
-    # The request's own instructions: on turn 1 (later turns find them in the conversation state), and on
-    # every turn run as a local activity.
+    # The request's own instructions: on turn 1 (later turns find them in the conversation state).
     instructions: str | None = None
     # Call ids whose function_call_output in new_items is exactly the run_tool activity's result of the
     # previous round: sent empty and filled in by the activity (stored in history once, as that result).
     output_refs: list[str] = Field(default_factory=list)
     # The request's allowed tools (AgentInput.allowed_tools): the only ones offered to the model.
     offered_tools: list[str] | None = None
-    # A turn run as a local activity (the model runs in the worker process, see ModelTurnResult.in_process):
-    # every item before new_items, held by the workflow. A local activity's input is not stored in history,
-    # so this costs no history, and no conversation state is needed on the activity side. Its new_items
-    # then hold every output, those of output_refs included.
-    conversation: list[ConversationItem] | None = None
-    # A turn run as a local activity: the model's label as the previous turn said it. Its record leaves the
-    # label out when it is the same (ModelTurnResult.model_label).
-    model_label: str = ""
 
 
 class CheckedCall(ActivityPayload):
     """A function call after validation: either runnable (`arguments` set) or `rejection` set."""
 
-    fixed_defaults: ClassVar[frozenset[str]] = frozenset({"read_only", "has_status", "has_read_back", "local"})
+    fixed_defaults: ClassVar[frozenset[str]] = frozenset({"read_only", "has_status", "has_read_back"})
 
     call_id: str
     name: str
@@ -286,9 +270,6 @@ class CheckedCall(ActivityPayload):
     # or without a read-back (a completed write stays unverified).
     has_status: bool = True
     has_read_back: bool = True
-    # A read the registry runs as a local activity (ToolSpec.local): inside the workflow task that asked
-    # for it, with no round trip through the server. Recorded here, so a replay schedules it the same way.
-    local: bool = False
 
 
 class ModelTurnResult(ActivityPayload):
@@ -297,25 +278,13 @@ class ModelTurnResult(ActivityPayload):
     restored from it when the payload is read. Arguments that validation changed or added (a default, say)
     are kept as `arguments_changed`, the rest read from the item."""
 
-    fixed_defaults: ClassVar[frozenset[str]] = frozenset({"in_process"})
-
     items: list[ConversationItem]
     calls: list[CheckedCall]
     # Set by older workers only; the answer's text is read from the items (answer_text), not stored twice.
     final_text: str | None = None
-    # "": the previous turn's (a local turn's record leaves out a label that did not change).
     model_label: str = ""
     # Set when the turn itself broke the protocol (e.g. one call_id twice): nothing in it runs.
     protocol_error: str | None = None
-    # Said by the first turn, run as an activity: the model runs in the worker's process
-    # (ModelAdapter.in_process), so the later turns run as local activities, given the conversation by the
-    # workflow. Recorded here, so a replay schedules them the same way.
-    in_process: bool = False
-    # A turn run as a local activity (its input is not stored in history) records what it gave the model, so
-    # history still shows it, each output once: the call ids of its function_call_output items in order, and
-    # the text of those that are not a tool activity's result of the previous round (already in history).
-    answered: list[str] = Field(default_factory=list)
-    answered_outputs: dict[str, str] = Field(default_factory=dict)
 
     def _without_repeats(self, data: dict[str, Any]) -> dict[str, Any]:
         items = _function_calls(data.get("items"))
@@ -379,7 +348,7 @@ def _function_calls(items: Any) -> dict[str, dict[str, Any]]:
 def _parsed(item: dict[str, Any]) -> Any:
     try:
         return json.loads(item.get("arguments") or "")
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -387,17 +356,12 @@ def _parsed(item: dict[str, Any]) -> Any:
 
 
 class ToolCallInput(ActivityPayload):
-    fixed_defaults: ClassVar[frozenset[str]] = frozenset({"keep_output"})
-
     round: int
     call_id: str
     tool: str
     arguments: dict[str, Any]
     actor: Actor
     max_output_bytes: int
-    # The next model turn refers to this output in history, so the worker keeps it for that turn (its output
-    # store). False when the workflow gives the output to the next turn itself (a model run in-process).
-    keep_output: bool = True
 
 
 class ToolCallResult(Compact):
@@ -442,7 +406,7 @@ class StatusCheck(Compact):
 # - "approval": the decision Update's input (its token) and answer (its time);
 # - "first_sent_at": the approval's time, when the first attempt went out in the same workflow task (as it
 #   does once an approval arrives while the operation waits);
-# - "output": what the model was told, in the next model turn (its input, or a local turn's record).
+# - "output": what the model was told, in the next model turn.
 # The answer (final_text) stays in the report although the last turn holds it too: it is what someone opening
 # the request in the Temporal UI looks for first. So do the call records: they are small, and a report that
 # refers to nothing (a request without side effects) is read without reading its history.

@@ -24,9 +24,6 @@ SEARCH_ATTRIBUTES = {
     OUTCOME_SEARCH_ATTRIBUTE: "Keyword",
     UNSETTLED_SEARCH_ATTRIBUTE: "Bool",
 }
-# Patch ids (workflow.patched): behaviour added after histories were stored.
-REQUEST_FAILED_PATCH = "request-failed-status"
-UNKNOWN_OUTCOME_FAILS_ATTEMPT_PATCH = "unknown-outcome-fails-attempt"
 # Metric names (Prometheus, through Temporal's metric meter).
 TOOL_RESULTS_METRIC = "toolloop_tool_results"
 WRITE_ATTEMPTS_METRIC = "toolloop_write_attempts"

@@ -171,11 +171,6 @@ class ToolSpec:
     # resent) or no read-back (a completed write then stays unverified). MCP tools are such writes.
     without_status: bool = False
     without_read_back: bool = False
-    # A read runs as a local activity: in the workflow task that asked for it, with no round trip through the
-    # Temporal server per call (a read is idempotent: if the worker dies, it simply runs again). False for a
-    # read that can take seconds: while a local activity runs, the request's queries (its live progress)
-    # wait for the workflow task to end. A write always runs as an activity of its own, one attempt each.
-    local: bool = True
 
     @property
     def read_only(self) -> bool:

@@ -12,10 +12,48 @@ from typing import Any
 from toolloop._core.arguments import ArgumentsRejected
 from toolloop._core.codes import ResultCode
 from toolloop._core.contracts import CheckedCall, FunctionCallItem, error_output
-from toolloop._core.registry import ToolRegistry
+from toolloop._core.registry import ToolError, ToolRegistry
 
 logger = logging.getLogger(__name__)
 _JSON_KIND = {type(None): "null", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+# Bounds on a call's arguments as the model wrote them, checked before anything parses them: hostile or
+# broken output (arrays nested 200,000 deep, a 50 MB string) is answered to the model, never a failed turn.
+MAX_ARGUMENT_BYTES = 64 * 1024
+MAX_ARGUMENT_DEPTH = 32
+
+
+def argument_text_problem(text: str) -> str | None:
+    """Why the arguments' text is too large or nested too deep to parse; None if neither. A linear scan
+    (no recursion): brackets inside strings do not count."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_ARGUMENT_BYTES:
+        return f"arguments are {size} bytes; at most {MAX_ARGUMENT_BYTES} are accepted"
+    depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_ARGUMENT_DEPTH:
+                return f"arguments nest more than {MAX_ARGUMENT_DEPTH} levels deep"
+        elif char in "]}":
+            depth -= 1
+    return None
+
+
+def _reject_non_finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"the number {_shorten(text)} is too large")
+    return value
 
 
 def _reject_constant(name: str) -> Any:
@@ -48,8 +86,11 @@ def check_call(registry: ToolRegistry, call: FunctionCallItem) -> CheckedCall:
             rejection=error_output(code, message),
         )
 
+    problem = argument_text_problem(call.arguments)
+    if problem is not None:
+        return reject(ResultCode.BAD_ARGUMENTS, f"{problem}; send smaller, flatter arguments.")
     try:
-        parsed = json.loads(call.arguments, parse_constant=_reject_constant)
+        parsed = json.loads(call.arguments, parse_constant=_reject_constant, parse_float=_reject_non_finite)
     except (ValueError, RecursionError) as exc:
         detail = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
         return reject(ResultCode.BAD_JSON, f"arguments are not valid JSON ({_shorten(detail)}); send a JSON object.")
@@ -66,6 +107,8 @@ def check_call(registry: ToolRegistry, call: FunctionCallItem) -> CheckedCall:
         arguments = spec.canonical_arguments(args)
         target = spec.digest_target(args)
         summary = spec.summary(args)
+    except ToolError as refusal:  # a value the tool refuses to place (a path segment "..", say)
+        return reject(refusal.code, refusal.message)
     except Exception:
         logger.exception("tool %s: its canonical form, target or summary failed", spec.name)
         return reject(ResultCode.INTERNAL, "this tool is misconfigured; nothing was run.")
@@ -82,7 +125,6 @@ def check_call(registry: ToolRegistry, call: FunctionCallItem) -> CheckedCall:
         # Only a write has a status query and a read-back to lack (a read keeps the defaults, left out of history).
         has_status=spec.read_only or spec.status is not None,
         has_read_back=spec.read_only or spec.read_back is not None,
-        local=spec.read_only and spec.local,
     )
 
 

@@ -34,13 +34,7 @@ class ModelAdapter(Protocol):
     `respond` raises toolloop's ModelCallError when the call gives no usable answer: kind "temporary" is
     retried by the activity's retry policy, "rejected", "malformed" and "exhausted" stop the request. An
     adapter that needs no conversation (the script model) sets `needs_conversation = False`, and the worker
-    does not rebuild one for it.
-
-    An adapter that answers in the worker's own process, with no network call (a scripted or offline model),
-    may set `in_process = True`: the request's first turn says so in history, and every later turn runs as
-    a local activity, inside the workflow task, with no round trip through the Temporal server. A model
-    behind a network call leaves it unset: its turns stay activities of their own, so the request's live
-    progress answers while the model thinks."""
+    does not rebuild one for it. Every turn is an activity of its own, whatever the adapter."""
 
     needs_conversation: bool
 

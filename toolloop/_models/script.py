@@ -141,8 +141,6 @@ class ScriptModel:
     needs_conversation = False
     # The worker reads the request's script from the run's start event and passes this turn's part.
     reads_script = True
-    # Answers in the worker's process: its turns after the first run as local activities.
-    in_process = True
 
     def label(self, model_name: str | None) -> str:
         return "script"

@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
+from temporalio.service import RPCError
 
 from toolloop._core.approvals import ApprovalClaims, mint_approval_token, payload_digest
 from toolloop._core.contracts import (
@@ -29,6 +30,18 @@ class ApprovalRefused(Exception):
     request's deadline has passed, or it holds no key)."""
 
 
+class RequestFinished(ApprovalRefused):
+    """The request has ended (answered, stopped, failed or cancelled): it takes no more decisions."""
+
+
+async def raise_if_finished(handle: WorkflowHandle[Any, Any]) -> None:
+    """RequestFinished if the request's workflow is no longer running."""
+    status = (await handle.describe()).status
+    if status != WorkflowExecutionStatus.RUNNING:
+        name = status.name.lower() if status is not None else "closed"
+        raise RequestFinished(f"request {handle.id} has finished ({name}); it takes no more decisions")
+
+
 def check_shown_payload(request: ApprovalRequest) -> None:
     """The digest the workflow asks us to sign must be the digest of the arguments we show the human;
     a payload we cannot re-digest (a value hidden from us) is never signed."""
@@ -46,7 +59,8 @@ def sign_decision(
     ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
 ) -> str:
     """A token for `decider`'s decision on exactly this payload. It never outlives the request's deadline,
-    so nothing can be committed after it."""
+    so nothing can be committed after it, and it names the end of the operation's approval window: a
+    decision made after it is refused by the workflow and by the service."""
     check_shown_payload(request)
     now = time.time()
     expires_at = now + ttl_seconds
@@ -54,6 +68,9 @@ def sign_decision(
         expires_at = min(expires_at, request.deadline.timestamp())
     if expires_at <= now:
         raise ApprovalRefused(f"operation {request.operation_id}: the request's deadline has passed")
+    decide_by = request.approval_expires_at.timestamp() if request.approval_expires_at is not None else None
+    if decide_by is not None and now >= decide_by:
+        raise ApprovalRefused(f"operation {request.operation_id}: its approval window has closed")
     claims = ApprovalClaims(
         user_id=decider.user_id,
         tenant_id=decider.tenant_id,
@@ -64,6 +81,7 @@ def sign_decision(
         expires_at=expires_at,
         decision="approve" if approve else "reject",
         channel=channel,
+        decide_by=decide_by,
     )
     return mint_approval_token(signing_key, claims)
 
@@ -89,7 +107,7 @@ async def send_decision(
     ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
 ) -> DecisionReceipt:
     """Approve or reject; the operation's state right after. Raises temporalio's WorkflowUpdateFailedError
-    if the workflow refuses it."""
+    if the workflow refuses it, and RequestFinished if the request ended before the decision reached it."""
     if key is None:
         raise ApprovalRefused("no approval key: set TOOLLOOP_APPROVAL_KEY or use the local stack")
     token = sign_decision(request, decider, key, approve=approve, channel=channel, ttl_seconds=ttl_seconds)
@@ -100,7 +118,14 @@ async def send_decision(
         token=token,
         by=f"{decider.user_id} via {channel}",
     )
-    answer: DecisionAnswer = await handle.execute_update(APPROVE_OPERATION_UPDATE, decision, result_type=DecisionAnswer)
+    try:
+        answer: DecisionAnswer = await handle.execute_update(
+            APPROVE_OPERATION_UPDATE, decision, result_type=DecisionAnswer
+        )
+    except (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError):
+        # An Update that raced the end of the run is aborted by the server: say that, not "try again".
+        await raise_if_finished(handle)
+        raise
     # The workflow answers with the state and when it recorded the decision; the rest is in the token.
     return DecisionReceipt(
         operation_id=request.operation_id,

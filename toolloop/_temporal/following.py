@@ -27,7 +27,6 @@ from temporalio.service import RPCError
 from toolloop._core.approvals import approval_wait_of, derive_operation_id, payload_digest, short_operation_id
 from toolloop._core.contracts import AgentInput, ApprovalRequest, ModelTurnResult
 from toolloop._core.names import GET_PENDING_APPROVALS_QUERY, MODEL_TURN_ACTIVITY
-from toolloop._temporal.history import local_activity_data, local_activity_payload
 
 _CLOSED = frozenset(
     {
@@ -115,16 +114,6 @@ def _workflow_time(event: HistoryEvent) -> datetime:
     return datetime.fromtimestamp(event.event_time.ToNanoseconds() / 1e9, UTC)
 
 
-def _local_activity_time(record: dict[str, Any]) -> datetime | None:
-    """`workflow.now()` right after a local activity resolved: its completion time (the SDK moves the
-    workflow's clock there), as the SDK computes it."""
-    done = record.get("complete_time")
-    if not isinstance(done, dict):
-        return None
-    nanoseconds = int(done.get("seconds") or 0) * 1_000_000_000 + int(done.get("nanos") or 0)
-    return datetime.fromtimestamp(nanoseconds / 1e9, UTC)
-
-
 class _ApprovalHistory:
     """What a run's history says about its approval waits, read event by event. An approval wait's timer
     names its operation; the operation's payload is the write call of an earlier model turn whose
@@ -176,16 +165,6 @@ class _ApprovalHistory:
             self._open.pop(event.timer_canceled_event_attributes.started_event_id, None)
         elif kind == EventType.EVENT_TYPE_TIMER_FIRED:
             self._open.pop(event.timer_fired_event_attributes.started_event_id, None)
-        else:
-            record = local_activity_data(event)
-            if record is None:
-                return
-            # The workflow's clock moved to the local activity's completion, within the task.
-            self._now = _local_activity_time(record) or self._now
-            # A model turn run as a local activity: its result is in the marker.
-            payload = local_activity_payload(event) if record.get("activity_type") == MODEL_TURN_ACTIVITY else None
-            if payload is not None:
-                self._turn_results.append([payload])
 
     async def _waiting(self, event: HistoryEvent, tool: str, short: str) -> ApprovalRequest | None:
         if self._input is None or self._now is None or self._started is None:

@@ -33,6 +33,7 @@ from toolloop._models.adapter import ModelAdapter
 from toolloop._models.script import ScriptModel
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.telemetry import tracing_interceptor
+from toolloop._temporal.trust import TrustedApprovalKey
 from toolloop._tools.toolset import AgentSpec, Toolset
 from workflows.agent import AgentWorkflow
 
@@ -119,7 +120,9 @@ class ToolloopPlugin(SimplePlugin):
     brings its own). `retention_seconds` is how long the services keep operation ids when they do not say
     so on their status answers (unknown means a resend after a doubtful attempt fails closed). `http` is
     the client of tools that have no source of their own. `tracing` adds Temporal's OpenTelemetry
-    interceptor (spans with the globally configured tracer provider). AgentWorkflow runs in Temporal's
+    interceptor (spans with the globally configured tracer provider). `approval_verify_key` is the approval
+    channel's public key: a request whose input brings any other key is refused before anything runs (with
+    none configured, every request that brings a key is). AgentWorkflow runs in Temporal's
     workflow sandbox (workflow_runner); when the worker's client has no payload codec and no external
     storage, the sandbox is not asked for a serialization context per payload (CodecFreeSandboxRunner)."""
 
@@ -132,6 +135,7 @@ class ToolloopPlugin(SimplePlugin):
         retention_seconds: float | None = None,
         http: httpx.AsyncClient | None = None,
         tracing: bool = False,
+        approval_verify_key: str | None = None,
     ) -> None:
         spec = tools if isinstance(tools, AgentSpec) else AgentSpec(tools=tools)
         self.toolset = spec.tools
@@ -145,8 +149,9 @@ class ToolloopPlugin(SimplePlugin):
             data_converter=data_converter(),
             workflows=[AgentWorkflow],
             workflow_runner=workflow_runner,
-            # OpenTelemetry spans for workflows and activities, off by default.
-            interceptors=[tracing_interceptor()] if tracing else None,
+            # The trust anchor: decisions are verified only with this worker's own key. OpenTelemetry spans for
+            # workflows and activities, off by default.
+            interceptors=[TrustedApprovalKey(approval_verify_key), *([tracing_interceptor()] if tracing else [])],
         )
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:

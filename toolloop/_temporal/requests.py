@@ -25,6 +25,13 @@ from toolloop._core.names import (
 )
 from toolloop._core.text import markdown_literal
 
+# What a client is told when a query fails: the workflow is there, but the worker cannot answer for it (its
+# code does not replay the run's history, or its query handler failed).
+UNREADABLE_REQUEST = (
+    "the worker cannot read this request's history right now; the request itself is kept and answers again "
+    "once the worker runs code that replays it"
+)
+
 REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 USER_KEY = SearchAttributeKey.for_keyword(USER_SEARCH_ATTRIBUTE)
 TENANT_KEY = SearchAttributeKey.for_keyword(TENANT_SEARCH_ATTRIBUTE)

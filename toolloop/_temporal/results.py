@@ -40,7 +40,6 @@ from toolloop._core.names import (
     READ_BACK_ACTIVITY,
 )
 from toolloop._core.registry import Evidence
-from toolloop._temporal.history import local_activity_result
 
 
 def _approval_of(decision: ApprovalDecision, answer: dict[str, Any]) -> ApprovalRecord | None:
@@ -171,13 +170,6 @@ class _HistoryFacts:
                 approval = _approval_of(decision, answer)
                 if approval is not None:
                     self._approvals[decision.operation_id] = approval
-        elif self._told_calls and (local := local_activity_result(event)) is not None:
-            activity_type, payload = local
-            if activity_type == MODEL_TURN_ACTIVITY:
-                # A local turn's record of what it was given that is not a tool's result already in history.
-                [data] = await decode([payload], [dict[str, Any]])
-                for call_id, output in (data.get("answered_outputs") or {}).items():
-                    self._tell(call_id, output)
 
     def _tell(self, call_id: str, output: Any) -> None:
         if call_id in self._told_calls and isinstance(output, str) and output:

@@ -110,8 +110,9 @@ class HttpSource:
     ) -> R:
         """GET `path` as the session's actor: the parsed 200 body, or the ToolError / ToolTemporaryError
         the answer stands for. `not_available` is the one message for "does not exist" and "not yours"."""
+        request = request_under_base(ctx.http, "GET", path, params=params, headers=dict(ctx.headers))
         try:
-            response = await ctx.http.get(path, params=params, headers=dict(ctx.headers))
+            response = await ctx.http.send(request)
         except httpx.TransportError:
             # Refused, reset, timed out: for a read, safe to try again.
             raise ToolTemporaryError(f"{self.name} could not be reached") from None
@@ -229,8 +230,27 @@ def path_fields(template: str) -> list[str]:
 
 
 def fill_path(template: str, values: Mapping[str, Any]) -> str:
-    """The template with each value percent-encoded as one path segment (an id can never add a segment)."""
-    return template.format_map({name: urllib.parse.quote(str(values[name]), safe="") for name in path_fields(template)})
+    """The template with each value percent-encoded as one path segment (an id can never add a segment). A
+    value that is no segment at all ("", ".", "..": an HTTP client removes dot segments, so ".." would climb
+    out of the base path) is BAD_ARGUMENTS."""
+    filled: dict[str, str] = {}
+    for name in path_fields(template):
+        text = str(values[name])
+        if text in ("", ".", ".."):
+            raise ToolError(ResultCode.BAD_ARGUMENTS, f"{name} may not be {text!r}: it names no path segment")
+        filled[name] = urllib.parse.quote(text, safe="")
+    return template.format_map(filled)
+
+
+def request_under_base(client: httpx.AsyncClient, method: str, path: str, **options: Any) -> httpx.Request:
+    """The request for `path` under the client's base URL, refused (BAD_ARGUMENTS, nothing sent) when the URL
+    the client would send is not exactly that path: dot segments removed, or a path that climbs out of the
+    base. The digest of a write binds the path as given, so it must be the path that is sent."""
+    request = client.build_request(method, path, **options)
+    intended = urllib.parse.unquote(client.base_url.path.rstrip("/") + path.split("?", 1)[0])
+    if request.url.path != intended:
+        raise ToolError(ResultCode.BAD_ARGUMENTS, "the path would leave the service's base path; nothing was sent")
+    return request
 
 
 # --- The write contract ------------------------------------------------------------------------------------
@@ -283,8 +303,9 @@ class HttpWriteContract:
         headers = {**ctx.headers, "Idempotency-Key": ctx.operation_id}
         if ctx.approval_token:
             headers["X-Approval-Token"] = ctx.approval_token
+        request = request_under_base(ctx.http, self.method, fill_path(self.path, body), json=body, headers=headers)
         try:
-            response = await ctx.http.request(self.method, fill_path(self.path, body), json=body, headers=headers)
+            response = await ctx.http.send(request)
         except _NOT_SENT:
             raise WriteNotSent(f"{self.source.name} could not be reached; nothing was sent") from None
         except httpx.HTTPError:

@@ -338,8 +338,6 @@ class McpSource:
     - `timeout_seconds`: how long one call may take (the SDK's read timeout); each attempt's activity gets
       this plus the time to reconnect, so the executor's own bound ends a hung call.
     - `connect_timeout_seconds`: how long starting or connecting to the server and its handshake may take.
-    - `local_reads`: its read-only tools run as local activities (ToolSpec.local, the default); False for a
-      server whose reads can take seconds.
 
     A tool whose schema strict mode cannot honour (a free-form map, ...) or whose name is not accepted is not
     offered: it is logged at WARNING with the reason and listed in `refused` (server name -> reason), and the
@@ -354,7 +352,6 @@ class McpSource:
     prefix: str = ""
     timeout_seconds: float = 10.0
     connect_timeout_seconds: float = 10.0
-    local_reads: bool = True
     refused: dict[str, str] = field(default_factory=dict, init=False)
     _specs: list[ToolSpec] = field(default_factory=list, init=False, repr=False)
     _conn: _Connection | None = field(default=None, init=False, repr=False)
@@ -389,7 +386,6 @@ class McpSource:
         prefix: str = "",
         timeout_seconds: float = 10.0,
         connect_timeout_seconds: float = 10.0,
-        local_reads: bool = True,
     ) -> McpSource:
         """A server the worker starts as a child process and talks to over its stdin and stdout: `command` is
         its argv. `env` is added to the SDK's minimal default environment (PATH, HOME, ...; the worker's own
@@ -405,7 +401,6 @@ class McpSource:
             prefix=prefix,
             timeout_seconds=timeout_seconds,
             connect_timeout_seconds=connect_timeout_seconds,
-            local_reads=local_reads,
         )
 
     @classmethod
@@ -420,7 +415,6 @@ class McpSource:
         prefix: str = "",
         timeout_seconds: float = 10.0,
         connect_timeout_seconds: float = 5.0,
-        local_reads: bool = True,
     ) -> McpSource:
         """A server reached over streamable HTTP at `url` (e.g. "http://127.0.0.1:8000/mcp"). `headers` are
         sent with every request (an API key, say: held by the worker, never in history); proxies from the
@@ -442,7 +436,6 @@ class McpSource:
             prefix=prefix,
             timeout_seconds=timeout_seconds,
             connect_timeout_seconds=connect_timeout_seconds,
-            local_reads=local_reads,
         )
 
     # --- Lifecycle (the Toolset's provider protocol) -------------------------------------------------
@@ -531,7 +524,6 @@ class McpSource:
                 effect="read_only",
                 execute=self._executor(tool.name, schema, write=False),
                 timeout_seconds=self._attempt_timeout(),
-                local=self.local_reads,
             )
         return ToolSpec(
             name=self.prefix + tool.name,

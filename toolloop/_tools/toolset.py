@@ -166,7 +166,6 @@ class Toolset:
         attempts: int | None = None,
         redact: Iterable[str] = (),
         summary: Callable[[Any], str] | None = None,
-        local: bool | None = None,
     ) -> Callable[[F], F]: ...
 
     def read(
@@ -181,12 +180,10 @@ class Toolset:
         attempts: int | None = None,
         redact: Iterable[str] = (),
         summary: Callable[[Any], str] | None = None,
-        local: bool | None = None,
     ) -> Any:
         """A read-only tool: `async def tool(ctx, args: Args) -> Result` (or a class whose instances are such
         a callable). The description defaults to the docstring; timeout and attempts default to the
-        request's limits. It runs as a local activity unless `local=False` (ToolSpec.local: for a read that
-        can take seconds)."""
+        request's limits."""
 
         def register(fn: F) -> F:
             executor, arguments, result = _introspect(fn, "read")
@@ -201,7 +198,6 @@ class Toolset:
                     summarize=summary,
                     result=result,
                     max_attempts=attempts_of,
-                    local=_class_attribute(fn, "local", local, True),
                 )
             )
             return fn
@@ -303,7 +299,6 @@ class Toolset:
         attempts: int | None = None,
         redact: Iterable[str] = (),
         summary: Callable[[Any], str] | None = None,
-        local: bool = True,
     ) -> ToolSpec:
         """A read-only tool that GETs `path` (its {names} filled from the arguments, under the names the model
         sees; the other arguments go in the query string) and answers with `result`. `not_available` (with
@@ -331,7 +326,6 @@ class Toolset:
                 timeout_seconds=timeout,
                 max_attempts=attempts,
                 source=source,
-                local=local,
             )
         )
 

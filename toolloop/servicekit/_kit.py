@@ -343,10 +343,22 @@ class IdempotencyKit:
         self.ledger.purge(not_before)
         found = self.ledger.lookup(key, now, not_before)
         if isinstance(found, LedgerRecord):
+            # Only a caller holding the approval a fresh write would need reads the stored reply (one that has
+            # expired since still names who may: a replay makes nothing). Anyone else learns nothing, not even
+            # that the key exists.
+            self._check_approval(write, digest, _NO_EXPIRY)
             return _replay(found, digest)
+        approval = self._check_approval(write, digest, now)
+        if approval.expires_at > now + self.retention_seconds:
+            # Purged before the approval expires, the key would be free again for the same token: a second effect.
+            raise KitProblem(
+                403,
+                APPROVAL_REQUIRED,
+                f"the approval lives longer than this service's retention of operation ids "
+                f"({self.retention_seconds:g} s); ask for an approval that expires sooner",
+            )
         if found == "in_progress":
             raise _in_progress()
-        approval = self._check_approval(write, digest, now)
         try:
             claimed = self.ledger.claim(key, now, not_before, self.claim_lease_seconds, self.hold)
         except ClaimTaken:
@@ -378,6 +390,10 @@ class IdempotencyKit:
         except ApprovalInvalid as exc:
             # The reasons are our own short sentences ("the approval has expired", ...).
             raise KitProblem(403, APPROVAL_REQUIRED, str(exc)) from None
+
+
+# A replay checks everything an approval binds but its expiry.
+_NO_EXPIRY = float("-inf")
 
 
 def _in_progress() -> KitProblem:

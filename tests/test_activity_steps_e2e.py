@@ -1,24 +1,22 @@
-"""End to end: which steps of a request run as local activities (inside the workflow task that asks for them,
-no round trip through the server) and which as activities of their own - read from the run's history - and
-that nothing is lost by it: every call answered once, each output stored once, what each turn was given
-still in history."""
+"""End to end: every step of a request - each model turn, each read, each write attempt - is an activity of its
+own, and the run's history holds no marker (no local activity, no patch): a local activity's result can reach
+the workflow a task after its marker when a query arrives meanwhile, and a replay then takes another path.
+Nothing is lost by it: every call answered once, each output stored once, what each turn was given still in
+history."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import json
-import uuid
 from typing import Any
 
 import httpx
 import pytest
-from pydantic import BaseModel, Field
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
-import toolloop
 from demo.agent import build as build_demo
 from tests.agent_helpers import (
     REMOTE_SCRIPT,
@@ -26,8 +24,8 @@ from tests.agent_helpers import (
     activity_steps,
     approving,
     call,
-    conversation,
     effects,
+    marker_count,
     model_turns,
     run_agent,
     say,
@@ -38,14 +36,12 @@ from tests.agent_helpers import (
     ticket_version,
     tool_outputs,
 )
-from toolloop import Actor, ConversationItem, FunctionCallOutputItem, request_result
+from toolloop import ConversationItem, FunctionCallOutputItem, request_result
 from toolloop._core.contracts import AgentProgress, ModelTurnInput, OperationRecord
 from toolloop._core.names import GET_LEDGER_QUERY, GET_PROGRESS_QUERY, MODEL_TURN_ACTIVITY, RUN_TOOL_ACTIVITY
 from toolloop._models.adapter import ModelRequest
-from toolloop._temporal.history import local_activity_type
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker
-from toolloop.testing import script, start_request
 
 pytestmark = pytest.mark.e2e
 
@@ -64,7 +60,7 @@ class SeeingRemoteScript(RemoteScriptModel):
 
 
 async def stored_turn_inputs(handle: WorkflowHandle[Any, Any], turn: int) -> list[ModelTurnInput]:
-    """The inputs of turn `turn` as history stores them (an activity's; a local activity stores none)."""
+    """The inputs of turn `turn` as history stores them."""
     found: list[ModelTurnInput] = []
     async for event in handle.fetch_history_events():
         attrs = event.activity_task_scheduled_event_attributes
@@ -76,16 +72,7 @@ async def stored_turn_inputs(handle: WorkflowHandle[Any, Any], turn: int) -> lis
     return found
 
 
-async def local_summaries(handle: WorkflowHandle[Any, Any]) -> list[str]:
-    """The UI's summary of each local activity, as its marker carries it."""
-    found: list[str] = []
-    async for event in handle.fetch_history_events():
-        if local_activity_type(event) is not None and event.HasField("user_metadata"):
-            found.append(json.loads(event.user_metadata.summary.data))
-    return found
-
-
-async def test_reads_and_an_in_process_models_later_turns_run_as_local_activities(
+async def test_reads_and_an_in_process_models_turns_are_activities_and_each_output_is_stored_once(
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
 ) -> None:
     await set_faults(admin, {"method": "GET", "path_regex": "^/orders/A100$", "latency_ms": 300})
@@ -104,38 +91,39 @@ async def test_reads_and_an_in_process_models_later_turns_run_as_local_activitie
         ("bad", "BAD_ARGUMENTS"),
         ("t1", None),
     ]
-    # The script model runs in the worker: its first turn says so, as an activity; the rest are local.
+    # The script model runs in the worker's process; its turns are activities all the same.
     assert await activity_steps(handle) == [
-        ("activity", MODEL_TURN_ACTIVITY),
-        ("local", RUN_TOOL_ACTIVITY),
-        ("local", RUN_TOOL_ACTIVITY),
-        ("local", MODEL_TURN_ACTIVITY),
-        ("local", RUN_TOOL_ACTIVITY),
-        ("local", MODEL_TURN_ACTIVITY),
+        MODEL_TURN_ACTIVITY,
+        RUN_TOOL_ACTIVITY,
+        RUN_TOOL_ACTIVITY,
+        MODEL_TURN_ACTIVITY,
+        RUN_TOOL_ACTIVITY,
+        MODEL_TURN_ACTIVITY,
     ]
-    assert sorted(await local_summaries(handle)) == sorted(
-        ["get_order_status A100", "get_order_status A102", "model turn 2", "get_ticket T1001", "model turn 3"]
-    )
+    assert await marker_count(handle) == 0
     # Each read ran once, at the service; the invalid one never left.
     assert sorted(r["path"] for r in await service_requests(admin, "/orders")) == ["/orders/A100", "/orders/A102"]
     assert [r["path"] for r in await service_requests(admin, "/tickets")] == ["/tickets/T1001"]
-    # What each turn was given is still in history, each call answered exactly once.
+    # What each turn was given is in history, each call answered exactly once.
     outputs = await tool_outputs(handle)
     assert set(outputs) == {"slow", "fast", "bad", "t1"}
     assert outputs["slow"]["order_id"] == "A100" and outputs["bad"]["code"] == "BAD_ARGUMENTS"
-    turns = await model_turns(handle)
-    assert [turn_input.turn for turn_input, _ in turns] == [1, 2, 3]
-    _, second = turns[1]
-    assert second is not None and second.answered == ["slow", "fast", "bad"]
-    # The reads' outputs are stored once, as their markers' results: the turn records only the rejection.
-    assert set(second.answered_outputs) == {"bad"}
+    # The reads' outputs are stored once, as their activities' results: the second turn's input refers to
+    # them and carries only the rejection, which no activity produced.
+    [stored] = await stored_turn_inputs(handle, turn=2)
+    assert stored.output_refs == ["slow", "fast"]
+    assert [(i.call_id, bool(i.output)) for i in stored.new_items if isinstance(i, FunctionCallOutputItem)] == [
+        ("slow", False),
+        ("fast", False),
+        ("bad", True),
+    ]
 
 
-async def test_an_approved_write_with_local_turns_is_done_once_and_verified(
+async def test_an_approved_write_is_an_activity_done_once_and_verified(
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
 ) -> None:
     version = await ticket_version(settings.service_url)
-    note = call("append_ticket_note", {"ticketId": "T1001", "text": "local turns", "expectedVersion": version}, "w1")
+    note = call("append_ticket_note", {"ticketId": "T1001", "text": "activities", "expectedVersion": version}, "w1")
     handle = await start_agent(
         client, settings, "w", model=script_spec([call("get_ticket", {"ticketId": "T1001"}, "r1")], [note], [say("ok")])
     )
@@ -145,89 +133,23 @@ async def test_an_approved_write_with_local_turns_is_done_once_and_verified(
     [op] = result.operations
     assert (result.status, op.state, approved) == ("completed", "verified", [op.operation_id])
     assert len(await effects(admin, op.operation_id)) == 1
-    # The write is an activity of its own (one attempt each, decided by the workflow); the turns around it
-    # are local.
     assert await activity_steps(handle) == [
-        ("activity", MODEL_TURN_ACTIVITY),
-        ("local", RUN_TOOL_ACTIVITY),
-        ("local", MODEL_TURN_ACTIVITY),
-        ("activity", "execute_write"),
-        ("local", MODEL_TURN_ACTIVITY),
+        MODEL_TURN_ACTIVITY,
+        RUN_TOOL_ACTIVITY,
+        MODEL_TURN_ACTIVITY,
+        "execute_write",
+        MODEL_TURN_ACTIVITY,
     ]
+    assert await marker_count(handle) == 0
     outputs = await tool_outputs(handle)
     assert outputs["w1"]["state"] == "verified" and outputs["w1"]["operation_id"] == op.operation_id
     # The write's output is stored once: its attempt read the effect back, so the attempt's input and result
-    # hold all of it and the last turn's marker only names the call. Read back from there, it is exactly
-    # what the workflow told the model.
-    *_, (_, last) = await model_turns(handle)
-    assert last is not None and last.answered == ["w1"] and last.answered_outputs == {}
-    # Nor does it repeat the model's label, the previous turn's: the report has it.
-    assert last.model_label == "" and result.model_label == "script"
+    # hold all of it and the last turn's input only refers to it. Read back from there, it is exactly what
+    # the workflow told the model.
+    [told] = await stored_turn_inputs(handle, turn=3)
+    assert told.output_refs == ["w1"]
     [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
     assert ledger.output == outputs["w1"] and ledger.output["result"]["ticket_id"] == "T1001"
-
-
-class EchoArgs(toolloop.Arguments):
-    text: str = Field(max_length=40, description="What to echo.")
-
-
-class Echo(BaseModel):
-    text: str
-
-
-def echo_tools() -> toolloop.Toolset:
-    tools = toolloop.Toolset()
-
-    @tools.read(name="quick_echo")
-    async def quick_echo(ctx: toolloop.ToolContext, args: EchoArgs) -> Echo:
-        """Echo the text back."""
-        return Echo(text=args.text)
-
-    @tools.read(name="slow_echo", local=False)
-    async def slow_echo(ctx: toolloop.ToolContext, args: EchoArgs) -> Echo:
-        """Echo the text back, slowly (a read that can take seconds)."""
-        await asyncio.sleep(0.2)
-        return Echo(text=args.text.upper())
-
-    return tools
-
-
-async def test_a_read_declared_not_local_and_a_remote_models_turns_are_activities_of_their_own(
-    client: Client,
-) -> None:
-    queue = f"local-{uuid.uuid4().hex[:8]}"
-    turns = [call("quick_echo", {"text": "a"}, "q"), call("slow_echo", {"text": "b"}, "s")]
-    async with toolloop.testing.worker(
-        client, echo_tools(), task_queue=queue, models={REMOTE_SCRIPT: RemoteScriptModel()}
-    ):
-        handle = await start_request(
-            client,
-            "echo",
-            actor=Actor(user_id="u1"),
-            task_queue=queue,
-            model=script(turns, [say("echoed")]).model_copy(update={"provider": REMOTE_SCRIPT}),
-        )
-        result = await asyncio.wait_for(request_result(handle), timeout=60)
-
-    assert (result.status, result.final_text) == ("completed", "echoed")
-    # (A local activity's marker is written when it ends, after the command that scheduled the other read.)
-    assert await activity_steps(handle) == [
-        ("activity", MODEL_TURN_ACTIVITY),
-        ("activity", RUN_TOOL_ACTIVITY),
-        ("local", RUN_TOOL_ACTIVITY),
-        ("activity", MODEL_TURN_ACTIVITY),
-    ]
-    # The second turn's stored input refers to both outputs (a marker's result and an activity's), so each
-    # is stored once; read back, they are filled in from there.
-    [stored] = await stored_turn_inputs(handle, turn=2)
-    assert (stored.output_refs, [i.output for i in stored.new_items]) == (["q", "s"], ["", ""])
-    [(_, _), (second, _)] = await model_turns(handle)
-    given = {i.call_id: json.loads(i.output) for i in second.new_items if isinstance(i, FunctionCallOutputItem)}
-    assert given == {"q": {"ok": True, "text": "a"}, "s": {"ok": True, "text": "B"}}
-    assert [(i.call_id, i.output) for i in await conversation(handle) if isinstance(i, FunctionCallOutputItem)] == [
-        ("q", json.dumps({"ok": True, "text": "a"}, separators=(",", ":"))),
-        ("s", json.dumps({"ok": True, "text": "B"}, separators=(",", ":"))),
-    ]
 
 
 async def test_a_remote_models_write_report_reads_the_told_output_back_from_the_next_turns_input(

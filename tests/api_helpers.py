@@ -1,0 +1,71 @@
+"""Test helpers: the HTTP API process (`starter.py serve`) with a worker of its own, on a task queue of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+
+from demo.agent import build as build_demo
+from devstack.processes import ManagedProcess, free_port, start_api
+from tests.conftest import APPROVAL_KEY, REPO_ROOT, BusinessService, TemporalServer
+from toolloop._core.approvals import verify_key_for
+from toolloop._temporal.settings import Settings
+from toolloop._temporal.worker_factory import running_worker
+
+
+@dataclass(frozen=True)
+class Api:
+    url: str
+    task_queue: str
+    process: ManagedProcess
+
+
+def api_env(temporal_server: TemporalServer, task_queue: str) -> dict[str, str]:
+    """What `starter.py serve` is given: the approval channel's key, the demo's tokens, the offline model."""
+    return {
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "TOOLLOOP_TASK_QUEUE": task_queue,
+        "TOOLLOOP_APPROVAL_KEY": APPROVAL_KEY,
+        "TOOLLOOP_API_TOKENS": str(REPO_ROOT / "config" / "api_tokens.json"),
+        "TOOLLOOP_API_MODEL": "offline",
+    }
+
+
+def worker_settings(temporal_server: TemporalServer, task_queue: str) -> Settings:
+    """A worker's for the same queue, trusting the channel's public key."""
+    return Settings.model_validate(
+        {
+            "TEMPORAL_ADDRESS": temporal_server.address,
+            "TOOLLOOP_TASK_QUEUE": task_queue,
+            "TOOLLOOP_APPROVAL_VERIFY_KEY": verify_key_for(APPROVAL_KEY),
+        }
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_api(
+    temporal_server: TemporalServer,
+    business_service: BusinessService,
+    client: Client,
+    tmp_path_factory: pytest.TempPathFactory,
+    **worker_options: Any,
+) -> AsyncIterator[Api]:
+    """The API process with the demo's tokens and the offline model, and a worker with the demo's tools."""
+    task_queue = f"api-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    log = Path(tmp_path_factory.mktemp("api")) / "api.log"
+    process = await asyncio.to_thread(start_api, REPO_ROOT, api_env(temporal_server, task_queue), port, log)
+    try:
+        settings = worker_settings(temporal_server, task_queue)
+        async with running_worker(client, settings, build_demo(business_service.url), **worker_options):
+            yield Api(url=f"http://127.0.0.1:{port}", task_queue=task_queue, process=process)
+    finally:
+        process.stop()
