@@ -72,6 +72,7 @@ from toolloop._temporal.requests import (
     REQUEST_ID,
     UNREADABLE_REQUEST,
     acts_for,
+    request_memo,
     request_search_attributes,
     request_summary,
     request_workflow_id,
@@ -472,7 +473,8 @@ async def _ask(
     client = await Client.connect(
         settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
     )
-    workflow_id = request_workflow_id(actor, request_id or uuid.uuid4().hex[:12])
+    request_id = request_id or uuid.uuid4().hex[:12]
+    workflow_id = request_workflow_id(actor, request_id)
     session.workflow_id = workflow_id
     outcome = _Outcome(workflow_id)
     try:
@@ -491,6 +493,7 @@ async def _ask(
             task_queue=settings.task_queue,
             result_type=AgentResult,
             search_attributes=request_search_attributes(actor),
+            memo=request_memo(request_id, request),
             static_summary=request_summary(actor, request),
             id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,

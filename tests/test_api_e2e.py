@@ -19,7 +19,9 @@ from tests.agent_helpers import assert_eventually, effects, service_requests
 from tests.api_helpers import Api, running_api
 from tests.conftest import BusinessService, TemporalServer
 from toolloop import Actor
-from toolloop._temporal.requests import request_workflow_id
+from toolloop._core.contracts import AgentInput, ModelSpec
+from toolloop._core.names import AGENT_WORKFLOW
+from toolloop._temporal.requests import request_search_attributes, request_workflow_id
 
 pytestmark = pytest.mark.e2e
 
@@ -177,6 +179,51 @@ async def test_the_callers_requests_are_listed_with_paging(http: httpx.AsyncClie
     await assert_eventually(all_listed, within=30, what="the three requests are listed (visibility is eventual)")
 
 
+async def test_a_page_token_the_api_did_not_give_the_caller_is_422_at_once(http: httpx.AsyncClient) -> None:
+    for _ in range(2):
+        assert (await submit(http, READ, U2, key())).status_code == 201
+    first: dict[str, Any] = {}
+
+    async def two_pages() -> bool:
+        first.update((await http.get("/v1/requests", headers=U2, params={"page_size": 1})).json())
+        return first.get("next_page_token") is not None
+
+    await assert_eventually(two_pages, within=30, what="two requests listed")
+    token = first["next_page_token"]
+    # The page holds what it says: one request, and a token for the next page.
+    assert len(first["requests"]) == 1
+    assert (await http.get("/v1/requests", headers=U2, params={"page_token": token})).status_code == 200
+    for forged in ("7b7d", "00", token[:-2] + "AA", token.split(".")[0], "not a token"):
+        answer = await http.get("/v1/requests", headers=U2, params={"page_token": forged})
+        assert_problem(answer, 422, "INVALID_REQUEST")
+    # Another caller's token is not theirs to use.
+    assert_problem(await http.get("/v1/requests", headers=U1, params={"page_token": token}), 422, "INVALID_REQUEST")
+
+
+async def test_requests_started_elsewhere_are_listed_and_a_fresh_post_says_when_it_started(
+    http: httpx.AsyncClient, client: Client, api: Api
+) -> None:
+    request_id = key()
+    created = await submit(http, READ, U1_GLOBEX, request_id)
+    assert created.status_code == 201 and created.json()["started_at"] is not None
+    # A request started by a client that records no memo (as the chaos runner does): listed all the same.
+    actor = Actor(user_id="u1", tenant_id="globex")
+    other = key()
+    await client.start_workflow(
+        AGENT_WORKFLOW,
+        AgentInput(request=READ, actor=actor, model=ModelSpec(provider="offline")),
+        id=request_workflow_id(actor, other),
+        task_queue=api.task_queue,
+        search_attributes=request_search_attributes(actor),
+    )
+
+    async def both_listed() -> bool:
+        page = (await http.get("/v1/requests", headers=U1_GLOBEX, params={"page_size": 100})).json()
+        return {request_id, other} <= {r["id"] for r in page["requests"]}
+
+    await assert_eventually(both_listed, within=30, what="both requests listed")
+
+
 # --- Decisions -----------------------------------------------------------------------------------------------
 
 
@@ -288,6 +335,17 @@ async def test_bad_input_is_problem_json_with_a_clear_code_never_a_500(http: htt
     assert "question" in assert_problem(empty, 422, "INVALID_REQUEST")["detail"]
     huge = await http.post("/v1/requests", content=b"{" + b" " * 70_000 + b"}", headers=headers)
     assert_problem(huge, 413, "BODY_TOO_LARGE")
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"{"
+        for _ in range(70):
+            yield b" " * 1_000
+        yield b"}"
+
+    chunked = await http.post("/v1/requests", content=chunks(), headers=headers)  # no Content-Length
+    assert_problem(chunked, 413, "BODY_TOO_LARGE")
+    blank = await http.post("/v1/requests", json={"question": " \n\t "}, headers=U1)
+    assert "question" in assert_problem(blank, 422, "INVALID_REQUEST")["detail"]
     bad_key = await http.post("/v1/requests", json={"question": "x"}, headers={**U1, "Idempotency-Key": "has space"})
     assert_problem(bad_key, 400, "INVALID_IDEMPOTENCY_KEY")
     bad_model = await http.post("/v1/requests", json={"question": "x", "model": "NOT A MODEL"}, headers=U1)

@@ -9,9 +9,12 @@ same 404 as a request that does not exist.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
 import json
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -71,6 +74,8 @@ from toolloop._temporal.requests import (
     UNREADABLE_REQUEST,
     USER_KEY,
     list_query,
+    request_id_of,
+    request_memo,
     request_search_attributes,
     request_summary,
     request_workflow_id,
@@ -108,7 +113,7 @@ class RequestBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    question: str = Field(min_length=1, max_length=20_000)
+    question: str = Field(min_length=1, max_length=20_000, pattern=r"\S")
     model: str | None = Field(default=None, max_length=100)
     instructions: str | None = Field(default=None, max_length=20_000)
     limits: LimitsBody | None = None
@@ -176,8 +181,8 @@ class ApiConfig:
 
 
 class BodyLimit:
-    """Refuses a body over `max_bytes` with 413 before the app reads it all (by Content-Length, or by counting
-    what arrives)."""
+    """Refuses a body over `max_bytes` with 413 before the app sees it: by Content-Length, or (a chunked body)
+    by reading what arrives, at most `max_bytes`, before the app runs."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -192,25 +197,35 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await too_large(scope, receive, send)
             return
+        # Read here, not inside the app: a framework that parses the body turns any error raised while it
+        # reads into its own 400.
+        chunks: list[bytes] = []
         seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
+        first: Message | None = None
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _BodyTooLarge
-            return message
+            if message["type"] != "http.request":
+                first = message  # the client went away: the app hears it
+                break
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.max_bytes:
+                await too_large(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body: Message = first or {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        delivered = False
 
-        try:
-            await self.app(scope, counted, send)
-        except _BodyTooLarge:
-            await too_large(scope, receive, send)
+        async def replayed() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return body
+            return await receive()
 
-
-class _BodyTooLarge(Exception):
-    pass
+        await self.app(scope, replayed, send)
 
 
 def _problem(status: int, code: str, detail: str) -> JSONResponse:
@@ -265,6 +280,41 @@ async def _describe(handle: WorkflowHandle[Any, Any], actor: Actor, request_id: 
     return description
 
 
+class PageTokens:
+    """The list's page tokens: Temporal's, signed for the caller, so a token this API did not give that caller
+    is refused at once (422) instead of reaching Temporal. The key comes from the approval key, so every
+    replica of the API reads the others' tokens; without one, from this process alone."""
+
+    def __init__(self, secret: str | None) -> None:
+        seed = secret.encode() if secret is not None else secrets.token_bytes(32)
+        self._key = hashlib.sha256(b"toolloop page tokens\0" + seed).digest()
+
+    def _mac(self, actor: Actor, token: bytes) -> bytes:
+        scope = json.dumps([actor.tenant_id, actor.user_id]).encode()
+        return hmac.new(self._key, scope + b"\0" + token, hashlib.sha256).digest()[:16]
+
+    def make(self, actor: Actor, token: bytes) -> str:
+        return _b64(token) + "." + _b64(self._mac(actor, token))
+
+    def read(self, actor: Actor, text: str) -> bytes:
+        body, _, mac = text.partition(".")
+        try:
+            token, given = _unb64(body), _unb64(mac)
+        except ValueError:
+            given, token = b"", b""
+        if not token or not hmac.compare_digest(given, self._mac(actor, token)):
+            raise Problem(422, "INVALID_REQUEST", "page_token: not a token this API gave you")
+        return token
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
 def _finished(request_id: str) -> Problem:
     return Problem(409, "REQUEST_FINISHED", f"request {request_id} has finished; it takes no more decisions")
 
@@ -306,6 +356,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         description="Start tool-calling requests, follow them live, and decide their side effects.",
     )
     app.state.config = config
+    page_tokens = PageTokens(config.signing_key)
 
     @app.middleware("http")
     async def log_and_count(request: Request, call_next: Any) -> Response:
@@ -397,7 +448,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                 id=workflow_id,
                 task_queue=config.task_queue,
                 search_attributes=request_search_attributes(actor),
-                memo={"request_id": request_id, "question": body.question[:200], "submission": digest},
+                memo=request_memo(request_id, body.question, submission=digest),
                 static_summary=request_summary(actor, body.question),
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
@@ -414,6 +465,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             summary.started_at = description.start_time
         else:
             response.headers["Location"] = f"/v1/requests/{request_id}"
+            summary.started_at = (await client.get_workflow_handle(workflow_id).describe()).start_time
         return summary
 
     @app.get("/v1/requests", response_model=RequestPage)
@@ -422,20 +474,17 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         page_size: Annotated[int, Query(ge=1, le=100)] = 20,
         page_token: Annotated[str | None, Query(max_length=2000)] = None,
     ) -> RequestPage:
-        try:
-            token = bytes.fromhex(page_token) if page_token else None
-        except ValueError:
-            raise Problem(422, "INVALID_REQUEST", "page_token: not a token this API gave") from None
+        token = page_tokens.read(actor, page_token) if page_token else None
         listing = client.list_workflows(list_query(actor), page_size=page_size, next_page_token=token)
         await listing.fetch_next_page()
         summaries = []
         for execution in listing.current_page or []:
+            # Every request the search attributes name is listed (the page holds what it says): one started
+            # without toolloop's memo is named by its workflow id's readable part.
             request_id = await execution.memo_value("request_id", default=None, type_hint=str)
-            if request_id is None:
-                continue  # not started by a toolloop starter
             summaries.append(
                 RequestSummary(
-                    id=request_id,
+                    id=request_id or request_id_of(actor, execution.id),
                     workflow_id=execution.id,
                     status=_status_name(execution.status),
                     outcome=execution.typed_search_attributes.get(OUTCOME_KEY),
@@ -444,7 +493,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                     closed_at=execution.close_time,
                 )
             )
-        next_token = listing.next_page_token.hex() if listing.next_page_token else None
+        next_token = page_tokens.make(actor, listing.next_page_token) if listing.next_page_token else None
         return RequestPage(requests=summaries, next_page_token=next_token)
 
     @app.get("/v1/requests/{request_id}", response_model=RequestView)

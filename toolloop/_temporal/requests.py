@@ -57,6 +57,25 @@ def request_workflow_id(actor: Actor, request_id: str) -> str:
     return f"ask-{actor.tenant_id}-{actor.user_id}-{request_id}-{scope}"
 
 
+def request_id_of(actor: Actor, workflow_id: str) -> str:
+    """The request id a workflow id names (request_workflow_id's readable part); the workflow id itself when
+    it is not one of the actor's request ids."""
+    prefix = f"ask-{actor.tenant_id}-{actor.user_id}-"
+    request_id = workflow_id[len(prefix) : -13] if workflow_id.startswith(prefix) else ""
+    if REQUEST_ID.fullmatch(request_id) and request_workflow_id(actor, request_id) == workflow_id:
+        return request_id
+    return workflow_id
+
+
+def request_memo(request_id: str, question: str, *, submission: str | None = None) -> dict[str, str]:
+    """What every starter (the CLI, the API) records with a request, so the API's list shows it whoever
+    started it: its id, the start of its question, and (the API's) the digest of what was submitted."""
+    memo = {"request_id": request_id, "question": question[:200]}
+    if submission is not None:
+        memo["submission"] = submission
+    return memo
+
+
 async def acts_for(client: Client, handle: WorkflowHandle[Any, Any]) -> Actor | None:
     """Whom an existing workflow acts for, read from its own start event (not from anything a caller
     says); None when there is no such workflow or it is not one of ours."""
