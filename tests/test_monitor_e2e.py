@@ -16,7 +16,16 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.worker import Worker
 
-from tests.agent_helpers import approving, assert_eventually, call, say, script_spec, set_faults, waiting_operation
+from tests.agent_helpers import (
+    approving,
+    assert_eventually,
+    call,
+    decide,
+    say,
+    script_spec,
+    set_faults,
+    waiting_operation,
+)
 from tests.conftest import APPROVAL_VERIFY_KEY
 from toolloop import Actor, AgentInput, AgentResult, Limits, ModelSpec, request_result
 from toolloop._core.names import AGENT_WORKFLOW
@@ -170,8 +179,23 @@ async def test_an_unknown_outcome_is_not_green_and_marks_the_request_unsettled(
     assert failed_attempts[0][0] == "WriteOutcomeUnknown"
     assert failed_attempts[0][1].startswith("the outcome of this attempt is unknown")
     attributes = (await handle.describe()).typed_search_attributes
-    assert attributes.get(UNSETTLED_KEY) is True
+    assert (attributes.get(OUTCOME_KEY), attributes.get(UNSETTLED_KEY)) == ("unknown", True)
     assert "❗ UNKNOWN" in await details(handle)
+
+
+async def test_a_request_that_answered_without_doing_its_write_is_found_as_not_done(
+    client: Client, settings: Settings, worker: Worker
+) -> None:
+    model = script_spec(
+        [call("refund_order", {"orderId": "A100", "amountCents": 100, "reason": "late"}, "w1")], [say("Not done.")]
+    )
+    handle = await start(client, settings, "Refund 1 EUR on A100", model)
+    op = await waiting_operation(handle)
+    await decide(handle, op.operation_id, approve=False)
+    result = await request_result(handle)
+    assert (result.status, [o.state for o in result.operations]) == ("completed", ["denied"])
+    attributes = (await handle.describe()).typed_search_attributes
+    assert (attributes.get(OUTCOME_KEY), attributes.get(UNSETTLED_KEY)) == ("not_done", None)
 
 
 async def test_a_failed_request_is_a_failed_run_that_still_carries_its_report(

@@ -14,6 +14,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 with workflow.unsafe.imports_passed_through():
     from toolloop._core.codes import ErrorType, ResultCode
     from toolloop._core.contracts import (
+        SETTLED_STATES,
         AgentInput,
         AgentProgress,
         AgentResult,
@@ -33,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         ToolCallResult,
         answer_text,
         error_output,
+        outcome_of,
         output_json,
         status_of,
         user_message,
@@ -66,9 +68,6 @@ _MAX_EVENTS_PER_QUERY = 500
 USER_KEY = SearchAttributeKey.for_keyword(USER_SEARCH_ATTRIBUTE)
 OUTCOME_KEY = SearchAttributeKey.for_keyword(OUTCOME_SEARCH_ATTRIBUTE)
 UNSETTLED_KEY = SearchAttributeKey.for_bool(UNSETTLED_SEARCH_ATTRIBUTE)
-# Operation states that settle a side effect: done and verified, or certainly not done.
-SETTLED_STATES = frozenset({"verified", "failed", "denied", "expired"})
-_OUTCOMES = {"completed": "answered", "stopped": "stopped", "failed": "failed"}
 
 
 def _failure_message(err: ActivityError) -> str:
@@ -278,8 +277,9 @@ class AgentWorkflow:
             return
         # Unsettled is set only when true (a filter asks `ToolloopUnsettled = true`): less to store per request.
         unsettled = any(op.state not in SETTLED_STATES for op in result.operations)
+        outcome = outcome_of(result.status, (op.state for op in result.operations))
         workflow.upsert_search_attributes(
-            [OUTCOME_KEY.value_set(_OUTCOMES[result.status]), *([UNSETTLED_KEY.value_set(True)] if unsettled else [])]
+            [OUTCOME_KEY.value_set(outcome), *([UNSETTLED_KEY.value_set(True)] if unsettled else [])]
         )
 
     async def _model_turn(

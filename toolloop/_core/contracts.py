@@ -6,7 +6,7 @@ Fields are only ever added with defaults, never renamed or retyped, so stored hi
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
@@ -638,6 +638,25 @@ def status_of(stop: StopReason) -> RunStatus:
     if stop == "final_answer":
         return "completed"
     return "failed" if stop in ("model_error", "no_answer") else "stopped"
+
+
+# Operation states that settle a side effect: done and verified, or certainly not done.
+SETTLED_STATES = frozenset({"verified", "failed", "denied", "expired"})
+NOT_DONE_STATES = frozenset({"failed", "denied", "expired"})
+
+
+def outcome_of(status: RunStatus, states: Iterable[str]) -> str:
+    """How a finished request is found in the UI's list (ToolloopOutcome): "failed"; "unknown" when a side
+    effect is unknown or done but not verified; "stopped" at a limit; "not_done" when it answered but a write
+    it proposed was not done (rejected, expired, refused); else "answered" (every write done and verified)."""
+    seen = set(states)
+    if status == "failed":
+        return "failed"
+    if seen - SETTLED_STATES:
+        return "unknown"
+    if status == "stopped":
+        return "stopped"
+    return "not_done" if seen & NOT_DONE_STATES else "answered"
 
 
 class CallRecord(Compact):

@@ -16,7 +16,8 @@ GET_PENDING_APPROVALS_QUERY = "get_pending_approvals"
 # Search attributes (registered on the server: the dev server of the local stack and the tests registers them
 # at start, docker-compose by a job). The starter sets user and tenant; the workflow sets outcome and unsettled.
 TENANT_SEARCH_ATTRIBUTE = "ToolloopTenant"
-OUTCOME_SEARCH_ATTRIBUTE = "ToolloopOutcome"  # Keyword: running | answered | stopped | failed
+# Keyword: running | answered | not_done | unknown | stopped | failed (contracts.outcome_of)
+OUTCOME_SEARCH_ATTRIBUTE = "ToolloopOutcome"
 UNSETTLED_SEARCH_ATTRIBUTE = "ToolloopUnsettled"  # Bool: a side effect is unknown or done but not verified
 SEARCH_ATTRIBUTES = {
     USER_SEARCH_ATTRIBUTE: "Keyword",
