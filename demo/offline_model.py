@@ -655,6 +655,8 @@ def _write_answer(call: FunctionCallItem, outputs: dict[str, str], words: _Write
         return words.unknown.replace("{op}", op)
     if code == "CONFIRMATION_REQUIRED":
         return f"{words.not_done}: it was not approved."
+    if code == "REJECTED":
+        return f"{words.not_done}: you rejected it."
     return f"{words.not_done}: {_write_refusal(code, result, words)}."
 
 

@@ -381,8 +381,12 @@ def test_note_is_not_written_when_the_ticket_output_is_missing() -> None:
             "I could not establish whether the note was added to ticket T1001 (operation op-1). I did not retry it.",
         ),
         (
-            {"ok": False, "code": "CONFIRMATION_REQUIRED", "operation_id": "op-1", "message": "denied"},
+            {"ok": False, "code": "CONFIRMATION_REQUIRED", "operation_id": "op-1", "message": "no approval"},
             "The note was not added: it was not approved.",
+        ),
+        (
+            {"ok": False, "code": "REJECTED", "operation_id": "op-1", "message": "the user rejected it"},
+            "The note was not added: you rejected it.",
         ),
         (
             {"ok": False, "code": "VERSION_CONFLICT", "message": "the ticket changed"},

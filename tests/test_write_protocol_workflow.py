@@ -533,6 +533,14 @@ async def test_a_turn_with_neither_text_nor_calls_stops_with_no_answer(harness: 
     assert (result.status, result.stop_reason, result.final_text) == ("failed", "no_answer", None)
 
 
+async def test_nothing_more_to_say_after_the_tools_ran_is_an_answer(harness: Harness) -> None:
+    harness.stand_ins.turns = [[read("k", "r1")], []]
+    handle = await harness.start()
+    result = await asyncio.wait_for(request_result(handle), timeout=30)
+    assert (result.status, result.stop_reason, result.final_text) == ("completed", "final_answer", "")
+    assert [c.call_id for c in result.calls] == ["r1"]
+
+
 # --- The deadline -------------------------------------------------------------------------------------------
 
 

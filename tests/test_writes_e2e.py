@@ -422,7 +422,8 @@ async def test_rejected_operation_sends_nothing(
     assert done.state == "denied" and done.approval is not None
     # Who decided is read from the signed token, not from the caller's words.
     assert (done.approval.decision, done.approval.by) == ("rejected", "u1 via cli")
-    assert (await tool_outputs(handle))["w1"]["code"] == "CONFIRMATION_REQUIRED"
+    # Its own code: a person said no, which the model and the receipt tell from an approval that never came.
+    assert (await tool_outputs(handle))["w1"]["code"] == "REJECTED"
     assert await effects(admin, op.operation_id) == []
     assert await note_posts(admin) == []
 

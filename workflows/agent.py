@@ -180,8 +180,9 @@ class AgentWorkflow:
 
             if not turn.calls:
                 answer = turn.final_text or answer_text(turn.items)
-                if answer:
-                    final_text = answer
+                if answer or records:
+                    # Nothing more to say after its tools ran is an answer too (the calls carry the results).
+                    final_text = answer or ""
                     stop = "final_answer"
                 else:
                     stop = "no_answer"

@@ -275,7 +275,7 @@ class OperationStateMachine:
                 return self._refusal(op, "the request's deadline came before an approval; nothing was sent.")
             return self._refusal(op, f"no approval arrived within {limits.approval_ttl_seconds:g} s; nothing was sent.")
         if op.state == "denied":
-            return self._refusal(op, "the user declined this operation; nothing was sent.")
+            return self._op_error(op, ResultCode.REJECTED, "the user rejected this operation; nothing was sent.")
 
         self._set_phase(f"round {turn}: running {call.summary} ({op.operation_id})")
         completed, payload = await self._send_until_settled(op, call)
