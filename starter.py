@@ -39,7 +39,7 @@ from temporalio.service import RPCError
 # typer carries its own copy of click; its usage errors are these (pyproject pins the typer range).
 from typer._click.exceptions import UsageError
 
-from devstack.processes import StackError
+from devstack.processes import DEMO_TOOLS, StackError
 from devstack.stack import LocalStack, StackStatus
 from toolloop._api.tokens import TokenMap, TokensFileError
 from toolloop._core.approvals import generate_signing_key, verify_key_for
@@ -80,6 +80,7 @@ from toolloop._temporal.requests import (
 from toolloop._temporal.results import request_result
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.telemetry import configure_otlp_tracing, metrics_runtime, tracing_interceptor
+from toolloop._temporal.worker_factory import load_tools
 
 REPO_ROOT = Path(__file__).resolve().parent
 
@@ -162,6 +163,23 @@ def _model_spec(model: str | None, settings: Settings) -> ModelSpec:
         # A model adapter the worker registered under this name (its tools module chooses them).
         return ModelSpec(provider=provider, name=name or None)
     _fail(f"unknown --model {model!r}; use offline, openai[:NAME], script:FILE, or NAME[:MODEL] of a worker's model")
+
+
+def _check_local_worker_has(spec: ModelSpec, allow_tool: list[str] | None, settings: Settings) -> None:
+    """The local stack's worker runs the demo's tools and models: a tool or a model it does not have is bad
+    input, refused before anything starts (a deployment's worker is not known here: it answers for itself)."""
+    agent = load_tools(DEMO_TOOLS)
+    tools = set(agent.tools.registry.names())
+    for name in allow_tool or []:
+        if name not in tools:
+            _fail(
+                f"--allow-tool {name!r}: the local stack's worker has no such tool; it has {', '.join(sorted(tools))}"
+            )
+    models = {"script", *agent.models, *(["openai"] if settings.openai_api_key else [])}
+    if spec.provider not in models:
+        _fail(
+            f"--model {spec.provider!r}: the local stack's worker has no such model; it has {', '.join(sorted(models))}"
+        )
 
 
 def _up(settings: Settings, quiet: bool) -> StackStatus:
@@ -669,6 +687,7 @@ def ask(
     status: StackStatus | None = None
     if local_stack:
         settings = _settings_for_local_stack(settings)
+        _check_local_worker_has(spec, allow_tool, settings)
         status = _up(settings, quiet=as_json)
     key = _approval_key(settings, local_stack)
     verify_key = _verify_key(settings, key)

@@ -431,6 +431,11 @@ def test_a_request_id_is_scoped_by_tenant_and_user_and_never_runs_twice(
         (["ask", "--user", "u2", "--tenant", "globex", "hi"], "unknown user 'u2' in tenant 'globex'"),
         (["ask", "--user", "u\u0131", "hi"], "--user"),
         (["ask", "--user", "u1", "--request-id", "a b", "hi"], "--request-id"),
+        (
+            ["ask", "--user", "u1", "--allow-tool", "nosuch", "hi"],
+            "--allow-tool 'nosuch': the local stack's worker has",
+        ),
+        (["ask", "--user", "u1", "--model", "nosuch", "hi"], "--model 'nosuch': the local stack's worker has no such"),
         (["ask", "hi"], "--user"),
         (["ask", "--user", "u1", "--no-local-stack", "--auto-approve", "hi"], "--auto-approve needs"),
         (["approve", "wf", "op"], "--user is required"),
