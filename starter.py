@@ -950,6 +950,11 @@ def serve(
         tokens = TokenMap.load(tokens_path)
     except TokensFileError as exc:
         _fail(str(exc))
+    if tokens.holds_published_demo_tokens() and not settings.api_allow_demo_tokens:
+        _fail(
+            f"{tokens_path} holds the published demo tokens, which anyone can use: give TOOLLOOP_API_TOKENS a "
+            "tokens file of your own, or set TOOLLOOP_API_ALLOW_DEMO_TOKENS=true for a local demo"
+        )
     signing_key = settings.approval_key.get_secret_value() if settings.approval_key is not None else None
     asyncio.run(_serve_api(settings, host, port or settings.api_port, tokens, signing_key))
 

@@ -340,6 +340,8 @@ class LocalStack:
             "TEMPORAL_NAMESPACE": s.temporal_namespace,
             "TOOLLOOP_TASK_QUEUE": s.task_queue,
             "TOOLLOOP_APPROVAL_KEY": token.approval_key,
+            # The local stack is the demo: its API may take the published demo tokens.
+            "TOOLLOOP_API_ALLOW_DEMO_TOKENS": "true",
             "TOOLLOOP_API_TOKENS": str(tokens),
             "TOOLLOOP_API_MODEL": s.api_default_model,
         }

@@ -35,6 +35,7 @@ def api_env(temporal_server: TemporalServer, task_queue: str) -> dict[str, str]:
         "TOOLLOOP_TASK_QUEUE": task_queue,
         "TOOLLOOP_APPROVAL_KEY": APPROVAL_KEY,
         "TOOLLOOP_API_TOKENS": str(REPO_ROOT / "config" / "api_tokens.json"),
+        "TOOLLOOP_API_ALLOW_DEMO_TOKENS": "true",
         "TOOLLOOP_API_MODEL": "offline",
     }
 

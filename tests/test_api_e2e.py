@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,9 +19,10 @@ import pytest
 from httpx_sse import aconnect_sse
 from temporalio.client import Client
 
+from devstack.processes import free_port, start_api
 from tests.agent_helpers import assert_eventually, effects, service_requests
 from tests.api_helpers import Api, running_api
-from tests.conftest import BusinessService, TemporalServer
+from tests.conftest import APPROVAL_KEY, REPO_ROOT, BusinessService, TemporalServer
 from toolloop import Actor
 from toolloop._core.contracts import AgentInput, ModelSpec
 from toolloop._core.names import AGENT_WORKFLOW
@@ -360,3 +365,29 @@ async def test_the_openapi_document_is_served(http: httpx.AsyncClient) -> None:
     document = (await http.get("/openapi.json")).json()
     assert {"/v1/requests", "/v1/requests/{request_id}", "/v1/requests/{request_id}/events"} <= set(document["paths"])
     assert "/v1/requests/{request_id}/operations/{operation_id}/decision" in document["paths"]
+
+
+def test_the_api_will_not_start_with_the_published_demo_tokens_unless_told_it_is_a_demo(
+    temporal_server: TemporalServer, tmp_path: Path
+) -> None:
+    base = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("TOOLLOOP_", "TEMPORAL_"))},
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "TOOLLOOP_APPROVAL_KEY": APPROVAL_KEY,
+        "TOOLLOOP_API_TOKENS": str(REPO_ROOT / "config" / "api_tokens.json"),
+    }
+    serve = [sys.executable, "starter.py", "serve", "--port", str(free_port())]
+    refused = subprocess.run(serve, env=base, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 2
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "holds the published demo tokens" in lines[0] and "Traceback" not in refused.stderr
+    # A tokens file of the deployment's own is accepted: the API starts and answers.
+    own = tmp_path / "tokens.json"
+    own.write_text(json.dumps({"tokens": [{"token": "a-token-of-our-own-0001", "tenant_id": "acme", "user_id": "u1"}]}))
+    port = free_port()
+    process = start_api(REPO_ROOT, {**base, "TOOLLOOP_API_TOKENS": str(own)}, port, tmp_path / "api.log")
+    try:
+        me = httpx.get(f"http://127.0.0.1:{port}/v1/me", headers={"Authorization": "Bearer a-token-of-our-own-0001"})
+        assert me.json() == {"user_id": "u1", "tenant_id": "acme"}
+    finally:
+        process.stop()

@@ -55,6 +55,16 @@ def _env(service: str) -> dict[str, str | None]:
     return dict(item.partition("=")[::2] for item in env)
 
 
+def _env_example() -> dict[str, str]:
+    example = {}
+    for line in (REPO / ".env.example").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, sep, value = line.partition("=")
+            assert sep, line
+            example[key.strip()] = value.strip()
+    return example
+
+
 def _references(value: Any) -> Iterator[re.Match[str]]:
     """Every ${...} in a value, however deeply nested (compose interpolates the whole file)."""
     if isinstance(value, dict):
@@ -224,6 +234,10 @@ def test_values_that_may_be_empty_go_only_where_empty_means_unset() -> None:
             # A bare `NAME:` passes the host's value through (or nothing): the .env file is for ${...} only.
             assert value is not None, f"{service}: {name} has no value"
             may_be_empty = any(m["op"] in (":-", "-") and not m["arg"] for m in _REFERENCE.finditer(value))
+            if (service, name) == ("bizservice", "BIZSERVICE_ADMIN_TOKEN"):
+                # The demo service reads "" as no token (`args.admin_token or None`): no /admin at all.
+                assert "args.admin_token or None" in (REPO / "demo" / "bizservice" / "__main__.py").read_text()
+                continue
             if may_be_empty or value == "":
                 # Only the settings model ignores an empty variable (pydantic-settings would take "" as a value).
                 assert service == "worker" and Settings.model_config.get("env_ignore_empty") is True, (service, name)
@@ -386,12 +400,7 @@ def test_no_literal_secret_and_required_ones_come_from_the_env_file() -> None:
     # No password on a command line either (temporal-sql-tool reads SQL_PASSWORD from the environment).
     assert not re.search(r"(--password|-pw|--pwd)\b", COMPOSE_TEXT)
 
-    example = {}
-    for line in (REPO / ".env.example").read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            key, sep, value = line.partition("=")
-            assert sep, line
-            example[key.strip()] = value.strip()
+    example = _env_example()
     referenced = {m["name"] for m in _references(COMPOSE)}
     assert referenced <= set(example), sorted(referenced - set(example))
     # Placeholders only: every required variable and every secret is empty in the committed example.
@@ -496,3 +505,15 @@ def test_workers_are_a_scalable_pool_of_at_least_two() -> None:
     assert worker["deploy"]["replicas"] >= 2
     # Replicas share the definition: a fixed name or a published port would make a second one fail.
     assert "container_name" not in worker and "ports" not in worker
+
+
+def test_the_demo_services_admin_endpoints_are_off_unless_asked() -> None:
+    [reference] = [r for r in _references(_env("bizservice")["BIZSERVICE_ADMIN_TOKEN"]) if r["name"]]
+    assert (reference["name"], reference["op"], reference["arg"]) == ("BIZSERVICE_ADMIN_TOKEN", ":-", "")
+    assert _env_example()["BIZSERVICE_ADMIN_TOKEN"] == ""
+
+
+def test_the_api_refuses_the_published_demo_tokens_unless_the_deployment_says_it_is_a_demo() -> None:
+    [reference] = [r for r in _references(_env("api")["TOOLLOOP_API_ALLOW_DEMO_TOKENS"]) if r["name"]]
+    assert (reference["op"], reference["arg"]) == (":-", "false")
+    assert _env_example()["TOOLLOOP_API_ALLOW_DEMO_TOKENS"] == "false"

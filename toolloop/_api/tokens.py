@@ -47,6 +47,19 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8")).digest()
 
 
+# The demo's tokens (config/api_tokens.json), published in the README: anyone can use them. An API holding
+# the approval key must not accept them unless it is told that it runs a local demo.
+PUBLISHED_DEMO_TOKENS = frozenset(
+    _digest(token)
+    for token in (
+        "demo-token-u1-acme-0001",
+        "demo-token-u2-acme-0002",
+        "demo-token-u3-globex-0003",
+        "demo-token-u1-globex-0004",
+    )
+)
+
+
 class TokenMap:
     def __init__(self, entries: list[tuple[bytes, Actor]]) -> None:
         self._entries = entries
@@ -75,6 +88,9 @@ class TokenMap:
             digest = bytes.fromhex(entry.token_sha256) if entry.token_sha256 else _digest(entry.token or "")
             entries.append((digest, actor))
         return cls(entries)
+
+    def holds_published_demo_tokens(self) -> bool:
+        return any(digest in PUBLISHED_DEMO_TOKENS for digest, _ in self._entries)
 
     def actor_for(self, token: str) -> Actor | None:
         digest = _digest(token)

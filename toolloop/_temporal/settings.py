@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     # The HTTP API (`starter.py serve`): the bearer tokens file, and the model a request gets by default.
     api_tokens: Path = Field(default=Path("config/api_tokens.json"), validation_alias="TOOLLOOP_API_TOKENS")
     api_default_model: str = Field(default="offline", validation_alias="TOOLLOOP_API_MODEL")
+    # The published demo tokens are refused unless this says the API runs a local demo (the local stack does).
+    api_allow_demo_tokens: bool = Field(default=False, validation_alias="TOOLLOOP_API_ALLOW_DEMO_TOKENS")
 
     # Observability: Prometheus endpoints ("127.0.0.1:9464"; unset: none) and OpenTelemetry tracing (off).
     metrics_address: str | None = Field(default=None, validation_alias="TOOLLOOP_METRICS_ADDRESS")
