@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devstack.processes import temporal_binary
 from toolloop._core import names
 from toolloop._temporal.settings import Settings
 
@@ -517,3 +518,16 @@ def test_the_api_refuses_the_published_demo_tokens_unless_the_deployment_says_it
     [reference] = [r for r in _references(_env("api")["TOOLLOOP_API_ALLOW_DEMO_TOKENS"]) if r["name"]]
     assert (reference["op"], reference["arg"]) == (":-", "false")
     assert _env_example()["TOOLLOOP_API_ALLOW_DEMO_TOKENS"] == "false"
+
+
+def test_every_long_running_service_restarts_and_the_ui_is_the_one_the_docs_show() -> None:
+    for name, service in SERVICES.items():
+        if name in (SCHEMA_JOB, SETUP_JOB):
+            assert service["restart"] == "no", name  # one-shot jobs
+        else:
+            assert service.get("restart") in ("unless-stopped", "on-failure", "always"), name
+    # The UI of the dev server the README's screenshots (docs/ui) were taken from.
+    version = subprocess.run([temporal_binary(), "--version"], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"UI (\d+\.\d+\.\d+)", version)
+    assert found is not None, version
+    assert SERVICES["temporal-ui"]["image"] == f"temporalio/ui:{found[1]}"
