@@ -41,6 +41,8 @@ from toolloop._temporal.settings import Settings
 
 pytestmark = pytest.mark.e2e
 
+FAILED_EVENT = "workflow_execution_failed_event_attributes"
+
 U1 = Actor(user_id="u1", tenant_id="acme")
 
 
@@ -151,7 +153,7 @@ async def test_an_approval_wait_is_a_labelled_timer_and_its_operation_is_in_the_
     assert timer.endswith(" UTC")
     attributes = (await handle.describe()).typed_search_attributes
     assert (attributes.get(OUTCOME_KEY), attributes.get(UNSETTLED_KEY)) == ("answered", None)
-    assert "refund\\_order" in await details(handle) and "verified ✅" in await details(handle)
+    assert "refund\\_order" in await details(handle) and "verified ✅ (approved by u1 via cli)" in await details(handle)
 
 
 async def test_an_unknown_outcome_is_not_green_and_marks_the_request_unsettled(
@@ -196,6 +198,7 @@ async def test_a_request_that_answered_without_doing_its_write_is_found_as_not_d
     assert (result.status, [o.state for o in result.operations]) == ("completed", ["denied"])
     attributes = (await handle.describe()).typed_search_attributes
     assert (attributes.get(OUTCOME_KEY), attributes.get(UNSETTLED_KEY)) == ("not_done", None)
+    assert ": denied ✖ (rejected by u1 via cli)" in await details(handle)
 
 
 async def test_a_failed_request_is_a_failed_run_that_still_carries_its_report(
@@ -209,3 +212,10 @@ async def test_a_failed_request_is_a_failed_run_that_still_carries_its_report(
     assert result.error is not None and "model script has 1 turn(s)" in result.error
     attributes = description.typed_search_attributes
     assert (attributes.get(OUTCOME_KEY), attributes.get(UNSETTLED_KEY)) == ("failed", None)
+    # The UI shows the failure's message, never the workflow code's stack trace (the worker's file paths).
+    [failed] = [
+        e async for e in handle.fetch_history_events() if e.HasField("workflow_execution_failed_event_attributes")
+    ]
+    failure = failed.workflow_execution_failed_event_attributes.failure
+    assert failure.message.startswith("model turn 2 failed: the model script has 1 turn(s)")
+    assert failure.stack_trace == "" and 'File "' not in failure.message

@@ -62,7 +62,8 @@ class Narrator:
         )
 
     def operation(self, op: OperationRecord) -> None:
-        self.emit("operation", operation_id=op.operation_id, tool=op.tool, state=op.state)
+        decided = {"decided_by": op.approval.by} if op.approval is not None else {}
+        self.emit("operation", operation_id=op.operation_id, tool=op.tool, state=op.state, **decided)
         if op.state == "awaiting_approval":
             self.emit(
                 "approval_needed",
@@ -96,6 +97,8 @@ class Narrator:
             for op in operations:
                 mark = _MARK.get(op.state, "")
                 short = markdown_literal(short_operation_id(op.operation_id))
-                line = f"- {markdown_literal(op.tool)} {short}: {op.state} {mark}"
-                lines.append(line.rstrip())
+                line = f"- {markdown_literal(op.tool)} {short}: {op.state} {mark}".rstrip()
+                if op.approval is not None:  # who decided, from the verified token
+                    line += f" ({op.approval.decision} by {markdown_literal(op.approval.by)})"
+                lines.append(line)
         workflow.set_current_details("\n".join(lines))

@@ -6,15 +6,20 @@ empty default (toolloop._core.contracts.Compact): a smaller history that decodes
 from typing import Any
 
 import temporalio.api.common.v1
+import temporalio.api.failure.v1
 from pydantic_core import to_json
 from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter, PydanticPayloadConverter
 from temporalio.converter import (
     CompositePayloadConverter,
     DataConverter,
+    DefaultFailureConverter,
     DefaultPayloadConverter,
     JSONPlainPayloadConverter,
+    PayloadConverter,
 )
+from temporalio.exceptions import ApplicationError
 
+from toolloop._core.codes import ErrorType
 from toolloop._core.contracts import PAYLOAD_CONTEXT
 
 
@@ -39,7 +44,25 @@ class ToolloopPayloadConverter(PydanticPayloadConverter):
         )
 
 
-_DATA_CONVERTER = DataConverter(payload_converter_class=ToolloopPayloadConverter)
+class ToolloopFailureConverter(DefaultFailureConverter):
+    """Temporal's failure converter, except that a failed request's failure carries its message and its
+    report, not the workflow code's stack trace: whoever opens the request in the UI reads why it failed,
+    not the worker's file paths."""
+
+    def to_failure(
+        self,
+        exception: BaseException,
+        payload_converter: PayloadConverter,
+        failure: temporalio.api.failure.v1.Failure,
+    ) -> None:
+        super().to_failure(exception, payload_converter, failure)
+        if isinstance(exception, ApplicationError) and exception.type == ErrorType.REQUEST_FAILED:
+            failure.stack_trace = ""
+
+
+_DATA_CONVERTER = DataConverter(
+    payload_converter_class=ToolloopPayloadConverter, failure_converter_class=ToolloopFailureConverter
+)
 
 
 def data_converter() -> DataConverter:
