@@ -9,7 +9,6 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +17,7 @@ import pytest
 
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, REPO_ROOT
 from toolloop import Actor
-from toolloop._core.approvals import ApprovalClaims, http_subject, mint_approval_token, payload_digest
-from toolloop.testing import run_tool
+from toolloop.testing import approval_token, run_tool
 
 ADA = Actor(user_id="ada", tenant_id="example")
 
@@ -72,17 +70,8 @@ def notes_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[objec
 
 
 def token_for(operation_id: str, body: dict[str, object]) -> str:
-    now = time.time()
-    claims = ApprovalClaims(
-        user_id=ADA.user_id,
-        tenant_id=ADA.tenant_id,
-        operation_id=operation_id,
-        digest=payload_digest(http_subject("POST", "/notes"), body),
-        approved_by=ADA.user_id,
-        approved_at=now,
-        expires_at=now + 60,
-    )
-    return mint_approval_token(APPROVAL_KEY, claims)
+    # What the approval channel sends, made with the public testing helper (as a user tests their service).
+    return approval_token(APPROVAL_KEY, actor=ADA, operation_id=operation_id, payload=body, path="/notes")
 
 
 async def test_the_example_tools_can_be_tested_without_temporal(notes_app: object) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 
 import toolloop
 from devstack.processes import start_worker
@@ -213,6 +213,10 @@ async def test_the_plugin_on_the_client_configures_its_workers(temporal_server: 
         )
         result: Any = await request_result(handle)
     assert (result.status, result.calls[0].ok) == ("completed", True)
+    # Replay-testing your own tools' histories: the plugin brings AgentWorkflow to the Replayer too (naming it
+    # again in `workflows` would register it twice).
+    replayed = await Replayer(workflows=[], plugins=[plugin]).replay_workflow(await handle.fetch_history())
+    assert replayed.replay_failure is None
     # A client without toolloop's converter cannot serve the workflow: said at once, in words.
     bare = await Client.connect(temporal_server.address)
     with pytest.raises(ValueError, match=r"plugins=\[ToolloopPlugin"):

@@ -23,14 +23,21 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
 from activities.conversation import recorded_turns
-from toolloop._core.approvals import generate_signing_key, verify_key_for
+from toolloop._core.approvals import (
+    ApprovalClaims,
+    generate_signing_key,
+    http_subject,
+    mint_approval_token,
+    payload_digest,
+    verify_key_for,
+)
 from toolloop._core.contracts import (
     Actor,
     AgentInput,
@@ -58,6 +65,7 @@ from toolloop._tools.toolset import AgentSpec, Toolset
 
 __all__ = [
     "answered_once",
+    "approval_token",
     "approve_all",
     "call",
     "conversation",
@@ -136,6 +144,42 @@ async def run_tool(
         return {"ok": False, "code": str(err.code), "message": err.message}
     except ResultRejected:
         return {"ok": False, "code": "INTERNAL", "message": "the tool gave an answer it does not declare"}
+
+
+# --- An approval token, to test a service directly ------------------------------------------------------------
+
+
+def approval_token(
+    signing_key: str,
+    *,
+    actor: Actor,
+    operation_id: str,
+    payload: Mapping[str, Any],
+    method: str = "POST",
+    path: str | None = None,
+    tool: str | None = None,
+    ttl_seconds: float = 60.0,
+    decision: Literal["approve", "reject"] = "approve",
+) -> str:
+    """The token the approval channel would send with a write, for testing your service (toolloop.servicekit)
+    without a workflow: `actor`'s decision on exactly `payload` under `operation_id`, for `method` `path` as
+    your service receives it (or, for a tool that is not an HTTP write, for the tool's name)."""
+    if (path is None) == (tool is None):
+        raise ValueError("give the path your service receives, or the tool's name")
+    subject = http_subject(method, path) if path is not None else str(tool)
+    now = time.time()
+    claims = ApprovalClaims(
+        user_id=actor.user_id,
+        tenant_id=actor.tenant_id,
+        operation_id=operation_id,
+        digest=payload_digest(subject, payload),
+        approved_by=actor.user_id,
+        approved_at=now,
+        expires_at=now + ttl_seconds,
+        decision=decision,
+        channel="test",
+    )
+    return mint_approval_token(signing_key, claims)
 
 
 # --- A worker, a request, approvals ------------------------------------------------------------------------
