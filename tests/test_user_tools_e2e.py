@@ -66,6 +66,7 @@ async def test_worker_runs_a_users_registry_given_by_tools(client: Client, setti
         ("tests.user_tools:not_a_toolset", "returned int, not a Toolset or AgentSpec"),
         ("tests.user_tools:refused", "free-form map"),
         ("just-words", "expected package.module:function"),
+        ("tests.user_tools:needs_a_setting", "needs_a_setting() failed: KeyError: 'TOOLLOOP_TEST_SETTING_NEVER_SET'"),
     ],
 )
 def test_a_bad_tools_option_is_one_line_and_exit_2(tools: str | None, message: str) -> None:
@@ -237,3 +238,17 @@ async def test_a_worker_run_with_the_plugin_whose_source_cannot_open_stops_and_s
             ),
         ):
             await asyncio.sleep(30)  # never reached: the worker fails as it starts
+
+
+def test_tools_in_the_folder_the_worker_runs_from_are_importable(tmp_path: Path) -> None:
+    """`python worker.py --tools mypkg.tools:build` from the folder that holds mypkg/ finds it."""
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "tools.py").write_text("import toolloop\n\ndef build():\n    return 42\n")
+    env = {"PATH": "/usr/bin:/bin", "TEMPORAL_ADDRESS": "127.0.0.1:9"}
+    done = subprocess.run(
+        worker_command("mypkg.tools:build"), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    # Imported and called: what it built is refused, not the import.
+    assert done.returncode == 2 and "build() returned int, not a Toolset or AgentSpec" in done.stderr, done.stderr

@@ -52,3 +52,14 @@ def unopenable() -> toolloop.Toolset:
     tools = toolloop.Toolset()
     tools.include(toolloop.McpSource.stdio("gone", ["/nonexistent/mcp-server"], connect_timeout_seconds=5))
     return tools
+
+
+def needs_a_setting() -> toolloop.Toolset:
+    """A builder that reads a setting the README's example reads (os.environ["SHOP_URL"]), here never set."""
+    import os
+
+    return build_for(os.environ["TOOLLOOP_TEST_SETTING_NEVER_SET"])
+
+
+def build_for(url: str) -> toolloop.Toolset:
+    return build()

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import re
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -46,6 +48,10 @@ def call_named_function(target: str) -> object:
     if not _TARGET.fullmatch(target):
         raise ToolsLoadError(f"--tools {target!r}: expected package.module:function")
     module_name, _, function_name = target.partition(":")
+    # The folder it runs from holds the user's package (`python worker.py --tools mypkg.tools:build` in the
+    # project): importable, as `python -m` would make it.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -59,6 +65,11 @@ def call_named_function(target: str) -> object:
         built: object = build()
     except ValueError as exc:  # a registration the registry refused
         raise ToolsLoadError(f"--tools {target!r}: {exc}") from None
+    except Exception as exc:  # the user's own builder broke (a setting it reads is missing, say)
+        detail = str(exc).splitlines()[0] if str(exc) else ""
+        raise ToolsLoadError(
+            f"--tools {target!r}: {function_name}() failed: {type(exc).__name__}" + (f": {detail}" if detail else "")
+        ) from None
     return built
 
 
