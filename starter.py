@@ -605,6 +605,8 @@ def _interrupted(session: _Session, actor: Actor) -> NoReturn:
         err_console.print("interrupted before the request started")
         raise typer.Exit(EXIT_INTERRUPTED)
     message = f"interrupted: request {session.workflow_id} keeps running in the background"
+    tail = f"{session.workflow_id} --user {actor.user_id} --tenant {actor.tenant_id}"
+    message += f"; get its result with `{_cli_command()} result {tail}`"
     for operation_id in sorted(session.pending):
         approve, reject = _decide_commands(session.workflow_id, operation_id, actor)
         message += f"; it waits for approval of {operation_id}: approve with `{approve}`, reject with `{reject}`"
@@ -846,6 +848,47 @@ def cancel(
         _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
     _print_result(result, settings)
     raise typer.Exit(_exit_code(result.status, result.operations))
+
+
+@app.command()
+def result(
+    workflow_id: Annotated[str, typer.Argument(help="The request's workflow id (printed by ask).")],
+    user: _DecideUser = None,
+    tenant: _DecideTenant = "acme",
+    local_stack: Annotated[bool, typer.Option(help="Use the local stack's address.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")] = False,
+) -> None:
+    """Wait for your request's result (after Ctrl-C in ask, say) and print its receipt, with the exit status
+    ask would have given."""
+    actor = _actor(user, tenant)
+    settings = Settings()
+    if local_stack:
+        settings = _settings_for_local_stack(settings)
+    _check_user(settings, actor, local_stack)
+    try:
+        report = asyncio.run(_result(workflow_id, actor, settings))
+    except typer.Exit:
+        raise
+    except RPCError as exc:
+        _fail(f"Temporal refused it: {exc}", code=1)
+    except RuntimeError as exc:
+        _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
+    if as_json:
+        print(json.dumps(report.model_dump(mode="json")))
+    else:
+        _print_result(report, settings)
+    raise typer.Exit(_exit_code(report.status, report.operations))
+
+
+async def _result(workflow_id: str, actor: Actor, settings: Settings) -> AgentResult:
+    client = await Client.connect(
+        settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
+    )
+    handle: WorkflowHandle[Any, AgentResult] = client.get_workflow_handle(workflow_id, result_type=AgentResult)
+    # Whose request it is comes from the workflow's own start event: another user's looks missing.
+    if await acts_for(client, handle) != actor:
+        _not_found(workflow_id, actor)
+    return await request_result(handle)
 
 
 async def _cancel(workflow_id: str, actor: Actor, settings: Settings) -> AgentResult:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -265,6 +266,15 @@ def test_approve_from_another_shell_only_as_the_requests_user(cli_env: dict[str,
     assert op["approval"]["by"] == "u1 via cli"
     [effect] = admin_effects(cli_env, operation_id)
     assert effect["kind"] == "refund"
+    # Its result, asked for by id from another shell: the same receipt and exit code as ask's; another user's
+    # request looks like a missing one.
+    again_result = run_cli(cli_env, "result", workflow_id, "--user", "u1", "--json")
+    assert again_result.returncode == 0, again_result.stderr
+    assert json.loads(again_result.stdout) == json.loads(stdout)
+    theirs = run_cli(cli_env, "result", workflow_id, "--user", "u2")
+    missing = run_cli(cli_env, "result", "ask-acme-u1-nope-0", "--user", "u2")
+    assert theirs.returncode == missing.returncode == 2
+    assert theirs.stderr.replace(workflow_id, "X") == missing.stderr.replace("ask-acme-u1-nope-0", "X")
     # The request has finished: deciding again is one line saying so, exit 1, and nothing is shown or sent.
     again = run_cli(cli_env, "approve", workflow_id, operation_id, "--user", "u1")
     assert again.returncode == 1
@@ -561,6 +571,12 @@ def test_ctrl_c_at_the_prompt_leaves_the_request_waiting_and_says_how_to_decide(
     [op] = ledger_of(cli_env, workflow_id)
     assert op["state"] == "denied" and op["approval"]["by"] == "u1 via cli"
     assert admin_effects(cli_env, operation_id) == []
+    # The result command it printed works as printed: the receipt, and ask's exit code (answered, not done).
+    found = re.search(r"get its result with `([^`]+)`", line)
+    assert found is not None, line
+    got = plain_shell(cli_env, found[1])
+    assert got.returncode == 4, got.stderr
+    assert "OK." in got.stdout and operation_id in got.stderr
 
 
 def test_cancel_from_another_shell_stops_the_request_and_prints_its_receipt(
