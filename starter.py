@@ -72,6 +72,7 @@ from toolloop._temporal.requests import (
     REQUEST_ID,
     UNREADABLE_REQUEST,
     acts_for,
+    missing_search_attributes,
     request_memo,
     request_search_attributes,
     request_summary,
@@ -491,6 +492,12 @@ async def _ask(
     client = await Client.connect(
         settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
     )
+    register = await missing_search_attributes(client)
+    if register is not None:
+        _fail(
+            f"Temporal at {settings.temporal_address} has no toolloop search attributes in namespace "
+            f"{settings.temporal_namespace}; register them once with: {register}"
+        )
     request_id = request_id or uuid.uuid4().hex[:12]
     workflow_id = request_workflow_id(actor, request_id)
     session.workflow_id = workflow_id
@@ -710,6 +717,8 @@ def ask(
         _interrupted(session, actor)
     except typer.Exit:
         raise
+    except RPCError as exc:  # a namespace that does not exist, say
+        _fail(f"Temporal at {settings.temporal_address} refused it: {exc.message}", code=1)
     except RuntimeError as exc:  # connection problems from the Temporal client
         _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
     if outcome.result is None:

@@ -11,6 +11,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +22,8 @@ import pexpect
 import pytest
 from temporalio.client import Client
 
-from devstack.processes import free_port, pid_alive, port_accepts, run_coroutine_blocking
-from tests.conftest import REPO_ROOT
+from devstack.processes import free_port, pid_alive, port_accepts, run_coroutine_blocking, temporal_binary
+from tests.conftest import REPO_ROOT, TemporalServer
 from toolloop._core.contracts import OperationRecord
 from toolloop._core.names import GET_LEDGER_QUERY
 from toolloop._temporal.converter import data_converter
@@ -599,3 +601,39 @@ def test_cancel_from_another_shell_stops_the_request_and_prints_its_receipt(
     [op] = result["operations"]
     assert (result["stop_reason"], op["operation_id"], op["state"]) == ("cancelled", operation_id, "expired")
     assert admin_effects(cli_env, operation_id) == []
+
+
+def test_ask_against_a_namespace_without_toolloops_search_attributes_says_how_to_register_them(
+    temporal_server: TemporalServer,
+) -> None:
+    namespace = f"bare-{uuid.uuid4().hex[:8]}"
+    temporal = [temporal_binary(), "--address", temporal_server.address]
+    subprocess.run([*temporal, "operator", "namespace", "create", "--namespace", namespace], check=True, timeout=60)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("TOOLLOOP_", "TEMPORAL_"))},
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "TEMPORAL_NAMESPACE": namespace,
+    }
+    command = ["ask", "--user", "u1", "--no-local-stack", "Where is my order A100?"]
+    deadline = time.monotonic() + 60
+    done = run_cli(env, *command, timeout=60)
+    while "has no toolloop search attributes" not in done.stderr and time.monotonic() < deadline:
+        done = run_cli(env, *command, timeout=60)  # a new namespace takes a moment to be served
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "Traceback" not in done.stderr
+    printed = line.partition("register them once with: ")[2]
+    assert printed.startswith("temporal operator search-attribute create"), line
+    # The command works as printed (with the temporal CLI on PATH), and then the namespace has them all.
+    path = f"{Path(temporal_binary()).parent}:/usr/bin:/bin"
+    registered = subprocess.run(printed, shell=True, env={"PATH": path}, capture_output=True, text=True, timeout=60)
+    assert registered.returncode == 0, registered.stderr
+    listed = subprocess.run(
+        [*temporal, "operator", "search-attribute", "list", "--namespace", namespace],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    for name in ("ToolloopUser", "ToolloopTenant", "ToolloopOutcome", "ToolloopUnsettled"):
+        assert name in listed.stdout

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError
@@ -19,6 +20,7 @@ from toolloop._core.contracts import Actor, AgentInput
 from toolloop._core.names import (
     AGENT_WORKFLOW,
     OUTCOME_SEARCH_ATTRIBUTE,
+    SEARCH_ATTRIBUTES,
     TENANT_SEARCH_ATTRIBUTE,
     UNSETTLED_SEARCH_ATTRIBUTE,
     USER_SEARCH_ATTRIBUTE,
@@ -55,6 +57,22 @@ def request_workflow_id(actor: Actor, request_id: str) -> str:
     exact triple, so no other user or tenant can ever name the same workflow)."""
     scope = hashlib.sha256(json.dumps([actor.tenant_id, actor.user_id, request_id]).encode()).hexdigest()[:12]
     return f"ask-{actor.tenant_id}-{actor.user_id}-{request_id}-{scope}"
+
+
+async def missing_search_attributes(client: Client) -> str | None:
+    """None when the client's namespace has toolloop's search attributes; else the command that registers
+    the missing ones (a namespace without them refuses every request's start)."""
+    answer = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=client.namespace)
+    )
+    missing = [name for name in SEARCH_ATTRIBUTES if name not in answer.custom_attributes]
+    if not missing:
+        return None
+    where = f"--address {client.service_client.config.target_host} --namespace {client.namespace}"
+    return " && ".join(
+        f"temporal operator search-attribute create {where} --name {name} --type {SEARCH_ATTRIBUTES[name]}"
+        for name in missing
+    )
 
 
 def request_id_of(actor: Actor, workflow_id: str) -> str:
