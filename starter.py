@@ -117,13 +117,40 @@ def _one_line(exc: ValidationError, options: Mapping[str, str]) -> str:
     return f"{options.get(field_name, field_name)}: {message}"
 
 
+# Where this command's stack is, for the commands it prints (set once per command: see _printed_for).
+_PRINTED_ENV: dict[str, str] = {}
+_PRINTED_FLAGS: list[str] = []
+_LOCAL_STACK_SETTINGS = ("TOOLLOOP_DATA_DIR", "TOOLLOOP_TEMPORAL_PORT", "TOOLLOOP_SERVICE_PORT", "TOOLLOOP_API_PORT")
+
+
+def _printed_for(settings: Settings, local_stack: bool) -> None:
+    """The commands this process prints run from any shell: they name the settings that locate its stack
+    (those that differ from the defaults: the local stack's data dir and ports, or another Temporal)."""
+    fields = {str(f.validation_alias): name for name, f in Settings.model_fields.items()}
+    wanted = _LOCAL_STACK_SETTINGS if local_stack else ("TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE")
+    for variable in wanted:
+        name = fields[variable]
+        value = getattr(settings, name)
+        if isinstance(value, Path):  # relative to this shell's directory: named absolute, always
+            _PRINTED_ENV[variable] = str(value.resolve())
+        elif value != Settings.model_fields[name].default:
+            _PRINTED_ENV[variable] = str(value)
+    if not local_stack:
+        _PRINTED_FLAGS.append("--no-local-stack")
+
+
 def _cli_command() -> str:
     """How to run this CLI again from a plain shell: the installed console script, else this venv's
-    python with this file (both absolute, so neither PATH nor the current directory matters)."""
+    python with this file (both absolute, so neither PATH nor the current directory matters), after the
+    settings that locate this command's stack."""
     script = Path(sys.executable).parent / "toolloop"
     if script.is_file() and os.access(script, os.X_OK):
-        return shlex.quote(str(script))
-    return f"{shlex.quote(sys.executable)} {shlex.quote(str(REPO_ROOT / 'starter.py'))}"
+        command = shlex.quote(str(script))
+    else:
+        command = f"{shlex.quote(sys.executable)} {shlex.quote(str(REPO_ROOT / 'starter.py'))}"
+    if _PRINTED_ENV:
+        command = "env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in _PRINTED_ENV.items()) + " " + command
+    return command
 
 
 def _settings_for_local_stack(settings: Settings) -> Settings:
@@ -290,7 +317,7 @@ class _Session:
 
 
 def _decide_commands(workflow_id: str, operation_id: str, actor: Actor) -> tuple[str, str]:
-    tail = f"{workflow_id} {operation_id} --user {actor.user_id} --tenant {actor.tenant_id}"
+    tail = " ".join([workflow_id, operation_id, "--user", actor.user_id, "--tenant", actor.tenant_id, *_PRINTED_FLAGS])
     cli = _cli_command()
     return f"{cli} approve {tail}", f"{cli} reject {tail}"
 
@@ -613,7 +640,7 @@ def _interrupted(session: _Session, actor: Actor) -> NoReturn:
         raise typer.Exit(EXIT_INTERRUPTED)
     message = f"interrupted: request {session.workflow_id} keeps running in the background"
     tail = f"{session.workflow_id} --user {actor.user_id} --tenant {actor.tenant_id}"
-    message += f"; get its result with `{_cli_command()} result {tail}`"
+    message += f"; get its result with `{' '.join([_cli_command(), 'result', tail, *_PRINTED_FLAGS])}`"
     for operation_id in sorted(session.pending):
         approve, reject = _decide_commands(session.workflow_id, operation_id, actor)
         message += f"; it waits for approval of {operation_id}: approve with `{approve}`, reject with `{reject}`"
@@ -693,6 +720,7 @@ def ask(
     if not local_stack and auto_approve and settings.approval_key is None:
         _fail("--auto-approve needs the approval channel's key: set TOOLLOOP_APPROVAL_KEY, or use the local stack")
 
+    _printed_for(settings, local_stack)
     status: StackStatus | None = None
     if local_stack:
         settings = _settings_for_local_stack(settings)

@@ -501,7 +501,8 @@ def shown_commands(child: pexpect.spawn) -> tuple[str, str]:
 
 def plain_shell(env: dict[str, str], command: str) -> subprocess.CompletedProcess[str]:
     """Run a printed command as a user would from a new shell: no venv on PATH, another directory."""
-    plain = {k: v for k, v in env.items() if k.startswith("TOOLLOOP_")} | {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}
+    # None of this test's TOOLLOOP_* settings: a printed command must name what it needs itself.
+    plain = {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}
     return subprocess.run(
         command, shell=True, env=plain, cwd="/", capture_output=True, text=True, timeout=120, check=False
     )
