@@ -16,6 +16,7 @@ from toolloop import Actor, Arguments, ReadBack, ToolContext, Toolset
 from toolloop._core.arguments import JsonSchemaArguments
 from toolloop._core.contracts import FunctionCallItem
 from toolloop._core.validation import check_call
+from toolloop._tools.http import request_under_base
 from toolloop.testing import run_tool
 
 U1 = Actor(user_id="u1", tenant_id="acme")
@@ -399,3 +400,19 @@ async def test_a_hand_built_path_that_leaves_the_base_path_is_refused_too() -> N
     async with httpx.AsyncClient(transport=httpx.MockTransport(answer), base_url="http://shop/tenants/me") as http:
         out = await run_tool(tools, "get_order", {"orderId": "A100"}, actor=U1, http=http)
     assert out["code"] == "BAD_ARGUMENTS" and seen == []
+
+
+@pytest.mark.parametrize("path", ["/%2e%2e/globex/orders/A100", "/..%2Fglobex", "/a/%2E/b"])
+async def test_an_encoded_dot_segment_is_refused_as_well(path: str) -> None:
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"order_id": "A100", "status": "x"})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer), base_url="http://shop/tenants/me") as http:
+        with pytest.raises(toolloop.ToolError) as refused:
+            request_under_base(http, "GET", path)
+        fine = request_under_base(http, "GET", "orders/A100?x=1")  # relative and with a query: under the base
+    assert refused.value.code == "BAD_ARGUMENTS" and seen == []
+    assert fine.url.path == "/tenants/me/orders/A100" and fine.url.params["x"] == "1"

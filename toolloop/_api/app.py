@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -465,7 +465,10 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             summary.started_at = description.start_time
         else:
             response.headers["Location"] = f"/v1/requests/{request_id}"
-            summary.started_at = (await client.get_workflow_handle(workflow_id).describe()).start_time
+            try:
+                summary.started_at = (await client.get_workflow_handle(workflow_id).describe()).start_time
+            except RPCError:  # it started: a failed look at it must not say otherwise
+                summary.started_at = datetime.now(UTC)
         return summary
 
     @app.get("/v1/requests", response_model=RequestPage)

@@ -57,8 +57,6 @@ class ErrorType(StrEnum):
     EVIDENCE_NOT_YET_VISIBLE = "EvidenceNotYetVisible"
     # The request failed (model error, no answer): the workflow fails with the AgentResult as its details.
     REQUEST_FAILED = "RequestFailed"
-    # The request's input brought an approval verify key that is not the worker's own: refused before running.
-    UNTRUSTED_APPROVAL_KEY = "UntrustedApprovalKey"
     # A write attempt that ended without a definite answer: the attempt fails (visibly, in the UI) with the
     # WriteOutcome as its details, and the workflow asks the operation's status.
     WRITE_OUTCOME_UNKNOWN = "WriteOutcomeUnknown"

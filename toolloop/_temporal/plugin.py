@@ -121,10 +121,11 @@ class ToolloopPlugin(SimplePlugin):
     so on their status answers (unknown means a resend after a doubtful attempt fails closed). `http` is
     the client of tools that have no source of their own. `tracing` adds Temporal's OpenTelemetry
     interceptor (spans with the globally configured tracer provider). `approval_verify_key` is the approval
-    channel's public key: a request whose input brings any other key is refused before anything runs (with
-    none configured, every request that brings a key is). AgentWorkflow runs in Temporal's
-    workflow sandbox (workflow_runner); when the worker's client has no payload codec and no external
-    storage, the sandbox is not asked for a serialization context per payload (CodecFreeSandboxRunner)."""
+    channel's public key: a decision is taken only in a request whose input brought exactly that key (with
+    none configured, no decision is), so a request that brings a key of its own never sends a write.
+    AgentWorkflow runs in Temporal's workflow sandbox (workflow_runner); when the worker's client has no
+    payload codec and no external storage, the sandbox is not asked for a serialization context per payload
+    (CodecFreeSandboxRunner)."""
 
     def __init__(
         self,

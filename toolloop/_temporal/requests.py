@@ -62,9 +62,12 @@ def request_workflow_id(actor: Actor, request_id: str) -> str:
 async def missing_search_attributes(client: Client) -> str | None:
     """None when the client's namespace has toolloop's search attributes; else the command that registers
     the missing ones (a namespace without them refuses every request's start)."""
-    answer = await client.operator_service.list_search_attributes(
-        ListSearchAttributesRequest(namespace=client.namespace)
-    )
+    try:
+        answer = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=client.namespace)
+        )
+    except RPCError:
+        return None  # not allowed to ask (a managed service, an authorizer): the start says what is missing
     missing = [name for name in SEARCH_ATTRIBUTES if name not in answer.custom_attributes]
     if not missing:
         return None

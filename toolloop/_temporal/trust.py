@@ -1,42 +1,41 @@
-"""Wiring (worker side): the trust anchor. A worker verifies approval decisions only with the verify key its
-own configuration names; a request whose input brings any other key is refused before anything runs (anyone
-who can start a workflow on the task queue chooses its input, so the input cannot decide trust)."""
+"""Wiring (worker side): the trust anchor. A worker takes a decision only when the request's verify key is
+the one its own configuration names: anyone who can start a workflow on the task queue chooses its input,
+so the input cannot decide trust. Checked in the decision Update's validator, which runs when a decision
+arrives and never on replay: a worker whose key changed (a rotation) still replays every run, and a run
+that brought another key takes no decision, so none of its writes is ever sent."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
 from temporalio.worker import (
     ExecuteWorkflowInput,
+    HandleUpdateInput,
     Interceptor,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
 )
 
-from toolloop._core.codes import ErrorType
-from toolloop._core.names import AGENT_WORKFLOW
+from toolloop._core.names import AGENT_WORKFLOW, APPROVE_OPERATION_UPDATE
 
 
 def untrusted_key_problem(configured: str | None, brought: str | None) -> str | None:
-    """Why a request that brings `brought` may not run on a worker configured with `configured`; None if it
-    may (it brings no key, and so takes no decisions, or it brings exactly the configured one)."""
-    if brought is None or brought == configured:
-        return None
+    """Why a decision may not be taken in a request that brought `brought` on a worker configured with
+    `configured`; None if it may (the request brought exactly the configured key)."""
     if configured is None:
         return (
-            "this worker has no approval verify key configured (TOOLLOOP_APPROVAL_VERIFY_KEY), so it runs no "
-            "request that takes decisions; the request was refused before anything ran"
+            "this worker has no approval verify key configured (TOOLLOOP_APPROVAL_VERIFY_KEY), so it takes no "
+            "decisions; nothing was recorded"
         )
-    return (
-        "the request's approval verify key is not this worker's (TOOLLOOP_APPROVAL_VERIFY_KEY); the request "
-        "was refused before anything ran"
-    )
+    if brought != configured:
+        return "this request's approval key is not the one this worker trusts; nothing was recorded"
+    return None
 
 
 class TrustedApprovalKey(Interceptor):
-    """A worker interceptor: AgentWorkflow runs only with the configured verify key (or none)."""
+    """A worker interceptor: in AgentWorkflow, a decision is taken only when the request's verify key is the
+    configured one."""
 
     def __init__(self, verify_key: str | None) -> None:
         self.verify_key = verify_key
@@ -44,15 +43,26 @@ class TrustedApprovalKey(Interceptor):
     def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
         configured = self.verify_key
 
-        class _RefuseUntrustedKey(WorkflowInboundInterceptor):
+        class _DecideOnlyWithTheTrustedKey(WorkflowInboundInterceptor):
+            # The request's key, as its input brought it; unset until the run has started (a decision that
+            # arrives before is refused: fail closed).
+            brought: str | None = None
+            started = False
+
             async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
-                if workflow.info().workflow_type == AGENT_WORKFLOW and input.args:
-                    request = input.args[0]
+                if input.args:
                     # Read by name: inside the sandbox the input is of the sandbox's own AgentInput class.
-                    brought = getattr(request, "approval_verify_key", None)
-                    problem = untrusted_key_problem(configured, brought)
-                    if problem is not None:
-                        raise ApplicationError(problem, type=ErrorType.UNTRUSTED_APPROVAL_KEY, non_retryable=True)
+                    self.brought = getattr(input.args[0], "approval_verify_key", None)
+                self.started = True
                 return await super().execute_workflow(input)
 
-        return _RefuseUntrustedKey
+            def handle_update_validator(self, input: HandleUpdateInput) -> None:
+                if workflow.info().workflow_type == AGENT_WORKFLOW and input.update == APPROVE_OPERATION_UPDATE:
+                    if not self.started:
+                        raise ValueError("the request has not started yet; nothing was recorded")
+                    problem = untrusted_key_problem(configured, self.brought)
+                    if problem is not None:
+                        raise ValueError(problem)
+                super().handle_update_validator(input)
+
+        return _DecideOnlyWithTheTrustedKey

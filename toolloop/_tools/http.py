@@ -246,10 +246,16 @@ def request_under_base(client: httpx.AsyncClient, method: str, path: str, **opti
     """The request for `path` under the client's base URL, refused (BAD_ARGUMENTS, nothing sent) when the URL
     the client would send is not exactly that path: dot segments removed, or a path that climbs out of the
     base. The digest of a write binds the path as given, so it must be the path that is sent."""
+    refused = ToolError(ResultCode.BAD_ARGUMENTS, "the path would leave the service's base path; nothing was sent")
+    raw = path.split("?", 1)[0]
+    # A dot segment, encoded or not ("%2e%2e", "..%2F"): a server that decodes before it normalises climbs too.
+    if any(part in (".", "..") for segment in raw.split("/") for part in urllib.parse.unquote(segment).split("/")):
+        raise refused
     request = client.build_request(method, path, **options)
-    intended = urllib.parse.unquote(client.base_url.path.rstrip("/") + path.split("?", 1)[0])
-    if request.url.path != intended:
-        raise ToolError(ResultCode.BAD_ARGUMENTS, "the path would leave the service's base path; nothing was sent")
+    # httpx joins a relative path and an absolute one alike: under the base path.
+    intended = client.base_url.raw_path.decode("ascii").split("?", 1)[0].rstrip("/") + "/" + raw.lstrip("/")
+    if urllib.parse.unquote(request.url.raw_path.decode("ascii").split("?", 1)[0]) != urllib.parse.unquote(intended):
+        raise refused
     return request
 
 
