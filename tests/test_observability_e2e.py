@@ -148,6 +148,7 @@ async def test_the_api_logs_json_per_request_and_serves_metrics(
         "TOOLLOOP_TASK_QUEUE": f"obs-{uuid.uuid4().hex[:8]}",
         "TOOLLOOP_APPROVAL_KEY": APPROVAL_KEY,
         "TOOLLOOP_API_TOKENS": str(REPO_ROOT / "config" / "api_tokens.json"),
+        "TOOLLOOP_API_ALLOW_DEMO_TOKENS": "true",
         "TOOLLOOP_API_METRICS_ADDRESS": metrics,
     }
     log = tmp_path / "api.log"

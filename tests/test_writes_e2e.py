@@ -1081,12 +1081,12 @@ async def test_a_failed_requests_report_is_read_back_from_history_too(
     stored = await stored_report(handle)
     assert "final_text" not in stored and "in_history" not in stored  # there is no answer
     [stored_op] = stored["operations"]
-    # Never sent, so its arguments are in no write's input; and the turn it was told in failed (a local
-    # activity, its record holds no result): the report keeps both.
+    # Never sent, so its arguments are in no write's input; and the turn it was told in failed (its input
+    # is in history, its result is not): the report keeps both.
     assert stored_op["in_history"] == ["approval"] and {"arguments", "output"} <= set(stored_op)
     [done] = result.operations
     assert done.approval is not None and (done.approval.decision, done.approval.by) == ("rejected", "u1 via cli")
-    assert done.output is not None and done.output["code"] == "CONFIRMATION_REQUIRED" and not done.in_history
+    assert done.output is not None and done.output["code"] == "REJECTED" and not done.in_history
     [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
     assert done == ledger
     assert await effects(admin, op.operation_id) == []
