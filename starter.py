@@ -870,21 +870,7 @@ def cancel(
 ) -> None:
     """Cancel your running request: it sends nothing more, settles what is in flight, and reports; prints
     its receipt, with the exit status ask would have given."""
-    actor = _actor(user, tenant)
-    settings = Settings()
-    if local_stack:
-        settings = _settings_for_local_stack(settings)
-    _check_user(settings, actor, local_stack)
-    try:
-        result = asyncio.run(_cancel(workflow_id, actor, settings))
-    except typer.Exit:
-        raise
-    except RPCError as exc:
-        _fail(f"Temporal refused it: {exc}", code=1)
-    except RuntimeError as exc:
-        _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
-    _print_result(result, settings)
-    raise typer.Exit(_exit_code(result.status, result.operations))
+    _report_of_own_request(workflow_id, user, tenant, local_stack, as_json=False, cancel=True)
 
 
 @app.command()
@@ -897,13 +883,21 @@ def result(
 ) -> None:
     """Wait for your request's result (after Ctrl-C in ask, say) and print its receipt, with the exit status
     ask would have given."""
+    _report_of_own_request(workflow_id, user, tenant, local_stack, as_json=as_json, cancel=False)
+
+
+def _report_of_own_request(
+    workflow_id: str, user: str | None, tenant: str, local_stack: bool, *, as_json: bool, cancel: bool
+) -> NoReturn:
+    """The session's own request's report (cancelled first if asked), printed as ask prints it, and exit as
+    ask would have; another user's request looks like a missing one."""
     actor = _actor(user, tenant)
     settings = Settings()
     if local_stack:
         settings = _settings_for_local_stack(settings)
     _check_user(settings, actor, local_stack)
     try:
-        report = asyncio.run(_result(workflow_id, actor, settings))
+        report = asyncio.run(_own_report(workflow_id, actor, settings, cancel=cancel))
     except typer.Exit:
         raise
     except RPCError as exc:
@@ -917,7 +911,7 @@ def result(
     raise typer.Exit(_exit_code(report.status, report.operations))
 
 
-async def _result(workflow_id: str, actor: Actor, settings: Settings) -> AgentResult:
+async def _own_report(workflow_id: str, actor: Actor, settings: Settings, *, cancel: bool) -> AgentResult:
     client = await Client.connect(
         settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
     )
@@ -925,18 +919,8 @@ async def _result(workflow_id: str, actor: Actor, settings: Settings) -> AgentRe
     # Whose request it is comes from the workflow's own start event: another user's looks missing.
     if await acts_for(client, handle) != actor:
         _not_found(workflow_id, actor)
-    return await request_result(handle)
-
-
-async def _cancel(workflow_id: str, actor: Actor, settings: Settings) -> AgentResult:
-    client = await Client.connect(
-        settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
-    )
-    handle: WorkflowHandle[Any, AgentResult] = client.get_workflow_handle(workflow_id, result_type=AgentResult)
-    # Whose request it is comes from the workflow's own start event: another user's looks missing.
-    if await acts_for(client, handle) != actor:
-        _not_found(workflow_id, actor)
-    await handle.cancel()
+    if cancel:
+        await handle.cancel()
     return await request_result(handle)
 
 

@@ -34,6 +34,7 @@ from toolloop._core.contracts import (
     told_of_attempt,
 )
 from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, MODEL_TURN_ACTIVITY, RUN_TOOL_ACTIVITY
+from toolloop._temporal.converter import data_converter
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ async def recorded_turns(handle: WorkflowHandle[Any, Any]) -> list[tuple[ModelTu
     """Every model turn of the run in order, decoded from its history: its input, the tool outputs it
     refers to filled in, and its result (None while it runs). A turn run as a local activity stored no
     input: its result's record of what it was given stands in for it."""
-    converter = handle._client.data_converter
+    converter = data_converter()
     inputs: dict[int, ModelTurnInput] = {}
     results: dict[int, ModelTurnResult] = {}
     tool_calls: dict[int, tuple[int, str]] = {}

@@ -32,7 +32,7 @@ from bench.scenarios import (
     report_output,
     write_body,
 )
-from toolloop._core.approvals import ApprovalClaims, http_subject, mint_approval_token, payload_digest
+from toolloop import testing
 from toolloop._core.contracts import Actor, AgentInput, AgentResult, Limits, ModelSpec
 from toolloop._core.names import AGENT_WORKFLOW
 from toolloop._temporal.approval_channel import send_decision
@@ -42,7 +42,7 @@ from toolloop._temporal.results import request_result
 
 ACTOR = Actor(user_id="u1", tenant_id="acme")
 ACTOR_HEADERS = {"X-Actor-User": ACTOR.user_id, "X-Actor-Tenant": ACTOR.tenant_id}
-WRITE_SUBJECT = http_subject("POST", f"/calendars/{CALENDAR}/events")
+WRITE_PATH = f"/calendars/{CALENDAR}/events"
 REQUEST_TIMEOUT_S = 120.0
 _APPROVAL_TTL_S = 600.0
 
@@ -103,18 +103,9 @@ def limits_for(scenario: Scenario) -> Limits:
 def approval_token(signing_key: str, operation_id: str, body: dict[str, Any]) -> str:
     """What the approval channel signs for a write the client sends itself ((b) and (c)): the user's approval
     of exactly this POST's body under this operation id."""
-    now = time.time()
-    claims = ApprovalClaims(
-        user_id=ACTOR.user_id,
-        tenant_id=ACTOR.tenant_id,
-        operation_id=operation_id,
-        digest=payload_digest(WRITE_SUBJECT, body),
-        approved_by=ACTOR.user_id,
-        approved_at=now,
-        expires_at=now + _APPROVAL_TTL_S,
-        channel="bench",
+    return testing.approval_token(
+        signing_key, actor=ACTOR, operation_id=operation_id, payload=body, path=WRITE_PATH, ttl_seconds=_APPROVAL_TTL_S
     )
-    return mint_approval_token(signing_key, claims)
 
 
 def _failed(stack: str, request_id: str, started: float, exc: BaseException, workflow_id: str | None) -> Outcome:

@@ -40,6 +40,7 @@ from toolloop import ConversationItem, FunctionCallOutputItem, request_result
 from toolloop._core.contracts import AgentProgress, ModelTurnInput, OperationRecord
 from toolloop._core.names import GET_LEDGER_QUERY, GET_PROGRESS_QUERY, MODEL_TURN_ACTIVITY, RUN_TOOL_ACTIVITY
 from toolloop._models.adapter import ModelRequest
+from toolloop._temporal.converter import data_converter
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker
 
@@ -67,7 +68,7 @@ async def stored_turn_inputs(handle: WorkflowHandle[Any, Any], turn: int) -> lis
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and attrs.activity_type.name == (
             MODEL_TURN_ACTIVITY
         ):
-            [inp] = await handle._client.data_converter.decode(attrs.input.payloads, [ModelTurnInput])
+            [inp] = await data_converter().decode(attrs.input.payloads, [ModelTurnInput])
             found += [inp] if inp.turn == turn else []
     return found
 

@@ -29,6 +29,7 @@ from tests.agent_helpers import (
 from tests.conftest import APPROVAL_VERIFY_KEY
 from toolloop import Actor, AgentInput, AgentResult, Limits, ModelSpec, request_result
 from toolloop._core.names import AGENT_WORKFLOW
+from toolloop._temporal.converter import data_converter
 from toolloop._temporal.requests import (
     OUTCOME_KEY,
     TENANT_KEY,
@@ -74,7 +75,7 @@ async def details(handle: WorkflowHandle[Any, Any]) -> str:
 
 
 async def history_summaries(handle: WorkflowHandle[Any, Any], event_type: int) -> list[str]:
-    converter = handle._client.data_converter
+    converter = data_converter()
     found = []
     async for event in handle.fetch_history_events():
         if event.event_type == event_type and event.user_metadata.HasField("summary"):

@@ -5,6 +5,7 @@ every registration trap refused with its reason, and running one tool without Te
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -351,6 +352,16 @@ async def test_run_tool_checks_like_the_loop_and_returns_what_the_model_reads() 
     )
 
 
+def order_answer(seen: list[httpx.Request]) -> Callable[[httpx.Request], httpx.Response]:
+    """A service that answers every request with one order, noting each request it got."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"order_id": "A100", "status": "x"})
+
+    return answer
+
+
 class ProjectNoteArgs(Arguments):
     project: str = Field(max_length=20, description="Project.")
     note: str = Field(max_length=20, description="Note.")
@@ -367,10 +378,7 @@ async def test_a_path_value_cannot_leave_the_sources_base_path(project: str, not
     tools = Toolset()
     shop = toolloop.HttpSource("shop", base_url="http://shop/tenants/me")
     seen: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json={"order_id": "A100", "status": "x"})
+    answer = order_answer(seen)
 
     tools.http_read(
         "get_note", source=shop, path="/{project}/{note}", arguments=ProjectNoteArgs, result=Order, description="d"
@@ -387,10 +395,7 @@ async def test_a_hand_built_path_that_leaves_the_base_path_is_refused_too() -> N
     tools = Toolset()
     shop = toolloop.HttpSource("shop", base_url="http://shop/tenants/me")
     seen: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json={"order_id": "A100", "status": "x"})
+    answer = order_answer(seen)
 
     @tools.read(source=shop)
     async def get_order(ctx: ToolContext, args: OrderArgs) -> Order:
@@ -405,10 +410,7 @@ async def test_a_hand_built_path_that_leaves_the_base_path_is_refused_too() -> N
 @pytest.mark.parametrize("path", ["/%2e%2e/globex/orders/A100", "/..%2Fglobex", "/a/%2E/b"])
 async def test_an_encoded_dot_segment_is_refused_as_well(path: str) -> None:
     seen: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, json={"order_id": "A100", "status": "x"})
+    answer = order_answer(seen)
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(answer), base_url="http://shop/tenants/me") as http:
         with pytest.raises(toolloop.ToolError) as refused:

@@ -23,7 +23,7 @@ from temporalio.converter import (
     WithSerializationContext,
 )
 from temporalio.testing import ActivityEnvironment
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.write_operations import WriteActivities, decision_token
@@ -73,9 +73,8 @@ from toolloop._core.names import (
 from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request, send_decision
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.following import RunFollower, approvals_as_they_come, pending_approvals
-from toolloop._temporal.plugin import CodecFreeSandboxRunner, codec_free_runner
 from toolloop._temporal.settings import Settings
-from toolloop._temporal.worker_factory import running_worker, workflow_runner
+from toolloop._temporal.worker_factory import running_worker
 
 pytestmark = pytest.mark.e2e
 
@@ -123,29 +122,6 @@ async def test_approved_note_is_written_once_and_verified(
     assert await ticket_version(business_service.url) == version + 1
 
 
-async def test_the_sandbox_runs_the_protocol_without_being_asked_for_payload_contexts(
-    client: Client, settings: Settings, admin: httpx.AsyncClient, business_service: BusinessService
-) -> None:
-    async with running_worker(client, settings, build_demo(settings.service_url)) as worker:
-        runner = worker.config(active_config=True).get("workflow_runner")
-        # The converter has no codec: the sandbox runs each activation, and no code per payload.
-        assert isinstance(runner, CodecFreeSandboxRunner) and isinstance(runner.sandbox, SandboxedWorkflowRunner)
-        version = await ticket_version(business_service.url)
-        turns = [
-            [call("get_ticket", {"ticketId": "T1001"}, "r1")],
-            [note_call(version, "codec-free sandbox", "w1")],
-            [say("Ok.")],
-        ]
-        result, handle = await run_approved(client, settings, business_service, turns)
-
-    [op] = result.operations
-    assert (op.state, op.call_ids, op.attempts) == ("verified", ["w1"], 1)
-    assert [(c.call_id, c.ok) for c in result.calls] == [("r1", True), ("w1", True)]
-    assert sorted((await tool_outputs(handle)).keys()) == ["r1", "w1"]  # each call answered once
-    assert len(await effects(admin, op.operation_id)) == 1
-    assert await ticket_version(business_service.url) == version + 1
-
-
 Encoded = list[tuple[SerializationContext | None, bytes]]
 
 
@@ -190,17 +166,6 @@ async def test_a_users_payload_codec_still_gets_each_commands_context(
     assert all(
         isinstance(c, ActivitySerializationContext) and c.activity_type == MODEL_TURN_ACTIVITY for c in turn_inputs
     )
-
-
-def test_only_a_sandbox_with_neither_codec_nor_external_storage_skips_the_contexts() -> None:
-    sandbox = workflow_runner()
-    assert isinstance(codec_free_runner(sandbox, data_converter()), CodecFreeSandboxRunner)
-    with_codec = dataclasses.replace(data_converter(), payload_codec=ContextRecordingCodec([]))
-    assert codec_free_runner(sandbox, with_codec) is sandbox
-    unsandboxed = UnsandboxedWorkflowRunner()
-    assert codec_free_runner(unsandboxed, data_converter()) is unsandboxed
-    # The SDK relaxes a SandboxedWorkflowRunner for the debugger; wrapped, it would not.
-    assert codec_free_runner(sandbox, data_converter(), debug_mode=True) is sandbox
 
 
 async def activities_run(handle: WorkflowHandle[Any, Any]) -> list[str]:

@@ -27,6 +27,7 @@ from temporalio.service import RPCError
 from toolloop._core.approvals import approval_wait_of, derive_operation_id, payload_digest, short_operation_id
 from toolloop._core.contracts import AgentInput, ApprovalRequest, ModelTurnResult
 from toolloop._core.names import GET_PENDING_APPROVALS_QUERY, MODEL_TURN_ACTIVITY
+from toolloop._temporal.converter import data_converter
 
 _CLOSED = frozenset(
     {
@@ -123,7 +124,7 @@ class _ApprovalHistory:
 
     def __init__(self, handle: WorkflowHandle[Any, Any]) -> None:
         self._handle = handle
-        self._converter = handle._client.data_converter
+        self._converter = data_converter()
         self._input: list[Payload] | None = None
         self._request: AgentInput | None = None
         self._started: datetime | None = None

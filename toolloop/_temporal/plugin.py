@@ -5,23 +5,15 @@ sources (HTTP clients, MCP connections) while the worker runs."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
-from typing import Any
 
 import httpx
-from temporalio import workflow
-from temporalio.bridge.proto.workflow_activation import WorkflowActivation
-from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 from temporalio.contrib.pydantic import PydanticPayloadConverter
-from temporalio.converter import DataConverter, SerializationContext, StorageDriverStoreContext
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import (
     Worker,
     WorkerConfig,
-    WorkflowInstance,
-    WorkflowInstanceDetails,
-    WorkflowRunner,
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -52,62 +44,6 @@ def workflow_runner(existing: object = None) -> SandboxedWorkflowRunner:
     return SandboxedWorkflowRunner(restrictions=restrictions)
 
 
-class CodecFreeSandboxRunner(WorkflowRunner):
-    """The sandbox runner, for a worker whose data converter has no payload codec and no external storage.
-
-    For every payload sequence of a workflow task the SDK asks the workflow instance for a serialization
-    context, three times per direction, and the sandbox answers each ask by compiling and running code in
-    the sandbox: about a sixth of the worker's CPU per request (py-spy). The context only picks the codec
-    and the external store for a payload; with neither there is nothing for it to pick, so this runner's
-    instances answer at once with no context. Activations still run in the sandbox, unchanged."""
-
-    def __init__(self, sandbox: SandboxedWorkflowRunner) -> None:
-        self.sandbox = sandbox
-
-    def prepare_workflow(self, defn: Any) -> None:
-        self.sandbox.prepare_workflow(defn)
-
-    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-        return _CodecFreeInstance(self.sandbox.create_instance(det))
-
-    def set_worker_level_failure_exception_types(self, types: Sequence[type[BaseException]]) -> None:
-        self.sandbox.set_worker_level_failure_exception_types(types)
-
-
-_NO_STORE_CONTEXT = StorageDriverStoreContext(target=None)
-
-
-class _CodecFreeInstance(WorkflowInstance):
-    def __init__(self, sandboxed: WorkflowInstance) -> None:
-        self._sandboxed = sandboxed
-
-    def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
-        return self._sandboxed.activate(act)
-
-    def get_serialization_context(self, command_info: object) -> SerializationContext | None:
-        return None
-
-    def get_external_store_context(self, command_info: object) -> StorageDriverStoreContext:
-        return _NO_STORE_CONTEXT
-
-    def get_info(self) -> workflow.Info:
-        return self._sandboxed.get_info()
-
-    def get_thread_id(self) -> int | None:
-        return self._sandboxed.get_thread_id()
-
-
-def codec_free_runner(runner: WorkflowRunner, converter: DataConverter, *, debug_mode: bool = False) -> WorkflowRunner:
-    """`runner` wrapped in CodecFreeSandboxRunner where that changes nothing but the cost: a sandbox runner,
-    and a converter with no codec and no external storage (a user's codec still gets every context). Not
-    in debug mode, where the SDK relaxes a SandboxedWorkflowRunner's restrictions for the debugger."""
-    if debug_mode or not isinstance(runner, SandboxedWorkflowRunner):
-        return runner
-    if converter.payload_codec is None and converter.external_storage is None:
-        return CodecFreeSandboxRunner(runner)
-    return runner
-
-
 class ToolloopPlugin(SimplePlugin):
     """A Temporal plugin for clients, workers and replayers:
 
@@ -123,9 +59,7 @@ class ToolloopPlugin(SimplePlugin):
     interceptor (spans with the globally configured tracer provider). `approval_verify_key` is the approval
     channel's public key: a decision is taken only in a request whose input brought exactly that key (with
     none configured, no decision is), so a request that brings a key of its own never sends a write.
-    AgentWorkflow runs in Temporal's workflow sandbox (workflow_runner); when the worker's client has no
-    payload codec and no external storage, the sandbox is not asked for a serialization context per payload
-    (CodecFreeSandboxRunner)."""
+    AgentWorkflow runs in Temporal's workflow sandbox (workflow_runner), as the SDK runs it."""
 
     def __init__(
         self,
@@ -161,10 +95,6 @@ class ToolloopPlugin(SimplePlugin):
         if not issubclass(client.data_converter.payload_converter_class, PydanticPayloadConverter):
             raise ValueError(
                 "the Temporal client needs toolloop's data converter: connect it with plugins=[ToolloopPlugin(...)]"
-            )
-        if "workflow_runner" in config:
-            config["workflow_runner"] = codec_free_runner(
-                config["workflow_runner"], client.data_converter, debug_mode=bool(config.get("debug_mode"))
             )
         registry = self.toolset.registry
         http = self._shared_http()

@@ -40,6 +40,7 @@ from toolloop._core.names import (
     READ_BACK_ACTIVITY,
 )
 from toolloop._core.registry import Evidence
+from toolloop._temporal.converter import data_converter
 
 
 def _approval_of(decision: ApprovalDecision, answer: dict[str, Any]) -> ApprovalRecord | None:
@@ -89,7 +90,7 @@ async def complete_report(handle: WorkflowHandle[Any, Any], report: AgentResult)
         report = report.model_copy(update={"workflow_id": handle.id})
     if report.complete:
         return report
-    return await completed_from(handle.fetch_history_events(), handle._client.data_converter, report)
+    return await completed_from(handle.fetch_history_events(), data_converter(), report)
 
 
 async def completed_from(
