@@ -339,16 +339,17 @@ def _show_request(request: ApprovalRequest, workflow_id: str, actor: Actor) -> N
 
 
 _DECIDED_ELSEWHERE = {
-    "approved": "approved",
-    "denied": "rejected",
-    "expired": "not approved in time (expired); nothing was sent",
+    "denied": "was rejected elsewhere",
+    "expired": "was not approved in time (expired); nothing was sent",
 }
 
 
-def _decided_elsewhere(request: ApprovalRequest | None) -> str:
+def _decided_elsewhere(operation_id: str, request: ApprovalRequest | None) -> str:
+    """What ended an approval prompt without an answer typed here, as the line that stays on screen."""
     if request is None:
-        return "no longer part of the request"
-    return _DECIDED_ELSEWHERE.get(request.state, "approved")
+        return f"{operation_id} is no longer part of the request"
+    # Any other state is past the approval: it was approved (and may have been sent since).
+    return f"{operation_id} {_DECIDED_ELSEWHERE.get(request.state, 'was approved elsewhere')}"
 
 
 async def _prompt_until_decided(
@@ -371,27 +372,51 @@ async def _prompt_until_decided(
                 request = await fetch_approval_request(handle, operation_id)
                 if request is None or request.state != "awaiting_approval":
                     err_console.print()
-                    return _decided_elsewhere(request)
+                    return _decided_elsewhere(operation_id, request)
     finally:
         answer.cancel()
 
 
+class _LiveView:
+    """The live progress lines under everything `ask` prints. Stopped while an approval is shown and asked,
+    so the prompt and what ended it stay on screen; started again as a new display below them (a stopped
+    rich Live started again first erases as many lines above it as it was tall: the prompt's outcome)."""
+
+    def __init__(self, first: Table, show: bool) -> None:
+        self._view = first
+        self._show = show
+        self._live: Live | None = None
+
+    def start(self) -> None:
+        if self._show and self._live is None:
+            self._live = Live(self._view, console=err_console, transient=True, refresh_per_second=8)
+            self._live.start(refresh=True)
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def update(self, view: Table) -> None:
+        self._view = view
+        if self._live is not None:
+            self._live.update(view)
+
+
 async def _answer_approval(
-    handle: WorkflowHandle[Any, Any], operation_id: str, mode: ApprovalMode, live: Live | None, session: _Session
+    handle: WorkflowHandle[Any, Any], operation_id: str, mode: ApprovalMode, view: _LiveView, session: _Session
 ) -> None:
     request = await fetch_approval_request(handle, operation_id)
     if request is None or request.state != "awaiting_approval":
         return
-    if live is not None:
-        live.stop()
+    view.stop()
     session.pending.add(operation_id)
     try:
         await _decide_shown(handle, request, mode)
     except asyncio.CancelledError:
         raise  # Ctrl-C: it keeps waiting, and the interrupt's message says how to decide it later
     session.pending.discard(operation_id)
-    if live is not None:
-        live.start()
+    view.start()
 
 
 async def _decide_shown(handle: WorkflowHandle[Any, Any], request: ApprovalRequest, mode: ApprovalMode) -> None:
@@ -411,7 +436,7 @@ async def _decide_shown(handle: WorkflowHandle[Any, Any], request: ApprovalReque
             err_console.print(Text("  no answer: it keeps waiting; use the commands above", style="yellow"))
             return
         if isinstance(answer, str):
-            err_console.print(Text(f"  {operation_id} was {answer} elsewhere", style="yellow"))
+            err_console.print(Text(f"  {answer}", style="yellow"))
             return
         approve = answer
     else:
@@ -421,7 +446,7 @@ async def _decide_shown(handle: WorkflowHandle[Any, Any], request: ApprovalReque
     except WorkflowUpdateFailedError as exc:
         now = await fetch_approval_request(handle, operation_id)
         if now is not None and now.state != "awaiting_approval":
-            err_console.print(Text(f"  {operation_id} was {_decided_elsewhere(now)} elsewhere", style="yellow"))
+            err_console.print(Text(f"  {_decided_elsewhere(operation_id, now)}", style="yellow"))
         else:
             err_console.print(Text(f"  not recorded: {exc.cause}", style="red"))
         return
@@ -458,36 +483,29 @@ async def _watch(
     asked: set[str] = set()
     if mode.interactive and not mode.auto:
         mode.stdin = _StdinLines()
+    view = _LiveView(_progress_view(None, handle.id), show)
     try:
-        with Live(
-            _progress_view(None, handle.id),
-            console=err_console,
-            transient=True,
-            refresh_per_second=8,
-            auto_refresh=show,
-        ) as live:
-            if not show:
-                live.stop()
-            # Read the progress each time the run's history says it may have changed (a long poll, no
-            # polling interval): an operation waiting for approval is shown the moment it starts waiting.
-            async with RunFollower(handle) as follower:
-                while not result_task.done():
-                    try:
-                        progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
-                    except RPCError:
-                        progress = None  # no worker has picked the workflow up yet; keep waiting
-                    if progress is not None:
-                        if show:
-                            live.update(_progress_view(progress, handle.id))
-                        for op in progress.operations:
-                            if op.state == "awaiting_approval" and op.operation_id not in asked:
-                                asked.add(op.operation_id)
-                                await _answer_approval(handle, op.operation_id, mode, live if show else None, session)
-                    changed = asyncio.ensure_future(follower.wait())
-                    await asyncio.wait({result_task, changed}, return_when=asyncio.FIRST_COMPLETED)
-                    changed.cancel()
+        view.start()
+        # Read the progress each time the run's history says it may have changed (a long poll, no
+        # polling interval): an operation waiting for approval is shown the moment it starts waiting.
+        async with RunFollower(handle) as follower:
+            while not result_task.done():
+                try:
+                    progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
+                except RPCError:
+                    progress = None  # no worker has picked the workflow up yet; keep waiting
+                if progress is not None:
+                    view.update(_progress_view(progress, handle.id))
+                    for op in progress.operations:
+                        if op.state == "awaiting_approval" and op.operation_id not in asked:
+                            asked.add(op.operation_id)
+                            await _answer_approval(handle, op.operation_id, mode, view, session)
+                changed = asyncio.ensure_future(follower.wait())
+                await asyncio.wait({result_task, changed}, return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
         return await result_task
     finally:
+        view.stop()
         result_task.cancel()
         if mode.stdin is not None:
             mode.stdin.close()

@@ -4,6 +4,7 @@ answers with the stable --json shape, and `down` stops what it started."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -475,6 +476,9 @@ def _interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+TERMINAL_COLUMNS = 250
+
+
 def spawn_ask(env: dict[str, str], *args: str) -> pexpect.spawn:
     child = pexpect.spawn(
         sys.executable,
@@ -483,10 +487,67 @@ def spawn_ask(env: dict[str, str], *args: str) -> pexpect.spawn:
         cwd=str(REPO_ROOT),
         encoding="utf-8",
         timeout=90,
-        dimensions=(50, 250),
+        dimensions=(50, TERMINAL_COLUMNS),
         preexec_fn=_interruptible,
     )
+    # Everything it wrote, escape sequences included: what the terminal shows is rendered from it.
+    child.logfile_read = io.StringIO()
     return child
+
+
+_CSI = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])")
+
+
+def screen_of(output: str, columns: int = TERMINAL_COLUMNS) -> list[str]:
+    """The lines a terminal shows once `output` is written to it (scrollback included): characters, CR, LF,
+    line wrap, and the cursor and erase sequences rich's live display uses. Another sequence fails the test
+    rather than being rendered wrongly."""
+    lines: list[list[str]] = [[]]
+    row = col = 0
+    index = 0
+    while index < len(output):
+        char = output[index]
+        if char == "\x1b":
+            found = _CSI.match(output, index)
+            assert found is not None, f"unexpected escape sequence {output[index : index + 12]!r}"
+            params, command = found.groups()
+            count = int(params) if params.isdigit() else 1
+            if command == "A":
+                row = max(0, row - count)
+            elif command == "B":
+                row += count
+            elif command == "G":
+                col = count - 1
+            elif command == "K":
+                while len(lines) <= row:
+                    lines.append([])
+                lines[row] = [] if params == "2" else lines[row][: col if params in ("", "0") else None]
+            elif command not in "mhl":  # colours, cursor shown or hidden
+                raise AssertionError(f"unexpected escape sequence {found.group(0)!r}")
+            index = found.end()
+            continue
+        index += 1
+        if char == "\r":
+            col = 0
+        elif char == "\n":
+            row += 1
+        elif char >= " ":
+            if col >= columns:  # the terminal wraps at its width
+                row, col = row + 1, 0
+            while len(lines) <= row:
+                lines.append([])
+            line = lines[row]
+            line.extend(" " * (col + 1 - len(line)))
+            line[col] = char
+            col += 1
+    return ["".join(line).rstrip() for line in lines]
+
+
+def line_with(screen: list[str], text: str) -> int:
+    """The first line of the screen that shows `text`."""
+    found = [index for index, line in enumerate(screen) if text in line]
+    assert found, f"{text!r} is not on the screen:\n" + "\n".join(screen)
+    return found[0]
 
 
 def shown_commands(child: pexpect.spawn) -> tuple[str, str]:
@@ -532,6 +593,12 @@ def test_the_prompt_ends_at_once_when_approved_from_a_plain_shell(cli_env: dict[
     finally:
         child.close(force=True)
     assert child.exitstatus == 0, child.before
+    # What the terminal shows at the end: the prompt and what ended it are still there, above the answer
+    # (the live view is drawn afresh below them, never over them).
+    screen = screen_of(child.logfile_read.getvalue())
+    prompt = line_with(screen, "Approve this exact operation? [y/N]")
+    said = line_with(screen, "was approved elsewhere")
+    assert line_with(screen, "  approve:   ") < prompt < said < screen.index("Done.")
     operation_id = approve.split()[-5]
     assert len(admin_effects(cli_env, operation_id)) == 1
     assert "Traceback" not in (child.before or "")
@@ -542,11 +609,14 @@ def test_the_prompt_ends_at_once_when_the_approval_expires(cli_env: dict[str, st
     child = spawn_ask(cli_env, "--user", "u1", "--approval-ttl-seconds", "2", "--model", f"script:{script}", "r")
     try:
         approve, _ = shown_commands(child)
-        child.expect(r"was not approved in time \(expired\); nothing was sent elsewhere|expired")
+        child.expect(r"was not approved in time \(expired\); nothing was sent")
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)
     assert child.exitstatus == 4  # answered, but the write was not done
+    screen = screen_of(child.logfile_read.getvalue())
+    said = line_with(screen, f"{approve.split()[-5]} was not approved in time (expired); nothing was sent")
+    assert line_with(screen, "Approve this exact operation? [y/N]") < said < screen.index("OK.")
     assert admin_effects(cli_env, approve.split()[-5]) == []
 
 
