@@ -11,7 +11,7 @@ import re
 import shlex
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -43,6 +43,7 @@ from devstack.processes import DEMO_TOOLS, StackError
 from devstack.stack import LocalStack, StackStatus
 from toolloop._api.tokens import TokenMap, TokensFileError
 from toolloop._core.approvals import generate_signing_key, verify_key_for
+from toolloop._core.codes import ResultCode
 from toolloop._core.contracts import (
     MODEL_NAME,
     Actor,
@@ -50,6 +51,7 @@ from toolloop._core.contracts import (
     AgentProgress,
     AgentResult,
     ApprovalRequest,
+    CallRecord,
     DecisionReceipt,
     Limits,
     ModelSpec,
@@ -90,11 +92,16 @@ EXIT_OK = 0  # answered; every side effect (if any) done and verified by read-ba
 EXIT_STOPPED = 1  # stopped at a limit or the deadline, or failed (model error, no answer)
 EXIT_USAGE = 2  # bad input (one line on stderr), or no such request for this user
 EXIT_UNSETTLED = 3  # a side effect's outcome is unknown or it is done but not verified
-EXIT_NOT_DONE = 4  # answered, but a requested write was not done (rejected, expired, refused)
+EXIT_NOT_DONE = 4  # answered, but not all it asked for was done: a write not done, or a call the service refused
 EXIT_INTERRUPTED = 130  # Ctrl-C: the request keeps running (and waiting for any approval) in the background
 
 _DONE_STATES = frozenset({"verified"})
 _NOT_DONE_STATES = frozenset({"failed", "denied", "expired"})
+# A call the service refused (not the user's, not found for them, not allowed): what the request needed of it
+# was not done, whatever the model then answered ("Add a note to ticket T1002" when T1002 is someone else's: the
+# read the note needs is refused, so no write is even proposed). A model's own mistakes (BAD_ARGUMENTS, ...) are
+# not the service's answer and the model may correct them.
+_REFUSED_CODES = frozenset({ResultCode.NOT_AVAILABLE, ResultCode.FORBIDDEN})
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -588,13 +595,15 @@ async def _ask(
     return outcome
 
 
-def _exit_code(status: str, operations: list[OperationRecord]) -> int:
+def _exit_code(status: str, operations: list[OperationRecord], calls: Sequence[CallRecord] = ()) -> int:
     """The table in the README: unknown or unverified side effects outrank every other outcome."""
     if any(op.state not in _DONE_STATES | _NOT_DONE_STATES for op in operations):
         return EXIT_UNSETTLED
     if status != "completed":
         return EXIT_STOPPED
     if any(op.state in _NOT_DONE_STATES for op in operations):
+        return EXIT_NOT_DONE
+    if any(not call.ok and call.code in _REFUSED_CODES for call in calls):
         return EXIT_NOT_DONE
     return EXIT_OK
 
@@ -791,7 +800,7 @@ def ask(
             print(json.dumps(outcome.result.model_dump(mode="json")))
         else:
             _print_result(outcome.result, settings)
-        code = _exit_code(outcome.result.status, outcome.result.operations)
+        code = _exit_code(outcome.result.status, outcome.result.operations, outcome.result.calls)
     if status is not None and status.started:
         err_console.print(
             f"The local stack keeps running in the background (Temporal UI: {settings.ui_url()}). "
@@ -926,7 +935,7 @@ def _report_of_own_request(
         print(json.dumps(report.model_dump(mode="json")))
     else:
         _print_result(report, settings)
-    raise typer.Exit(_exit_code(report.status, report.operations))
+    raise typer.Exit(_exit_code(report.status, report.operations, report.calls))
 
 
 async def _own_report(workflow_id: str, actor: Actor, settings: Settings, *, cancel: bool) -> AgentResult:

@@ -12,6 +12,9 @@ stays unknown (and is not retried), and a refusal says it was not done and why. 
 
 A request for an action it has no tool for ("cancel my order A100", "please delete ticket T1001") is refused
 as a whole, naming the action, with no tool call, even when other parts of the message could be served.
+
+A write the message asks NOT to be done ("Please do not refund 5 EUR on order A100", "I don't want you to refund
+...") is never proposed: the answer says it will not be done, and only the rest of the message, if any, is served.
 """
 
 from __future__ import annotations
@@ -61,7 +64,18 @@ _NOTE_TEXT_START = re.compile(r":|\bsaying\b\s*:?", re.IGNORECASE)
 _NOTE_VERB = re.compile(r"\b(?:add|append|write|leave|put|post|attach)\b.*?\bnotes?\b", re.IGNORECASE)
 _NOTE_WORD = re.compile(r"\bnotes?\b", re.IGNORECASE)
 # "refund" as a request: at a sentence start or after please / you / to ("could you refund", "want to refund").
-_REFUND = re.compile(r"(?:^|[.!?;:]\s*|\b(?:please|you|to)\s+)refund\b", re.IGNORECASE)
+_REFUND = re.compile(r"(?:^|[.!?;:]\s*|\b(?:please|you|to)\s+)(?P<verb>refund)\b", re.IGNORECASE)
+# "refund" as a verb anywhere ("do not refund"), not the noun after a determiner ("I did not get a refund").
+_REFUND_VERB = re.compile(
+    r"(?P<det>\b(?:a|an|the|any|my|your|this|that|its|his|her|their|our|another|one|each|every|some|full|partial)"
+    r"\s+)?\brefund\b",
+    re.IGNORECASE,
+)
+# Before a write's verb in its clause: the user asks for it NOT to be done ("please do not refund", "I don't want
+# you to refund", "never add a note").
+_NEGATION = re.compile(r"\b(?:not|never|no|without|nor)\b|n't\b", re.IGNORECASE)
+# Ids that are amounts, not orders ("EUR5").
+_AMOUNT_ID = re.compile(r"^(?:EUR|CTS?|CENTS?)\d", re.IGNORECASE)
 _BECAUSE = re.compile(r"\bbecause\b", re.IGNORECASE)
 _ORDER = re.compile(r"\border\s*#?\s*([A-Za-z]{1,3}-?\d+)\b", re.IGNORECASE)
 _CENTS = re.compile(r"(?<![\d.,])(\d{1,15})\s*(?:cents?|ct)\b", re.IGNORECASE)
@@ -121,10 +135,32 @@ class OfflineDemoModel:
         write = _write_request(text)
         if write is not None:
             return _write_turn(write, calls, outputs, turn)
+        declined = _declined(text)
+        if declined is not None:
+            return _declined_turn(*declined, text, actor_user, calls, outputs, turn)
         if calls:
             # Second turn for this request: always answer, whatever arrived, so the loop ends here.
             return [_say(_compose(calls, outputs))]
         return _plan(request.text(), actor_user, turn=turn)
+
+
+def _declined_turn(
+    sentence: str,
+    rest: str,
+    text: str,
+    actor_user: str,
+    calls: list[FunctionCallItem],
+    outputs: dict[str, str],
+    turn: int,
+) -> list[ConversationItem]:
+    """A message that asks for a write NOT to be done proposes none: it says so, and serves the reads the rest of
+    the message asks for ("I don't want you to refund order A100, where is it?")."""
+    if calls:
+        return [_say(f"{sentence} {_compose(calls, outputs)}")]
+    if re.search(r"\w", rest) is None:
+        return [_say(sentence)]
+    planned = _plan(text, actor_user, turn=turn)
+    return planned if all(isinstance(item, FunctionCallItem) for item in planned) else [_say(sentence)]
 
 
 # --- turn 1: which tools to call ---------------------------------------------------------------------
@@ -282,8 +318,7 @@ def _unsupported(text: str, forms: tuple[tuple[re.Pattern[str], bool], ...]) -> 
     for pattern, question_ends_it in forms:
         for match in pattern.finditer(text):
             start, end = match.span("verb")
-            ends = [m.end() for m in _CLAUSE_END.finditer(text, 0, start)]
-            before = text[ends[-1] if ends else 0 : start]
+            before = text[_clause_start(text, start) : start]
             if _NOT_ASKED.search(before) or (question_ends_it and _QUESTION_WORD.search(before)):
                 continue
             word = match.group("verb").lower()
@@ -297,6 +332,17 @@ def _unsupported(text: str, forms: tuple[tuple[re.Pattern[str], bool], ...]) -> 
                 continue  # a note request, worded differently from the ones it understands: not a refusal
             found.setdefault(start, _action(verb, thing))
     return _unique(found[start] for start in sorted(found))
+
+
+def _clause_start(text: str, at: int) -> int:
+    """Where the clause that holds position `at` starts."""
+    ends = [m.end() for m in _CLAUSE_END.finditer(text, 0, at)]
+    return ends[-1] if ends else 0
+
+
+def _negated(text: str, at: int) -> bool:
+    """Whether the verb at `at` is asked NOT to be done: a negation stands before it in its clause."""
+    return _NEGATION.search(text, _clause_start(text, at), at) is not None
 
 
 def _object_of(after: str, before: str) -> str | None:
@@ -495,12 +541,15 @@ def _write_request(text: str) -> _WriteRequest | None:
 
 def _write_kind(text: str) -> tuple[str, str, str | None] | None:
     """("note", head, note text) or ("refund", text before "because", None): which write the message names."""
+    text = text.replace("\u2019", "'")
     marker = _NOTE_TEXT_START.search(text)
     head = text[: marker.start()] if marker else text
     note = _NOTE_VERB.search(head)
     if note is None and marker is not None and marker.group(0).lower().startswith("saying"):
         note = _NOTE_WORD.search(head)  # "note on ticket T1001 saying ..."
-    refund = _REFUND.search(text)
+    if note is not None and _negated(head, note.start()):
+        note = None  # "don't add a note ...": not asked for (see _declined)
+    refund = next((m for m in _REFUND.finditer(text) if not _negated(text, m.start("verb"))), None)
     if note is not None and (refund is None or note.start() <= refund.start()):
         return "note", head, text[marker.end() :] if marker else None
     if refund is not None:
@@ -525,7 +574,7 @@ def _refund_request(text: str) -> _WriteRequest:
     because = _BECAUSE.search(text)
     head = text[: because.start()] if because else text
     reason = _unquote(text[because.end() :]).rstrip(".!").strip() if because else ""
-    orders = _unique(m.upper() for m in _ORDER.findall(head))
+    orders = _order_ids(head)
     if not orders:
         return f"Which order should I refund? Please write it like {REFUND_EXAMPLE}."
     if len(orders) > 1:
@@ -542,6 +591,40 @@ def _refund_request(text: str) -> _WriteRequest:
     if cents < 1:
         return f"A refund must be more than zero; how much should I refund on order {orders[0]}?"
     return _RefundRequest(order=orders[0], cents=cents, reason=reason or DEFAULT_REFUND_REASON)
+
+
+def _order_ids(text: str) -> list[str]:
+    """The order ids a refund request names, wherever they stand ("refund everything on A100"), except tickets."""
+    tickets = set(_unique(m.upper() for m in _TICKET.findall(text)))
+    ids = _unique(m.upper() for m in _ID.findall(text))
+    return [i for i in ids if i not in tickets and not _AMOUNT_ID.match(i)]
+
+
+def _declined(text: str) -> tuple[str, str] | None:
+    """A write the message asks not to be done, when it asks for no write: the sentence saying it will not be
+    done, and the rest of the message (without that clause)."""
+    text = text.replace("\u2019", "'")
+    for match in _REFUND_VERB.finditer(text):
+        if match.group("det") is None and _negated(text, match.start()):
+            start, end = _clause_span(text, match.start())
+            orders = _order_ids(text[start:end])
+            where = f" on order {orders[0]}" if len(orders) == 1 else ""
+            sentence = f"As you asked, I will not refund anything{where}: I made no refund and proposed none."
+            return sentence, text[:start] + text[end:]
+    note = _NOTE_VERB.search(text)
+    if note is not None and _negated(text, note.start()):
+        # The rest of the message is the note's ticket and text, part of what was declined.
+        start = _clause_start(text, note.start())
+        tickets = _unique(m.upper() for m in _TICKET.findall(text[start:]))
+        where = f" to ticket {tickets[0]}" if tickets else ""
+        sentence = f"As you asked, I will not add a note{where}: I added none and proposed none."
+        return sentence, text[:start]
+    return None
+
+
+def _clause_span(text: str, at: int) -> tuple[int, int]:
+    stop = _CLAUSE_END.search(text, at)
+    return _clause_start(text, at), stop.start() if stop else len(text)
 
 
 def _euros(text: str) -> list[str]:

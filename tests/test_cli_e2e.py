@@ -86,7 +86,8 @@ def test_ask_reuses_the_running_stack_and_prints_the_ui_link(cli_env: dict[str, 
     pids_before = recorded_pids(cli_env)
     done = run_cli(cli_env, "ask", "--user", "u2", "Where is my order A100?")
 
-    assert done.returncode == 0, done.stderr
+    # A100 is u1's: the service refuses u2's read, so the request is answered but not served (exit 4).
+    assert done.returncode == 4, done.stderr
     assert "[offline model]" in done.stdout and "A100" in done.stdout and "DHL" not in done.stdout
     ui = f"http://127.0.0.1:{cli_env['TOOLLOOP_UI_PORT']}/namespaces/default/workflows/ask-acme-u2-"
     assert ui in done.stderr
@@ -285,15 +286,33 @@ def test_approve_from_another_shell_only_as_the_requests_user(cli_env: dict[str,
     assert len(admin_effects(cli_env, operation_id)) == 1
 
 
-def test_offline_model_adds_a_note_with_auto_approve_and_says_verified(cli_env: dict[str, str]) -> None:
+def test_a_note_on_someone_elses_ticket_is_not_done_and_exits_4(cli_env: dict[str, str]) -> None:
     done = run_cli(
         cli_env, "ask", "--user", "u1", "--json", "--auto-approve", "Add a note to ticket T1002: should not be mine"
     )
+    # T1002 is u2's: the read the note needs is refused, the model writes nothing, and the requested note was
+    # not added: exit 4, not 0.
+    assert done.returncode == 4, done.stderr
+    result = json.loads(done.stdout)
+    assert result["operations"] == [] and "did not add the note" in result["final_text"]
+    assert [(c["tool"], c["code"]) for c in result["calls"]] == [("get_ticket", "NOT_AVAILABLE")]
+
+
+def test_a_refund_the_user_asks_not_to_make_is_never_proposed(cli_env: dict[str, str]) -> None:
+    # --auto-approve: a refund proposed here would be made.
+    done = run_cli(
+        cli_env, "ask", "--user", "u1", "--json", "--auto-approve", "I don't want you to refund 5 EUR on order A100"
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    # T1002 is u2's: the read says not available and the model writes nothing.
-    assert result["operations"] == [] and "did not add the note" in result["final_text"]
+    assert (result["calls"], result["operations"]) == ([], [])
+    assert "I will not refund anything on order A100" in result["final_text"]
+    with service_admin(cli_env) as admin:
+        refunds = admin.get("/orders/A100/refunds", headers={"X-Actor-User": "u1", "X-Actor-Tenant": "acme"})
+    assert refunds.status_code == 200 and refunds.json()["refunds"] == [], refunds.text
 
+
+def test_offline_model_adds_a_note_with_auto_approve_and_says_verified(cli_env: dict[str, str]) -> None:
     done = run_cli(
         cli_env, "ask", "--user", "u1", "--json", "--auto-approve", "Add a note to ticket T1001: Customer called"
     )

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import starter
-from toolloop._core.contracts import AgentResult, OperationRecord
+from toolloop._core.contracts import AgentResult, CallRecord, OperationRecord
 
 
 def op(state: str) -> OperationRecord:
@@ -45,6 +45,31 @@ def op(state: str) -> OperationRecord:
 )
 def test_the_exit_code_table(status: str, states: list[str], code: int) -> None:
     assert starter._exit_code(status, [op(s) for s in states]) == code
+
+
+def call(code: str | None) -> CallRecord:
+    return CallRecord(call_id="c", tool="get_ticket", round=1, ok=code is None, code=code)
+
+
+@pytest.mark.parametrize(
+    ("status", "codes", "code"),
+    [
+        ("completed", [None], 0),
+        # The service refused what the request needed: not done, whatever the model answered.
+        ("completed", ["NOT_AVAILABLE"], 4),
+        ("completed", [None, "FORBIDDEN"], 4),
+        # The model's own mistakes, which it may correct, and a service that did not answer, are not refusals.
+        ("completed", ["BAD_ARGUMENTS", None], 0),
+        ("completed", ["TEMPORARY_UNAVAILABLE"], 0),
+        ("stopped", ["NOT_AVAILABLE"], 1),
+    ],
+)
+def test_a_call_the_service_refused_means_not_done(status: str, codes: list[str | None], code: int) -> None:
+    assert starter._exit_code(status, [], [call(c) for c in codes]) == code
+
+
+def test_an_unsettled_write_outranks_a_refused_call() -> None:
+    assert starter._exit_code("completed", [op("unknown")], [call("NOT_AVAILABLE")]) == 3
 
 
 def result(**changes: Any) -> AgentResult:

@@ -594,6 +594,68 @@ def test_refund_answer_follows_the_write_output_only(refund_output: dict[str, An
     assert refund_answer(refund_output) == "[offline model] " + expected
 
 
+@pytest.mark.parametrize(
+    ("request_text", "args"),
+    [
+        ("Refund 5 EUR on A100", {"orderId": "A100", "amountCents": 500, "reason": "requested by customer"}),
+        (
+            "please refund 300 cents for A101",
+            {"orderId": "A101", "amountCents": 300, "reason": "requested by customer"},
+        ),
+        (
+            "Refund 5 EUR on A100 and show ticket T1001",
+            {"orderId": "A100", "amountCents": 500, "reason": "requested by customer"},
+        ),
+    ],
+)
+def test_refund_finds_the_order_id_without_the_word_order(request_text: str, args: dict[str, Any]) -> None:
+    assert calls_of(MODEL.answer([user_message(request_text)], "u1")) == [("refund_order", args, "call_1_1")]
+
+
+@pytest.mark.parametrize(
+    ("request_text", "expected"),
+    [
+        ("refund everything on A100", "How much should I refund on order A100? I never refund the full amount"),
+        ("refund 5 EUR on A100 and A101", "I refund one order at a time; please name just one of A100, A101."),
+    ],
+)
+def test_refund_asks_about_the_order_it_found_without_the_word_order(request_text: str, expected: str) -> None:
+    assert only_text(MODEL.answer([user_message(request_text)], "u1")).startswith("[offline model] " + expected)
+
+
+@pytest.mark.parametrize(
+    ("request_text", "expected"),
+    [
+        ("I don't want you to refund 5 EUR on order A100", "I will not refund anything on order A100"),
+        ("I don\u2019t want you to refund 5 EUR on order A100", "I will not refund anything on order A100"),
+        ("Please do not refund 5 EUR on order A100", "I will not refund anything on order A100"),
+        ("Please don't refund order A100.", "I will not refund anything on order A100"),
+        ("Never refund anything on A100", "I will not refund anything on order A100"),
+        ("Do not add a note to ticket T1001: customer called", "I will not add a note to ticket T1001"),
+    ],
+)
+def test_a_write_asked_not_to_be_done_is_not_proposed_and_the_answer_says_so(request_text: str, expected: str) -> None:
+    text = only_text(MODEL.answer([user_message(request_text)], "u1"))
+    assert text.startswith(f"[offline model] As you asked, {expected}: "), text
+    assert "status" not in text  # nothing was read either: nothing else was asked
+
+
+def test_a_write_asked_not_to_be_done_serves_the_rest_of_the_message() -> None:
+    request = "I don't want you to refund order A100, where is it?"
+    calls = calls_of(MODEL.answer([user_message(request)], "u1"))
+    assert [(name, args) for name, args, _ in calls] == [("get_order_status", {"orderId": "A100"})]
+    text = answer(request, [{"ok": True, "order_id": "A100", "status": "shipped"}])
+    assert text == (
+        "[offline model] As you asked, I will not refund anything on order A100: I made no refund and proposed none."
+        " Order A100: status shipped."
+    )
+
+
+def test_a_refund_named_as_a_noun_after_a_negation_is_a_question_not_a_refusal() -> None:
+    calls = calls_of(MODEL.answer([user_message("Why did I not get a refund on order A100?")], "u1"))
+    assert [(name, args) for name, args, _ in calls] == [("get_order_status", {"orderId": "A100"})]
+
+
 def test_write_requests_never_call_more_than_twice() -> None:
     """After the write's output the model always answers, so a write request cannot loop."""
     for note_output in (
