@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,24 @@ class Api:
     process: ManagedProcess
 
 
-def api_env(temporal_server: TemporalServer, task_queue: str) -> dict[str, str]:
-    """What `starter.py serve` is given: the approval channel's key, the demo's tokens, the offline model."""
+def demo_tool_names() -> str:
+    """The names of the tools the tests' workers serve (the demo's), as TOOLLOOP_API_TOOLS gives them."""
+    return ",".join(sorted(build_demo("http://127.0.0.1:1").tools.registry.names()))
+
+
+# Room for the load the tests put on one caller (hundreds of requests and streams): the limits are tested
+# with tight values of their own (tests/test_api_limits_e2e.py).
+ROOMY_LIMITS = {
+    "TOOLLOOP_API_CREATE_RATE": "100000/minute",
+    "TOOLLOOP_API_MAX_ACTIVE_REQUESTS": "100000",
+    "TOOLLOOP_API_MAX_STREAMS_PER_CALLER": "100000",
+    "TOOLLOOP_API_MAX_STREAMS": "100000",
+}
+
+
+def api_env(temporal_server: TemporalServer, task_queue: str, **overrides: str) -> dict[str, str]:
+    """What `starter.py serve` is given: the approval channel's key, the demo's tokens and tool names, the
+    offline model, and limits with room for load tests (unless `overrides` says otherwise)."""
     return {
         "TEMPORAL_ADDRESS": temporal_server.address,
         "TOOLLOOP_TASK_QUEUE": task_queue,
@@ -37,6 +53,9 @@ def api_env(temporal_server: TemporalServer, task_queue: str) -> dict[str, str]:
         "TOOLLOOP_API_TOKENS": str(REPO_ROOT / "config" / "api_tokens.json"),
         "TOOLLOOP_API_ALLOW_DEMO_TOKENS": "true",
         "TOOLLOOP_API_MODEL": "offline",
+        "TOOLLOOP_API_TOOLS": demo_tool_names(),
+        **ROOMY_LIMITS,
+        **overrides,
     }
 
 
@@ -57,13 +76,16 @@ async def running_api(
     business_service: BusinessService,
     client: Client,
     tmp_path_factory: pytest.TempPathFactory,
+    env: Mapping[str, str] | None = None,
     **worker_options: Any,
 ) -> AsyncIterator[Api]:
-    """The API process with the demo's tokens and the offline model, and a worker with the demo's tools."""
+    """The API process with the demo's tokens and the offline model (and `env` laid over `api_env`), and a worker
+    with the demo's tools."""
     task_queue = f"api-{uuid.uuid4().hex[:8]}"
     port = free_port()
     log = Path(tmp_path_factory.mktemp("api")) / "api.log"
-    process = await asyncio.to_thread(start_api, REPO_ROOT, api_env(temporal_server, task_queue), port, log)
+    api_environment = api_env(temporal_server, task_queue, **(env or {}))
+    process = await asyncio.to_thread(start_api, REPO_ROOT, api_environment, port, log)
     try:
         settings = worker_settings(temporal_server, task_queue)
         async with running_worker(client, settings, build_demo(business_service.url), **worker_options):

@@ -21,7 +21,7 @@ from temporalio.client import Client
 
 from devstack.processes import free_port, start_api
 from tests.agent_helpers import assert_eventually, effects, service_requests
-from tests.api_helpers import Api, running_api
+from tests.api_helpers import Api, demo_tool_names, running_api
 from tests.conftest import APPROVAL_KEY, REPO_ROOT, BusinessService, TemporalServer
 from toolloop import Actor
 from toolloop._core.contracts import AgentInput, ModelSpec
@@ -365,6 +365,61 @@ async def test_the_openapi_document_is_served(http: httpx.AsyncClient) -> None:
     document = (await http.get("/openapi.json")).json()
     assert {"/v1/requests", "/v1/requests/{request_id}", "/v1/requests/{request_id}/events"} <= set(document["paths"])
     assert "/v1/requests/{request_id}/operations/{operation_id}/decision" in document["paths"]
+
+
+async def test_the_openapi_document_says_bearer_problem_json_and_event_stream(http: httpx.AsyncClient) -> None:
+    document = (await http.get("/openapi.json")).json()
+    assert document["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "A token of the API's tokens file (TOOLLOOP_API_TOKENS).",
+    }
+    problem = document["components"]["schemas"]["Problem"]
+    assert {"type", "title", "status", "code", "detail"} <= set(problem["properties"])
+    operations = {(path, method): op for path, item in document["paths"].items() for method, op in item.items()}
+    assert len(operations) == 7
+    for (path, method), op in operations.items():
+        # Every route needs the token, and says so, and every error it can give is problem+json.
+        assert op["security"] == [{"bearer": []}], (path, method)
+        errors = {status: answer for status, answer in op["responses"].items() if int(status) >= 400}
+        assert "401" in errors and "HTTPValidationError" not in json.dumps(op), (path, method)
+        for answer in errors.values():
+            assert answer["content"] == {
+                "application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}
+            }
+        ok = next(answer for status, answer in op["responses"].items() if int(status) < 300)
+        expected = ["text/event-stream"] if path.endswith("/events") else ["application/json"]
+        assert list(ok["content"]) == expected, (path, method)
+    start = operations[("/v1/requests", "post")]["responses"]
+    assert set(start) == {"201", "400", "401", "413", "422", "429", "503"}
+    assert "RATE_LIMITED" in start["429"]["description"] and "Retry-After" in start["429"]["headers"]
+    assert "UNKNOWN_TOOL" in start["422"]["description"]
+    events = operations[("/v1/requests/{request_id}/events", "get")]["responses"]
+    assert "TOO_MANY_STREAMS" in events["429"]["description"] and "404" in events
+    decision = operations[("/v1/requests/{request_id}/operations/{operation_id}/decision", "post")]["responses"]
+    assert {"DIGEST_MISMATCH", "NOT_PENDING", "REQUEST_FINISHED"} <= set(decision["409"]["description"].split()[1:])
+
+
+async def test_an_unknown_tool_is_refused_naming_it_and_the_workers_tools(http: httpx.AsyncClient) -> None:
+    body = {"question": READ, "tools": ["get_order_status", "nosuch", "refund_everything"]}
+    answer = await http.post("/v1/requests", json=body, headers={**U1, "Idempotency-Key": key()})
+    problem = assert_problem(answer, 422, "UNKNOWN_TOOL")
+    assert problem["unknown_tools"] == ["nosuch", "refund_everything"]
+    assert problem["known_tools"] == demo_tool_names().split(",")
+    assert "no tool nosuch, refund_everything; it has append_ticket_note," in problem["detail"]
+    # A name no tool can have (the registry's rule) is refused as a field, without echoing it.
+    odd = await http.post("/v1/requests", json={"question": READ, "tools": ["<b>x</b>"]}, headers=U1)
+    assert "<b>" not in assert_problem(odd, 422, "INVALID_REQUEST")["detail"]
+
+
+async def test_a_deadline_or_approval_wait_beyond_the_apis_caps_is_422(http: httpx.AsyncClient) -> None:
+    # The API's caps are an hour each by default (TOOLLOOP_API_MAX_DEADLINE_SECONDS, ..._APPROVAL_TTL_SECONDS).
+    for limits, field in (
+        ({"deadline_seconds": 86_400}, "deadline_seconds"),
+        ({"approval_ttl_seconds": 3601}, "approval_ttl_seconds"),
+    ):
+        answer = await http.post("/v1/requests", json={"question": READ, "limits": limits}, headers=U1)
+        assert assert_problem(answer, 422, "INVALID_REQUEST")["detail"] == f"limits.{field}: at most 3600"
 
 
 def test_the_api_will_not_start_with_the_published_demo_tokens_unless_told_it_is_a_demo(

@@ -17,8 +17,8 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -27,6 +27,7 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -43,6 +44,8 @@ from temporalio.common import MetricMeter, WorkflowIDConflictPolicy, WorkflowIDR
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from toolloop._api.limits import ApiLimits, CreationRate, StreamSlots, limits_from_environment
+from toolloop._api.openapi import CALLER_CODES, problems, use_problem_schema
 from toolloop._api.tokens import TokenMap
 from toolloop._core.approvals import canonical_json
 from toolloop._core.contracts import (
@@ -60,6 +63,7 @@ from toolloop._core.contracts import (
     OperationRecord,
 )
 from toolloop._core.names import AGENT_WORKFLOW, GET_EVENTS_QUERY, GET_PROGRESS_QUERY
+from toolloop._core.registry import TOOL_NAME
 from toolloop._temporal.approval_channel import (
     ApprovalRefused,
     RequestFinished,
@@ -117,7 +121,7 @@ class RequestBody(BaseModel):
     model: str | None = Field(default=None, max_length=100)
     instructions: str | None = Field(default=None, max_length=20_000)
     limits: LimitsBody | None = None
-    tools: list[Annotated[str, Field(min_length=1, max_length=100)]] | None = Field(default=None, max_length=500)
+    tools: list[Annotated[str, Field(pattern=TOOL_NAME.pattern)]] | None = Field(default=None, max_length=500)
 
 
 class DecisionBody(BaseModel):
@@ -175,6 +179,9 @@ class ApiConfig:
     max_body_bytes: int = MAX_BODY_BYTES
     # Temporal's metric meter of the API's runtime (its Prometheus endpoint); None: counts are not kept.
     meter: MetricMeter | None = None
+    # What one caller may hold and do. Read from the TOOLLOOP_API_* variables when the entry point builds this
+    # configuration, unless it gives them.
+    limits: ApiLimits = field(default_factory=limits_from_environment)
 
 
 # --- Helpers --------------------------------------------------------------------------------------------------
@@ -261,9 +268,24 @@ def _model_spec(name: str | None, default: str) -> ModelSpec:
         raise Problem(422, "INVALID_REQUEST", f"model: {MODEL_NAME} expected, optionally :MODEL") from None
 
 
-def _limits(body: LimitsBody | None) -> Limits:
+def _limits(body: LimitsBody | None, allowed: ApiLimits) -> Limits:
     given = body.model_dump(exclude_none=True) if body is not None else {}
-    return Limits(**given)
+    problem = allowed.limits_problem(given.get("deadline_seconds"), given.get("approval_ttl_seconds"))
+    if problem is not None:
+        raise Problem(422, "INVALID_REQUEST", problem)
+    return allowed.request_limits(given)
+
+
+def _check_tools(names: list[str] | None, allowed: ApiLimits) -> None:
+    unknown = allowed.unknown_tools(names)
+    if unknown:
+        known = sorted(allowed.tools or ())
+        raise Problem(
+            422,
+            "UNKNOWN_TOOL",
+            f"tools: the worker has no tool {', '.join(unknown)}; it has {', '.join(known)}",
+            extra={"unknown_tools": unknown, "known_tools": known},
+        )
 
 
 async def _describe(handle: WorkflowHandle[Any, Any], actor: Actor, request_id: str) -> WorkflowExecutionDescription:
@@ -328,11 +350,19 @@ def _status_name(status: WorkflowExecutionStatus | None) -> str:
 # --- Who calls ------------------------------------------------------------------------------------------------
 
 
-async def caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Actor:
+# auto_error=False: a missing or malformed header gets this API's own 401 problem+json, not FastAPI's 403.
+_bearer = HTTPBearer(
+    scheme_name="bearer", description="A token of the API's tokens file (TOOLLOOP_API_TOKENS).", auto_error=False
+)
+
+
+async def caller(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Actor:
     """The actor of the bearer token; 401 for a missing or unknown token."""
     config: ApiConfig = request.app.state.config
-    scheme, _, token = (authorization or "").partition(" ")
-    actor = config.tokens.actor_for(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+    token = credentials.credentials.strip() if credentials is not None else ""
+    actor = config.tokens.actor_for(token) if token else None
     if actor is None:
         challenge = {"WWW-Authenticate": "Bearer"}
         raise Problem(401, "UNAUTHORIZED", "a valid bearer token is required", headers=challenge)
@@ -357,6 +387,8 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
     )
     app.state.config = config
     page_tokens = PageTokens(config.signing_key)
+    streams = StreamSlots(config.limits.max_streams_per_caller, config.limits.max_streams)
+    creation_rate = CreationRate(config.limits.create_rate)
 
     @app.middleware("http")
     async def log_and_count(request: Request, call_next: Any) -> Response:
@@ -409,15 +441,49 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
     def handle_of(actor: Actor, request_id: str) -> WorkflowHandle[Any, Any]:
         return client.get_workflow_handle(request_workflow_id(actor, request_id))
 
+    async def refusal_to_create(actor: Actor) -> Problem | None:
+        """Why the actor may not start another request now (the rate, then its running requests), or None."""
+        wait = creation_rate.take(actor)
+        if wait is not None:
+            return Problem(
+                429,
+                "RATE_LIMITED",
+                f"at most {creation_rate.item} new requests per caller; try again in {wait} s",
+                headers={"Retry-After": str(wait)},
+            )
+        # Temporal's visibility counts them, so every replica of the API sees the same number; it lags a
+        # moment behind a start, which the rate above bounds.
+        running = await client.count_workflows(f'{list_query(actor)} AND ExecutionStatus = "Running"')
+        if running.count >= config.limits.max_active_requests:
+            return Problem(
+                429,
+                "TOO_MANY_ACTIVE_REQUESTS",
+                f"you have {running.count} requests running, the most one caller may; wait until one finishes",
+            )
+        return None
+
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, bool]:
         return {"ok": True}
 
-    @app.get("/v1/me", response_model=Me)
+    @app.get("/v1/me", response_model=Me, responses=problems("UNAUTHORIZED"))
     async def me(actor: Caller) -> Me:
         return Me(user_id=actor.user_id, tenant_id=actor.tenant_id)
 
-    @app.post("/v1/requests", response_model=RequestSummary, status_code=201)
+    @app.post(
+        "/v1/requests",
+        response_model=RequestSummary,
+        status_code=201,
+        responses=problems(
+            "INVALID_IDEMPOTENCY_KEY",
+            *CALLER_CODES,
+            "BODY_TOO_LARGE",
+            "IDEMPOTENCY_KEY_REUSED",
+            "UNKNOWN_TOOL",
+            "RATE_LIMITED",
+            "TOO_MANY_ACTIVE_REQUESTS",
+        ),  # fmt: skip
+    )
     async def start_request(
         body: RequestBody,
         actor: Caller,
@@ -429,9 +495,19 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                 400, "INVALID_IDEMPOTENCY_KEY", "Idempotency-Key: 1-64 of A-Z a-z 0-9 _ . - (first a letter or digit)"
             )
         request_id = idempotency_key or uuid.uuid4().hex[:16]
-        model, limits = _model_spec(body.model, config.default_model), _limits(body.limits)
+        model, limits = _model_spec(body.model, config.default_model), _limits(body.limits, config.limits)
+        _check_tools(body.tools, config.limits)
         digest = submission_digest(body, model, limits)
         workflow_id = request_workflow_id(actor, request_id)
+        refusal = await refusal_to_create(actor)
+        if refusal is not None:
+            # The same Idempotency-Key again is not a new request: it answers as it always did.
+            if idempotency_key is None:
+                raise refusal
+            try:
+                await _describe(client.get_workflow_handle(workflow_id), actor, request_id)
+            except Problem:
+                raise refusal from None
         summary = RequestSummary(id=request_id, workflow_id=workflow_id, status="running", question=body.question[:200])
         try:
             await client.start_workflow(
@@ -471,7 +547,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                 summary.started_at = datetime.now(UTC)
         return summary
 
-    @app.get("/v1/requests", response_model=RequestPage)
+    @app.get("/v1/requests", response_model=RequestPage, responses=problems(*CALLER_CODES))
     async def list_requests(
         actor: Caller,
         page_size: Annotated[int, Query(ge=1, le=100)] = 20,
@@ -499,7 +575,11 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         next_token = page_tokens.make(actor, listing.next_page_token) if listing.next_page_token else None
         return RequestPage(requests=summaries, next_page_token=next_token)
 
-    @app.get("/v1/requests/{request_id}", response_model=RequestView)
+    @app.get(
+        "/v1/requests/{request_id}",
+        response_model=RequestView,
+        responses=problems(*CALLER_CODES, "NOT_FOUND", "REQUEST_UNREADABLE"),
+    )
     async def get_request(request_id: RequestId, actor: Caller) -> RequestView:
         handle = handle_of(actor, request_id)
         description = await _describe(handle, actor, request_id)
@@ -525,7 +605,21 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             )  # fmt: skip
         return _finished_view(request_id, result)
 
-    @app.get("/v1/requests/{request_id}/events")
+    @app.get(
+        "/v1/requests/{request_id}/events",
+        response_class=EventSourceResponse,
+        responses={
+            200: {
+                "description": (
+                    "Server-sent events, numbered by `id`: `phase`, `tool_started`, `tool_finished`, "
+                    "`approval_needed`, `operation`, `final` (the last), and `error` (a problem's code and detail, "
+                    "then the stream ends; reconnect with Last-Event-ID). Each `data` is one JSON event."
+                ),
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            },
+            **problems(*CALLER_CODES, "NOT_FOUND", "TOO_MANY_STREAMS", "REQUEST_UNREADABLE"),
+        },
+    )
     async def request_events(
         request_id: RequestId,
         actor: Caller,
@@ -533,15 +627,28 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         last_event_id: Annotated[str | None, Header(max_length=20)] = None,
         after: Annotated[int | None, Query(ge=0)] = None,
     ) -> EventSourceResponse:
-        handle = handle_of(actor, request_id)
-        await _describe(handle, actor, request_id)
-        resume = last_event_id or ""
-        start = after if after is not None else int(resume) if resume.isdigit() else 0
-        # Asked once before the response starts, so a request the worker cannot read is a problem+json.
-        first: EventsPage = await handle.query(GET_EVENTS_QUERY, start, result_type=EventsPage)
-        return EventSourceResponse(_event_stream(handle, request, start, first), ping=15)
+        refused = streams.take(actor)
+        if refused is not None:
+            raise Problem(429, "TOO_MANY_STREAMS", refused)
+        try:
+            handle = handle_of(actor, request_id)
+            await _describe(handle, actor, request_id)
+            resume = last_event_id or ""
+            start = after if after is not None else int(resume) if resume.isdigit() else 0
+            # Asked once before the response starts, so a request the worker cannot read is a problem+json.
+            first: EventsPage = await handle.query(GET_EVENTS_QUERY, start, result_type=EventsPage)
+        except BaseException:
+            streams.give_back(actor)
+            raise
+        return SlotHoldingStream(
+            _event_stream(handle, request, start, first), release=lambda: streams.give_back(actor), ping=15
+        )
 
-    @app.get("/v1/requests/{request_id}/operations/{operation_id}", response_model=ApprovalRequest)
+    @app.get(
+        "/v1/requests/{request_id}/operations/{operation_id}",
+        response_model=ApprovalRequest,
+        responses=problems(*CALLER_CODES, "NOT_FOUND", "REQUEST_UNREADABLE"),
+    )
     async def get_operation(request_id: RequestId, operation_id: OperationId, actor: Caller) -> ApprovalRequest:
         """The whole payload the operation's digest covers (unredacted: the approver sees what is signed)."""
         handle = handle_of(actor, request_id)
@@ -551,7 +658,21 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             raise Problem(404, "NOT_FOUND", f"request {request_id} has no operation {operation_id}")
         return found
 
-    @app.post("/v1/requests/{request_id}/operations/{operation_id}/decision", response_model=DecisionReceipt)
+    @app.post(
+        "/v1/requests/{request_id}/operations/{operation_id}/decision",
+        response_model=DecisionReceipt,
+        responses=problems(
+            *CALLER_CODES,
+            "NOT_FOUND",
+            "DIGEST_MISMATCH",
+            "NOT_PENDING",
+            "DECISION_REFUSED",
+            "REQUEST_FINISHED",
+            "BODY_TOO_LARGE",
+            "REQUEST_UNREADABLE",
+            "NO_APPROVAL_KEY",
+        ),  # fmt: skip
+    )
     async def decide(
         request_id: RequestId,
         operation_id: OperationId,
@@ -592,8 +713,26 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
 
     if _STATIC.is_dir():
         _add_page(app)
+    use_problem_schema(app)
 
     return BodyLimit(app, config.max_body_bytes)
+
+
+class SlotHoldingStream(EventSourceResponse):
+    """An event stream that gives its slot back once the response is over, however it ends: the last event
+    sent, the client gone, an error, or a HEAD request that never reads the events."""
+
+    def __init__(self, content: AsyncIterator[dict[str, str]], release: Callable[[], None], ping: int) -> None:
+        super().__init__(content, ping=ping)
+        self._release: Callable[[], None] | None = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            release, self._release = self._release, None
+            if release is not None:
+                release()
 
 
 def _finished_view(request_id: str, result: AgentResult) -> RequestView:

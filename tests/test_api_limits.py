@@ -1,0 +1,111 @@
+"""Pure: the HTTP API's limits per caller (toolloop._api.limits) - stream slots, the creation rate, the caps on a
+request's own limits, the tool names, and reading them from the environment - and its OpenAPI error table. No
+server; the same limits over real HTTP are in tests/test_api_limits_e2e.py."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from tests.api_helpers import demo_tool_names
+from tests.conftest import REPO_ROOT
+from toolloop import Actor
+from toolloop._api.limits import ApiLimits, CreationRate, StreamSlots, limits_from_environment
+from toolloop._api.openapi import PROBLEM_STATUS, problems
+from toolloop._core.contracts import Limits
+
+U1 = Actor(user_id="u1", tenant_id="acme")
+U2 = Actor(user_id="u2", tenant_id="acme")
+U1_GLOBEX = Actor(user_id="u1", tenant_id="globex")
+
+
+def test_stream_slots_cap_each_caller_and_the_total_and_come_back() -> None:
+    slots = StreamSlots(per_caller=2, total=3)
+    assert slots.take(U1) is None and slots.take(U1) is None
+    refused = slots.take(U1)
+    assert refused is not None and "close one first" in refused
+    assert slots.held(U1) == 2
+    # Another caller is not held back by u1's streams, nor is the same user id in another tenant...
+    assert slots.take(U1_GLOBEX) is None
+    # ...until all of them together hold the API's most.
+    refused = slots.take(U2)
+    assert refused is not None and "the API holds its most" in refused
+    assert (slots.held(U2), slots.held()) == (0, 3)
+    slots.give_back(U1)
+    assert slots.take(U2) is None
+    for actor in (U1, U1_GLOBEX, U2):
+        slots.give_back(actor)
+    assert slots.held() == 0 and slots.take(U1) is None
+
+
+def test_the_creation_rate_is_per_caller_and_says_how_long_to_wait() -> None:
+    rate = CreationRate("2/hour")
+    assert rate.take(U1) is None and rate.take(U1) is None
+    wait = rate.take(U1)
+    assert wait is not None and 1 <= wait <= 3600
+    # Keyed by tenant and user: the same user id in another tenant has a window of its own.
+    assert rate.take(U1_GLOBEX) is None and rate.take(U2) is None
+
+
+def test_a_requests_own_limits_over_the_caps_are_refused_and_defaults_are_lowered_to_them() -> None:
+    limits = ApiLimits(max_deadline_seconds=120, max_approval_ttl_seconds=60)
+    assert limits.limits_problem(121, None) == "limits.deadline_seconds: at most 120"
+    assert limits.limits_problem(None, 60.5) == "limits.approval_ttl_seconds: at most 60"
+    assert limits.limits_problem(120, 60) is None and limits.limits_problem(None, None) is None
+    # What a request leaves out is toolloop's default, lowered to the cap where the default is above it.
+    capped = limits.request_limits({})
+    assert (capped.deadline_seconds, capped.approval_ttl_seconds) == (120, 60)
+    assert limits.request_limits({"deadline_seconds": 30}).deadline_seconds == 30
+    # With caps above the defaults, a request's limits are exactly toolloop's (its digest does not change).
+    assert ApiLimits().request_limits({}) == Limits()
+
+
+def test_unknown_tools_are_named_only_when_the_api_is_told_the_workers_tools() -> None:
+    told = ApiLimits(tools="get_order_status, refund_order")
+    assert told.tools == frozenset({"get_order_status", "refund_order"})
+    assert told.unknown_tools(["refund_order", "nosuch", "other", "nosuch"]) == ["nosuch", "other"]
+    assert told.unknown_tools(None) == [] and told.unknown_tools(["get_order_status"]) == []
+    assert ApiLimits().unknown_tools(["nosuch"]) == []
+    assert ApiLimits(tools=" , ").tools is None
+    with pytest.raises(ValidationError, match="tool names must match"):
+        ApiLimits(tools="ok, not a name")
+
+
+def test_the_limits_are_read_from_the_environment_and_a_bad_one_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TOOLLOOP_API_MAX_STREAMS_PER_CALLER", "3")
+    monkeypatch.setenv("TOOLLOOP_API_MAX_STREAMS", "7")
+    monkeypatch.setenv("TOOLLOOP_API_CREATE_RATE", "5/second")
+    monkeypatch.setenv("TOOLLOOP_API_MAX_ACTIVE_REQUESTS", "4")
+    monkeypatch.setenv("TOOLLOOP_API_MAX_DEADLINE_SECONDS", "900")
+    monkeypatch.setenv("TOOLLOOP_API_MAX_APPROVAL_TTL_SECONDS", "")  # empty: unset, the default
+    monkeypatch.setenv("TOOLLOOP_API_TOOLS", "a,b")
+    read = limits_from_environment()
+    assert (read.max_streams_per_caller, read.max_streams, read.create_rate) == (3, 7, "5/second")
+    assert (read.max_active_requests, read.max_deadline_seconds, read.max_approval_ttl_seconds) == (4, 900, 3600)
+    assert read.tools == frozenset({"a", "b"})
+    for name, bad in (("TOOLLOOP_API_CREATE_RATE", "lots"), ("TOOLLOOP_API_MAX_STREAMS", "0")):
+        with monkeypatch.context() as env:
+            env.setenv(name, bad)
+            with pytest.raises(SystemExit) as exited:
+                limits_from_environment()
+        assert exited.value.code == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {name}: "), lines
+
+
+def test_every_problem_code_is_documented_as_problem_json_with_its_status() -> None:
+    responses = problems(*PROBLEM_STATUS)
+    assert set(responses) == set(PROBLEM_STATUS.values())
+    for status, response in responses.items():
+        assert list(response["content"]) == ["application/problem+json"]
+        named = response["description"].removeprefix("code ").split(" | ")
+        assert all(PROBLEM_STATUS[code] == status for code in named)
+    assert "Retry-After" in responses[429]["headers"]
+
+
+def test_the_deployment_example_names_the_tools_its_worker_serves() -> None:
+    # docker-compose runs the demo's worker; its API must know exactly those tools.
+    compose = (REPO_ROOT / "docker-compose.yml").read_text()
+    assert f"TOOLLOOP_API_TOOLS: ${{TOOLLOOP_API_TOOLS:-{demo_tool_names()}}}" in compose

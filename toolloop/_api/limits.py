@@ -1,0 +1,153 @@
+"""Pure (plus the API's settings model, read by the entry point): what one caller may hold and do on the HTTP
+API - concurrent event streams (per caller and in all), how fast it creates requests, how many of its requests
+run at once, the longest deadline and approval wait it may ask for - and the tools the worker serves.
+
+Every limit is keyed by the actor of the bearer token, never by anything the request says. The stream slots
+and the creation rate are counted in this process (each API replica counts its own); active requests are
+counted by Temporal's visibility, so they hold across replicas.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections import Counter
+from typing import Annotated, Any
+
+from limits import RateLimitItem, parse
+from limits.storage import MemoryStorage
+from limits.strategies import MovingWindowRateLimiter
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from toolloop._core.contracts import Actor, Limits
+from toolloop._core.registry import TOOL_NAME
+
+# A day is the most a request's own limits allow (toolloop.Limits); the API's caps may only lower it.
+_A_DAY = 86_400.0
+
+
+class ApiLimits(BaseSettings):
+    """The API's limits per caller, from TOOLLOOP_API_* variables (docs/API.md lists them)."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True, env_ignore_empty=True)
+
+    # Event streams held at once: a stream is a history long poll for up to an hour. The web page opens at
+    # most 3 per tab.
+    max_streams_per_caller: int = Field(default=10, ge=1, validation_alias="TOOLLOOP_API_MAX_STREAMS_PER_CALLER")
+    max_streams: int = Field(default=500, ge=1, validation_alias="TOOLLOOP_API_MAX_STREAMS")
+    # New requests per caller, as the `limits` library writes a rate: "30/minute", "500/hour", "5/second".
+    create_rate: str = Field(default="30/minute", validation_alias="TOOLLOOP_API_CREATE_RATE")
+    # A caller's requests running at once (started by the API or elsewhere).
+    max_active_requests: int = Field(default=20, ge=1, validation_alias="TOOLLOOP_API_MAX_ACTIVE_REQUESTS")
+    # The longest deadline and approval wait a request may ask for in its "limits".
+    max_deadline_seconds: float = Field(
+        default=3600.0, gt=0, le=_A_DAY, validation_alias="TOOLLOOP_API_MAX_DEADLINE_SECONDS"
+    )
+    max_approval_ttl_seconds: float = Field(
+        default=3600.0, gt=0, le=_A_DAY, validation_alias="TOOLLOOP_API_MAX_APPROVAL_TTL_SECONDS"
+    )
+    # The names of the tools the worker serves, comma-separated: a request's "tools" naming another is refused.
+    # The API cannot ask the worker; unset, the names are not checked (the workflow offers only tools it has).
+    tools: Annotated[frozenset[str] | None, NoDecode] = Field(default=None, validation_alias="TOOLLOOP_API_TOOLS")
+
+    @field_validator("create_rate")
+    @classmethod
+    def _a_rate(cls, value: str) -> str:
+        try:
+            parse(value)
+        except ValueError:
+            raise ValueError('a rate such as "30/minute", "500/hour" or "5/second"') from None
+        return value
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _names(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [name.strip() for name in value.split(",") if name.strip()]
+        if isinstance(value, list | tuple | set | frozenset):
+            bad = sorted(str(name) for name in value if not TOOL_NAME.match(str(name)))
+            if bad:
+                raise ValueError(f"tool names must match {TOOL_NAME.pattern}: {', '.join(bad)}")
+            return frozenset(value) or None
+        return value
+
+    def limits_problem(self, deadline_seconds: float | None, approval_ttl_seconds: float | None) -> str | None:
+        """Why a request's own limits ask for more than the API allows, or None."""
+        if deadline_seconds is not None and deadline_seconds > self.max_deadline_seconds:
+            return f"limits.deadline_seconds: at most {self.max_deadline_seconds:g}"
+        if approval_ttl_seconds is not None and approval_ttl_seconds > self.max_approval_ttl_seconds:
+            return f"limits.approval_ttl_seconds: at most {self.max_approval_ttl_seconds:g}"
+        return None
+
+    def request_limits(self, given: dict[str, Any]) -> Limits:
+        """A request's limits: what it gave (checked by `limits_problem` first), and for what it left out
+        toolloop's defaults, lowered to the API's caps where they are above them."""
+        defaults = Limits()
+        capped = {
+            "deadline_seconds": min(defaults.deadline_seconds, self.max_deadline_seconds),
+            "approval_ttl_seconds": min(defaults.approval_ttl_seconds, self.max_approval_ttl_seconds),
+        }
+        return Limits(**{**capped, **given})
+
+    def unknown_tools(self, names: list[str] | None) -> list[str]:
+        """The names in a request's "tools" that the worker does not serve (none when the API is not told)."""
+        if names is None or self.tools is None:
+            return []
+        return sorted({name for name in names if name not in self.tools})
+
+
+class StreamSlots:
+    """The event streams held now, per caller and in all. `take` before a stream starts, `give_back` exactly once
+    when it ends however it ends (finished, the client went away, an error)."""
+
+    def __init__(self, per_caller: int, total: int) -> None:
+        self.per_caller = per_caller
+        self.total = total
+        self._held: Counter[Actor] = Counter()
+
+    def held(self, actor: Actor | None = None) -> int:
+        return self._held[actor] if actor is not None else self._held.total()
+
+    def take(self, actor: Actor) -> str | None:
+        """Takes a slot for the actor; or says why not (and takes nothing)."""
+        if self._held[actor] >= self.per_caller:
+            return f"you hold {self._held[actor]} event streams, the most one caller may; close one first"
+        if self._held.total() >= self.total:
+            return f"the API holds its most event streams ({self.total}); try again later"
+        self._held[actor] += 1
+        return None
+
+    def give_back(self, actor: Actor) -> None:
+        self._held[actor] -= 1
+        if self._held[actor] <= 0:
+            del self._held[actor]
+
+
+class CreationRate:
+    """How fast each caller may create requests: a moving window (the `limits` library, in memory)."""
+
+    def __init__(self, rate: str) -> None:
+        self.item: RateLimitItem = parse(rate)
+        self._limiter = MovingWindowRateLimiter(MemoryStorage())
+
+    def take(self, actor: Actor) -> int | None:
+        """Counts one creation for the actor; None if it is within the rate, else the seconds to wait (at least 1)
+        before the next one would be."""
+        if self._limiter.hit(self.item, actor.tenant_id, actor.user_id):
+            return None
+        stats = self._limiter.get_window_stats(self.item, actor.tenant_id, actor.user_id)
+        return max(1, math.ceil(stats.reset_time - time.time()))
+
+
+def limits_from_environment() -> ApiLimits:
+    """The API's limits from its environment; a bad value ends the process with one line and exit 2 (this runs
+    only where the entry point builds the API's configuration)."""
+    try:
+        return ApiLimits()
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        name = str(first["loc"][0]) if first["loc"] else "TOOLLOOP_API_*"
+        print(f"error: {name}: {first['msg']}", file=sys.stderr)
+        raise SystemExit(2) from None
