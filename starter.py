@@ -964,22 +964,63 @@ def up() -> None:
 
 @app.command()
 def down() -> None:
-    """Stop the local stack's processes (data is kept)."""
-    LocalStack(_settings_for_local_stack(Settings()), REPO_ROOT).down()
-    status()
+    """Stop the processes this data dir's state recorded (data is kept), and say exactly what it stopped;
+    exit 1 when it stopped nothing."""
+    stack = LocalStack(_settings_for_local_stack(Settings()), REPO_ROOT)
+    try:
+        report = stack.down()
+    except StackError as exc:
+        _fail(str(exc), code=1)
+    if not report.stopped:
+        gone = [c for c in report.components if c.outcome == "exited"]
+        found = (
+            f"the processes it recorded ({', '.join(f'{c.label} pid {c.pid}' for c in gone)}) had exited"
+            if gone
+            else "it records none"
+        )
+        _fail(f"stopped nothing: no process of data dir {report.data_dir} runs ({found}){_held(stack)}", code=1)
+    for c in report.components:
+        if c.outcome == "stopped":
+            print(f"stopped {c.label} (pid {c.pid}, {c.address})")
+        elif c.outcome == "exited":
+            print(f"{c.label}: not running (its recorded pid {c.pid} had exited)")
+        else:
+            print(f"{c.label}: none recorded in data dir {report.data_dir}")
+
+
+def _held(stack: LocalStack) -> str:
+    """What else holds the ports these settings name: a stack started with other settings, say."""
+    held = stack.ports_held()
+    if not held:
+        return "; nothing listens on the ports these settings name"
+    return (
+        f"; port {', '.join(held)} is held by a process this data dir did not start (to stop a stack started with "
+        "other TOOLLOOP_* settings, run down with those settings)"
+    )
 
 
 @app.command()
 def status() -> None:
-    """Show which parts of the local stack run."""
+    """Show which processes of this data dir's stack run, as checked now: each recorded process (alive and
+    still running its recorded command), its address (answering or not), and any port held by another program."""
     settings = _settings_for_local_stack(Settings())
-    report = LocalStack(settings, REPO_ROOT).status()
-    table = Table("component", "state", "pid", "address")
-    for component in report.components:
-        state = "[green]running[/]" if component.running else "[dim]stopped[/]"
-        table.add_row(component.name, state, str(component.pid or "-"), component.address)
-    Console().print(table)
-    Console().print(f"Temporal UI: {settings.ui_url()}")
+    stack = LocalStack(settings, REPO_ROOT)
+    try:
+        report = stack.status()
+    except StackError as exc:
+        _fail(str(exc), code=1)
+    for c in report.components:
+        if c.running:
+            answering = "" if c.healthy else f"; it does not answer at {c.address}"
+            print(f"{c.label}: running (pid {c.pid}, {c.address}){answering}")
+        elif c.recorded_pid is not None:
+            print(f"{c.label}: not running (its recorded pid {c.recorded_pid} has exited)")
+        else:
+            print(f"{c.label}: none recorded in data dir {report.data_dir}")
+    if not any(c.running for c in report.components):
+        print(f"no process of data dir {report.data_dir} runs{_held(stack)}")
+    elif report.temporal.running:
+        print(f"Temporal UI: {settings.ui_url()}")
 
 
 # --- the HTTP API ---------------------------------------------------------------------------------------

@@ -16,10 +16,12 @@ from .processes import (
     wait_for_port,
     wait_for_temporal,
 )
-from .stack import ComponentStatus, LocalStack, StackStatus
+from .stack import ComponentStatus, ComponentStop, DownReport, LocalStack, StackStatus
 
 __all__ = [
     "ComponentStatus",
+    "ComponentStop",
+    "DownReport",
     "LocalStack",
     "ManagedProcess",
     "ProcessStartError",

@@ -92,6 +92,31 @@ class ComponentStatus:
     pid: int | None
     address: str
     log_path: Path
+    # The pid this data dir's state records for it (None: nothing recorded); `running` says whether it is
+    # still that process.
+    recorded_pid: int | None = None
+
+
+@dataclass(frozen=True)
+class ComponentStop:
+    """What `down` did about one component: stopped its recorded process, found that process gone already,
+    or found nothing recorded for it in this data dir."""
+
+    name: ComponentName
+    label: str
+    outcome: Literal["stopped", "exited", "none recorded"]
+    pid: int | None
+    address: str
+
+
+@dataclass(frozen=True)
+class DownReport:
+    data_dir: Path
+    components: tuple[ComponentStop, ...]
+
+    @property
+    def stopped(self) -> tuple[ComponentStop, ...]:
+        return tuple(c for c in self.components if c.outcome == "stopped")
 
 
 @dataclass(frozen=True)
@@ -216,21 +241,36 @@ class LocalStack:
                 raise
             return dataclasses.replace(self._status_from(state), started=tuple(started))
 
-    def down(self, on_step: Callable[[str], None] | None = None) -> StackStatus:
-        """Stop our recorded processes, worker first; data files and logs are kept."""
+    def down(self, on_step: Callable[[str], None] | None = None) -> DownReport:
+        """Stop our recorded processes, worker first; data files and logs are kept. Says, per component, what
+        it did: only a process this data dir recorded, and that still runs its recorded command, is stopped."""
         step = on_step if on_step is not None else (lambda _msg: None)
+        done: dict[ComponentName, ComponentStop] = {
+            name: ComponentStop(name, _LABELS[name], "none recorded", None, self._address(name))
+            for name in _START_ORDER
+        }
+        if not self.state_path.exists():
+            return DownReport(self.data_dir, tuple(done.values()))  # creates nothing where nothing was
         with self._locked():
             state = self._load()
             for name in reversed(_START_ORDER):
                 record = state.components.get(name)
                 if record is None:
                     continue
+                outcome: Literal["stopped", "exited"] = "exited"
                 if self._is_ours(record):
                     step(f"stopping {_LABELS[name]} (pid {record.pid})...")
                     self._as_process(name, record).stop()
+                    outcome = "stopped"
+                done[name] = ComponentStop(name, _LABELS[name], outcome, record.pid, record.address)
                 del state.components[name]
                 self._save(state)
-            return self._status_from(state)
+        return DownReport(self.data_dir, tuple(done.values()))
+
+    def ports_held(self) -> list[str]:
+        """The ports these settings name that something listens on or holds, e.g. "7233 (Temporal gRPC,
+        TOOLLOOP_TEMPORAL_PORT)"."""
+        return [f"{port} ({what}, {env_var})" for port, what, env_var in self._ports() if port_in_use(port)]
 
     def status(self) -> StackStatus:
         # No lock: state.json is replaced atomically, and status must not wait behind a slow `up`.
@@ -346,19 +386,22 @@ class LocalStack:
             "TOOLLOOP_API_MODEL": s.api_default_model,
         }
 
-    def _check_ports_free(self, name: ComponentName) -> None:
+    def _ports(self, name: ComponentName | None = None) -> list[tuple[int, str, str]]:
+        """(port, what, setting) of one component, or of all of them."""
         s = self._settings
-        ports: list[tuple[int, str, str]] = []
-        if name == "temporal":
-            ports = [
+        ports: dict[ComponentName, list[tuple[int, str, str]]] = {
+            "temporal": [
                 (s.temporal_port, "Temporal gRPC", "TOOLLOOP_TEMPORAL_PORT"),
                 (s.ui_port, "Temporal UI", "TOOLLOOP_UI_PORT"),
-            ]
-        elif name == "service":
-            ports = [(s.service_port, "business service", "TOOLLOOP_SERVICE_PORT")]
-        elif name == "api":
-            ports = [(s.api_port, "HTTP API", "TOOLLOOP_API_PORT")]
-        for port, what, env_var in ports:
+            ],
+            "service": [(s.service_port, "business service", "TOOLLOOP_SERVICE_PORT")],
+            "worker": [],
+            "api": [(s.api_port, "HTTP API", "TOOLLOOP_API_PORT")],
+        }
+        return ports[name] if name is not None else [p for n in _START_ORDER for p in ports[n]]
+
+    def _check_ports_free(self, name: ComponentName) -> None:
+        for port, what, env_var in self._ports(name):
             # Only called once our own process on it is gone, so whoever holds it is someone else.
             if port_in_use(port):
                 raise StackError(f"port {port} ({what}) is already in use by another program; stop it or set {env_var}")
@@ -411,6 +454,7 @@ class LocalStack:
                 pid=record.pid if record is not None and running else None,
                 address=record.address if record is not None else self._address(name),
                 log_path=Path(record.log_path) if record is not None else self._log_path(name),
+                recorded_pid=record.pid if record is not None else None,
             )
 
         return StackStatus(

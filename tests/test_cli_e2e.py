@@ -126,17 +126,68 @@ def test_ask_with_a_script_file_and_a_broken_script(cli_env: dict[str, str], tmp
     assert "arguments" in broken.stderr and "Traceback" not in broken.stderr
 
 
+LABELS = ("Temporal dev server", "business service", "worker", "HTTP API")
+
+
 def test_status_and_down_stop_exactly_the_recorded_processes(cli_env: dict[str, str]) -> None:
-    run_cli(cli_env, "up")
+    assert run_cli(cli_env, "up").returncode == 0
     pids = recorded_pids(cli_env)
     assert pids and all(pid_alive(pid) for pid in pids)
     status = run_cli(cli_env, "status")
-    assert status.returncode == 0 and status.stdout.count("running") >= 3
+    assert status.returncode == 0, status.stderr
+    for label in LABELS:
+        assert re.search(rf"^{label}: running \(pid \d+, ", status.stdout, re.MULTILINE), status.stdout
+    assert f"Temporal UI: http://127.0.0.1:{cli_env['TOOLLOOP_UI_PORT']}" in status.stdout
 
-    down = run_cli(cli_env, "down")
+    # The same data dir with other ports: its recorded processes are the stack, and down says it stopped each.
+    other_ports = {**cli_env, "TOOLLOOP_TEMPORAL_PORT": str(free_port()), "TOOLLOOP_SERVICE_PORT": str(free_port())}
+    down = run_cli(other_ports, "down")
 
     assert down.returncode == 0, down.stderr
     assert not any(pid_alive(pid) for pid in pids)
+    stopped = re.findall(r"^stopped (.+) \(pid (\d+), ", down.stdout, re.MULTILINE)
+    assert sorted(stopped) == sorted(zip(LABELS, map(str, pids), strict=True)), down.stdout
+    assert f"127.0.0.1:{cli_env['TOOLLOOP_TEMPORAL_PORT']}" in down.stdout  # where it really ran
+
+    # Nothing is left to stop: one line, exit 1; status says nothing runs and shows no UI link.
+    again = run_cli(cli_env, "down")
+    assert again.returncode == 1 and again.stdout == ""
+    [line] = again.stderr.strip().splitlines()
+    assert line.startswith(f"error: stopped nothing: no process of data dir {cli_env['TOOLLOOP_DATA_DIR']} runs")
+    status = run_cli(cli_env, "status")
+    assert status.returncode == 0, status.stderr
+    assert not re.search(r": running \(|^Temporal UI", status.stdout, re.MULTILINE), status.stdout
+
+
+@pytest.mark.parametrize("ports", ["same ports", "other ports"])
+def test_down_and_status_under_other_settings_claim_nothing_they_did_not_do(
+    cli_env: dict[str, str], tmp_path: Path, ports: str
+) -> None:
+    assert run_cli(cli_env, "up").returncode == 0
+    pids = recorded_pids(cli_env)
+    elsewhere = {**cli_env, "TOOLLOOP_DATA_DIR": str(tmp_path / "elsewhere")}
+    if ports == "other ports":
+        elsewhere |= {name: str(free_port()) for name in cli_env if name.endswith("_PORT")}
+
+    status = run_cli(elsewhere, "status")
+    down = run_cli(elsewhere, "down")
+
+    # The real stack keeps running, and neither command claims to have seen or stopped it.
+    assert all(pid_alive(pid) for pid in pids)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.count(f"none recorded in data dir {tmp_path / 'elsewhere'}") == 4, status.stdout
+    assert not re.search(r": running \(|^stopped |^Temporal UI", status.stdout, re.MULTILINE), status.stdout
+    assert down.returncode == 1 and down.stdout == "", down.stdout
+    [line] = down.stderr.strip().splitlines()
+    assert line.startswith(f"error: stopped nothing: no process of data dir {tmp_path / 'elsewhere'} runs")
+    temporal_port = f"port {cli_env['TOOLLOOP_TEMPORAL_PORT']} (Temporal gRPC, TOOLLOOP_TEMPORAL_PORT)"
+    if ports == "same ports":
+        # What it did check: the ports these settings name are held by processes this data dir did not start.
+        assert temporal_port in line and "is held by a process this data dir did not start" in line
+        assert temporal_port in status.stdout
+    else:
+        assert line.endswith("nothing listens on the ports these settings name")
+    assert not (tmp_path / "elsewhere").exists()  # down created no state where there was none
 
 
 def test_up_reports_a_taken_port_clearly(tmp_path: Path) -> None:

@@ -175,10 +175,25 @@ def test_recycled_pid_is_never_treated_as_ours(tmp_path: Path) -> None:
         }
         stack.state_path.write_text(json.dumps(state))
         assert not stack.status().worker.running
-        stack.down()
+        assert stack.status().worker.recorded_pid == stranger.pid
+        report = stack.down()
         assert stranger.alive()
+        # Not ours: down says the recorded process is gone, and stops nothing.
+        assert [(c.name, c.outcome) for c in report.components if c.outcome != "none recorded"] == [
+            ("worker", "exited")
+        ]
+        assert report.stopped == ()
     finally:
         stranger.stop()
+
+
+def test_down_where_nothing_was_started_stops_nothing_and_creates_nothing(tmp_path: Path, listening_port: int) -> None:
+    stack = LocalStack(_settings(tmp_path / "data", service=listening_port), REPO_ROOT)
+    report = stack.down()
+    assert [c.outcome for c in report.components] == ["none recorded"] * 4 and report.stopped == ()
+    assert not (tmp_path / "data").exists()
+    # What it can say about a stack of other settings: which of its ports another program holds.
+    assert stack.ports_held() == [f"{listening_port} (business service, TOOLLOOP_SERVICE_PORT)"]
 
 
 # --- LocalStack up / reuse / down (real Temporal; stand-ins for the service and worker) -----------
@@ -263,7 +278,9 @@ async def test_up_reuses_running_stack_and_down_stops_it(tmp_path: Path, fake_re
         ]
     finally:
         down = await asyncio.to_thread(stack.down)
-    assert not any(c.running for c in down.components)
+    assert [(c.name, c.outcome, c.pid) for c in down.components] == [
+        (c.name, "stopped", c.pid) for c in second.components
+    ]
     for component in second.components:
         assert component.pid is not None and not pid_alive(component.pid)
     assert (stack.data_dir / "temporal.sqlite").exists()
