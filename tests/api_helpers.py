@@ -10,15 +10,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from temporalio.client import Client
 
 from demo.agent import build as build_demo
 from devstack.processes import ManagedProcess, free_port, start_api
+from tests.agent_helpers import assert_eventually
 from tests.conftest import APPROVAL_KEY, REPO_ROOT, BusinessService, TemporalServer
 from toolloop._core.approvals import verify_key_for
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker
+
+# The demo's tokens (config/api_tokens.json) as request headers: u1 and u2 of acme, u1 of globex.
+U1 = {"Authorization": "Bearer demo-token-u1-acme-0001"}
+U2 = {"Authorization": "Bearer demo-token-u2-acme-0002"}
+U1_GLOBEX = {"Authorization": "Bearer demo-token-u1-globex-0004"}
 
 
 @dataclass(frozen=True)
@@ -92,3 +99,27 @@ async def running_api(
             yield Api(url=f"http://127.0.0.1:{port}", task_queue=task_queue, process=process)
     finally:
         process.stop()
+
+
+def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """The response is one problem+json with this status and code, and shows nothing of the server's insides."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body: dict[str, Any] = response.json()
+    assert (body["status"], body["code"]) == (status, code)
+    for leak in ("Traceback", 'File "', "/work/", "sqlite"):
+        assert leak not in response.text
+    return body
+
+
+async def pending_operation(http: httpx.AsyncClient, request_id: str, headers: Mapping[str, str]) -> dict[str, Any]:
+    """The request's first operation waiting for approval, as the API shows it, once there is one."""
+    found: list[dict[str, Any]] = []
+
+    async def waiting() -> bool:
+        view = (await http.get(f"/v1/requests/{request_id}", headers=headers)).json()
+        found[:] = [op for op in view.get("operations", []) if op["state"] == "awaiting_approval"]
+        return bool(found)
+
+    await assert_eventually(waiting, within=60, what=f"request {request_id} waits for approval")
+    return found[0]

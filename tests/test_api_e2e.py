@@ -21,7 +21,7 @@ from temporalio.client import Client
 
 from devstack.processes import free_port, start_api
 from tests.agent_helpers import assert_eventually, effects, service_requests
-from tests.api_helpers import Api, demo_tool_names, running_api
+from tests.api_helpers import U1, U1_GLOBEX, U2, Api, assert_problem, demo_tool_names, pending_operation, running_api
 from tests.conftest import APPROVAL_KEY, REPO_ROOT, BusinessService, TemporalServer
 from toolloop import Actor
 from toolloop._core.contracts import AgentInput, ModelSpec
@@ -30,9 +30,6 @@ from toolloop._temporal.requests import request_search_attributes, request_workf
 
 pytestmark = pytest.mark.e2e
 
-U1 = {"Authorization": "Bearer demo-token-u1-acme-0001"}
-U2 = {"Authorization": "Bearer demo-token-u2-acme-0002"}
-U1_GLOBEX = {"Authorization": "Bearer demo-token-u1-globex-0004"}
 READ = "Where is my order A100?"
 WRITE = "Refund 5 EUR on order A100 because it arrived late"
 
@@ -56,16 +53,6 @@ def key() -> str:
     return f"k-{uuid.uuid4().hex[:12]}"
 
 
-def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/problem+json")
-    body: dict[str, Any] = response.json()
-    assert (body["status"], body["code"]) == (status, code)
-    for leak in ("Traceback", 'File "', "/work/", "sqlite"):
-        assert leak not in response.text
-    return body
-
-
 async def submit(
     http: httpx.AsyncClient, question: str, headers: dict[str, str], idem: str | None = None
 ) -> httpx.Response:
@@ -82,18 +69,6 @@ async def finished(http: httpx.AsyncClient, request_id: str, headers: dict[str, 
 
     await assert_eventually(done, within=60, what=f"request {request_id} finished")
     return found
-
-
-async def pending_operation(http: httpx.AsyncClient, request_id: str) -> dict[str, Any]:
-    found: list[dict[str, Any]] = []
-
-    async def waiting() -> bool:
-        view = (await http.get(f"/v1/requests/{request_id}", headers=U1)).json()
-        found[:] = [op for op in view.get("operations", []) if op["state"] == "awaiting_approval"]
-        return bool(found)
-
-    await assert_eventually(waiting, within=60, what="an operation waits for approval")
-    return found[0]
 
 
 # --- Auth and scoping ----------------------------------------------------------------------------------------
@@ -237,7 +212,7 @@ async def test_only_the_requests_user_with_the_right_digest_decides_and_then_it_
 ) -> None:
     request_id = key()
     assert (await submit(http, WRITE, U1, request_id)).status_code == 201
-    op = await pending_operation(http, request_id)
+    op = await pending_operation(http, request_id, U1)
     path = f"/v1/requests/{request_id}/operations/{op['operation_id']}"
     payload = (await http.get(path, headers=U1)).json()  # the whole payload the digest covers
     assert payload["arguments"] == {"orderId": "A100", "amountCents": 500, "reason": "it arrived late"}
@@ -262,7 +237,7 @@ async def test_only_the_requests_user_with_the_right_digest_decides_and_then_it_
 async def test_a_rejection_is_recorded_and_nothing_is_done(http: httpx.AsyncClient, admin: httpx.AsyncClient) -> None:
     request_id = key()
     assert (await submit(http, WRITE, U1, request_id)).status_code == 201
-    op = await pending_operation(http, request_id)
+    op = await pending_operation(http, request_id, U1)
     path = f"/v1/requests/{request_id}/operations/{op['operation_id']}/decision"
     rejected = await http.post(path, json={"decision": "reject", "digest": op["digest"]}, headers=U1)
     assert rejected.status_code == 200 and rejected.json()["state"] == "denied"
@@ -306,7 +281,7 @@ async def read_events(http: httpx.AsyncClient, request_id: str, last_event_id: s
 async def test_events_are_complete_in_order_and_resumable(http: httpx.AsyncClient) -> None:
     request_id = key()
     assert (await submit(http, WRITE, U1, request_id)).status_code == 201
-    op = await pending_operation(http, request_id)
+    op = await pending_operation(http, request_id, U1)
     path = f"/v1/requests/{request_id}/operations/{op['operation_id']}/decision"
     assert (await http.post(path, json={"decision": "approve", "digest": op["digest"]}, headers=U1)).status_code == 200
     events = await read_events(http, request_id)

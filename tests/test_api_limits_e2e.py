@@ -12,7 +12,6 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -20,15 +19,12 @@ from temporalio.client import Client
 
 from devstack.processes import free_port
 from tests.agent_helpers import assert_eventually
-from tests.api_helpers import running_api
+from tests.api_helpers import U1, U1_GLOBEX, U2, assert_problem, pending_operation, running_api
 from tests.conftest import APPROVAL_KEY, REPO_ROOT, BusinessService, TemporalServer
 from toolloop import Actor
 
 pytestmark = pytest.mark.e2e
 
-U1 = {"Authorization": "Bearer demo-token-u1-acme-0001"}
-U2 = {"Authorization": "Bearer demo-token-u2-acme-0002"}
-U1_GLOBEX = {"Authorization": "Bearer demo-token-u1-globex-0004"}
 READ = "Where is my order A100?"
 U1_WRITE = "Refund 5 EUR on order A100 because it arrived late"
 U2_WRITE = "Refund 5 EUR on order A101 because it arrived late"
@@ -36,15 +32,6 @@ U2_WRITE = "Refund 5 EUR on order A101 because it arrived late"
 
 def key() -> str:
     return f"k-{uuid.uuid4().hex[:12]}"
-
-
-def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/problem+json")
-    body: dict[str, Any] = response.json()
-    assert (body["status"], body["code"]) == (status, code)
-    assert "Traceback" not in response.text
-    return body
 
 
 @contextlib.asynccontextmanager
@@ -65,18 +52,6 @@ async def start(http: httpx.AsyncClient, question: str, headers: dict[str, str],
     return await http.post(
         "/v1/requests", json={"question": question}, headers={**headers, "Idempotency-Key": request_id}
     )
-
-
-async def pending_operation(http: httpx.AsyncClient, request_id: str, headers: dict[str, str]) -> dict[str, Any]:
-    found: list[dict[str, Any]] = []
-
-    async def waiting() -> bool:
-        view = (await http.get(f"/v1/requests/{request_id}", headers=headers)).json()
-        found[:] = [op for op in view.get("operations", []) if op["state"] == "awaiting_approval"]
-        return bool(found)
-
-    await assert_eventually(waiting, within=60, what=f"request {request_id} waits for approval")
-    return found[0]
 
 
 async def open_stream(
