@@ -145,10 +145,6 @@ ELSEWHERE: dict[str, CoveredByTest | Gap] = {
         "tests/test_api_e2e.py::test_another_users_or_tenants_request_is_answered_like_a_missing_one",
         "an API authorization check across users and tenants; no fault to inject",
     ),
-    "T9": CoveredByTest(
-        "tests/test_write_protocol_workflow.py::test_after_a_429_the_resend_waits_for_retry_after_and_uses_the_same_key",
-        "reads the Retry-After timer from history, with stand-in write outcomes",
-    ),
     "T10": CoveredByTest(
         "tests/test_http_contract.py::test_a_definite_refusal_is_a_tool_error_with_its_code_after_one_attempt",
         "one refusal per code at the HTTP tool layer, counted attempt by attempt",
@@ -161,10 +157,6 @@ ELSEWHERE: dict[str, CoveredByTest | Gap] = {
         "tests/test_write_protocol_workflow.py::test_a_write_whose_read_back_fails_ends_completed_not_verified",
         "a read-back that never sees the write, driven with stand-in activities",
         missing="no count of re-reads; never re-written in test_the_read_back_of_a_note_not_visible_yet_says_so_and_is_never_a_rewrite",
-    ),
-    "T13": CoveredByTest(
-        "tests/test_writes_e2e.py::test_a_429_after_commit_is_never_reported_not_done",
-        "needs max_write_attempts=1 so only the status can tell; a tuned one-off",
     ),
     "W8": CoveredByTest(
         "tests/test_replay_histories.py::test_a_non_deterministic_change_fails_the_replay",

@@ -18,7 +18,16 @@ from faultbed.charts import draw_all
 from faultbed.demo import DEMO
 from faultbed.invariants import reported
 from faultbed.plan import FaultPlan, ProcessFaultSpec, ServiceFaultSpec, WireFaultSpec, load_plan
-from faultbed.report import headline, render_markdown, to_json, unfired
+from faultbed.report import (
+    NOT_ON_LOG,
+    NOTHING_BROKE,
+    checked_on_service_log,
+    headline,
+    render_markdown,
+    to_json,
+    unfired,
+    what_broke,
+)
 from faultbed.runner import RunOutcome, chaos_stack, run_matrix, save_histories
 from faultbed.scenarios import BUILT_IN, Scenario, find
 from faultbed.target import ChaosTarget, load_target
@@ -108,7 +117,8 @@ def branch_problems(scenarios: Sequence[Scenario], outcomes: Sequence[RunOutcome
     """Runs whose write did not end the way its scenario is named for (the fault did not lead there)."""
     expected = {s.name: s.expect for s in scenarios if s.expect}
     return [
-        f"{o.scenario} seed {o.seed}: the write ended {o.write_state or 'nowhere'}, not {expected[o.scenario]}"
+        f"{o.scenario} seed {o.seed}: expected its write to end {expected[o.scenario].replace('_', ' ')}; it ended "
+        f"{o.write_state or 'without ever becoming an operation'}"
         for o in outcomes
         if o.scenario in expected and (o.write_state is None or reported(o.write_state) != expected[o.scenario])
     ]
@@ -143,14 +153,16 @@ async def run_chaos(choice: ChaosChoice, say: Callable[[str], None]) -> int:
     (choice.out / "chaos.md").write_text(
         render_markdown(meta, choice.scenarios, outcomes, problems, charts, note, choice.replay_source)
     )
+    # What broke first, then the figures: a problem never hides under a headline of zeros.
+    broke = what_broke(outcomes, problems, choice.replay_source)
+    say("what broke:" if broke else f"what broke: {NOTHING_BROKE}")
+    for line in broke:
+        say("  " + line.removeprefix("- ").replace("**", ""))
+    say("headline:")
     for name, value in headline(outcomes).items():
         say(f"  {name}: {value}")
-    for problem in problems:
-        say(f"problem: {problem}")
-    for outcome in outcomes:
-        if not outcome.ok:
-            broken = "; ".join(f"{c.name}: {c.detail}" for c in outcome.checks if not c.ok)
-            say(f"broken: {outcome.scenario} seed {outcome.seed}: {broken}")
+    if not checked_on_service_log(outcomes):
+        say(NOT_ON_LOG)
     say(f"wrote {choice.out / 'chaos.json'} and {choice.out / 'chaos.md'}")
     return EXIT_OK if not problems and all(o.ok for o in outcomes) else EXIT_BROKEN
 

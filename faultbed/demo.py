@@ -27,10 +27,21 @@ async def demo_effects(query: EffectQuery) -> list[Effect]:
     rows = (await query.admin.get("/admin/effects")).json()["effects"]
     ledger = set(query.operation_ids)
     return [
-        Effect(str(r["operation_id"]), str(r["actor_user"]), str(r["actor_tenant"]))
+        Effect(str(r["operation_id"]), str(r["actor_user"]), str(r["actor_tenant"]), read_at=_read_at(r))
         for r in rows
         if r.get("title") == intended_title(query.tag) or r.get("operation_id") in ledger
     ]
+
+
+def _read_at(row: dict[str, Any]) -> str | None:
+    """Where the service shows an effect: the path the demo tool's read-back GETs for it."""
+    if row["kind"] == "event":
+        return f"/calendars/{row['calendar_id']}/events/{row['id']}"
+    if row["kind"] == "refund":
+        return f"/orders/{row['order_id']}/refunds"
+    if row["kind"] == "note":
+        return f"/tickets/{row['ticket_id']}"
+    return None
 
 
 DEMO = ChaosTarget(tools=DEMO_TOOLS, workload=demo_workload, effects=demo_effects, service=None)

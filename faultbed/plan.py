@@ -38,6 +38,9 @@ ServiceFault = Literal[
     "commit_then_drop",  # committed, then the connection closes without a reply
     "commit_then_500",  # committed, then a 500 in place of the reply
     "commit_then_cut_reply",  # committed, then the reply stops mid-body
+    "commit_then_429",  # committed, then 429 Too Many Requests (with Retry-After) in place of the reply
+    "commit_then_503",  # committed, then 503 in place of the reply
+    "busy_before_commit",  # 429 (with Retry-After) before anything is claimed or committed
     "stall_after_claim",  # the idempotency key claimed, nothing committed yet, for `latency_ms`
     "status_down",  # the operation-status endpoint answers 503
     "latency",  # `latency_ms` before the call is handled
@@ -244,6 +247,9 @@ _SERVICE_RULES: dict[str, dict[str, Any]] = {
     "commit_then_drop": {"when": "after_commit", "action": "drop"},
     "commit_then_500": {"when": "after_commit", "status": 500},
     "commit_then_cut_reply": {"when": "after_commit", "action": "truncate"},
+    "commit_then_429": {"when": "after_commit", "status": 429},
+    "commit_then_503": {"when": "after_commit", "status": 503},
+    "busy_before_commit": {"when": "before_handler", "status": 429},
     "stall_after_claim": {"when": "after_claim"},
     "status_down": {"when": "before_handler", "status": 503},
     "latency": {"when": "before_handler"},

@@ -27,9 +27,14 @@ def unfired(scenarios: Sequence[Scenario], outcomes: Sequence[RunOutcome]) -> li
             if fault.when.nth is not None:
                 missed = [o.seed for o in runs if o.fired.get(index, 0) == 0]
                 if missed:
-                    problems.append(f"{scenario.name}: fault {index} ({fault.fault}) never fired with seeds {missed}")
+                    problems.append(
+                        f"{scenario.name}: expected fault {index} ({fault.fault}) to fire in every run; "
+                        f"it never fired with seeds {missed}"
+                    )
             elif runs and not any(o.fired.get(index, 0) for o in runs):
-                problems.append(f"{scenario.name}: fault {index} ({fault.fault}) fired in none of its runs")
+                problems.append(
+                    f"{scenario.name}: expected fault {index} ({fault.fault}) to fire in some run; it fired in none"
+                )
     return problems
 
 
@@ -48,8 +53,11 @@ def headline(outcomes: Sequence[RunOutcome]) -> dict[str, int]:
         "false done": cells[("done", "not_done")],
         "false not-done": cells[("not_done", "done")],
         "resends with a new key": broken["no resend with a new key"],
+        "blind resends": broken["status asked before every resend"],
+        "verified without read-back": broken["verified means read back"],
         "pairing breaks": broken["every call_id answered once"],
         "stuck requests": broken["no stuck request"],
+        "runs not judged": broken["the run could be judged"],
     }
 
 
@@ -139,8 +147,13 @@ def render_markdown(
     chart_note: str | None = None,
     replay_source: str = "",
 ) -> str:
-    lines = ["# Chaos run", "", ", ".join(f"{k}: {v}" for k, v in meta.items()), "", "## Headline", ""]
-    lines += _table(["figure", "value"], [[k, str(v)] for k, v in headline(outcomes).items()])
+    lines = ["# Chaos run", "", ", ".join(f"{k}: {v}" for k, v in meta.items()), ""]
+    lines += ["## What broke", "", *(what_broke(outcomes, problems, replay_source) or [NOTHING_BROKE]), ""]
+    lines += ["## Headline", ""]
+    figures = headline(outcomes)
+    lines += _table(["figure", "value"], [[k, f"**{v}**" if v and k in BAD else str(v)] for k, v in figures.items()])
+    if not checked_on_service_log(outcomes):
+        lines += ["", NOT_ON_LOG]
     lines += ["", "## Per scenario", ""]
     rows = []
     for s in scenarios:
@@ -210,13 +223,46 @@ def render_markdown(
         lines += ["", f"({chart_note})"]
     lines += ["", "## The fault catalog (docs/FAULTS.md)", ""]
     lines += _table(["id", "covered by", "why not a scenario, or what is missing"], catalog_rows(scenarios))
-    failed = [o for o in outcomes if not o.ok]
-    if problems or failed:
-        lines += ["", "## Problems", ""]
-        lines += [f"- {p}" for p in problems]
-        for o in failed:
+    return "\n".join(lines) + "\n"
+
+
+NOTHING_BROKE = "Nothing: every invariant held in every run, and every fault a scenario needs fired."
+NOT_ON_LOG = (
+    "Not checked in this run: read-back evidence, keys per payload and the status before a resend are judged on "
+    "the bundled service's own request log, which another service does not give the runner."
+)
+# The headline figures that must be 0 (the others count what ran).
+BAD = frozenset(
+    {
+        "duplicate effects",
+        "lost acknowledged writes",
+        "unapproved effects",
+        "false done",
+        "false not-done",
+        "resends with a new key",
+        "blind resends",
+        "verified without read-back",
+        "pairing breaks",
+        "stuck requests",
+        "runs not judged",
+    }
+)
+
+
+def checked_on_service_log(outcomes: Sequence[RunOutcome]) -> bool:
+    return any(c.name == "status asked before every resend" for o in outcomes for c in o.checks)
+
+
+def what_broke(outcomes: Sequence[RunOutcome], problems: Sequence[str], replay_source: str = "") -> list[str]:
+    """One Markdown bullet per broken figure of the headline, per problem and per broken run (with the
+    command that runs it again); empty when nothing broke."""
+    figures = headline(outcomes)
+    lines = [f"- **{name}: {figures[name]}**" for name in figures if name in BAD and figures[name]]
+    lines += [f"- {p}" for p in problems]
+    for o in outcomes:
+        if not o.ok:
             why = "; ".join(f"{c.name}: {c.detail}" for c in o.checks if not c.ok)
             lines.append(
                 f"- {o.scenario} seed {o.seed} ({o.workflow_id}): {why}. Replay: `{replay_command(o, replay_source)}`"
             )
-    return "\n".join(lines) + "\n"
+    return lines

@@ -76,6 +76,28 @@ BUILT_IN: tuple[Scenario, ...] = (
         description="a 500 after the commit: unknown, then the status finds it completed",
     ),
     _scenario(
+        "svc-429-after-commit",
+        "service",
+        ("T13",),
+        [{"boundary": "service", "fault": "commit_then_429", **_write()}],
+        description="a 429 after the commit: not a refusal; the status finds it completed, never 'not done'",
+    ),
+    _scenario(
+        "svc-503-after-commit",
+        "service",
+        ("T13",),
+        [{"boundary": "service", "fault": "commit_then_503", **_write()}],
+        description="a 503 after the commit: unknown, then the status finds it completed",
+    ),
+    _scenario(
+        "svc-429-before-commit",
+        "service",
+        ("T9",),
+        [{"boundary": "service", "fault": "busy_before_commit", **_write()}],
+        description="a 429 with Retry-After before anything is claimed: status says not found, resent with the "
+        "same key after the pause",
+    ),
+    _scenario(
         "svc-cut-reply",
         "service",
         ("T6",),

@@ -687,3 +687,19 @@ async def test_a_body_at_the_size_limit_is_read_and_one_byte_more_is_413(client:
     assert at_limit.status_code == 201
     over = await client.post("/orders/A100/refunds", content=(padded + " ").encode(), headers=headers)
     assert assert_problem(over, 413, "BODY_TOO_LARGE")["detail"] == f"the body may be at most {MAX_BODY_BYTES} bytes"
+
+
+async def test_the_request_log_holds_each_writes_key_and_the_digest_of_its_payload(client: httpx.AsyncClient) -> None:
+    # The test bed tells a resend (one payload) from a second payload by these, whatever key each came with.
+    op, other = "op_" + "1" * 32, "op_" + "2" * 32
+    await write(client, "create_calendar_event", EVENT, op)
+    reordered = json.dumps(dict(reversed(list(EVENT.items()))))
+    token = approval_token(other, "create_calendar_event", EVENT)
+    await client.post(WRITES["create_calendar_event"], content=reordered, headers=write_headers(other, token))
+    await write(client, "refund_order", REFUND, op)  # another payload under the first key: refused, logged
+    await client.get(f"/operations/{op}", headers=U1)
+    log = (await client.get("/admin/requests", headers=ADMIN)).json()["requests"]
+    sent = [(e["method"], e["idempotency_key"], e["body_digest"]) for e in log]
+    assert [s[:2] for s in sent] == [("POST", op), ("POST", other), ("POST", op), ("GET", None)]
+    event, reordered_event, refund = (s[2] for s in sent[:3])
+    assert event == reordered_event and len(event) == 64 and refund != event and sent[3][2] is None

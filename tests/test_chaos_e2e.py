@@ -34,7 +34,7 @@ def chaos(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, Any] | None]:
 def test_the_quick_matrix_holds_every_invariant_with_every_fault_fired(tmp_path: Path) -> None:
     scenarios = (
         "svc-lost-reply,svc-status-down,wire-reset-write,wire-flaky-reads,model-injection,model-endpoint-errors,"
-        "proc-worker-after-commit"
+        "proc-worker-after-commit,svc-429-after-commit,svc-503-after-commit,svc-429-before-commit"
     )
     code, err, results = chaos(tmp_path, "--scenarios", scenarios, "--seeds", "2")
     assert code == 0, err
@@ -56,19 +56,29 @@ def test_the_quick_matrix_holds_every_invariant_with_every_fault_fired(tmp_path:
         ("model-injection", "verified", 1),
         ("model-endpoint-errors", "verified", 1),
         ("proc-worker-after-commit", "verified", 1),
+        ("svc-429-after-commit", "verified", 1),
+        ("svc-503-after-commit", "verified", 1),
+        ("svc-429-before-commit", "verified", 1),
     }
+    # Every run was also judged on the service's own log: the verified write read back, one key per payload,
+    # the status asked before any resend.
+    on_log = ("verified means read back", "no resend with a new key", "status asked before every resend")
+    assert all({c["name"]: c["ok"] for c in r["checks"]}.keys() >= set(on_log) for r in runs)
     # A run where a fault with a time fired has a recovery time (the first fault to the result); the script's
     # planted injection has none.
     timed = [r for r in runs if sum(r["fired"].values()) and r["scenario"] != "model-injection"]
-    assert len(timed) >= 11 and all(r["recovery_seconds"] > 0 for r in timed)  # 10 Nth-call runs, 1+ seeded
+    assert len(timed) >= 17 and all(r["recovery_seconds"] > 0 for r in timed)  # 16 Nth-call runs, 1+ seeded
     assert all(r["recovery_seconds"] is None for r in runs if r["scenario"] == "model-injection")
     # The refund the model was talked into was rejected at the approval channel and left no effect.
     assert all(
         r["honesty"] == [["done", "done"], ["not_done", "not_done"]] for r in runs if r["scenario"] == "model-injection"
     )
     headline = results["headline"]
-    assert headline["runs"] == 14 and headline["duplicate effects"] == headline["false done"] == 0
+    assert headline["runs"] == 20 and headline["duplicate effects"] == headline["false done"] == 0
     assert headline["false not-done"] == headline["stuck requests"] == headline["pairing breaks"] == 0
+    assert headline["blind resends"] == headline["resends with a new key"] == 0
+    assert headline["verified without read-back"] == headline["runs not judged"] == 0
+    assert "what broke: Nothing" in err
     report = (tmp_path / "results" / "chaos.md").read_text()
     assert "svc-status-down | T8" in report
     # The charts are real PNG files the report shows.
@@ -172,7 +182,7 @@ def test_a_plan_whose_fault_never_fires_fails_the_run(tmp_path: Path) -> None:
     )
     code, err, results = chaos(tmp_path, "--plan", str(plan))
     assert code == 1
-    assert "problem: never: fault 0 (commit_then_drop) never fired with seeds [0]" in err
+    assert "never: expected fault 0 (commit_then_drop) to fire in every run; it never fired with seeds [0]" in err
     assert results is not None and results["runs"][0]["ok"] is True  # nothing broke: nothing was tested
 
 

@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 from faultbed.cli import ChaosUsageError, branch_problems, choose
-from faultbed.invariants import Check, Effect, OperationFacts, RunFacts, honesty_cell, judge, reported
+from faultbed.invariants import Check, Effect, OperationFacts, Received, RunFacts, honesty_cell, judge, reported
 from faultbed.plan import parse_plan
-from faultbed.report import headline, render_markdown, replay_command, to_json, unfired
+from faultbed.report import NOTHING_BROKE, headline, render_markdown, replay_command, to_json, unfired
 from faultbed.runner import RunOutcome
 from faultbed.scenarios import BUILT_IN, find, workload
 
@@ -88,12 +88,12 @@ def outcome(scenario: str, seed: int, fired: dict[int, int], state: str = "verif
 def test_a_fault_that_never_fired_is_a_problem() -> None:
     nth, seeded = find(["svc-lost-reply"])[0], find(["wire-flaky-reads"])[0]
     assert unfired([nth], [outcome(nth.name, 0, {0: 1}), outcome(nth.name, 1, {0: 0})]) == [
-        "svc-lost-reply: fault 0 (commit_then_drop) never fired with seeds [1]"
+        "svc-lost-reply: expected fault 0 (commit_then_drop) to fire in every run; it never fired with seeds [1]"
     ]
     # A seeded fault needs to fire somewhere in the scenario's runs, not in each.
     assert unfired([seeded], [outcome(seeded.name, 0, {0: 0}), outcome(seeded.name, 1, {0: 2})]) == []
     assert unfired([seeded], [outcome(seeded.name, 0, {0: 0})]) == [
-        "wire-flaky-reads: fault 0 (reset) fired in none of its runs"
+        "wire-flaky-reads: expected fault 0 (reset) to fire in some run; it fired in none"
     ]
 
 
@@ -101,8 +101,82 @@ def test_a_run_that_missed_its_branch_is_a_problem() -> None:
     down = find(["svc-status-down"])[0]
     assert branch_problems([down], [outcome(down.name, 0, {0: 1, 1: 3}, state="unknown")]) == []
     assert branch_problems([down], [outcome(down.name, 3, {0: 1, 1: 3}, state="verified")]) == [
-        "svc-status-down seed 3: the write ended verified, not unknown"
+        "svc-status-down seed 3: expected its write to end unknown; it ended verified"
     ]
+
+
+EVENT = "/calendars/cal-u1/events/ev1"
+PAYLOAD = "c" * 64
+
+
+def write(at: float, key: str = OP, payload: str = PAYLOAD, status: int = 201) -> Received:
+    return Received("POST", "/calendars/cal-u1/events", at, status, key, payload)
+
+
+def get(path: str, at: float, status: int = 200) -> Received:
+    return Received("GET", path, at, status)
+
+
+def logged(*received: Received) -> RunFacts:
+    """The good run, with the service's own log of what it received."""
+    return replace(good_facts(), effects=[Effect(OP, *ME, read_at=EVENT)], received=list(received))
+
+
+def test_the_service_log_checks_hold_for_a_write_sent_once_and_read_back() -> None:
+    checks = judge(logged(get("/orders/A100", 1), write(2), get(EVENT, 3)))
+    assert all(c.ok for c in checks) and len(checks) == 10
+
+
+def test_a_write_reported_verified_must_have_been_read_back_from_the_service() -> None:
+    # No GET of the event after the write (a read before it, or one that failed, is no evidence).
+    for log in ([write(2)], [get(EVENT, 1), write(2)], [write(2), get(EVENT, 3, status=404)]):
+        detail = broken(logged(*log))["verified means read back"]
+        assert detail == (
+            f"{OP} was reported verified, but the service was never asked for it after the write: expected a GET "
+            f"{EVENT} answered 200, the service's log has none"
+        )
+    # Not verified (completed, unverified): nothing claimed, nothing to judge.
+    unverified = replace(logged(write(2)), operations=[OperationFacts(OP, "completed", approved=True)])
+    assert "verified means read back" not in broken(unverified)
+
+
+def test_every_key_the_service_saw_for_one_payload_must_be_the_same() -> None:
+    other = "op_" + "b" * 32
+    # The new key was refused (no effect under it): still a resend with a new key.
+    found = broken(logged(write(2, status=503), get(f"/operations/{OP}", 3, 404), write(4, key=other, status=403)))
+    assert found["no resend with a new key"] == (
+        f"one payload (sha256 {PAYLOAD[:12]}) reached the service under 2 keys {[OP, other]}: expected every resend "
+        "to reuse its first key"
+    )
+    # Two payloads, two keys: two operations, not a resend.
+    two = logged(write(2), get(EVENT, 3), write(4, key=other, payload="d" * 64))
+    assert "no resend with a new key" not in broken(two)
+
+
+def test_a_resend_must_follow_a_status_query_of_its_operation() -> None:
+    blind = logged(write(2, status=0), write(4.5), get(EVENT, 5))
+    assert broken(blind)["status asked before every resend"] == (
+        f"{OP}: attempt 2 reached the service 2.5 s after attempt 1 with no status query between them: expected "
+        "the operation's status asked before any resend"
+    )
+    # The status of another operation, or one asked before the first attempt, does not count.
+    elsewhere = logged(get(f"/operations/{OP}", 1), write(2), get("/operations/op_x", 3), write(4), get(EVENT, 5))
+    assert "status asked before every resend" in broken(elsewhere)
+    asked = logged(write(2, status=503), get(f"/operations/{OP}", 3, 404), write(4), get(EVENT, 5))
+    assert "status asked before every resend" not in broken(asked)
+
+
+def test_the_report_puts_what_broke_on_top_with_what_was_expected() -> None:
+    bad = replace(outcome("svc-lost-reply", 0, {0: 1}), checks=judge(logged(write(2), write(3))))
+    figures = headline([bad])
+    assert (figures["blind resends"], figures["verified without read-back"]) == (1, 1)
+    text = render_markdown({}, find(["svc-lost-reply"]), [bad], ["a problem"])
+    top = text.split("## Headline", 1)[0]
+    assert "## What broke" in top and "- **blind resends: 1**" in top and "- **verified without read-back: 1**" in top
+    assert "- a problem" in top and "expected the operation's status asked before any resend" in top
+    assert "| blind resends | **1** |" in text
+    clean = render_markdown({}, find(["svc-lost-reply"]), [outcome("svc-lost-reply", 0, {0: 1})], [])
+    assert NOTHING_BROKE in clean.split("## Headline", 1)[0]
 
 
 def test_the_headline_and_report_count_what_broke_and_name_the_replay() -> None:
@@ -165,7 +239,7 @@ def test_a_process_fault_whose_point_never_came_is_a_problem_never_a_silent_skip
     )
     scenario = Scenario(plan=plan, family="plan", covers=(), expect="")
     assert unfired([scenario], [outcome("kill", 0, {0: 0})]) == [
-        "kill: fault 0 (kill_worker) never fired with seeds [0]"
+        "kill: expected fault 0 (kill_worker) to fire in every run; it never fired with seeds [0]"
     ]
     assert unfired([scenario], [outcome("kill", 0, {0: 1})]) == []
 
@@ -216,3 +290,24 @@ def test_the_replay_command_names_how_the_run_was_chosen(tmp_path: object) -> No
         "python starter.py chaos --plan p.yaml --tools my.agent:target --seed 4"
     )
     assert choose("svc-lost-reply", 1, None, None, tmp_path).replay_source == ""  # type: ignore[arg-type]
+
+
+async def test_a_run_the_runner_cannot_finish_is_a_broken_run_in_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpx
+
+    from faultbed import runner
+
+    async def service_gone(stack: object, scenario: object, seed: int) -> RunOutcome:
+        if seed == 1:
+            raise httpx.ConnectError("All connection attempts failed")
+        return outcome("svc-lost-reply", seed, {0: 1})
+
+    monkeypatch.setattr(runner, "run_one", service_gone)
+    said: list[str] = []
+    runs = await runner.run_matrix(None, find(["svc-lost-reply"]), [0, 1, 2], said.append)  # type: ignore[arg-type]
+    assert [(o.seed, o.ok) for o in runs] == [(0, True), (1, False), (2, True)]
+    assert runs[1].checks[0].detail == (
+        "expected the runner to finish the run and judge it; it failed with ConnectError: "
+        "All connection attempts failed"
+    )
+    assert headline(runs)["runs not judged"] == 1 and "BROKEN the run could be judged" in said[1]

@@ -4,7 +4,9 @@ fault injection and the admin API; the writes live in demo.bizservice.writes."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -201,6 +203,16 @@ class RevokedUser(BaseModel):
     tenant_id: str = Field(min_length=1, max_length=64)
 
 
+def body_digest(body: bytes) -> str:
+    """SHA-256 of a request body, of its canonical JSON when it is JSON: the same payload sent twice (however
+    its keys were ordered) has one digest."""
+    try:
+        canonical = json.dumps(json.loads(body), sort_keys=True, separators=(",", ":")).encode()
+    except ValueError:
+        canonical = body
+    return hashlib.sha256(canonical).hexdigest()
+
+
 def create_app(
     db_path: str | Path,
     admin_token: str | None = None,
@@ -247,6 +259,7 @@ def create_app(
         response: Response | None = None
         try:
             if logged:
+                key = request.headers.get("idempotency-key")
                 log_id = await run_in_threadpool(
                     store.log_request_start,
                     request.method,
@@ -254,6 +267,8 @@ def create_app(
                     request.url.query,
                     request.headers.get("x-actor-user"),
                     started_at,
+                    key,
+                    body_digest(await request.body()) if key is not None else None,
                 )
                 user, tenant = request.headers.get("x-actor-user"), request.headers.get("x-actor-tenant")
                 if user and tenant and not await run_in_threadpool(store.user_exists, Owner(user, tenant)):

@@ -114,7 +114,11 @@ CREATE TABLE IF NOT EXISTS request_log (
     actor_user TEXT,
     started_at REAL NOT NULL,
     ended_at   REAL,
-    status     INTEGER
+    status     INTEGER,
+    -- A write's Idempotency-Key, and the SHA-256 of its body (canonical JSON): the test bed tells two
+    -- attempts of one payload apart from two payloads by it.
+    idempotency_key TEXT,
+    body_digest     TEXT
 );
 -- The whole rule is kept as JSON so new fault kinds need no migration; only the counter is a column,
 -- because it is decremented atomically.
@@ -136,6 +140,8 @@ _ADDED_COLUMNS = [
     ("fault_rules", "matched", "INTEGER NOT NULL DEFAULT 0"),
     ("fault_rules", "fired", "INTEGER NOT NULL DEFAULT 0"),
     ("fault_rules", "first_fired_at", "REAL"),
+    ("request_log", "idempotency_key", "TEXT"),
+    ("request_log", "body_digest", "TEXT"),
 ]
 _EFFECT_INDEXES = """
 CREATE INDEX IF NOT EXISTS notes_by_operation ON ticket_notes (operation_id);
@@ -343,11 +349,21 @@ class Store:
 
     # --- Request log ----------------------------------------------------------------------------
 
-    def log_request_start(self, method: str, path: str, query: str, actor_user: str | None, started_at: float) -> int:
+    def log_request_start(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        actor_user: str | None,
+        started_at: float,
+        idempotency_key: str | None = None,
+        body_digest: str | None = None,
+    ) -> int:
         with self.connect() as conn:
             cur = conn.execute(
-                "INSERT INTO request_log (method, path, query, actor_user, started_at) VALUES (?, ?, ?, ?, ?)",
-                (method, path, query, actor_user, started_at),
+                "INSERT INTO request_log (method, path, query, actor_user, started_at, idempotency_key, body_digest)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (method, path, query, actor_user, started_at, idempotency_key, body_digest),
             )
             return int(cur.lastrowid or 0)
 
@@ -359,7 +375,8 @@ class Store:
         with self.connect() as conn:
             # substr instead of LIKE: a prefix with % or _ must match literally.
             rows = conn.execute(
-                "SELECT id, method, path, query, actor_user, started_at, ended_at, status FROM request_log"
+                "SELECT id, method, path, query, actor_user, started_at, ended_at, status, idempotency_key,"
+                " body_digest FROM request_log"
                 " WHERE substr(path, 1, ?) = ? ORDER BY id",
                 (len(path_prefix), path_prefix),
             ).fetchall()

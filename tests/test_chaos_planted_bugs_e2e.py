@@ -1,0 +1,114 @@
+"""End to end: the chaos runner notices what it exists to notice. Each test plants one bug in a copy of the
+product code (the copy's `starter.py chaos` runs its own worker on it), runs the scenario that meets the bug
+on a stack of its own, and expects a failed run (exit 1) that names the bug's figure in the headline and
+puts it first, under "what broke". Without the bug the same scenarios hold every invariant
+(tests/test_chaos_e2e.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.e2e
+
+# What a chaos run needs of the repository: the product code and the demo it breaks.
+PRODUCT = ("toolloop", "workflows", "activities", "demo", "devstack", "faultbed", "config", "starter.py", "worker.py")
+
+
+@dataclass(frozen=True)
+class Bug:
+    name: str
+    file: str
+    # The code as it is, exactly once in the file, and the bug that replaces it.
+    code: str
+    bug: str
+    scenario: str
+    figure: str
+
+
+BUGS = (
+    Bug(
+        "verified-without-read-back",
+        "workflows/operations.py",
+        "evidence = in_attempt or await self._read_back(op, result)",
+        'evidence = in_attempt or Evidence(verified=True, detail="planted: never read back")',
+        "svc-lost-reply",
+        "verified without read-back",
+    ),
+    Bug(
+        "429-after-commit-is-not-done",
+        "toolloop/_tools/http.py",
+        "    error = definite_refusal(status, body, codes)\n",
+        "    if status == 429:\n"
+        "        raise ToolError(ResultCode.TEMPORARY_UNAVAILABLE, 'planted: busy means not done')\n"
+        "    error = definite_refusal(status, body, codes)\n",
+        "svc-429-after-commit",
+        "false not-done",
+    ),
+    Bug(
+        "resend-with-a-new-key",
+        "workflows/operations.py",
+        "WriteInput(\n                    operation_id=op.operation_id,",
+        "WriteInput(\n                    operation_id=op.operation_id + ('-again' if op.attempts > 1 else ''),",
+        "svc-503-before-commit",
+        "resends with a new key",
+    ),
+    Bug(
+        "blind-resend-after-unknown",
+        "workflows/operations.py",
+        "            status = await self._resolve(op)\n            settled = self._settled_by_status(op, status)\n",
+        # An unclear outcome taken for "not there" without asking the service.
+        '            status, op.retention_seconds = OperationStatus(state="not_found"), 86400.0\n'
+        "            settled = self._settled_by_status(op, status)\n",
+        "svc-lost-reply",
+        "blind resends",
+    ),
+)
+
+
+def planted_copy(root: Path, bug: Bug) -> Path:
+    """The product code copied to `root`, with the bug in place of the code it replaces."""
+    for name in PRODUCT:
+        source = REPO_ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, root / name)
+    target = root / bug.file
+    text = target.read_text()
+    # The code changed: this bug would plant nothing, so it must be written anew for the code of today.
+    assert text.count(bug.code) == 1, f"{bug.name}: the code it replaces is not in {bug.file} exactly once"
+    target.write_text(text.replace(bug.code, bug.bug))
+    return root
+
+
+@pytest.mark.parametrize("bug", BUGS, ids=[b.name for b in BUGS])
+def test_a_planted_bug_fails_the_chaos_run_and_is_named_first(tmp_path: Path, bug: Bug) -> None:
+    root = planted_copy(tmp_path / "planted", bug)
+    out = tmp_path / "results"
+    done = subprocess.run(
+        [sys.executable, str(root / "starter.py"), "chaos", "--scenarios", bug.scenario, "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    results = json.loads((out / "chaos.json").read_text())
+    assert results["headline"][bug.figure] == 1, results["headline"]
+    [run] = results["runs"]
+    assert run["ok"] is False
+    # What broke comes before the figures, on the terminal and in the report.
+    err = done.stderr
+    assert "what broke:\n" in err and err.index(f"  {bug.figure}: 1\n") < err.index("headline:\n"), err
+    report = (out / "chaos.md").read_text()
+    assert f"- **{bug.figure}: 1**" in report.split("## Headline", 1)[0]
