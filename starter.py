@@ -10,7 +10,6 @@ import os
 import re
 import shlex
 import sys
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +74,7 @@ from toolloop._temporal.requests import (
     UNREADABLE_REQUEST,
     acts_for,
     missing_search_attributes,
+    readable_request_id,
     request_memo,
     request_search_attributes,
     request_summary,
@@ -550,7 +550,9 @@ async def _ask(
             f"Temporal at {settings.temporal_address} has no toolloop search attributes in namespace "
             f"{settings.temporal_namespace}; register them once with: {register}"
         )
-    request_id = request_id or uuid.uuid4().hex[:12]
+    # Without an id of the user's, the new one starts with the question's first words: the UI's default list
+    # shows the workflow id, so each request there says what it asked.
+    request_id = request_id or readable_request_id(request)
     workflow_id = request_workflow_id(actor, request_id)
     session.workflow_id = workflow_id
     outcome = _Outcome(workflow_id)

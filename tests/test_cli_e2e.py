@@ -72,6 +72,8 @@ def test_ask_starts_the_stack_and_prints_the_stable_json_shape(cli_env: dict[str
     result: dict[str, Any] = json.loads(done.stdout)
     assert {"workflow_id", "status", "stop_reason", "final_text", "rounds", "calls"} <= set(result)
     assert (result["status"], result["stop_reason"], result["rounds"]) == ("completed", "final_answer", 2)
+    # The UI's default list shows workflow ids: this one says what was asked.
+    assert re.fullmatch(r"ask-acme-u1-where-is-my-order-a100-[0-9a-f]{8}-[0-9a-f]{12}", result["workflow_id"])
     assert result["final_text"].startswith("[offline model]") and "DHL" in result["final_text"]
     [record] = result["calls"]
     assert {"call_id", "tool", "ok", "code", "duration_ms"} <= set(record)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import unicodedata
+import uuid
 from typing import Any
 
 from pydantic import ValidationError
@@ -50,6 +52,29 @@ def request_search_attributes(actor: Actor) -> TypedSearchAttributes:
             SearchAttributePair(OUTCOME_KEY, "running"),
         ]
     )
+
+
+# A new request's readable id: at most this many of the question's words, this long in all.
+_READABLE_WORDS = 6
+_READABLE_CHARS = 40
+
+
+def readable_request_id(question: str) -> str:
+    """A new request id that shows what was asked, for the UI's default list (whose columns show the workflow
+    id, not its summary): the question's first few short words, lower-case ASCII, then 8 random hex digits
+    ("where-is-my-order-a100-1f2e3d4c"). Bounded, and only short plain words: a long or mixed token (a key, a
+    password like "hunter2", a hash) never enters it. The same question twice gives two ids; a submission is
+    idempotent only with an id of the caller's own (--request-id, Idempotency-Key)."""
+    folded = unicodedata.normalize("NFKD", question).encode("ascii", "ignore").decode().lower()
+    words: list[str] = []
+    for word in re.findall(r"[a-z0-9]+", folded):
+        if len(word) > 12 or (not word.isalpha() and len(word) > 6):
+            continue
+        if len(words) == _READABLE_WORDS or len("-".join([*words, word])) > _READABLE_CHARS:
+            break
+        words.append(word)
+    nonce = uuid.uuid4().hex
+    return "-".join([*words, nonce[:8]]) if words else nonce[:12]
 
 
 def request_workflow_id(actor: Actor, request_id: str) -> str:
