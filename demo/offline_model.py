@@ -73,7 +73,8 @@ _REFUND_VERB = re.compile(
 )
 # Before a write's verb in its clause: the user asks for it NOT to be done ("please do not refund", "I don't want
 # you to refund", "never add a note").
-_NEGATION = re.compile(r"\b(?:not|never|no|without|nor)\b|n't\b", re.IGNORECASE)
+_NEGATION_WORDS = r"not|never|no|without|nor"
+_NEGATION = re.compile(rf"\b(?:{_NEGATION_WORDS})\b|n't\b", re.IGNORECASE)
 # Ids that are amounts, not orders ("EUR5").
 _AMOUNT_ID = re.compile(r"^(?:EUR|CTS?|CENTS?)\d", re.IGNORECASE)
 _BECAUSE = re.compile(r"\bbecause\b", re.IGNORECASE)
@@ -293,7 +294,7 @@ _WISH_DONE = re.compile(
 _CLAUSE_END = re.compile(r"[!?;]|[.:,](?=\s|$)|\b(?:and|but|then)\b", re.IGNORECASE)
 # Before the verb in its clause: a negation or someone else's wish is not a request ("I don't want to cancel",
 # "the customer wants to return it"); a question word makes "will you ship" a question ("when will you ship?").
-_NOT_ASKED = re.compile(r"\b(?:not|never|no|without|customer|client|he|she|they|someone|somebody)\b|n't\b", re.I)
+_NOT_ASKED = re.compile(rf"\b(?:{_NEGATION_WORDS}|customer|client|he|she|they|someone|somebody)\b|n't\b", re.I)
 _QUESTION_WORD = re.compile(r"\b(?:when|why|where|whether|what|which|who)\b", re.IGNORECASE)
 # In a write request only commands count: its wording ("the customer wants to cancel") is not one.
 _REQUEST_FORMS = ((_COMMAND, False), (_ASK_YOU, True), (_ASK_I, False), (_WISH, False), (_WISH_DONE, False))
