@@ -23,6 +23,7 @@ from toolloop._core.contracts import Actor
 from toolloop._temporal.settings import Settings
 
 from .processes import (
+    DEMO_TOOLS,
     ManagedProcess,
     ProcessStartError,
     StackError,
@@ -68,6 +69,14 @@ class _StateFile(BaseModel):
     admin_token: str | None = None
     approval_key: str | None = None
     components: dict[str, _ComponentRecord] = Field(default_factory=dict)
+
+
+def demo_tool_names() -> list[str]:
+    """The tools the local stack's worker serves (the demo's), sorted."""
+    # Here, not at the top: loading the demo's tools imports the demo, which only the stack needs.
+    from toolloop._temporal.worker_factory import load_tools
+
+    return sorted(load_tools(DEMO_TOOLS).tools.registry.names())
 
 
 @dataclass(frozen=True)
@@ -384,6 +393,8 @@ class LocalStack:
             "TOOLLOOP_API_ALLOW_DEMO_TOKENS": "true",
             "TOOLLOOP_API_TOKENS": str(tokens),
             "TOOLLOOP_API_MODEL": s.api_default_model,
+            # The worker's tools, so the API refuses an unknown one in a request's "tools" before it starts.
+            "TOOLLOOP_API_TOOLS": ",".join(demo_tool_names()),
         }
 
     def _ports(self, name: ComponentName | None = None) -> list[tuple[int, str, str]]:

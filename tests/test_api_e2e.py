@@ -186,6 +186,9 @@ async def test_requests_started_elsewhere_are_listed_and_a_fresh_post_says_when_
     request_id = key()
     created = await submit(http, READ, U1_GLOBEX, request_id)
     assert created.status_code == 201 and created.json()["started_at"] is not None
+    # Without an Idempotency-Key, the request's id shows the question in the UI's default list.
+    unnamed = (await submit(http, READ, U1_GLOBEX)).json()
+    assert unnamed["id"].startswith("where-is-my-order-a100-") and unnamed["id"] in unnamed["workflow_id"]
     # A request started by a client that records no memo (as the chaos runner does): listed all the same.
     actor = Actor(user_id="u1", tenant_id="globex")
     other = key()

@@ -284,3 +284,12 @@ async def test_up_reuses_running_stack_and_down_stops_it(tmp_path: Path, fake_re
     for component in second.components:
         assert component.pid is not None and not pid_alive(component.pid)
     assert (stack.data_dir / "temporal.sqlite").exists()
+
+
+def test_the_local_stacks_api_knows_its_workers_tools(tmp_path: Path) -> None:
+    # So an unknown tool in a request's "tools" is refused by the local API too (TOOLLOOP_API_TOOLS).
+    from devstack.stack import demo_tool_names
+
+    stack = LocalStack(_settings(tmp_path / "data"), REPO_ROOT)
+    named = stack._api_env(stack.secrets())["TOOLLOOP_API_TOOLS"].split(",")
+    assert named == demo_tool_names() and {"get_order_status", "refund_order"} <= set(named)

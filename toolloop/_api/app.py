@@ -16,7 +16,6 @@ import json
 import logging
 import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -78,6 +77,7 @@ from toolloop._temporal.requests import (
     UNREADABLE_REQUEST,
     USER_KEY,
     list_query,
+    readable_request_id,
     request_id_of,
     request_memo,
     request_search_attributes,
@@ -494,7 +494,8 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             raise Problem(
                 400, "INVALID_IDEMPOTENCY_KEY", "Idempotency-Key: 1-64 of A-Z a-z 0-9 _ . - (first a letter or digit)"
             )
-        request_id = idempotency_key or uuid.uuid4().hex[:16]
+        # Without a key of the caller's: an id that shows the question in the UI's default list.
+        request_id = idempotency_key or readable_request_id(body.question)
         model, limits = _model_spec(body.model, config.default_model), _limits(body.limits, config.limits)
         _check_tools(body.tools, config.limits)
         digest = submission_digest(body, model, limits)
