@@ -52,3 +52,9 @@ def test_the_report_names_each_id_with_what_covers_it() -> None:
     assert rows["Z3"][1:] == ["scenario wire-planted-admin-request", "(not in this run)"]
     assert not [row for row in rows.values() if row[1] == "**not covered yet**"]
     assert rows["C5"][1].startswith("`tests/test_writes_e2e.py::test_a_request_cancelled_while")
+
+
+def test_the_chaos_document_lists_every_built_in_scenario_with_what_it_covers() -> None:
+    text = (REPO_ROOT / "docs" / "CHAOS.md").read_text()
+    rows = re.findall(r"^\| `([a-z0-9-]+)` \| ([A-Z0-9, ]+) \|", text, re.MULTILINE)
+    assert sorted(rows) == sorted((s.name, ", ".join(s.covers)) for s in BUILT_IN)
