@@ -5,6 +5,9 @@ toolloop` offers exactly its curated names."""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,3 +76,21 @@ def test_the_public_api_is_exactly_its_curated_names() -> None:
     public = {name for name in dir(toolloop) if not name.startswith("_")}
     # Everything importable from toolloop that is not in __all__ is a subpackage, never a stray helper.
     assert public - set(toolloop.__all__) <= {"servicekit", "testing"}
+
+
+def test_import_toolloop_servicekit_imports_no_temporal_mcp_typer_or_psycopg() -> None:
+    # A fresh interpreter: this one has imported everything already.
+    probe = "import json, sys, toolloop.servicekit; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
+    heavy = {"temporalio", "mcp", "typer", "httpx", "psycopg", "workflows", "activities"}
+    assert heavy & set(json.loads(loaded.stdout)) == set()
+
+
+def test_toolloop_imports_each_public_name_from_where_type_checkers_see_it() -> None:
+    # The lazy table (toolloop._HOMES) and the `if TYPE_CHECKING:` imports name the same homes.
+    seen: dict[str, str] = {}
+    for node in ast.walk(ast.parse((REPO / "toolloop" / "__init__.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            seen |= {alias.name: node.module for alias in node.names}
+    assert seen == toolloop._HOMES
+    assert sorted(seen) == sorted(toolloop.__all__)

@@ -22,43 +22,49 @@ Everything not named here is private. The service side (the idempotency kit) is 
 testing helpers are toolloop.testing.
 """
 
-from toolloop._core.arguments import Arguments, Instant, PlainText, sorted_unique
-from toolloop._core.codes import ResultCode
-from toolloop._core.contracts import (
-    Actor,
-    AgentInput,
-    AgentResult,
-    ConversationItem,
-    FunctionCallItem,
-    FunctionCallOutputItem,
-    Limits,
-    MessageItem,
-    ModelSpec,
-    OperationRecord,
-    OtherItem,
-)
-from toolloop._core.registry import (
-    Evidence,
-    EvidenceNotYetVisible,
-    OperationStatus,
-    ToolContext,
-    ToolError,
-    ToolTemporaryError,
-    WriteInProgress,
-    WriteNotSent,
-    WriteOutcomeUnknown,
-)
-from toolloop._models.adapter import ModelAdapter, ModelRequest
-from toolloop._models.errors import ModelCallError
-from toolloop._models.responses import ResponsesClient, ResponsesModel
-from toolloop._models.script import ScriptModel
-from toolloop._temporal.logs import configure_logging
-from toolloop._temporal.plugin import ToolloopPlugin
-from toolloop._temporal.results import request_result
-from toolloop._tools.http import HttpSource, ReadBack
-from toolloop._tools.mcp import McpSource
-from toolloop._tools.toolset import AgentSpec, Toolset
-from workflows.agent import AgentWorkflow
+# Public names are imported on first use (PEP 562): `import toolloop.servicekit` in a plain FastAPI service
+# runs this module too, and must not pull in temporalio, mcp or typer (issue 24).
+import importlib as _importlib
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from toolloop._core.arguments import Arguments, Instant, PlainText, sorted_unique
+    from toolloop._core.codes import ResultCode
+    from toolloop._core.contracts import (
+        Actor,
+        AgentInput,
+        AgentResult,
+        ConversationItem,
+        FunctionCallItem,
+        FunctionCallOutputItem,
+        Limits,
+        MessageItem,
+        ModelSpec,
+        OperationRecord,
+        OtherItem,
+    )
+    from toolloop._core.registry import (
+        Evidence,
+        EvidenceNotYetVisible,
+        OperationStatus,
+        ToolContext,
+        ToolError,
+        ToolTemporaryError,
+        WriteInProgress,
+        WriteNotSent,
+        WriteOutcomeUnknown,
+    )
+    from toolloop._models.adapter import ModelAdapter, ModelRequest
+    from toolloop._models.errors import ModelCallError
+    from toolloop._models.responses import ResponsesClient, ResponsesModel
+    from toolloop._models.script import ScriptModel
+    from toolloop._temporal.logs import configure_logging
+    from toolloop._temporal.plugin import ToolloopPlugin
+    from toolloop._temporal.results import request_result
+    from toolloop._tools.http import HttpSource, ReadBack
+    from toolloop._tools.mcp import McpSource
+    from toolloop._tools.toolset import AgentSpec, Toolset
+    from workflows.agent import AgentWorkflow
 
 __all__ = [
     # declaring tools
@@ -107,3 +113,64 @@ __all__ = [
     "MessageItem",
     "OtherItem",
 ]
+
+# Where each public name lives; a name is imported from there the first time it is used.
+_HOMES: dict[str, str] = {
+    "Arguments": "toolloop._core.arguments",
+    "Instant": "toolloop._core.arguments",
+    "PlainText": "toolloop._core.arguments",
+    "sorted_unique": "toolloop._core.arguments",
+    "ResultCode": "toolloop._core.codes",
+    "Actor": "toolloop._core.contracts",
+    "AgentInput": "toolloop._core.contracts",
+    "AgentResult": "toolloop._core.contracts",
+    "ConversationItem": "toolloop._core.contracts",
+    "FunctionCallItem": "toolloop._core.contracts",
+    "FunctionCallOutputItem": "toolloop._core.contracts",
+    "Limits": "toolloop._core.contracts",
+    "MessageItem": "toolloop._core.contracts",
+    "ModelSpec": "toolloop._core.contracts",
+    "OperationRecord": "toolloop._core.contracts",
+    "OtherItem": "toolloop._core.contracts",
+    "Evidence": "toolloop._core.registry",
+    "EvidenceNotYetVisible": "toolloop._core.registry",
+    "OperationStatus": "toolloop._core.registry",
+    "ToolContext": "toolloop._core.registry",
+    "ToolError": "toolloop._core.registry",
+    "ToolTemporaryError": "toolloop._core.registry",
+    "WriteInProgress": "toolloop._core.registry",
+    "WriteNotSent": "toolloop._core.registry",
+    "WriteOutcomeUnknown": "toolloop._core.registry",
+    "ModelAdapter": "toolloop._models.adapter",
+    "ModelRequest": "toolloop._models.adapter",
+    "ModelCallError": "toolloop._models.errors",
+    "ResponsesClient": "toolloop._models.responses",
+    "ResponsesModel": "toolloop._models.responses",
+    "ScriptModel": "toolloop._models.script",
+    "configure_logging": "toolloop._temporal.logs",
+    "ToolloopPlugin": "toolloop._temporal.plugin",
+    "request_result": "toolloop._temporal.results",
+    "HttpSource": "toolloop._tools.http",
+    "ReadBack": "toolloop._tools.http",
+    "McpSource": "toolloop._tools.mcp",
+    "AgentSpec": "toolloop._tools.toolset",
+    "Toolset": "toolloop._tools.toolset",
+    "AgentWorkflow": "workflows.agent",
+}
+
+
+# Hidden from type checkers: they see the imports above, and still flag a name that does not exist.
+if not _typing.TYPE_CHECKING:
+
+    def __getattr__(name: str) -> object:
+        home = _HOMES.get(name)
+        if home is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(_importlib.import_module(home), name)
+        globals()[name] = value  # once imported, a plain module attribute
+        return value
+
+
+def __dir__() -> list[str]:
+    # The curated names and the subpackages imported so far (servicekit, testing), not the helpers above.
+    return sorted({*__all__, *(name for name in globals() if not name.startswith("_"))})

@@ -13,6 +13,8 @@ It stores keys, claims them atomically, answers replays, exposes status and veri
 Storage: SqliteLedger or PostgresLedger (the service's own database, so effects and records commit together).
 """
 
+from typing import TYPE_CHECKING
+
 from toolloop._core.approvals import check_verify_key
 from toolloop.servicekit._holds import FileHolds, reached
 from toolloop.servicekit._kit import (
@@ -34,8 +36,10 @@ from toolloop.servicekit._kit import (
     describe_errors,
 )
 from toolloop.servicekit._ledger import ClaimTaken, Hold, HoldPoint, Ledger, LedgerKey, LedgerRecord, no_hold
-from toolloop.servicekit._postgres import PostgresLedger
 from toolloop.servicekit._sqlite import SqliteLedger
+
+if TYPE_CHECKING:
+    from toolloop.servicekit._postgres import PostgresLedger
 
 __all__ = [
     "IdempotencyKit",
@@ -67,3 +71,14 @@ __all__ = [
     "APPROVAL_REQUIRED",
     "INVALID_BODY",
 ]
+
+
+if not TYPE_CHECKING:  # type checkers see the import above, and still flag a name that does not exist
+
+    def __getattr__(name: str) -> object:
+        # The PostgreSQL ledger imports psycopg: a service on SQLite needs neither installed nor imported.
+        if name == "PostgresLedger":
+            from toolloop.servicekit._postgres import PostgresLedger
+
+            return PostgresLedger
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
