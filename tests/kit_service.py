@@ -60,6 +60,7 @@ from toolloop.servicekit import (
     Refusal,
     SqliteLedger,
     check_verify_key,
+    insecure_actor_from_headers,
     no_hold,
 )
 
@@ -342,6 +343,8 @@ def create_app(
         approval_verify_key=approval_verify_key,
         retention_seconds=retention_seconds,
         claim_lease_seconds=claim_lease_seconds,
+        # A test service on loopback: its callers are the tests, which say who they act for in headers.
+        actor=insecure_actor_from_headers,
         hold=hold,
         after_claim=on_claimed,
     )

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import jwt
 import pytest
 
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, REPO_ROOT
@@ -61,9 +62,15 @@ def test_the_mcp_tools_example_runs_with_one_command(tmp_path: Path) -> None:
 
 @pytest.fixture
 def notes_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    """The example service in process (its module reads its database and key from the environment)."""
+    """The example service in process (its module reads its database and keys from the environment), and the
+    caller key its tools sign bearer tokens with."""
+    from examples.http_tools.tools import caller_keys
+
+    caller_key, caller_verify_key = caller_keys()
     monkeypatch.setenv("NOTES_DB", str(tmp_path / "notes.db"))
     monkeypatch.setenv("APPROVAL_VERIFY_KEY", APPROVAL_VERIFY_KEY)
+    monkeypatch.setenv("NOTES_CALLER_KEY", caller_key)
+    monkeypatch.setenv("NOTES_CALLER_VERIFY_KEY", caller_verify_key)
     sys.modules.pop("examples.http_tools.service", None)
     yield importlib.import_module("examples.http_tools.service").app
     sys.modules.pop("examples.http_tools.service", None)
@@ -99,3 +106,33 @@ async def test_the_example_tools_can_be_tested_without_temporal(notes_app: objec
     assert read == added and other == {**missing}
     with sqlite3.connect(os.environ["NOTES_DB"]) as db:
         assert db.execute("SELECT count(*) FROM notes").fetchone() == (1,)
+
+
+async def test_the_example_service_knows_its_caller_only_from_a_token_it_verifies(notes_app: object) -> None:
+    from examples.http_tools.tools import bearer_for, caller_keys
+
+    body = {"text": "Call back."}
+    approval = {"Idempotency-Key": "op-1", "X-Approval-Token": token_for("op-1", body)}
+    forged = bearer_for(caller_keys()[0], audience="notes")(ADA)  # signed with a key the service does not hold
+    for_another_service = bearer_for(os.environ["NOTES_CALLER_KEY"], audience="calendar")(ADA)
+    expired_claims = {"sub": "ada", "tenant": "example", "aud": "notes", "exp": 1}
+    expired = {"Authorization": f"Bearer {jwt.encode(expired_claims, os.environ['NOTES_CALLER_KEY'], 'EdDSA')}"}
+    headers_only = {"X-Actor-User": "ada", "X-Actor-Tenant": "example"}
+    transport = httpx.ASGITransport(app=notes_app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://notes") as http:
+        refused = [
+            await http.post("/notes", json=body, headers={**approval, **who})
+            for who in (headers_only, forged, for_another_service, expired)
+        ]
+        read = await http.get("/notes/1", headers=headers_only)
+        status = await http.get("/operations/op-1", headers=headers_only)
+        verified = await http.post(
+            "/notes",
+            json=body,
+            headers={**approval, **bearer_for(os.environ["NOTES_CALLER_KEY"], audience="notes")(ADA)},
+        )
+
+    assert [(r.status_code, r.json()["code"]) for r in [*refused, read, status]] == [(401, "ACTOR_REQUIRED")] * 6
+    assert verified.status_code == 201, verified.text
+    with sqlite3.connect(os.environ["NOTES_DB"]) as db:
+        assert db.execute("SELECT tenant, user, op FROM notes").fetchall() == [("example", "ada", "op-1")]

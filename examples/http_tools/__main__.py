@@ -25,7 +25,7 @@ from temporalio.worker import Worker
 
 import toolloop
 from examples.common import leave, temporal_cli
-from examples.http_tools.tools import build
+from examples.http_tools.tools import build, caller_keys
 from toolloop.testing import approve_all, call, generate_signing_key, say, script, start_request, verify_key_for
 
 ACTOR = toolloop.Actor(user_id="ada", tenant_id="example")
@@ -87,14 +87,18 @@ async def run(signing_key: str, db: Path) -> int:
 def serve_and_run(data_dir: Path) -> int:
     """The notes service as its own process for the length of the request."""
     signing_key = generate_signing_key()
+    # The worker signs a bearer token naming the user for each call; the service verifies it with the public half.
+    caller_key, caller_verify_key = caller_keys()
     port = _free_port()
     db = data_dir / "notes.db"
     env = {**os.environ, "APPROVAL_VERIFY_KEY": verify_key_for(signing_key), "NOTES_DB": str(db)}
+    env["NOTES_CALLER_VERIFY_KEY"] = caller_verify_key
     command = [sys.executable, "-m", "uvicorn", "examples.http_tools.service:app", "--port", str(port)]
     service = subprocess.Popen([*command, "--log-level", "warning"], env=env)
     try:
         _wait_for(f"http://127.0.0.1:{port}/openapi.json", service)
         os.environ["NOTES_URL"] = f"http://127.0.0.1:{port}"  # what tools.build() reads
+        os.environ["NOTES_CALLER_KEY"] = caller_key
         return asyncio.run(run(signing_key, db))
     finally:
         service.terminate()

@@ -10,6 +10,10 @@ It stores keys, claims them atomically, answers replays, exposes status and veri
 - the approval token (Ed25519, from toolloop's trusted approval channel) bound to the actor, the key, the
   method, the path and the body as received - the service needs no tool names and no argument models.
 
+Whom a request acts for is the service's to establish: `actor=` is required, a dependency that takes the caller
+from a credential the service verifies (docs/SERVICEKIT.md); `insecure_actor_from_headers` believes anyone's
+headers and is for local demos only.
+
 Storage: SqliteLedger or PostgresLedger (the service's own database, so effects and records commit together).
 """
 
@@ -32,8 +36,8 @@ from toolloop.servicekit._kit import (
     KitProblem,
     OperationState,
     Refusal,
-    actor_from_headers,
     describe_errors,
+    insecure_actor_from_headers,
 )
 from toolloop.servicekit._ledger import ClaimTaken, Hold, HoldPoint, Ledger, LedgerKey, LedgerRecord, no_hold
 from toolloop.servicekit._sqlite import SqliteLedger
@@ -48,7 +52,7 @@ __all__ = [
     "KitProblem",
     "Refusal",
     "OperationState",
-    "actor_from_headers",
+    "insecure_actor_from_headers",
     "describe_errors",
     "check_verify_key",
     "Ledger",

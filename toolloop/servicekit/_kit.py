@@ -106,12 +106,14 @@ class KitActor:
     user_id: str
 
 
-async def actor_from_headers(
+async def insecure_actor_from_headers(
     x_actor_user: str | None = Header(default=None),
     x_actor_tenant: str | None = Header(default=None),
 ) -> KitActor:
-    """The default identity: the X-Actor-User and X-Actor-Tenant headers toolloop's HTTP sources send. A
-    service that authenticates its callers otherwise passes its own dependency as `actor`."""
+    """INSECURE, for local demos and tests only: believes the X-Actor-User and X-Actor-Tenant headers (what
+    toolloop's HTTP sources send by default) from anyone who can reach the service, so anyone can act as
+    anyone. A real service passes as `actor` a dependency that takes the caller from a credential it verifies
+    (a bearer token, say: docs/SERVICEKIT.md)."""
     if not x_actor_user or not x_actor_tenant:
         raise KitProblem(401, ACTOR_REQUIRED, "X-Actor-User and X-Actor-Tenant headers are required")
     return KitActor(tenant_id=x_actor_tenant, user_id=x_actor_user)
@@ -225,7 +227,7 @@ class IdempotentWrite:
 class IdempotencyKit:
     """Store keys, claim them atomically, answer replays, expose status and verify approval tokens:
 
-        kit = IdempotencyKit(SqliteLedger("app.db"), approval_verify_key=KEY)
+        kit = IdempotencyKit(SqliteLedger("app.db"), approval_verify_key=KEY, actor=caller)
         kit.install(app)            # problem+json answers and GET /operations/{operation_id}
 
         @app.post("/notes", status_code=201)
@@ -235,7 +237,8 @@ class IdempotencyKit:
 
     Without an `approval_verify_key` every write is refused (403). `retention_seconds` is how long a
     completed key is kept (declared on every status answer); `hold` and `after_claim` are failure-injection
-    hooks for a test bed."""
+    hooks for a test bed. `actor` is required: the FastAPI dependency that answers whom a request acts for
+    (a KitActor), from a credential the service verifies; `insecure_actor_from_headers` is for local demos."""
 
     def __init__(
         self,
@@ -244,7 +247,7 @@ class IdempotencyKit:
         approval_verify_key: str | None,
         retention_seconds: float = 86_400.0,
         claim_lease_seconds: float = CLAIM_LEASE_SECONDS,
-        actor: Callable[..., Any] = actor_from_headers,
+        actor: Callable[..., Any],
         max_body_bytes: int = MAX_BODY_BYTES,
         status_path: str = "/operations/{operation_id}",
         hold: Hold = no_hold,
