@@ -247,15 +247,14 @@ def _approval_key(settings: Settings, local_stack: bool) -> str | None:
     return None
 
 
-def _verify_key(settings: Settings, signing_key: str | None) -> str | None:
-    if settings.approval_verify_key is not None:
-        return settings.approval_verify_key
-    if signing_key is None:
-        return None
-    try:
-        return verify_key_for(signing_key)
-    except ValueError as exc:
-        _fail(f"TOOLLOOP_APPROVAL_KEY: {exc}")
+def _check_signing_key(signing_key: str | None) -> None:
+    """A malformed TOOLLOOP_APPROVAL_KEY is one line before anything starts. (Requests carry no key: the
+    worker's own configuration verifies decisions.)"""
+    if signing_key is not None:
+        try:
+            verify_key_for(signing_key)
+        except ValueError as exc:
+            _fail(f"TOOLLOOP_APPROVAL_KEY: {exc}")
 
 
 def _not_found(workflow_id: str, actor: Actor) -> NoReturn:
@@ -537,7 +536,6 @@ async def _ask(
     request_id: str | None,
     show: bool,
     mode: ApprovalMode,
-    verify_key: str | None,
     session: _Session,
     allowed_tools: list[str] | None = None,
 ) -> _Outcome:
@@ -565,7 +563,6 @@ async def _ask(
                 actor=actor,
                 model=spec,
                 limits=limits,
-                approval_verify_key=verify_key,
                 allowed_tools=allowed_tools,
             ),
             id=workflow_id,
@@ -756,7 +753,7 @@ def ask(
         _check_local_worker_has(spec, allow_tool, settings)
         status = _up(settings, quiet=as_json)
     key = _approval_key(settings, local_stack)
-    verify_key = _verify_key(settings, key)
+    _check_signing_key(key)
     _check_user(settings, actor, local_stack)
     show = not as_json and sys.stderr.isatty()
     mode = ApprovalMode(
@@ -767,9 +764,7 @@ def ask(
     )
     session = _Session()
     try:
-        outcome = asyncio.run(
-            _ask(request, actor, spec, limits, settings, request_id, show, mode, verify_key, session, allow_tool)
-        )
+        outcome = asyncio.run(_ask(request, actor, spec, limits, settings, request_id, show, mode, session, allow_tool))
     except KeyboardInterrupt:
         _interrupted(session, actor)
     except typer.Exit:
@@ -1048,7 +1043,6 @@ async def _serve_api(settings: Settings, host: str, port: int, tokens: TokenMap,
         task_queue=settings.task_queue,
         tokens=tokens,
         signing_key=signing_key,
-        verify_key=_verify_key(settings, signing_key),
         default_model=settings.api_default_model,
         meter=runtime.metric_meter if runtime is not None else None,
     )
@@ -1090,6 +1084,7 @@ def serve(
             "tokens file of your own, or set TOOLLOOP_API_ALLOW_DEMO_TOKENS=true for a local demo"
         )
     signing_key = settings.approval_key.get_secret_value() if settings.approval_key is not None else None
+    _check_signing_key(signing_key)
     asyncio.run(_serve_api(settings, host, port or settings.api_port, tokens, signing_key))
 
 

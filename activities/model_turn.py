@@ -7,7 +7,7 @@ output itself. The input carries only the items new since the last turn; the con
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 
 from temporalio import activity
@@ -62,15 +62,25 @@ class ModelActivities:
         models: Mapping[str, ModelAdapter],
         instructions: str | None = None,
         conversations: ConversationState | None = None,
+        disabled: Iterable[str] = (),
     ) -> None:
         self._registry = registry
         self._models = dict(models)
+        self._disabled = frozenset(disabled)
         self._instructions = instructions or DEFAULT_INSTRUCTIONS
         self._conversations = conversations or ConversationState(TemporalTurnHistory(temporal))
         self._scripts = RequestScripts(temporal)
 
     def _adapter(self, name: str) -> ModelAdapter:
         adapter = self._models.get(name)
+        if adapter is None and name in self._disabled:
+            raise ApplicationError(
+                f"model {name!r} is a scripted model, which this worker does not serve (its tool calls are written "
+                "by whoever starts the request); only a worker for tests or demos turns scripted models on "
+                "(TOOLLOOP_ALLOW_SCRIPTED_MODELS=1)",
+                type=ErrorType.MODEL_REQUEST_REJECTED,
+                non_retryable=True,
+            )
         if adapter is None:
             hint = (
                 "set OPENAI_API_KEY for the worker"

@@ -100,7 +100,7 @@ async def run(sizes: Sizes, phases: list[str], data_dir: Path, quick: bool) -> R
                     stack=stack,
                     sizes=sizes,
                     meter=meter,
-                    ours=OursStack(ours_client, stack.ours_queue, stack.signing_key, stack.verify_key),
+                    ours=OursStack(ours_client, stack.ours_queue, stack.signing_key),
                     floor=FloorStack(floor_client, stack.floor_queue, stack.signing_key),
                     plain=PlainStack(http, stack.signing_key),
                     admin=admin,

@@ -33,6 +33,8 @@ class BenchModel:
     """Turn N of a benchmark request: the calls `bench.scenarios` gives, then the answer."""
 
     needs_conversation = True
+    # Canned answers: a worker serves it only with scripted models allowed (the benchmark's worker is so).
+    scripted = True
 
     def label(self, model_name: str | None) -> str:
         return BENCH_MODEL

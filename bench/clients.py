@@ -32,6 +32,7 @@ from bench.scenarios import (
     report_output,
     write_body,
 )
+from demo.bizservice.writes import AUDIENCE as DEMO_AUDIENCE
 from toolloop import testing
 from toolloop._core.contracts import Actor, AgentInput, AgentResult, Limits, ModelSpec
 from toolloop._core.names import AGENT_WORKFLOW
@@ -104,7 +105,13 @@ def approval_token(signing_key: str, operation_id: str, body: dict[str, Any]) ->
     """What the approval channel signs for a write the client sends itself ((b) and (c)): the user's approval
     of exactly this POST's body under this operation id."""
     return testing.approval_token(
-        signing_key, actor=ACTOR, operation_id=operation_id, payload=body, path=WRITE_PATH, ttl_seconds=_APPROVAL_TTL_S
+        signing_key,
+        actor=ACTOR,
+        operation_id=operation_id,
+        payload=body,
+        path=WRITE_PATH,
+        audience=DEMO_AUDIENCE,
+        ttl_seconds=_APPROVAL_TTL_S,
     )
 
 
@@ -120,11 +127,10 @@ def _failed(stack: str, request_id: str, started: float, exc: BaseException, wor
 class OursStack:
     name = "ours"
 
-    def __init__(self, client: Client, task_queue: str, signing_key: str, verify_key: str) -> None:
+    def __init__(self, client: Client, task_queue: str, signing_key: str) -> None:
         self.client = client
         self._queue = task_queue
         self._signing_key = signing_key
-        self._verify_key = verify_key
 
     async def start(self, scenario: Scenario, request_id: str) -> WorkflowHandle[Any, AgentResult]:
         """Start one request as `starter.py ask` does: a scoped workflow id, the search attributes, a summary."""
@@ -136,7 +142,6 @@ class OursStack:
                 actor=ACTOR,
                 model=ModelSpec(provider="bench"),
                 limits=limits_for(scenario),
-                approval_verify_key=self._verify_key,
             ),
             id=request_workflow_id(ACTOR, request_id),
             task_queue=self._queue,

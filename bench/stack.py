@@ -103,6 +103,8 @@ class BenchStack:
             "TOOLLOOP_TASK_QUEUE": queue,
             "TOOLLOOP_SERVICE_URL": self.service_url,
             "TOOLLOOP_APPROVAL_VERIFY_KEY": self.verify_key,
+            # The benchmark's model is canned (bench.agent.BenchModel).
+            "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
         }
 
     def start_ours_worker(self) -> ManagedProcess:

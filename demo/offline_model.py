@@ -113,6 +113,8 @@ class OfflineDemoModel:
     function of the conversation and the actor: same input, same output."""
 
     needs_conversation = True
+    # A canned model for demos and tests: a worker serves it only when its configuration allows scripted models.
+    scripted = True
 
     def label(self, model_name: str | None) -> str:
         return OFFLINE_LABEL

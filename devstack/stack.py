@@ -372,6 +372,8 @@ class LocalStack:
             "TOOLLOOP_SERVICE_ADMIN_TOKEN": token.admin_token,
             # The approval channel's public key: the only one the worker verifies decisions with.
             "TOOLLOOP_APPROVAL_VERIFY_KEY": token.approval_verify_key,
+            # The local demo stack serves the offline and script models (a deployment's worker does not).
+            "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
             "OPENAI_BASE_URL": s.openai_base_url,
             "OPENAI_MODEL": s.openai_model,
         }

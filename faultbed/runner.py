@@ -171,6 +171,8 @@ async def chaos_stack(target: ChaosTarget | None = None, root: Path | None = Non
             "OPENAI_BASE_URL": endpoint.url,
             # The approval channel's public key: the only one the worker verifies decisions with.
             "TOOLLOOP_APPROVAL_VERIFY_KEY": verify_key_for(signing_key),
+            # A test bed: its requests are scripted (the script model, or the scripted model endpoint).
+            "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
         }
         starters["worker"] = lambda: start_worker(REPO_ROOT, env, base / "logs" / "worker.log", tools=target.tools)
         try:
@@ -274,7 +276,6 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
             actor=actor,
             model=model,
             limits=limits,
-            approval_verify_key=stack.verify_key,
             allowed_tools=list(scenario.allowed_tools) if scenario.allowed_tools is not None else None,
         ),
         id=request_workflow_id(actor, tag),

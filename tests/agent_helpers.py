@@ -77,7 +77,6 @@ async def start_agent(
     tenant: str = "acme",
     model: ModelSpec | None = None,
     limits: Limits | None = None,
-    verify_key: str | None = APPROVAL_VERIFY_KEY,
     allowed_tools: list[str] | None = None,
 ) -> WorkflowHandle[Any, AgentResult]:
     return await client.start_workflow(
@@ -87,7 +86,6 @@ async def start_agent(
             actor=Actor(user_id=user, tenant_id=tenant),
             model=model or ModelSpec(provider="offline"),
             limits=limits or Limits(),
-            approval_verify_key=verify_key,
             allowed_tools=allowed_tools,
         ),
         id=f"test-{uuid.uuid4().hex[:12]}",
@@ -127,6 +125,7 @@ def worker_env(settings: Settings, service_url: str | None = None) -> dict[str, 
         "TOOLLOOP_TASK_QUEUE": settings.task_queue,
         "TOOLLOOP_SERVICE_URL": service_url or settings.service_url,
         "TOOLLOOP_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY,
+        "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
     }
 
 

@@ -73,6 +73,7 @@ def worker_settings(temporal_server: TemporalServer, task_queue: str) -> Setting
             "TEMPORAL_ADDRESS": temporal_server.address,
             "TOOLLOOP_TASK_QUEUE": task_queue,
             "TOOLLOOP_APPROVAL_VERIFY_KEY": verify_key_for(APPROVAL_KEY),
+            "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
         }
     )
 

@@ -19,6 +19,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from demo.agent import build as build_demo
+from demo.bizservice.writes import AUDIENCE as DEMO_AUDIENCE
 from devstack.processes import ManagedProcess, free_port, start_business_service, start_temporal_dev_server
 from toolloop._core.approvals import ApprovalClaims, http_subject, mint_approval_token, payload_digest
 from toolloop._temporal.converter import data_converter
@@ -66,12 +67,14 @@ def approval_token(
     key: str = APPROVAL_KEY,
     decision: Literal["approve", "reject"] = "approve",
     decide_by: float | None = None,
+    audience: str = DEMO_AUDIENCE,
 ) -> str:
     """A decision token made by hand (the channel's job), for exactly `tool` (a demo write's name stands for its
     method and path) and `body` unless told otherwise. `decide_by`: the approval window's end, in seconds from
     now (None: the token names no window)."""
     now = time.time()
     claims = ApprovalClaims(
+        audience=audience,
         user_id=user,
         tenant_id=tenant,
         operation_id=operation_id,
@@ -156,6 +159,8 @@ def settings(temporal_server: TemporalServer, business_service: BusinessService)
             "TOOLLOOP_TASK_QUEUE": f"test-{uuid.uuid4().hex[:10]}",
             "TOOLLOOP_SERVICE_URL": business_service.url,
             "TOOLLOOP_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY,
+            # A worker for tests: its requests are scripted.
+            "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
         }
     )
 

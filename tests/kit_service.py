@@ -134,6 +134,9 @@ class NotesStorage:
         """How `python -m tests.kit_service` is told to use this storage."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Close what the ledger keeps open between operations (nothing, on SQLite)."""
+
     def _sql(self, sql: str) -> str:
         return sql
 
@@ -178,9 +181,9 @@ _NOTES_SCHEMA_LOCK = 7_422_002
 class PostgresNotes(NotesStorage):
     kind = "postgres"
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, max_connections: int = 10) -> None:
         self.dsn = dsn
-        self.ledger = self.postgres = PostgresLedger(dsn)
+        self.ledger = self.postgres = PostgresLedger(dsn, max_connections=max_connections)
 
     def create_schema(self) -> None:
         with self.postgres.transaction() as conn:
@@ -198,6 +201,9 @@ class PostgresNotes(NotesStorage):
 
     def argv(self) -> list[str]:
         return ["--postgres", self.dsn]
+
+    def close(self) -> None:
+        self.postgres.close()  # its pool, before the test drops the database
 
     def _sql(self, sql: str) -> str:
         return sql.replace("?", "%s")

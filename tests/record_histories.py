@@ -293,6 +293,7 @@ async def record(directory: Path, only: set[str]) -> None:
                 "TOOLLOOP_TASK_QUEUE": "record-histories",
                 "TOOLLOOP_SERVICE_URL": f"http://127.0.0.1:{port}",
                 "TOOLLOOP_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY,
+                "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
             }
         )
         HISTORIES.mkdir(exist_ok=True)

@@ -280,33 +280,37 @@ def _bad_tokens() -> dict[str, str | None]:
         "other digest": other_digest,
         "other operation": approval_token("op-other", "append_ticket_note", NOTE),
         "other tool": approval_token("op-z", "refund_order", NOTE),
+        "other service": approval_token("op-z", "append_ticket_note", NOTE, audience="notes"),
     }
 
 
-BAD_TOKENS = [
-    "missing",
-    "garbage",
-    "expired",
-    "decided after its window",
-    "forged",
-    "a rejection",
-    "other actor",
-    "other tenant",
-    "other digest",
-    "other operation",
-    "other tool",
-]
+# Each case and the code it is refused with: expired, for another service and signed with a key this service
+# does not hold (another channel's: its kid is unknown here) each have their own.
+BAD_TOKENS = {
+    "missing": "APPROVAL_REQUIRED",
+    "garbage": "APPROVAL_REQUIRED",
+    "expired": "APPROVAL_EXPIRED",
+    "decided after its window": "APPROVAL_EXPIRED",
+    "forged": "APPROVAL_UNKNOWN_KEY",
+    "a rejection": "APPROVAL_REQUIRED",
+    "other actor": "APPROVAL_REQUIRED",
+    "other tenant": "APPROVAL_REQUIRED",
+    "other digest": "APPROVAL_REQUIRED",
+    "other operation": "APPROVAL_REQUIRED",
+    "other tool": "APPROVAL_REQUIRED",
+    "other service": "APPROVAL_WRONG_AUDIENCE",
+}
 
 
 def test_every_bad_token_case_is_tried() -> None:
-    assert list(_bad_tokens()) == BAD_TOKENS
+    assert list(_bad_tokens()) == list(BAD_TOKENS)
 
 
-@pytest.mark.parametrize("case", BAD_TOKENS)
+@pytest.mark.parametrize("case", list(BAD_TOKENS))
 async def test_without_a_valid_approval_nothing_happens(client: httpx.AsyncClient, case: str) -> None:
     token = _bad_tokens()[case]
     r = await client.post("/tickets/T1001/notes", json=NOTE, headers=write_headers("op-z", token))
-    assert_problem(r, 403, "APPROVAL_REQUIRED")
+    assert_problem(r, 403, BAD_TOKENS[case])
     assert await effects(client) == []
     assert (await status_of(client, "op-z"))["state"] == "not_found"
     assert (await client.get("/tickets/T1001", headers=U1)).json()["version"] == 1
@@ -645,7 +649,7 @@ async def test_an_approval_that_expires_while_the_service_stalls_after_the_claim
     await set_faults(client, {"method": "POST", "path_regex": "/notes$", "when": "after_claim", "latency_ms": 1500})
     token = approval_token("op-late", "append_ticket_note", NOTE, expires_in=1.0)
     r = await write(client, "append_ticket_note", NOTE, "op-late", token=token)
-    body = assert_problem(r, 403, "APPROVAL_REQUIRED")
+    body = assert_problem(r, 403, "APPROVAL_EXPIRED")
     assert body["detail"] == "the approval expired before the write could be committed"
     assert await effects(client) == []
     # Nothing was recorded for the key and its claim is gone: the status says not there.

@@ -1,5 +1,5 @@
-"""Pure tests: decision tokens (Ed25519: the channel signs, everyone else only verifies) and the approval
-channel's rules for what it will sign."""
+"""Pure tests: decision tokens (EdDSA JWTs: the channel signs, everyone else only verifies, with the key the
+token's kid names among the keys it holds) and the approval channel's rules for what it will sign."""
 
 from __future__ import annotations
 
@@ -7,32 +7,42 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import jwt
 import pytest
 
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, OTHER_SIGNING_KEY
 from toolloop._core.approvals import (
+    APPROVAL_EXPIRED,
+    APPROVAL_REQUIRED,
+    APPROVAL_UNKNOWN_KEY,
+    APPROVAL_WRONG_AUDIENCE,
     ApprovalClaims,
     ApprovalInvalid,
     approval_wait_of,
     approval_wait_summary,
     check_verify_key,
     generate_signing_key,
+    key_id,
     mint_approval_token,
     payload_digest,
     read_approval_claims,
     verify_approval_token,
     verify_key_for,
+    verify_key_set,
 )
 from toolloop._core.contracts import Actor, ApprovalRequest
 from toolloop._temporal.approval_channel import ApprovalRefused, check_shown_payload, sign_decision
 
-KEY, VERIFY = APPROVAL_KEY, APPROVAL_VERIFY_KEY
+KEY = APPROVAL_KEY
+VERIFY = verify_key_set(APPROVAL_VERIFY_KEY)
 NOW = 1_800_000_000.0
+AUD = "bizservice"
 EXPECTED = {"user_id": "u1", "tenant_id": "acme", "operation_id": "op_1", "digest": "sha256:d", "decision": "approve"}
 
 
 def claims(**changes: Any) -> ApprovalClaims:
     base: dict[str, Any] = {
+        "audience": AUD,
         "user_id": "u1",
         "tenant_id": "acme",
         "operation_id": "op_1",
@@ -46,7 +56,7 @@ def claims(**changes: Any) -> ApprovalClaims:
 
 def test_a_signed_token_verifies_and_carries_its_claims() -> None:
     token = mint_approval_token(KEY, claims(channel="cli"))
-    verified = verify_approval_token(VERIFY, token, now=NOW, expected=EXPECTED)
+    verified = verify_approval_token(VERIFY, token, now=NOW, audience=AUD, expected=EXPECTED)
     assert verified == read_approval_claims(token) == claims(channel="cli")
 
 
@@ -67,7 +77,7 @@ def test_a_signed_token_verifies_and_carries_its_claims() -> None:
 def test_a_token_for_anything_else_is_refused_with_its_reason(change: dict[str, Any], reason: str) -> None:
     token = mint_approval_token(KEY, claims(**change))
     with pytest.raises(ApprovalInvalid, match=reason):
-        verify_approval_token(VERIFY, token, now=NOW, expected=EXPECTED)
+        verify_approval_token(VERIFY, token, now=NOW, audience=AUD, expected=EXPECTED)
 
 
 @pytest.mark.parametrize(
@@ -87,7 +97,7 @@ def test_a_token_for_anything_else_is_refused_with_its_reason(change: dict[str, 
 )
 def test_a_token_not_signed_by_the_channel_for_this_body_is_refused(token: str | None) -> None:
     with pytest.raises(ApprovalInvalid):
-        verify_approval_token(VERIFY, token, now=NOW, expected=EXPECTED)
+        verify_approval_token(VERIFY, token, now=NOW, audience=AUD, expected=EXPECTED)
 
 
 def test_the_test_key_pairs_belong_together_and_new_keys_are_fresh() -> None:
@@ -98,17 +108,75 @@ def test_the_test_key_pairs_belong_together_and_new_keys_are_fresh() -> None:
 
 
 def test_keys_are_checked_and_the_public_key_cannot_sign() -> None:
-    assert check_verify_key(VERIFY) == VERIFY
+    assert check_verify_key(APPROVAL_VERIFY_KEY) == APPROVAL_VERIFY_KEY
     for bad in ("", "short", "!" * 43):
         with pytest.raises(ValueError):
             check_verify_key(bad)
     with pytest.raises(ValueError):
+        verify_key_set(f"{APPROVAL_VERIFY_KEY},short")
+    with pytest.raises(ValueError):
         verify_key_for("not a key")
-    assert verify_key_for(KEY) == VERIFY != KEY
+    assert verify_key_for(KEY) == APPROVAL_VERIFY_KEY != KEY
     # A token "signed" with the public key (as if it were a private key) is not valid.
-    forged = mint_approval_token(VERIFY, claims())
+    forged = mint_approval_token(APPROVAL_VERIFY_KEY, claims())
     with pytest.raises(ApprovalInvalid):
-        verify_approval_token(VERIFY, forged, now=NOW, expected=EXPECTED)
+        verify_approval_token(VERIFY, forged, now=NOW, audience=AUD, expected=EXPECTED)
+
+
+def test_a_token_is_a_standard_eddsa_jwt_naming_its_key_id_and_audience() -> None:
+    token = mint_approval_token(KEY, claims())
+    assert jwt.get_unverified_header(token) == {"alg": "EdDSA", "typ": "JWT", "kid": key_id(APPROVAL_VERIFY_KEY)}
+    # Any JWT library verifies it with the public key alone: the standard claims under their registered names.
+    public = jwt.PyJWK({"kty": "OKP", "crv": "Ed25519", "x": APPROVAL_VERIFY_KEY}).key
+    data = jwt.decode(
+        token, public, algorithms=["EdDSA"], audience=AUD, options={"verify_exp": False, "verify_iat": False}
+    )
+    assert (data["aud"], data["iat"], data["exp"], data["user_id"]) == (AUD, NOW, NOW + 60, "u1")
+
+
+@pytest.mark.parametrize(
+    ("token", "audience", "now", "code"),
+    [
+        (mint_approval_token(KEY, claims()), "notes", NOW, APPROVAL_WRONG_AUDIENCE),
+        (mint_approval_token(KEY, claims()), AUD, NOW + 60, APPROVAL_EXPIRED),
+        (mint_approval_token(KEY, claims(decide_by=NOW - 1)), AUD, NOW, APPROVAL_EXPIRED),
+        (mint_approval_token(OTHER_SIGNING_KEY, claims()), AUD, NOW, APPROVAL_UNKNOWN_KEY),
+        (mint_approval_token(KEY, claims(user_id="u2")), AUD, NOW, APPROVAL_REQUIRED),
+    ],
+    ids=["wrong_audience", "expired", "decided_late", "unknown_kid", "other_user"],
+)
+def test_refusals_carry_distinct_codes(token: str, audience: str, now: float, code: str) -> None:
+    with pytest.raises(ApprovalInvalid) as refused:
+        verify_approval_token(VERIFY, token, now=now, audience=audience, expected=EXPECTED)
+    assert refused.value.code == code
+
+
+def test_a_forged_kid_does_not_help_a_token_signed_with_another_key() -> None:
+    # The header names the trusted key's id, the signature is another key's: the signature check refuses it.
+    other = mint_approval_token(OTHER_SIGNING_KEY, claims())
+    _, body, signature = other.split(".")
+    header = jwt.utils.base64url_encode(
+        b'{"alg":"EdDSA","kid":"' + key_id(APPROVAL_VERIFY_KEY).encode() + b'","typ":"JWT"}'
+    ).decode()
+    with pytest.raises(ApprovalInvalid) as refused:
+        verify_approval_token(VERIFY, f"{header}.{body}.{signature}", now=NOW, audience=AUD, expected=EXPECTED)
+    assert refused.value.code == APPROVAL_REQUIRED and "signature" in str(refused.value)
+
+
+def test_during_a_rotation_both_keys_verify_and_the_old_one_stops_once_removed() -> None:
+    old_token, new_token = mint_approval_token(KEY, claims()), mint_approval_token(OTHER_SIGNING_KEY, claims())
+    both = verify_key_set(f"{APPROVAL_VERIFY_KEY}, {verify_key_for(OTHER_SIGNING_KEY)}")
+    assert set(both) == {key_id(APPROVAL_VERIFY_KEY), key_id(verify_key_for(OTHER_SIGNING_KEY))}
+    for token in (old_token, new_token):
+        verify_approval_token(both, token, now=NOW, audience=AUD, expected=EXPECTED)
+    only_new = verify_key_set([verify_key_for(OTHER_SIGNING_KEY)])
+    verify_approval_token(only_new, new_token, now=NOW, audience=AUD, expected=EXPECTED)
+    with pytest.raises(ApprovalInvalid) as refused:
+        verify_approval_token(only_new, old_token, now=NOW, audience=AUD, expected=EXPECTED)
+    assert refused.value.code == APPROVAL_UNKNOWN_KEY
+    with pytest.raises(ApprovalInvalid) as none_held:
+        verify_approval_token({}, new_token, now=NOW, audience=AUD, expected=EXPECTED)
+    assert none_held.value.code == APPROVAL_UNKNOWN_KEY
 
 
 def test_read_claims_refuses_a_malformed_token() -> None:
@@ -130,6 +198,7 @@ def request(**changes: Any) -> ApprovalRequest:
         "state": "awaiting_approval",
         "actor": Actor(user_id="u1"),
         "deadline": datetime.fromtimestamp(time.time() + 120, tz=UTC),
+        "audience": AUD,
     }
     return ApprovalRequest(**{**base, **changes})
 
@@ -155,6 +224,7 @@ def test_a_decision_token_never_outlives_the_requests_deadline(approve: bool) ->
         VERIFY,
         token,
         now=time.time(),
+        audience=AUD,
         expected={**EXPECTED, "digest": request().digest, "decision": "approve" if approve else "reject"},
     )
     assert signed.expires_at == deadline.timestamp() and signed.channel == "cli"

@@ -83,6 +83,7 @@ def test_a_decision_stores_its_operation_digest_and_decision_once_in_the_signed_
     from toolloop._core.approvals import ApprovalClaims, generate_signing_key, mint_approval_token
 
     claims = ApprovalClaims(
+        audience="bizservice",
         user_id="u1",
         tenant_id="acme",
         operation_id="op_1",

@@ -520,6 +520,12 @@ def test_the_api_refuses_the_published_demo_tokens_unless_the_deployment_says_it
     assert _env_example()["TOOLLOOP_API_ALLOW_DEMO_TOKENS"] == "false"
 
 
+def test_the_workers_serve_scripted_models_only_when_the_deployment_says_it_is_a_demo() -> None:
+    [reference] = [r for r in _references(_env("worker")["TOOLLOOP_ALLOW_SCRIPTED_MODELS"]) if r["name"]]
+    assert (reference["op"], reference["arg"]) == (":-", "false")
+    assert _env_example()["TOOLLOOP_ALLOW_SCRIPTED_MODELS"] == "false"
+
+
 def test_every_long_running_service_restarts_and_the_ui_is_the_one_the_docs_show() -> None:
     for name, service in SERVICES.items():
         if name in (SCHEMA_JOB, SETUP_JOB):

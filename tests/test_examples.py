@@ -78,7 +78,9 @@ def notes_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[objec
 
 def token_for(operation_id: str, body: dict[str, object]) -> str:
     # What the approval channel sends, made with the public testing helper (as a user tests their service).
-    return approval_token(APPROVAL_KEY, actor=ADA, operation_id=operation_id, payload=body, path="/notes")
+    return approval_token(
+        APPROVAL_KEY, actor=ADA, operation_id=operation_id, payload=body, path="/notes", audience="notes"
+    )
 
 
 async def test_the_example_tools_can_be_tested_without_temporal(notes_app: object) -> None:

@@ -21,6 +21,7 @@ from devstack.processes import free_port
 from tests.agent_helpers import approving, assert_eventually, call, say, script_spec, start_agent, tool_outputs
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, OTHER_SIGNING_KEY
 from tests.kit_service import (
+    AUDIENCE,
     NOTE_REFUSED,
     KitServiceProcess,
     NotesStorage,
@@ -82,7 +83,7 @@ def note_matches(args: AddNoteArgs, created: NoteCreated, found: NoteFound) -> d
 
 
 def note_tools(base_url: str) -> Toolset:
-    source = HttpSource("kit", base_url=base_url, problem_codes=PROBLEM_CODES, timeout_seconds=10)
+    source = HttpSource("kit", base_url=base_url, problem_codes=PROBLEM_CODES, timeout_seconds=10, audience=AUDIENCE)
     tools = Toolset()
     tools.http_write(
         "add_note",

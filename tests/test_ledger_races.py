@@ -294,9 +294,8 @@ def test_a_status_read_while_an_attempt_commits_and_releases_never_says_not_foun
     assert isinstance(claim_id, str)
 
     class Interleaved(SqliteLedger):
-        @staticmethod
-        def _completed(conn: sqlite3.Connection, k: LedgerKey, not_before: float) -> LedgerRecord | None:
-            found = SqliteLedger._completed(conn, k, not_before)
+        def _completed(self, conn: sqlite3.Connection, k: LedgerKey, not_before: float) -> LedgerRecord | None:
+            found = super()._completed(conn, k, not_before)
             writer.complete(k, "sha256:a", lambda c: (201, {"done": True}), now, now - 3600)
             writer.release(k, claim_id)
             return found

@@ -26,7 +26,6 @@ from tests.agent_helpers import (
     set_faults,
     waiting_operation,
 )
-from tests.conftest import APPROVAL_VERIFY_KEY
 from toolloop import Actor, AgentInput, AgentResult, Limits, ModelSpec, request_result
 from toolloop._core.names import AGENT_WORKFLOW
 from toolloop._temporal.converter import data_converter
@@ -58,7 +57,6 @@ async def start(
             actor=U1,
             model=model,
             limits=limits or Limits(),
-            approval_verify_key=APPROVAL_VERIFY_KEY,
         ),
         id=f"mon-{uuid.uuid4().hex[:10]}",
         task_queue=settings.task_queue,

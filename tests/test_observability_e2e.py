@@ -211,7 +211,7 @@ async def test_tracing_when_asked_for_spans_the_workflow_and_its_activities(
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
-    plugin = toolloop.ToolloopPlugin(build_demo(business_service.url), tracing=True)
+    plugin = toolloop.ToolloopPlugin(build_demo(business_service.url), tracing=True, allow_scripted_models=True)
     traced = await Client.connect(client.service_client.config.target_host, plugins=[plugin])
     async with Worker(traced, task_queue=settings.task_queue):  # the client's plugin configures it
         handle = await start_request(

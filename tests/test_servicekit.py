@@ -65,7 +65,9 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[NotesSto
         return
     server: PgServer = request.getfixturevalue("pg_server")
     with server.database() as dsn:
-        yield PostgresNotes(dsn)
+        storage = PostgresNotes(dsn)
+        yield storage
+        storage.close()
 
 
 # --- The service's rows ----------------------------------------------------------------------------------------
@@ -677,6 +679,7 @@ async def test_a_status_read_while_an_attempt_commits_and_releases_never_says_no
             finally:
                 locker.commit()
             found = await asyncio.wait_for(reading, timeout=10)
+        storage.close()
 
     # What the lookup saw was one moment, and then the attempt was in flight: never "not_found".
     assert found == "in_progress"
@@ -727,3 +730,70 @@ async def test_an_approval_that_outlives_the_retention_is_refused(storage: Notes
     assert "retention" in too_long.json()["detail"]
     assert fits.status_code == 201
     assert notes_of(storage, "op-long") == [] and len(notes_of(storage, "op-short")) == 1
+
+
+# --- PostgreSQL's connection pool ------------------------------------------------------------------------------
+
+
+def test_postgres_ledger_serves_its_steps_from_a_pool_of_connections(pg_server: PgServer) -> None:  # noqa: F811
+    # Each step used to open a connection of its own (a new server process each time); the pool keeps a few.
+    with pg_server.database() as dsn:
+        storage = ready(PostgresNotes(dsn))
+        ledger = storage.ledger
+        now = time.time()
+        backends: set[int] = set()
+        for n in range(20):
+            key = LedgerKey("acme", "u1", f"op-pool-{n}")
+            claim_id = ledger.claim(key, now, now - 3600, LEASE)
+            assert isinstance(claim_id, str)
+            assert ledger.lookup(key, now, now - 3600) == "in_progress"
+            ledger.release(key, claim_id)
+            with storage.postgres.connect() as conn:
+                backends.add(conn.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"])
+        storage.close()
+
+    assert len(backends) == 1
+
+
+def test_a_pooled_connection_comes_back_as_it_was_lent(pg_server: PgServer) -> None:  # noqa: F811
+    # A status read runs REPEATABLE READ, READ ONLY; the next user of its connection must get the defaults,
+    # and no transaction left open, also after an effect that failed.
+    with pg_server.database() as dsn:
+        storage = ready(PostgresNotes(dsn, max_connections=1))
+        ledger = storage.ledger
+        now = time.time()
+        assert ledger.lookup(KEY, now, now - 3600) == "not_found"
+
+        def failing(tx: Any) -> tuple[int, dict[str, Any]]:
+            tx.execute("INSERT INTO notes (note_id, tenant_id, user_id, operation_id, text, created_at)"
+                       " VALUES ('N1', 'acme', 'u1', 'op-ledger', 'x', 0)")  # fmt: skip
+            raise RuntimeError("the effect broke")
+
+        with pytest.raises(RuntimeError):
+            ledger.complete(KEY, "sha256:a", failing, now, now - 3600)
+        with storage.postgres.connect() as conn:
+            isolation = conn.execute("SHOW transaction_isolation").fetchone()
+            read_only = conn.execute("SHOW transaction_read_only").fetchone()
+            state = conn.info.transaction_status
+        storage.close()
+
+    assert (isolation, read_only) == ({"transaction_isolation": "read committed"}, {"transaction_read_only": "off"})
+    assert state == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_a_connection_the_server_dropped_is_replaced_not_handed_out(pg_server: PgServer) -> None:  # noqa: F811
+    with pg_server.database() as dsn:
+        storage = ready(PostgresNotes(dsn, max_connections=1))
+        ledger = storage.ledger
+        now = time.time()
+        with storage.postgres.connect() as conn:
+            pooled = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"]
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s, 10000)", (pooled,))  # waits for it to end
+
+        assert ledger.lookup(KEY, now, now - 3600) == "not_found"
+        with storage.postgres.connect() as conn:
+            replacement = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"]
+        storage.close()
+
+    assert replacement != pooled

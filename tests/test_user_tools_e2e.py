@@ -201,7 +201,8 @@ async def test_a_request_for_a_model_the_worker_lacks_fails_and_names_it(client:
 async def test_the_plugin_on_the_client_configures_its_workers(temporal_server: TemporalServer) -> None:
     from tests.user_tools import build
 
-    plugin = toolloop.ToolloopPlugin(build())
+    # A test's plugin: its request is scripted.
+    plugin = toolloop.ToolloopPlugin(build(), allow_scripted_models=True)
     client = await Client.connect(temporal_server.address, plugins=[plugin])
     task_queue = f"test-{uuid.uuid4().hex[:10]}"
     async with Worker(client, task_queue=task_queue):

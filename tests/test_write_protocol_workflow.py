@@ -23,7 +23,7 @@ from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType, UpdateWorkflowExecutionLifecycleStage
 from temporalio.api.update.v1 import UpdateRef, WaitPolicy
 from temporalio.api.workflowservice.v1 import PollWorkflowExecutionUpdateRequest
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
@@ -76,6 +76,7 @@ from toolloop._core.names import (
 from toolloop._core.registry import Evidence, OperationStatus, ToolContext, ToolRegistry, ToolSpec
 from toolloop._core.validation import check_turn
 from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request, sign_decision
+from toolloop._temporal.trust import TrustedApprovalKeys
 from toolloop._temporal.worker_factory import workflow_runner
 from workflows.agent import AgentWorkflow
 
@@ -212,8 +213,9 @@ class Harness:
     stand_ins: StandIns
 
     async def start(
-        self, limits: Limits | None = None, verify_key: str | None = APPROVAL_VERIFY_KEY
+        self, limits: Limits | None = None, verify_key: str | None = None
     ) -> WorkflowHandle[Any, AgentResult]:
+        """`verify_key`: what an input that tries to bring one holds (refused: the worker's keys decide)."""
         return await self.client.start_workflow(
             AGENT_WORKFLOW,
             AgentInput(
@@ -235,13 +237,16 @@ class Harness:
         return result, handle
 
 
-def standin_worker(client: Client, task_queue: str, stand_ins: StandIns) -> Worker:
+def standin_worker(client: Client, task_queue: str, stand_ins: StandIns, *, trusted: bool = True) -> Worker:
+    """The workflow with stand-in activities, and (unless `trusted` is False) the plugin's trust interceptor
+    holding the channel's public key, as ToolloopPlugin wires it."""
     return Worker(
         client,
         task_queue=task_queue,
         workflows=[AgentWorkflow],
         activities=stand_ins.activities(),
         workflow_runner=workflow_runner(),
+        interceptors=[TrustedApprovalKeys(APPROVAL_VERIFY_KEY)] if trusted else [],
     )
 
 
@@ -496,16 +501,33 @@ async def test_an_update_before_the_run_starts_is_refused_and_the_run_goes_on(cl
     assert [op.state for op in result.operations] == ["verified"]
 
 
-async def test_a_request_started_without_the_channels_key_takes_no_decisions(harness: Harness) -> None:
+async def test_a_request_whose_input_brings_a_verify_key_fails_at_its_start_and_runs_nothing(
+    harness: Harness,
+) -> None:
     s = harness.stand_ins
     s.turns = [[note("n", "w1")], [say("ok")]]
-    handle = await harness.start(Limits(**FAST, approval_ttl_seconds=2), verify_key=None)
-    op = await waiting_operation(handle)
-    with pytest.raises(WorkflowUpdateFailedError) as refused:
-        await decide(handle, op.operation_id)
-    assert "without the approval channel's key" in str(refused.value.cause)
-    result = await asyncio.wait_for(request_result(handle), timeout=30)
-    assert result.operations[0].state == "expired" and s.sent == []
+    # Even the worker's own key: trust is the worker's configuration, never a request's input.
+    handle = await harness.start(Limits(**FAST), verify_key=APPROVAL_VERIFY_KEY)
+    with pytest.raises(WorkflowFailureError) as failed:
+        await handle.result()
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == ErrorType.UNTRUSTED_INPUT
+    assert cause.non_retryable and "never a request's" in cause.message
+    assert s.offered == [] and s.sent == []  # not even a model turn ran
+
+
+async def test_a_worker_without_the_trust_interceptor_takes_no_decision(client: Client) -> None:
+    stand_ins = StandIns(turns=[[note("n", "w1")], [say("ok")]])
+    task_queue = f"standin-{uuid.uuid4().hex[:10]}"
+    async with standin_worker(client, task_queue, stand_ins, trusted=False):
+        harness = Harness(client, task_queue, stand_ins)
+        handle = await harness.start(Limits(**FAST, approval_ttl_seconds=2))
+        op = await waiting_operation(handle)
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await decide(handle, op.operation_id)
+        assert "no trust interceptor verified" in str(refused.value.cause)
+        result = await asyncio.wait_for(request_result(handle), timeout=30)
+    assert result.operations[0].state == "expired" and stand_ins.sent == []
 
 
 # --- Model failures, no answer -------------------------------------------------------------------------------
@@ -744,7 +766,6 @@ async def test_a_write_this_request_may_not_use_is_forbidden_and_never_sent(harn
             actor=U1,
             model=ModelSpec(provider="script", script=[]),
             limits=Limits(**FAST),
-            approval_verify_key=APPROVAL_VERIFY_KEY,
             allowed_tools=["read"],
         ),
         id=f"standin-{uuid.uuid4().hex[:12]}",
@@ -847,6 +868,7 @@ def test_the_channel_will_not_sign_once_the_window_has_closed_and_says_so() -> N
         state="awaiting_approval",
         actor=U1,
         approval_expires_at=now - timedelta(milliseconds=1),
+        audience="bizservice",
     )
     with pytest.raises(ApprovalRefused, match="approval window has closed"):
         sign_decision(request, U1, APPROVAL_KEY, approve=True)

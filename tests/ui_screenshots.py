@@ -112,7 +112,6 @@ async def start(
             actor=U1,
             model=model,
             limits=limits or Limits(),
-            approval_verify_key=APPROVAL_VERIFY_KEY,
         ),
         id=request_workflow_id(U1, request_id),
         task_queue=settings.task_queue,
@@ -326,6 +325,7 @@ async def main(out: Path) -> list[Path]:
                         "TOOLLOOP_TASK_QUEUE": "ui-screenshots",
                         "TOOLLOOP_SERVICE_URL": service.url,
                         "TOOLLOOP_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY,
+                        "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
                     }
                 )
                 admin_headers = {"X-Admin-Token": service.admin_token}

@@ -8,8 +8,7 @@ model was shown - including the check that every call was answered exactly once.
     async with toolloop.testing.worker(client, tools, task_queue="t1", approval_verify_key=verify_key):
         handle = await toolloop.testing.start_request(
             client, "Refund A100", actor=Actor(user_id="u1"), task_queue="t1", model=script(
-                [call("refund", {"orderId": "A100"}, "c1")], [say("Refunded.")]),
-            approval_verify_key=verify_key)
+                [call("refund", {"orderId": "A100"}, "c1")], [say("Refunded.")]))
         async with approve_all(handle, signing_key=key, approver=Actor(user_id="u1")):
             result = await toolloop.request_result(handle)
         outputs = await answered_once(handle)   # call_id -> the output the model read
@@ -158,17 +157,20 @@ def approval_token(
     method: str = "POST",
     path: str | None = None,
     tool: str | None = None,
+    audience: str,
     ttl_seconds: float = 60.0,
     decision: Literal["approve", "reject"] = "approve",
 ) -> str:
     """The token the approval channel would send with a write, for testing your service (toolloop.servicekit)
     without a workflow: `actor`'s decision on exactly `payload` under `operation_id`, for `method` `path` as
-    your service receives it (or, for a tool that is not an HTTP write, for the tool's name)."""
+    your service receives it (or, for a tool that is not an HTTP write, for the tool's name), addressed to
+    `audience` (the service's own, its kit's `audience=`)."""
     if (path is None) == (tool is None):
         raise ValueError("give the path your service receives, or the tool's name")
     subject = http_subject(method, path) if path is not None else str(tool)
     now = time.time()
     claims = ApprovalClaims(
+        audience=audience,
         user_id=actor.user_id,
         tenant_id=actor.tenant_id,
         operation_id=operation_id,
@@ -194,11 +196,20 @@ async def worker(
     models: Mapping[str, ModelAdapter] | None = None,
     instructions: str | None = None,
     approval_verify_key: str | None = None,
+    allow_scripted_models: bool = True,
     **worker_options: Any,
 ) -> AsyncIterator[Worker]:
     """A started worker with the toolloop plugin for `tools`, shut down explicitly at the end of the block.
-    `approval_verify_key`: the key of the requests it runs that take decisions (start_request's)."""
-    plugin = ToolloopPlugin(tools, models=models, instructions=instructions, approval_verify_key=approval_verify_key)
+    `approval_verify_key`: the approval channel's public key(s) it verifies decisions with (its own
+    configuration, as a deployment's worker has it). It serves the scripted models (script(), ...): it is a
+    worker for tests."""
+    plugin = ToolloopPlugin(
+        tools,
+        models=models,
+        instructions=instructions,
+        approval_verify_key=approval_verify_key,
+        allow_scripted_models=allow_scripted_models,
+    )
     async with Worker(client, task_queue=task_queue, plugins=[plugin], **worker_options) as running:
         yield running
 
@@ -211,7 +222,6 @@ async def start_request(
     task_queue: str,
     model: ModelSpec | None = None,
     limits: Limits | None = None,
-    approval_verify_key: str | None = None,
     instructions: str | None = None,
     workflow_id: str | None = None,
 ) -> WorkflowHandle[Any, AgentResult]:
@@ -223,7 +233,6 @@ async def start_request(
             actor=actor,
             model=model or script(),
             limits=limits or Limits(),
-            approval_verify_key=approval_verify_key,
             instructions=instructions,
         ),
         id=workflow_id or f"test-{uuid.uuid4().hex[:12]}",

@@ -79,6 +79,16 @@ def _failure_message(err: ActivityError) -> str:
     return str(cause or err)
 
 
+def _untrusted_input(inp: AgentInput) -> str | None:
+    """Why the request is refused for what its input tried to bring; None if it brought nothing of the kind."""
+    if inp.approval_verify_key is not None:
+        return (
+            "this request's input brings an approval verify key; the keys that verify decisions are the worker's "
+            "own configuration (TOOLLOOP_APPROVAL_VERIFY_KEY), never a request's: refused, nothing was run"
+        )
+    return None
+
+
 @workflow.defn(name=AGENT_WORKFLOW)
 class AgentWorkflow:
     @workflow.init
@@ -89,7 +99,7 @@ class AgentWorkflow:
         self._narrator = Narrator(lambda: self._writes.ledger.values())
         # Built here, not in run(): an approval update may arrive before run() has started.
         self._writes = OperationStateMachine(
-            inp.actor, inp.limits, self._deadline, inp.approval_verify_key, self._set_phase, self._narrator
+            inp.actor, inp.limits, self._deadline, self._set_phase, self._narrator, _untrusted_input(inp)
         )
         # This round's calls whose output is a tool activity's result (so already in history).
         self._outputs_in_history: set[str] = set()
@@ -131,12 +141,21 @@ class AgentWorkflow:
     def _check_approval(self, decision: ApprovalDecision) -> None:
         self._writes.validate_decision(decision)
 
+    def approval_signature_checked(self, token: str | None, refusal: tuple[str, str] | None) -> None:
+        """Called by the worker's trust interceptor (toolloop._temporal.trust) right before the validator, once
+        it checked `token`'s signature with the worker's own keys (refusal: None, or why it did not verify); the
+        validator takes no decision whose signature was not checked so, or did not verify."""
+        self._writes.signature_checked(token, refusal)
+
     def _set_phase(self, phase: str) -> None:
         self._progress.phase = phase
         self._narrator.set_phase(phase)
 
     @workflow.run
     async def run(self, inp: AgentInput) -> AgentResult:
+        untrusted = _untrusted_input(inp)
+        if untrusted is not None:
+            raise ApplicationError(untrusted, type=ErrorType.UNTRUSTED_INPUT, non_retryable=True)
         limits = inp.limits
         deadline = self._deadline
         new_items: list[ConversationItem] = [user_message(inp.request)]

@@ -37,10 +37,11 @@ with workflow.unsafe.imports_passed_through():
     from toolloop._core.approvals import (
         ApprovalInvalid,
         approval_wait_summary,
+        check_approval_claims,
         derive_operation_id,
         payload_digest,
+        read_approval_claims,
         short_operation_id,
-        verify_approval_token,
     )
     from toolloop._core.codes import ErrorType, ResultCode
     from toolloop._core.contracts import (
@@ -85,14 +86,20 @@ class OperationStateMachine:
         actor: Actor,
         limits: Limits,
         deadline: datetime,
-        verify_key: str | None,
         set_phase: Callable[[str], None],
         narrator: Narrator | None = None,
+        no_decisions: str | None = None,
     ) -> None:
         self._actor = actor
         self._limits = limits
         self._deadline = deadline
-        self._verify_key = verify_key
+        # Why this request takes no decisions at all (its input tried to bring trust); None: it takes them.
+        self._no_decisions = no_decisions
+        # The token whose signature the worker's trust interceptor has just checked with the worker's own keys
+        # (toolloop._temporal.trust), and its refusal (code, reason) if it did not verify, for the validator
+        # that runs right after it: a decision it did not check is refused, so a worker without the interceptor
+        # takes no decisions (fail closed).
+        self._signature: tuple[str | None, tuple[str, str] | None] | None = None
         self._set_phase = set_phase
         self._narrator = narrator
         self.ledger: dict[str, OperationRecord] = {}
@@ -144,7 +151,13 @@ class OperationStateMachine:
             approval_expires_at=op.approval_expires_at,
             deadline=op.deadline,
             target=op.target,
+            audience=op.audience,
         )
+
+    def signature_checked(self, token: str | None, refusal: tuple[str, str] | None) -> None:
+        """The worker's trust interceptor checked `token`'s signature with the worker's configured keys: None if
+        it verified, else (code, reason)."""
+        self._signature = (token, refusal)
 
     def pending_approvals(self) -> list[ApprovalRequest]:
         requests = (
@@ -165,12 +178,21 @@ class OperationStateMachine:
             raise ValueError("the decision is for another payload (digest mismatch)")
         if decision.token is None:
             raise ValueError("a decision needs a token signed by the approval channel")
+        if self._no_decisions is not None:
+            raise ApplicationError(self._no_decisions, type=ErrorType.UNTRUSTED_INPUT, non_retryable=True)
+        checked, self._signature = self._signature, None
+        if checked is None or checked[0] != decision.token:
+            raise ValueError(
+                "no trust interceptor verified this decision's signature (register AgentWorkflow through "
+                "ToolloopPlugin); nothing was recorded"
+            )
+        if checked[1] is not None:
+            code, reason = checked[1]
+            raise ApplicationError(f"{reason}; nothing was recorded", type=code, non_retryable=True)
         if op.state != "awaiting_approval":
             if self._tokens.get(op.operation_id) == decision.token:
                 return  # the same decision again: accepted, recorded once
             raise ValueError(f"operation {op.operation_id} is not waiting for approval (state: {op.state})")
-        if self._verify_key is None:
-            raise ValueError("this request was started without the approval channel's key; it takes no decisions")
         # Whatever the approval timer's state: a decision that arrives once the window has closed sends nothing.
         window_end = op.approval_expires_at
         if window_end is not None and workflow.now() >= window_end:
@@ -183,11 +205,16 @@ class OperationStateMachine:
             "decision": "approve" if decision.approve else "reject",
         }
         try:
-            claims = verify_approval_token(
-                self._verify_key, decision.token, now=workflow.now().timestamp(), expected=expected
+            # The signature was verified with the worker's keys (above); the claims are judged here, against
+            # this run's own state and clock only, so the same decision is judged alike by every worker.
+            claims = check_approval_claims(
+                read_approval_claims(decision.token),
+                now=workflow.now().timestamp(),
+                audience=op.audience or "",
+                expected=expected,
             )
         except ApprovalInvalid as exc:
-            raise ValueError(str(exc)) from None
+            raise ApplicationError(str(exc), type=exc.code, non_retryable=True) from None
         if decision.approve and claims.expires_at > self._deadline.timestamp() + _CLOCK_TOLERANCE_SECONDS:
             raise ValueError("the approval would outlive the request's deadline; it must expire by then")
         if window_end is not None and (
@@ -239,6 +266,7 @@ class OperationStateMachine:
             transitions=["proposed", "validated"],
             deadline=self._deadline,
             target=call.target,
+            audience=call.audience,
         )
         self.ledger[operation_id] = op
         self._arguments[operation_id] = call.arguments

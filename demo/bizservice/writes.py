@@ -103,6 +103,11 @@ def _after_claim_fault(db: Store) -> Any:
     return fault
 
 
+# The `aud` this service accepts in approval tokens: the demo tools' source has the same name (demo/tools.py),
+# which is its tokens' audience by default.
+AUDIENCE = "bizservice"
+
+
 def write_kit(
     db: Store,
     approval_verify_key: str | None,
@@ -114,6 +119,7 @@ def write_kit(
     return IdempotencyKit(
         SqliteLedger(db.db_path),
         approval_verify_key=approval_verify_key,
+        audience=AUDIENCE,
         retention_seconds=retention_seconds,
         claim_lease_seconds=claim_lease_seconds,
         actor=kit_actor,

@@ -53,7 +53,10 @@ def _wait_for(url: str, process: subprocess.Popen[bytes], within: float = 30.0) 
 
 
 async def run(signing_key: str, db: Path) -> int:
-    plugin = toolloop.ToolloopPlugin(build(), approval_verify_key=verify_key_for(signing_key))
+    # The example scripts its model, so its worker allows scripted models (a deployment's worker does not).
+    plugin = toolloop.ToolloopPlugin(
+        build(), approval_verify_key=verify_key_for(signing_key), allow_scripted_models=True
+    )
     async with (
         await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_cli(), plugins=[plugin]) as temporal,
         Worker(temporal.client, task_queue=TASK_QUEUE),
@@ -68,7 +71,6 @@ async def run(signing_key: str, db: Path) -> int:
                 [call("get_note", {"noteId": 1}, "c2")],
                 [say("Added note 1: The supplier called.")],
             ),
-            approval_verify_key=verify_key_for(signing_key),
         )
         async with approve_all(handle, signing_key=signing_key, approver=ACTOR):
             result = await toolloop.request_result(handle)

@@ -42,7 +42,8 @@ ledger = SqliteLedger(os.environ.get("NOTES_DB", "notes.db"))
 ledger.init()
 with ledger.connect() as db:
     db.execute("CREATE TABLE IF NOT EXISTS notes (id INTEGER PRIMARY KEY, tenant TEXT, user TEXT, text TEXT, op TEXT)")
-kit = IdempotencyKit(ledger, approval_verify_key=os.environ["APPROVAL_VERIFY_KEY"], actor=caller)
+# audience: the name its approval tokens carry, the tool source's name (examples/http_tools/tools.py).
+kit = IdempotencyKit(ledger, approval_verify_key=os.environ["APPROVAL_VERIFY_KEY"], audience=AUDIENCE, actor=caller)
 app = FastAPI()
 kit.install(app)
 

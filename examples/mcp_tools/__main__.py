@@ -31,7 +31,10 @@ TASK_QUEUE = "todos-example"
 async def run(todo_file: Path) -> toolloop.AgentResult:
     signing_key = generate_signing_key()
     os.environ["TODO_FILE"] = str(todo_file)  # what tools.build() passes to the server
-    plugin = toolloop.ToolloopPlugin(build(), approval_verify_key=verify_key_for(signing_key))
+    # The example scripts its model, so its worker allows scripted models (a deployment's worker does not).
+    plugin = toolloop.ToolloopPlugin(
+        build(), approval_verify_key=verify_key_for(signing_key), allow_scripted_models=True
+    )
     async with (
         await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_cli(), plugins=[plugin]) as temporal,
         Worker(temporal.client, task_queue=TASK_QUEUE),
@@ -46,7 +49,6 @@ async def run(todo_file: Path) -> toolloop.AgentResult:
                 [call("list_todos", {}, "c2")],
                 [say("Added: Water the plants.")],
             ),
-            approval_verify_key=verify_key_for(signing_key),
         )
         async with approve_all(handle, signing_key=signing_key, approver=ACTOR):
             return await toolloop.request_result(handle)

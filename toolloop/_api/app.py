@@ -172,9 +172,8 @@ class Me(BaseModel):
 class ApiConfig:
     task_queue: str
     tokens: TokenMap
-    # The approval channel's keys: the private one signs decisions, the public one goes into each request.
+    # The approval channel's private key: it signs decisions (the workers verify them with their own keys).
     signing_key: str | None
-    verify_key: str | None
     default_model: str = "offline"
     max_body_bytes: int = MAX_BODY_BYTES
     # Temporal's metric meter of the API's runtime (its Prometheus endpoint); None: counts are not kept.
@@ -518,7 +517,6 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                     actor=actor,
                     model=model,
                     limits=limits,
-                    approval_verify_key=config.verify_key,
                     instructions=body.instructions,
                     allowed_tools=body.tools,
                 ),

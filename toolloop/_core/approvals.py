@@ -4,10 +4,13 @@ workflow and the approval channel on one side, the service kit on the other).
 - The digest: sha256 of the canonical JSON (sorted keys, no whitespace) of what is approved: the payload and
   its subject (the tool's name, or for an HTTP write the method and path the service receives). A service
   computes it from the request it receives, knowing no tool names and no argument models.
-- The token: the trusted approval channel signs a human's decision (approve or reject) with an Ed25519 private
-  key that only it holds; the workflow's Update validator and the service verify the signature with the
-  public key. So nobody else (the model, a worker, anyone with a Temporal client) can approve or reject, and
-  the public key can sit in workflow input and service configuration.
+- The token: the trusted approval channel signs a human's decision (approve or reject) as a JWT (EdDSA JWS,
+  made and read by PyJWT) with an Ed25519 private key that only it holds. Its header names the key's id
+  (`kid`, the key's RFC 7638 thumbprint), its `aud` the service or tool source it is for. A worker's trust
+  interceptor and a service verify the signature with the public keys their own configuration holds (a set
+  by kid, so two are valid during a rotation); the claims are then checked where they are judged (the
+  workflow does that deterministically, without a key). So nobody else (the model, a worker, anyone with a
+  Temporal client) can approve or reject.
 """
 
 from __future__ import annotations
@@ -17,13 +20,13 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from cryptography.exceptions import InvalidSignature
+import jwt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 Decision = Literal["approve", "reject"]
 
@@ -75,17 +78,21 @@ def approval_wait_of(summary: str) -> tuple[str, str] | None:
 
 
 class ApprovalClaims(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    """What a decision token claims. On the wire it is a JWT (RFC 7519) signed with EdDSA (Ed25519): the
+    standard claims under their registered names (`aud`, `exp`, `iat`), toolloop's own under theirs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     v: int = 1
+    # The service or tool source the decision is for (the operation's audience): a service accepts only its own.
+    audience: str = Field(alias="aud", min_length=1, max_length=200)
     user_id: str
     tenant_id: str
     operation_id: str
     digest: str
-    approved_by: str  # who decided (kept under its first name: stored tokens still decode)
-    approved_at: float  # unix seconds
-    expires_at: float  # unix seconds
-    # Added later, with defaults so older tokens still decode.
+    approved_by: str  # who decided
+    approved_at: float = Field(alias="iat")  # unix seconds
+    expires_at: float = Field(alias="exp")  # unix seconds
     decision: Decision = "approve"
     channel: str = ""
     # The end of the operation's approval window (unix seconds): a decision made after it counts for nothing,
@@ -98,8 +105,40 @@ class ApprovalClaims(BaseModel):
         return self.approved_by + (f" via {self.channel}" if self.channel else "")
 
 
+# The refusals' codes: a service's problem code, the workflow's Update failure type. Distinct where the
+# remedy differs: an expired decision needs a new one, a wrong audience another channel setting, an unknown
+# key id a key this side has not been given (yet, during a rotation).
+APPROVAL_REQUIRED = "APPROVAL_REQUIRED"
+APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
+APPROVAL_WRONG_AUDIENCE = "APPROVAL_WRONG_AUDIENCE"
+APPROVAL_UNKNOWN_KEY = "APPROVAL_UNKNOWN_KEY"
+
+
 class ApprovalInvalid(ValueError):
-    """The token is missing, malformed, forged, expired or bound to something else."""
+    """The token is missing, malformed, forged or bound to something else."""
+
+    code = APPROVAL_REQUIRED
+
+
+class ApprovalExpired(ApprovalInvalid):
+    """The decision has expired, or was made after the operation's approval window closed."""
+
+    code = APPROVAL_EXPIRED
+
+
+class ApprovalWrongAudience(ApprovalInvalid):
+    """The decision is for another service or tool source."""
+
+    code = APPROVAL_WRONG_AUDIENCE
+
+
+class ApprovalUnknownKey(ApprovalInvalid):
+    """The token names a key id this side does not hold."""
+
+    code = APPROVAL_UNKNOWN_KEY
+
+
+_ALGORITHM = "EdDSA"
 
 
 def _b64(data: bytes) -> str:
@@ -132,8 +171,10 @@ def verify_key_for(signing_key: str) -> str:
 
 
 def check_verify_key(verify_key: str) -> str:
-    """`verify_key` if it is a usable public key; raises ValueError otherwise (for configuration checks)."""
-    _public_key(verify_key)
+    """`verify_key` if it is a usable public key, or several separated by commas or whitespace (during a
+    rotation); raises ValueError otherwise (for configuration checks)."""
+    if not verify_key_set(verify_key):
+        raise ValueError("the approval verify key is empty")
     return verify_key
 
 
@@ -145,43 +186,96 @@ def _public_key(verify_key: str) -> Ed25519PublicKey:
         raise ValueError("the approval verify key is not a base64url Ed25519 public key of 32 bytes") from exc
 
 
+@functools.lru_cache(maxsize=16)
+def key_id(verify_key: str) -> str:
+    """The key id (`kid`) of a public key: its JWK thumbprint (RFC 7638), so a key pair names itself and no
+    side configures ids by hand."""
+    jwk = {
+        "crv": "Ed25519",
+        "kty": "OKP",
+        "x": _b64(_public_key(verify_key).public_bytes(Encoding.Raw, PublicFormat.Raw)),
+    }
+    return _b64(hashlib.sha256(canonical_json(jwk).encode("ascii")).digest())
+
+
+def verify_key_set(keys: str | Iterable[str] | None) -> dict[str, str]:
+    """The public keys a worker or a service verifies decisions with, by key id. Several are valid at once
+    during a rotation: a str may name several, separated by commas or whitespace. Raises ValueError for a key
+    that is not an Ed25519 public key."""
+    if keys is None:
+        return {}
+    listed = keys.replace(",", " ").split() if isinstance(keys, str) else [k.strip() for k in keys if k.strip()]
+    return {key_id(key): key for key in listed}
+
+
 def mint_approval_token(signing_key: str, claims: ApprovalClaims) -> str:
-    body = _b64(canonical_json(claims.model_dump()).encode("utf-8"))
-    return f"{body}.{_b64(_private_key(signing_key).sign(body.encode('ascii')))}"
+    """A compact JWS (a JWT) of `claims`, signed with `signing_key`; its header names the key's id."""
+    kid = key_id(verify_key_for(signing_key))
+    payload = claims.model_dump(by_alias=True)
+    return jwt.encode(payload, _private_key(signing_key), algorithm=_ALGORITHM, headers={"kid": kid})
 
 
 def read_approval_claims(token: str) -> ApprovalClaims:
-    """The claims without checking the signature (to record an already verified decision)."""
+    """The claims without checking the signature (to record a decision whose signature was verified, or to
+    check its claims once it was)."""
     try:
-        body, _, _sig = token.partition(".")
-        data: Any = json.loads(_unb64(body))
+        data: Any = jwt.decode(token, options={"verify_signature": False})
         return ApprovalClaims.model_validate(data)
-    except (ValueError, ValidationError) as exc:
+    except (jwt.PyJWTError, ValueError, ValidationError) as exc:
         raise ApprovalInvalid("the approval token is malformed") from exc
 
 
-def verify_approval_token(
-    verify_key: str, token: str | None, *, now: float, expected: Mapping[str, str]
-) -> ApprovalClaims:
-    """Check the signature, the expiry and that every `expected` claim (user_id, tenant_id, operation_id,
-    digest, decision) matches. Raises ApprovalInvalid with a short reason."""
+def verify_token_signature(keys: Mapping[str, str], token: str | None) -> ApprovalClaims:
+    """The token's claims once its signature is verified with the key its header names (`kid`) among `keys`
+    (verify_key_set). Checks nothing else: check_approval_claims does, where the claims are judged."""
     if not token:
         raise ApprovalInvalid("no approval token")
-    body, dot, sig = token.partition(".")
     try:
-        _public_key(verify_key).verify(_unb64(sig), body.encode("ascii"))
-    except (InvalidSignature, ValueError, UnicodeEncodeError):
+        header = jwt.get_unverified_header(token)
+    except jwt.PyJWTError:
+        raise ApprovalInvalid("the approval token is malformed") from None
+    if not keys:
+        raise ApprovalUnknownKey("no approval verify key is configured here, so no decision is taken")
+    kid = header.get("kid")
+    verify_key = keys.get(kid) if isinstance(kid, str) else None
+    if verify_key is None:
+        raise ApprovalUnknownKey(f"the approval token is signed with a key this side does not hold (kid {kid!r})")
+    options: Any = {"verify_exp": False, "verify_nbf": False, "verify_iat": False, "verify_aud": False}
+    try:
+        data = jwt.decode(token, _public_key(verify_key), algorithms=[_ALGORITHM], options=options)
+    except jwt.InvalidSignatureError:
         raise ApprovalInvalid("the approval token's signature is not valid") from None
-    if not dot:
-        raise ApprovalInvalid("the approval token's signature is not valid")
-    claims = read_approval_claims(token)
+    except jwt.PyJWTError:
+        raise ApprovalInvalid("the approval token is malformed") from None
+    try:
+        return ApprovalClaims.model_validate(data)
+    except ValidationError:
+        raise ApprovalInvalid("the approval token is malformed") from None
+
+
+def check_approval_claims(
+    claims: ApprovalClaims, *, now: float, audience: str, expected: Mapping[str, str]
+) -> ApprovalClaims:
+    """Deterministic (no key, no clock of its own): the decision is for `audience`, not expired at `now`, made
+    within its approval window, and every `expected` claim (user_id, tenant_id, operation_id, digest,
+    decision) matches. Raises ApprovalInvalid (a subclass per distinct code) with a short reason."""
+    if claims.audience != audience:
+        raise ApprovalWrongAudience(f"the approval is for {claims.audience!r}, not for {audience!r}")
     if claims.expires_at <= now:
-        raise ApprovalInvalid("the approval has expired")
+        raise ApprovalExpired("the approval has expired")
     if claims.decide_by is not None and claims.approved_at >= claims.decide_by:
-        raise ApprovalInvalid("the decision was made after the operation's approval window closed")
+        raise ApprovalExpired("the decision was made after the operation's approval window closed")
     for name, value in expected.items():
         if getattr(claims, name) != value:
             if name == "decision":
                 raise ApprovalInvalid(f"the token records a decision to {claims.decision}, not to {value}")
             raise ApprovalInvalid(f"the approval is for another {name.replace('_id', '').replace('_', ' ')}")
     return claims
+
+
+def verify_approval_token(
+    keys: Mapping[str, str], token: str | None, *, now: float, audience: str, expected: Mapping[str, str]
+) -> ApprovalClaims:
+    """What a service checks: the signature (with the key the token's `kid` names among `keys`), the
+    audience, the expiry and every `expected` claim. Raises ApprovalInvalid (a subclass per distinct code)."""
+    return check_approval_claims(verify_token_signature(keys, token), now=now, audience=audience, expected=expected)

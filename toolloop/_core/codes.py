@@ -12,6 +12,8 @@
 | EvidenceNotYetVisible              | read-back      | yes       | after the budget: completed, not verified     |
 | WriteOutcomeUnknown                | write attempt  | no        | ask the status (details: the WriteOutcome)    |
 | RequestFailed                      | the workflow   | no        | the run fails; details: the AgentResult       |
+| UntrustedInput                     | the workflow   | no        | the run fails at start: its input brought a   |
+|                                    |                |           | verify key (trust is the worker's config)     |
 
 A write attempt returns what it established (completed, refused, not sent, in progress), or fails with
 WriteOutcomeUnknown when it is unclear; the workflow runs the state machine of DESIGN.md either way, and
@@ -57,6 +59,9 @@ class ErrorType(StrEnum):
     EVIDENCE_NOT_YET_VISIBLE = "EvidenceNotYetVisible"
     # The request failed (model error, no answer): the workflow fails with the AgentResult as its details.
     REQUEST_FAILED = "RequestFailed"
+    # The request's input tried to bring what only the worker's configuration may (an approval verify key):
+    # the run fails at its start and takes no decision.
+    UNTRUSTED_INPUT = "UntrustedInput"
     # A write attempt that ended without a definite answer: the attempt fails (visibly, in the UI) with the
     # WriteOutcome as its details, and the workflow asks the operation's status.
     WRITE_OUTCOME_UNKNOWN = "WriteOutcomeUnknown"

@@ -263,6 +263,8 @@ class CheckedCall(ActivityPayload):
     # Added with the public tool API (defaults keep stored histories decoding):
     # what a write's digest binds besides the payload (an HTTP write's "POST /path"); None: the tool's name.
     target: str | None = None
+    # A write's approval audience: the service or tool source its decision tokens are for (ToolSpec).
+    audience: str | None = None
     # The tool's own timeout per attempt and number of attempts; None: the request's limits.
     timeout_seconds: float | None = None
     max_attempts: int | None = None
@@ -446,6 +448,8 @@ class OperationRecord(Compact):
     retention_seconds: float | None = None
     # What the digest binds besides the arguments (an HTTP write's "POST /path"); None: the tool's name.
     target: str | None = None
+    # The service or tool source its decision tokens are for (their `aud`).
+    audience: str | None = None
     # In a finished request's report: the fields its payload leaves out because the run's history holds them
     # already (see HistoryField).
     in_history: list[HistoryField] = Field(default_factory=list)
@@ -518,6 +522,9 @@ class ApprovalRequest(BaseModel):
     deadline: datetime | None = None
     # What the digest binds besides the arguments (an HTTP write's "POST /path"); None: the tool's name.
     target: str | None = None
+    # The audience the channel signs the decision for (the token's `aud`): the service or tool source that
+    # will check it.
+    audience: str | None = None
 
     @property
     def digest_subject(self) -> str:

@@ -171,10 +171,21 @@ class ToolSpec:
     # resent) or no read-back (a completed write then stays unverified). MCP tools are such writes.
     without_status: bool = False
     without_read_back: bool = False
+    # The audience of this write's approval tokens (the service or tool source they are for, which accepts
+    # only its own); None: the source's audience (its `audience`, else its name), or the tool's own name.
+    audience: str | None = None
 
     @property
     def read_only(self) -> bool:
         return self.effect == "read_only"
+
+    @property
+    def approval_audience(self) -> str:
+        if self.audience:
+            return self.audience
+        if self.source is not None:
+            return getattr(self.source, "audience", None) or self.source.name
+        return self.name
 
     @functools.cached_property
     def schema(self) -> ArgumentSchema:

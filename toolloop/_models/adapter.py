@@ -34,7 +34,9 @@ class ModelAdapter(Protocol):
     `respond` raises toolloop's ModelCallError when the call gives no usable answer: kind "temporary" is
     retried by the activity's retry policy, "rejected", "malformed" and "exhausted" stop the request. An
     adapter that needs no conversation (the script model) sets `needs_conversation = False`, and the worker
-    does not rebuild one for it. Every turn is an activity of its own, whatever the adapter."""
+    does not rebuild one for it. Every turn is an activity of its own, whatever the adapter. An adapter whose
+    answers are written in advance or canned (the script model, the demo's offline model) sets `scripted =
+    True`: a worker serves it only when its configuration allows scripted models."""
 
     needs_conversation: bool
 

@@ -141,6 +141,9 @@ class ScriptModel:
     needs_conversation = False
     # The worker reads the request's script from the run's start event and passes this turn's part.
     reads_script = True
+    # Whoever starts a request writes its answers, tool calls included: a worker serves it only when its
+    # configuration allows scripted models (ToolloopPlugin(allow_scripted_models=True)).
+    scripted = True
 
     def label(self, model_name: str | None) -> str:
         return "script"

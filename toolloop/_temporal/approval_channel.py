@@ -60,7 +60,9 @@ def sign_decision(
 ) -> str:
     """A token for `decider`'s decision on exactly this payload. It never outlives the request's deadline,
     so nothing can be committed after it, and it names the end of the operation's approval window: a
-    decision made after it is refused by the workflow and by the service."""
+    decision made after it is refused by the workflow and by the service. Its audience is the one the
+    workflow names for the operation (the service or tool source that will check it); its header names the
+    signing key's id, so the verifying side picks the key, two of them during a rotation."""
     check_shown_payload(request)
     now = time.time()
     expires_at = now + ttl_seconds
@@ -71,7 +73,10 @@ def sign_decision(
     decide_by = request.approval_expires_at.timestamp() if request.approval_expires_at is not None else None
     if decide_by is not None and now >= decide_by:
         raise ApprovalRefused(f"operation {request.operation_id}: its approval window has closed")
+    if not request.audience:
+        raise ApprovalRefused(f"operation {request.operation_id}: the request names no audience to sign for")
     claims = ApprovalClaims(
+        audience=request.audience,
         user_id=decider.user_id,
         tenant_id=decider.tenant_id,
         operation_id=request.operation_id,

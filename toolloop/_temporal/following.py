@@ -195,6 +195,7 @@ class _ApprovalHistory:
                     approval_expires_at=self._now + timer,
                     deadline=self._started + timedelta(seconds=request.limits.deadline_seconds),
                     target=call.target,
+                    audience=call.audience,
                 )
         return None
 

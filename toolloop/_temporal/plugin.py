@@ -5,7 +5,7 @@ sources (HTTP clients, MCP connections) while the worker runs."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
 
 import httpx
@@ -25,7 +25,7 @@ from toolloop._models.adapter import ModelAdapter
 from toolloop._models.script import ScriptModel
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.telemetry import tracing_interceptor
-from toolloop._temporal.trust import TrustedApprovalKey
+from toolloop._temporal.trust import TrustedApprovalKeys
 from toolloop._tools.toolset import AgentSpec, Toolset
 from workflows.agent import AgentWorkflow
 
@@ -52,13 +52,17 @@ class ToolloopPlugin(SimplePlugin):
         async with Worker(client, task_queue="toolloop"):   # the client's plugin configures the worker
             ...
 
-    The "script" model is always there; `models` adds others by the name a request asks for (an AgentSpec
-    brings its own). `retention_seconds` is how long the services keep operation ids when they do not say
-    so on their status answers (unknown means a resend after a doubtful attempt fails closed). `http` is
-    the client of tools that have no source of their own. `tracing` adds Temporal's OpenTelemetry
+    `models` adds models by the name a request asks for (an AgentSpec brings its own); the "script" model is
+    always registered. Scripted models (the script model, the demo's offline model: an adapter with `scripted =
+    True`) are served only with `allow_scripted_models=True` (tests, demos; TOOLLOOP_ALLOW_SCRIPTED_MODELS):
+    otherwise whoever starts a request could write its tool calls. A request naming one fails with a
+    non-retryable model error that says so. `retention_seconds` is how long the services keep operation ids
+    when they do not say so on their status answers (unknown means a resend after a doubtful attempt fails
+    closed). `http` is the client of tools that have no source of their own. `tracing` adds Temporal's OpenTelemetry
     interceptor (spans with the globally configured tracer provider). `approval_verify_key` is the approval
-    channel's public key: a decision is taken only in a request whose input brought exactly that key (with
-    none configured, no decision is), so a request that brings a key of its own never sends a write.
+    channel's public key, or several (a list, or one string separated by commas) during a rotation: a decision
+    is taken only when its token's signature verifies with the one its key id names (with none configured, no
+    decision is). It is never a request's input: a request whose input brings a key fails at its start.
     AgentWorkflow runs in Temporal's workflow sandbox (workflow_runner), as the SDK runs it."""
 
     def __init__(
@@ -70,11 +74,17 @@ class ToolloopPlugin(SimplePlugin):
         retention_seconds: float | None = None,
         http: httpx.AsyncClient | None = None,
         tracing: bool = False,
-        approval_verify_key: str | None = None,
+        approval_verify_key: str | Iterable[str] | None = None,
+        allow_scripted_models: bool = False,
     ) -> None:
         spec = tools if isinstance(tools, AgentSpec) else AgentSpec(tools=tools)
         self.toolset = spec.tools
-        self.models: dict[str, ModelAdapter] = {"script": ScriptModel(), **spec.models, **(models or {})}
+        every: dict[str, ModelAdapter] = {"script": ScriptModel(), **spec.models, **(models or {})}
+        self.models = {
+            name: m for name, m in every.items() if allow_scripted_models or not getattr(m, "scripted", False)
+        }
+        # Registered but off: a request naming one is told so rather than "no such model".
+        self.disabled_models = sorted(set(every) - set(self.models))
         self.instructions = instructions or spec.instructions
         self.retention_seconds = retention_seconds
         self._http = http
@@ -86,7 +96,7 @@ class ToolloopPlugin(SimplePlugin):
             workflow_runner=workflow_runner,
             # The trust anchor: decisions are verified only with this worker's own key. OpenTelemetry spans for
             # workflows and activities, off by default.
-            interceptors=[TrustedApprovalKey(approval_verify_key), *([tracing_interceptor()] if tracing else [])],
+            interceptors=[TrustedApprovalKeys(approval_verify_key), *([tracing_interceptor()] if tracing else [])],
         )
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
@@ -104,7 +114,9 @@ class ToolloopPlugin(SimplePlugin):
         conversations = ConversationState(TemporalTurnHistory(client), outputs)
         config["activities"] = [
             *config.get("activities", []),
-            ModelActivities(registry, client, self.models, self.instructions, conversations).model_turn,
+            ModelActivities(
+                registry, client, self.models, self.instructions, conversations, self.disabled_models
+            ).model_turn,
             ToolActivities(registry, http, outputs).run_tool,
             writes.execute_write,
             writes.query_operation_status,

@@ -18,10 +18,14 @@ class Settings(BaseSettings):
     service_url: str = Field(default="http://127.0.0.1:8701", validation_alias="TOOLLOOP_SERVICE_URL")
     service_admin_token: SecretStr | None = Field(default=None, validation_alias="TOOLLOOP_SERVICE_ADMIN_TOKEN")
     # The approval channel's private key (toolloop._core.approvals): held by the CLI and the API only, never
-    # by workers or the service. The public half is derived from it, or given alone by
-    # TOOLLOOP_APPROVAL_VERIFY_KEY where this process only starts requests.
+    # by workers or the service.
     approval_key: SecretStr | None = Field(default=None, validation_alias="TOOLLOOP_APPROVAL_KEY")
+    # A worker's trust anchor: the public key(s) that verify decisions (several, separated by commas, during a
+    # rotation). Worker configuration only: never sent with a request.
     approval_verify_key: str | None = Field(default=None, validation_alias="TOOLLOOP_APPROVAL_VERIFY_KEY")
+    # A worker serves the scripted models (the script model, the demo's offline model) only when this says so:
+    # tests, the local demo stack, the chaos runner and the benchmark do; a deployment's worker does not.
+    allow_scripted_models: bool = Field(default=False, validation_alias="TOOLLOOP_ALLOW_SCRIPTED_MODELS")
 
     # How long the business service keeps operation ids, for a service that does not declare it on its
     # status answers. Unknown (unset and undeclared) means a resend after a doubtful attempt fails closed.

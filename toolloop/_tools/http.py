@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from toolloop._core.approvals import http_subject
 from toolloop._core.codes import ResultCode
 from toolloop._core.contracts import Actor, error_output, ok_output
+from toolloop._core.problems import APPROVAL_REQUIRED, IN_PROGRESS, KEY_REQUIRED, KEY_REUSED, MAX_DETAIL_CHARS
 from toolloop._core.registry import (
     Evidence,
     EvidenceNotYetVisible,
@@ -36,16 +37,9 @@ from toolloop._core.registry import (
 
 R = TypeVar("R", bound=BaseModel)
 
-_MAX_DETAIL_CHARS = 200
 _MAX_RETRY_AFTER_SECONDS = 300.0
 # Failures that happen before a single byte of the request is sent.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-
-# The problem codes of the idempotency protocol itself (toolloop.servicekit answers with these).
-KEY_REQUIRED = "IDEMPOTENCY_KEY_REQUIRED"
-KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
-IN_PROGRESS = "IN_PROGRESS"
-APPROVAL_REQUIRED = "APPROVAL_REQUIRED"
 
 
 def default_actor_headers(actor: Actor) -> dict[str, str]:
@@ -145,7 +139,7 @@ def safe_detail(value: Any, fallback: str) -> str:
     # short string is passed on.
     if not isinstance(value, str) or not value.strip():
         return fallback
-    return value.strip()[:_MAX_DETAIL_CHARS]
+    return value.strip()[:MAX_DETAIL_CHARS]
 
 
 def definite_refusal(

@@ -352,6 +352,8 @@ class McpSource:
     prefix: str = ""
     timeout_seconds: float = 10.0
     connect_timeout_seconds: float = 10.0
+    # The `aud` of its writes' approval tokens (a server that checks them accepts only its own); default: the name.
+    audience: str | None = None
     refused: dict[str, str] = field(default_factory=dict, init=False)
     _specs: list[ToolSpec] = field(default_factory=list, init=False, repr=False)
     _conn: _Connection | None = field(default=None, init=False, repr=False)
@@ -386,6 +388,7 @@ class McpSource:
         prefix: str = "",
         timeout_seconds: float = 10.0,
         connect_timeout_seconds: float = 10.0,
+        audience: str | None = None,
     ) -> McpSource:
         """A server the worker starts as a child process and talks to over its stdin and stdout: `command` is
         its argv. `env` is added to the SDK's minimal default environment (PATH, HOME, ...; the worker's own
@@ -401,6 +404,7 @@ class McpSource:
             prefix=prefix,
             timeout_seconds=timeout_seconds,
             connect_timeout_seconds=connect_timeout_seconds,
+            audience=audience,
         )
 
     @classmethod
@@ -415,6 +419,7 @@ class McpSource:
         prefix: str = "",
         timeout_seconds: float = 10.0,
         connect_timeout_seconds: float = 5.0,
+        audience: str | None = None,
     ) -> McpSource:
         """A server reached over streamable HTTP at `url` (e.g. "http://127.0.0.1:8000/mcp"). `headers` are
         sent with every request (an API key, say: held by the worker, never in history); proxies from the
@@ -436,6 +441,7 @@ class McpSource:
             prefix=prefix,
             timeout_seconds=timeout_seconds,
             connect_timeout_seconds=connect_timeout_seconds,
+            audience=audience,
         )
 
     # --- Lifecycle (the Toolset's provider protocol) -------------------------------------------------
@@ -536,6 +542,7 @@ class McpSource:
             read_back=None,
             without_status=True,
             without_read_back=True,
+            audience=self.audience or self.name,
         )
 
     def _executor(

@@ -14,32 +14,36 @@ Whom a request acts for is the service's to establish: `actor=` is required, a d
 from a credential the service verifies (docs/SERVICEKIT.md); `insecure_actor_from_headers` believes anyone's
 headers and is for local demos only.
 
-Storage: SqliteLedger or PostgresLedger (the service's own database, so effects and records commit together).
+Storage: SqlLedger, one algorithm on SQLite (SqliteLedger) or PostgreSQL (PostgresLedger, pooled): the service's own
+database, so effects and records commit together.
 """
 
 from typing import TYPE_CHECKING
 
 from toolloop._core.approvals import check_verify_key
-from toolloop.servicekit._holds import FileHolds, reached
-from toolloop.servicekit._kit import (
+from toolloop._core.problems import (
     APPROVAL_REQUIRED,
-    COMMITTED_FLAG,
     IN_PROGRESS,
     INVALID_BODY,
     KEY_REQUIRED,
     KEY_REUSED,
-    MAX_BODY_BYTES,
     PROBLEM_MEDIA_TYPE,
+    describe_errors,
+)
+from toolloop.servicekit._holds import FileHolds, reached
+from toolloop.servicekit._kit import (
+    COMMITTED_FLAG,
+    MAX_BODY_BYTES,
     IdempotencyKit,
     IdempotentWrite,
     KitActor,
     KitProblem,
     OperationState,
     Refusal,
-    describe_errors,
     insecure_actor_from_headers,
 )
 from toolloop.servicekit._ledger import ClaimTaken, Hold, HoldPoint, Ledger, LedgerKey, LedgerRecord, no_hold
+from toolloop.servicekit._sql import SqlLedger
 from toolloop.servicekit._sqlite import SqliteLedger
 
 if TYPE_CHECKING:
@@ -59,6 +63,7 @@ __all__ = [
     "LedgerKey",
     "LedgerRecord",
     "ClaimTaken",
+    "SqlLedger",
     "SqliteLedger",
     "PostgresLedger",
     "Hold",

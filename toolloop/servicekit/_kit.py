@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Literal, TypeVar
@@ -31,22 +31,25 @@ from toolloop._core.approvals import (
     payload_digest,
     verify_approval_token,
 )
+from toolloop._core.problems import (
+    ACTOR_REQUIRED,
+    APPROVAL_REQUIRED,
+    BODY_TOO_LARGE,
+    IN_PROGRESS,
+    INVALID_BODY,
+    KEY_REQUIRED,
+    KEY_REUSED,
+    PROBLEM_MEDIA_TYPE,
+    describe_errors,
+)
 from toolloop.servicekit._ledger import ClaimTaken, Hold, Ledger, LedgerKey, LedgerRecord, no_hold
 
-PROBLEM_MEDIA_TYPE = "application/problem+json"
 OPERATION_ID = r"^[A-Za-z0-9_-]{1,100}$"
 CLAIM_LEASE_SECONDS = 30.0
 MAX_BODY_BYTES = 16_384
-_MAX_ERRORS_SHOWN = 5
 
-# The kit's own problem codes (a client maps them to what its callers see; toolloop's HTTP write contract does).
-KEY_REQUIRED = "IDEMPOTENCY_KEY_REQUIRED"
-KEY_REUSED = "IDEMPOTENCY_KEY_REUSED"
-IN_PROGRESS = "IN_PROGRESS"
-APPROVAL_REQUIRED = "APPROVAL_REQUIRED"
-ACTOR_REQUIRED = "ACTOR_REQUIRED"
-INVALID_BODY = "INVALID_BODY"
-BODY_TOO_LARGE = "BODY_TOO_LARGE"
+# The kit's problem codes are the write protocol's, written once (toolloop/_core/problems.py, imported above)
+# and read by toolloop's HTTP write contract.
 
 # The request-state flag a committed write sets (request.state.idempotency_committed), for middleware that
 # acts after the effect is stored (logging, the demo's after-commit faults).
@@ -126,21 +129,6 @@ class OperationState(BaseModel):
     body: dict[str, Any] | None
     # Declared on every answer: after this long a "not_found" no longer proves the key was never used.
     retention_seconds: float
-
-
-def describe_errors(errors: Sequence[Mapping[str, Any]]) -> str:
-    """Field-by-field hints; never the input values (they may be huge, hostile or someone's data)."""
-    parts = []
-    for err in errors[:_MAX_ERRORS_SHOWN]:
-        loc = [str(p) for p in err.get("loc", ())]
-        kind = err.get("type")
-        msg = {"missing": "is required", "extra_forbidden": "is not an accepted field"}.get(
-            str(kind), str(err.get("msg", "is invalid"))
-        )
-        parts.append(f"{'.'.join(loc) or 'body'}: {msg}"[:200])
-    if len(errors) > _MAX_ERRORS_SHOWN:
-        parts.append(f"and {len(errors) - _MAX_ERRORS_SHOWN} more")
-    return "; ".join(parts)
 
 
 def _reject_constant(name: str) -> Any:
