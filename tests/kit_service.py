@@ -66,6 +66,8 @@ from toolloop.servicekit import (
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 APPROVAL_VERIFY_KEY_ENV = "KIT_SERVICE_APPROVAL_VERIFY_KEY"
+# The `aud` this service accepts (a tool source for it names the same audience).
+AUDIENCE = "notes"
 READY_LINE = "kit_service listening on"
 NOTES_PATH = "/notes"
 NOTE_ID = r"^N[0-9a-f]{16}$"
@@ -347,6 +349,7 @@ def create_app(
     kit = IdempotencyKit(
         storage.ledger,
         approval_verify_key=approval_verify_key,
+        audience=AUDIENCE,
         retention_seconds=retention_seconds,
         claim_lease_seconds=claim_lease_seconds,
         # A test service on loopback: its callers are the tests, which say who they act for in headers.
@@ -477,10 +480,12 @@ def note_token(
     expires_in: float = 300.0,
     digest: str | None = None,
     decision: Literal["approve", "reject"] = "approve",
+    audience: str = AUDIENCE,
 ) -> str:
     """An approval of exactly this note, signed as the approval channel does (`digest` to bind another)."""
     now = time.time()
     claims = ApprovalClaims(
+        audience=audience,
         user_id=user,
         tenant_id=tenant,
         operation_id=operation_id,

@@ -36,7 +36,7 @@ from tests.kit_service import (
     start_kit_service,
 )
 from tests.pg import PgServer, pg_server  # noqa: F401 - the fixture, for the PostgreSQL storage
-from toolloop._core.approvals import read_approval_claims
+from toolloop._core.approvals import read_approval_claims, verify_key_for
 from toolloop.servicekit import (
     PROBLEM_MEDIA_TYPE,
     ClaimTaken,
@@ -239,10 +239,22 @@ async def test_an_attempt_in_flight_makes_another_one_with_its_key_wait_409(stor
     assert records(storage) == [("acme", "u1", "op-flight", 201)] and claims(storage) == []
 
 
-FORGERIES = ["none", "forged", "expired", "other_digest", "other_actor", "other_key", "rejected", "no_verify_key"]
+# Each forgery and its problem code: expired, another channel's key (its kid unknown here) and another
+# service's token each have their own.
+FORGERIES = {
+    "none": "APPROVAL_REQUIRED",
+    "forged": "APPROVAL_UNKNOWN_KEY",
+    "expired": "APPROVAL_EXPIRED",
+    "other_digest": "APPROVAL_REQUIRED",
+    "other_actor": "APPROVAL_REQUIRED",
+    "other_key": "APPROVAL_REQUIRED",
+    "rejected": "APPROVAL_REQUIRED",
+    "no_verify_key": "APPROVAL_REQUIRED",
+    "other_service": "APPROVAL_WRONG_AUDIENCE",
+}
 
 
-@pytest.mark.parametrize("forgery", FORGERIES)
+@pytest.mark.parametrize("forgery", list(FORGERIES))
 async def test_a_write_without_a_valid_approval_is_refused_403_and_makes_no_effect(
     storage: NotesStorage, forgery: str
 ) -> None:
@@ -256,15 +268,33 @@ async def test_a_write_without_a_valid_approval_is_refused_403_and_makes_no_effe
         "other_key": note_token(APPROVAL_KEY, "op-elsewhere", NOTE),
         "rejected": note_token(APPROVAL_KEY, op, NOTE, decision="reject"),
         "no_verify_key": note_token(APPROVAL_KEY, op, NOTE),
+        "other_service": note_token(APPROVAL_KEY, op, NOTE, audience="bizservice"),
     }[forgery]
     verify_key = None if forgery == "no_verify_key" else APPROVAL_VERIFY_KEY
     async with kit_app(storage, approval_verify_key=verify_key) as http:
         answer = await post_note(http, op, NOTE, token=token)
         status = await status_of(http, op)
 
-    assert answer.status_code == 403 and problem_code(answer) == "APPROVAL_REQUIRED"
+    assert answer.status_code == 403 and problem_code(answer) == FORGERIES[forgery]
     assert status["state"] == "not_found"
     assert all_notes(storage) == [] and records(storage) == [] and claims(storage) == []
+
+
+async def test_during_a_key_rotation_both_keys_are_accepted_and_the_old_one_is_refused_once_removed(
+    storage: NotesStorage,
+) -> None:
+    new_key = OTHER_SIGNING_KEY
+    both = f"{APPROVAL_VERIFY_KEY},{verify_key_for(new_key)}"
+    async with kit_app(storage, approval_verify_key=both) as http:
+        old = await post_note(http, "op-old", NOTE, token=note_token(APPROVAL_KEY, "op-old", NOTE))
+        new = await post_note(http, "op-new", OTHER_NOTE, token=note_token(new_key, "op-new", OTHER_NOTE))
+    assert (old.status_code, new.status_code) == (201, 201)
+    async with kit_app(storage, approval_verify_key=verify_key_for(new_key)) as http:
+        retired = await post_note(http, "op-retired", NOTE, token=note_token(APPROVAL_KEY, "op-retired", NOTE))
+        current = await post_note(http, "op-current", NOTE, token=note_token(new_key, "op-current", NOTE))
+    assert retired.status_code == 403 and problem_code(retired) == "APPROVAL_UNKNOWN_KEY"
+    assert current.status_code == 201
+    assert sorted(op for _, _, op, _ in records(storage)) == ["op-current", "op-new", "op-old"]
 
 
 async def test_a_refusal_is_stored_and_replayed_and_what_the_effect_wrote_before_it_is_rolled_back(
@@ -353,7 +383,7 @@ async def test_the_approvals_expiry_is_checked_again_inside_the_commit(storage: 
         status = await status_of(http, "op-late")
 
     assert stalled.is_set()  # it did get past the first check and claim the key
-    assert late.status_code == 403 and problem_code(late) == "APPROVAL_REQUIRED"
+    assert late.status_code == 403 and problem_code(late) == "APPROVAL_EXPIRED"
     assert "expired before the write could be committed" in late.json()["detail"]
     assert status["state"] == "not_found"
     assert all_notes(storage) == [] and records(storage) == [] and claims(storage) == []
@@ -709,7 +739,8 @@ async def test_a_stored_reply_is_given_back_only_with_a_valid_approval_for_it(st
 
     assert first.status_code == 201
     for case, answer in probes.items():
-        assert (answer.status_code, problem_code(answer)) == (403, "APPROVAL_REQUIRED"), case
+        code = "APPROVAL_UNKNOWN_KEY" if case == "forged" else "APPROVAL_REQUIRED"
+        assert (answer.status_code, problem_code(answer)) == (403, code), case
         assert NOTE["text"] not in answer.text and str(first.json()["note_id"]) not in answer.text, case
     # The same answer as for a key never used: nothing tells that the key exists.
     assert probes["no token"].json() == missing.json()

@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from toolloop._core.approvals import http_subject
+from toolloop._core.approvals import APPROVAL_EXPIRED, APPROVAL_UNKNOWN_KEY, APPROVAL_WRONG_AUDIENCE, http_subject
 from toolloop._core.codes import ResultCode
 from toolloop._core.contracts import Actor, error_output, ok_output
 from toolloop._core.problems import APPROVAL_REQUIRED, IN_PROGRESS, KEY_REQUIRED, KEY_REUSED, MAX_DETAIL_CHARS
@@ -41,6 +41,8 @@ _MAX_RETRY_AFTER_SECONDS = 300.0
 # Failures that happen before a single byte of the request is sent.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
+_APPROVAL_REFUSALS = (APPROVAL_EXPIRED, APPROVAL_WRONG_AUDIENCE, APPROVAL_UNKNOWN_KEY)
+
 
 def default_actor_headers(actor: Actor) -> dict[str, str]:
     """How the session's actor travels to a service by default (what toolloop.servicekit reads)."""
@@ -53,7 +55,9 @@ class HttpSource:
 
     `headers` are sent with every request (an API key, say: held by the worker, never in history);
     `actor_headers` says how the session's actor is carried; `problem_codes` maps the service's own
-    problem codes to the result codes the model reads (by HTTP status otherwise)."""
+    problem codes to the result codes the model reads (by HTTP status otherwise). `audience` is the `aud`
+    of its writes' approval tokens, the name the service accepts (toolloop.servicekit's `audience=`);
+    default: the source's name."""
 
     name: str
     base_url: str
@@ -62,6 +66,7 @@ class HttpSource:
     timeout_seconds: float = 10.0
     connect_timeout_seconds: float = 3.0
     problem_codes: Mapping[str, ResultCode] = field(default_factory=dict)
+    audience: str | None = None
     # For tests: an httpx transport (MockTransport, ASGITransport) instead of the network.
     transport: httpx.AsyncBaseTransport | None = None
     _client: httpx.AsyncClient | None = field(default=None, init=False, repr=False)
@@ -158,6 +163,10 @@ def definite_refusal(
         return ToolError(ResultCode.IDEMPOTENCY_CONFLICT, "this operation id was already used with a different payload")
     if status == 403 and code == APPROVAL_REQUIRED:
         return ToolError(ResultCode.CONFIRMATION_REQUIRED, f"not approved: {safe_detail(detail, 'no valid approval')}")
+    if status == 403 and code in _APPROVAL_REFUSALS:
+        # Which refusal it was stays in the message (the model can do nothing different about any of them).
+        why = safe_detail(detail, "no valid approval")
+        return ToolError(ResultCode.CONFIRMATION_REQUIRED, f"not approved ({code}): {why}")
     mapped = (codes or {}).get(code) if isinstance(code, str) else None
     if mapped == ResultCode.NOT_AVAILABLE:
         return ToolError(mapped, not_available or safe_detail(detail, "the object is not available"))

@@ -7,8 +7,10 @@ It stores keys, claims them atomically, answers replays, exposes status and veri
 - no key: 400;
 - `GET /operations/{operation_id}`: completed (with the stored reply), in progress or not found, and the
   retention, declared on every answer;
-- the approval token (Ed25519, from toolloop's trusted approval channel) bound to the actor, the key, the
-  method, the path and the body as received - the service needs no tool names and no argument models.
+- the approval token (an EdDSA JWT from toolloop's trusted approval channel, verified with the key its `kid`
+  names among the kit's, for the kit's own `audience`) bound to the actor, the key, the method, the path and
+  the body as received - the service needs no tool names and no argument models. Refused: 403
+  APPROVAL_EXPIRED, APPROVAL_WRONG_AUDIENCE, APPROVAL_UNKNOWN_KEY, else APPROVAL_REQUIRED.
 
 Whom a request acts for is the service's to establish: `actor=` is required, a dependency that takes the caller
 from a credential the service verifies (docs/SERVICEKIT.md); `insecure_actor_from_headers` believes anyone's
@@ -20,7 +22,7 @@ database, so effects and records commit together.
 
 from typing import TYPE_CHECKING
 
-from toolloop._core.approvals import check_verify_key
+from toolloop._core.approvals import APPROVAL_EXPIRED, APPROVAL_UNKNOWN_KEY, APPROVAL_WRONG_AUDIENCE, check_verify_key
 from toolloop._core.problems import (
     APPROVAL_REQUIRED,
     IN_PROGRESS,
@@ -78,6 +80,9 @@ __all__ = [
     "KEY_REUSED",
     "IN_PROGRESS",
     "APPROVAL_REQUIRED",
+    "APPROVAL_EXPIRED",
+    "APPROVAL_WRONG_AUDIENCE",
+    "APPROVAL_UNKNOWN_KEY",
     "INVALID_BODY",
 ]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Literal, TypeVar
@@ -25,11 +25,13 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from toolloop._core.approvals import (
+    APPROVAL_EXPIRED,
     ApprovalClaims,
     ApprovalInvalid,
     http_subject,
     payload_digest,
     verify_approval_token,
+    verify_key_set,
 )
 from toolloop._core.problems import (
     ACTOR_REQUIRED,
@@ -50,6 +52,9 @@ MAX_BODY_BYTES = 16_384
 
 # The kit's problem codes are the write protocol's, written once (toolloop/_core/problems.py, imported above)
 # and read by toolloop's HTTP write contract.
+# A token refused for a reason of its own (each 403, toolloop._core.approvals' codes): APPROVAL_EXPIRED,
+# APPROVAL_WRONG_AUDIENCE (for another service), APPROVAL_UNKNOWN_KEY (a key id this service does not hold).
+# Any other fault (none, forged, bound to something else) is APPROVAL_REQUIRED.
 
 # The request-state flag a committed write sets (request.state.idempotency_committed), for middleware that
 # acts after the effect is stored (logging, the demo's after-commit faults).
@@ -215,7 +220,7 @@ class IdempotentWrite:
 class IdempotencyKit:
     """Store keys, claim them atomically, answer replays, expose status and verify approval tokens:
 
-        kit = IdempotencyKit(SqliteLedger("app.db"), approval_verify_key=KEY, actor=caller)
+        kit = IdempotencyKit(SqliteLedger("app.db"), approval_verify_key=KEY, audience="notes", actor=caller)
         kit.install(app)            # problem+json answers and GET /operations/{operation_id}
 
         @app.post("/notes", status_code=201)
@@ -223,7 +228,11 @@ class IdempotencyKit:
             note = write.parse(NoteBody)
             return await write.commit(lambda tx: insert_note(tx, write.actor, note))
 
-    Without an `approval_verify_key` every write is refused (403). `retention_seconds` is how long a
+    `approval_verify_key` is the approval channel's public key, or several (a list, or one string separated by
+    commas) during a rotation: a token is verified with the one its key id names. Without one every write is
+    refused (403). `audience` is this service's own name for itself, the `aud` a token must carry (toolloop's
+    tool source for this service has it as its audience, by default its name): a token for another service
+    is refused (403 APPROVAL_WRONG_AUDIENCE). `retention_seconds` is how long a
     completed key is kept (declared on every status answer); `hold` and `after_claim` are failure-injection
     hooks for a test bed. `actor` is required: the FastAPI dependency that answers whom a request acts for
     (a KitActor), from a credential the service verifies; `insecure_actor_from_headers` is for local demos."""
@@ -232,7 +241,8 @@ class IdempotencyKit:
         self,
         ledger: Ledger,
         *,
-        approval_verify_key: str | None,
+        approval_verify_key: str | Iterable[str] | None,
+        audience: str,
         retention_seconds: float = 86_400.0,
         claim_lease_seconds: float = CLAIM_LEASE_SECONDS,
         actor: Callable[..., Any],
@@ -243,8 +253,11 @@ class IdempotencyKit:
     ) -> None:
         if retention_seconds <= 0 or claim_lease_seconds <= 0:
             raise ValueError("retention_seconds and claim_lease_seconds must be positive")
+        if not audience:
+            raise ValueError("audience must name this service (the aud its approval tokens carry)")
         self.ledger = ledger
-        self.approval_verify_key = approval_verify_key
+        self.verify_keys = verify_key_set(approval_verify_key)
+        self.audience = audience
         self.retention_seconds = retention_seconds
         self.claim_lease_seconds = claim_lease_seconds
         self.max_body_bytes = max_body_bytes
@@ -367,7 +380,7 @@ class IdempotencyKit:
         return Reply(record.status, record.body, committed=True) if made else _replay(record, digest)
 
     def _check_approval(self, write: IdempotentWrite, digest: str, now: float) -> ApprovalClaims:
-        if self.approval_verify_key is None:
+        if not self.verify_keys:
             raise KitProblem(403, APPROVAL_REQUIRED, "this service has no approval key configured")
         expected = {
             "user_id": write.actor.user_id,
@@ -377,10 +390,12 @@ class IdempotencyKit:
             "decision": "approve",
         }
         try:
-            return verify_approval_token(self.approval_verify_key, write.approval_token, now=now, expected=expected)
+            return verify_approval_token(
+                self.verify_keys, write.approval_token, now=now, audience=self.audience, expected=expected
+            )
         except ApprovalInvalid as exc:
-            # The reasons are our own short sentences ("the approval has expired", ...).
-            raise KitProblem(403, APPROVAL_REQUIRED, str(exc)) from None
+            # The reasons are our own short sentences ("the approval has expired", ...); the code says which.
+            raise KitProblem(403, exc.code, str(exc)) from None
 
 
 # A replay checks everything an approval binds but its expiry.
@@ -407,7 +422,7 @@ def _stored(
         # (after the claim, say) must not commit once its approval has expired. Raising rolls back; nothing is
         # recorded for the key.
         if time.time() >= approval_expires_at:
-            raise KitProblem(403, APPROVAL_REQUIRED, "the approval expired before the write could be committed")
+            raise KitProblem(403, APPROVAL_EXPIRED, "the approval expired before the write could be committed")
         # A savepoint around the effect: a refusal is recorded, but nothing the effect wrote before it stays.
         tx.execute("SAVEPOINT kit_effect")
         try:
