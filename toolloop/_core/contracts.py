@@ -216,8 +216,9 @@ class AgentInput(Compact):
     actor: Actor
     model: ModelSpec = Field(default_factory=ModelSpec)
     limits: Limits = Field(default_factory=Limits)
-    # The approval channel's public key (toolloop._core.approvals), set by the trusted starter: the Update
-    # validator accepts only decisions it signed. None: this request accepts no decisions.
+    # Never set: the keys that verify decisions are the worker's own configuration. Kept so stored inputs still
+    # decode, and so that an input that brings one is refused at the run's start (UntrustedInput) rather than
+    # silently ignored (docs/DESIGN.md, "The trust boundary").
     approval_verify_key: str | None = None
     # The model's instructions for this request; None: the worker's configured instructions.
     instructions: str | None = Field(default=None, max_length=20_000)
