@@ -34,7 +34,7 @@ async def caller(x_test_user: str = Header()) -> KitActor:
 
 
 def create_app(db: str, verify_key: str) -> FastAPI:
-    kit = IdempotencyKit(SqliteLedger(db), approval_verify_key=verify_key, actor=caller)
+    kit = IdempotencyKit(SqliteLedger(db), approval_verify_key=verify_key, audience="notes", actor=caller)
     with sqlite3.connect(db) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS notes (operation_id TEXT PRIMARY KEY, user_id TEXT, text TEXT)")
     app = FastAPI()

@@ -86,6 +86,7 @@ def test_a_service_on_the_kit_alone_writes_once_and_replays(kit_venv: KitVenv, t
         operation_id="op1",
         payload={"text": "written by a service that has only the kit"},
         path="/notes",
+        audience="notes",
     )
 
     ran = kit_venv.run(str(REPO / "tests" / "kit_alone_app.py"), str(tmp_path / "kit.db"), APPROVAL_VERIFY_KEY, token)
