@@ -235,6 +235,7 @@ async def test_tools_are_listed_strict_with_configured_effects_and_bad_ones_refu
             True,
         )
         assert added.target is None  # the approval digest binds the tool's name and its arguments
+        assert added.approval_audience == "notes"  # its decision tokens' aud: the source's name by default
 
         assert sorted(source.refused) == ["notes.export", "tag_note"]
         assert "tags: a free-form map" in source.refused["tag_note"]
@@ -247,12 +248,14 @@ async def test_tools_are_listed_strict_with_configured_effects_and_bad_ones_refu
 
 async def test_without_configuration_every_tool_is_a_write(notes_server: Callable[..., NotesServer]) -> None:
     # readOnlyHint is the server's word: not trusted unless the configuration says so.
-    source = notes_server().source()
+    source = notes_server().source(audience="notes.example")
     await source.open()
     try:
         specs = {spec.name: spec for spec in source.tool_specs()}
         assert sorted(specs) == ["add_note", "get_note", "list_notes"]
         assert not any(spec.read_only for spec in specs.values())
+        # The audience its writes' decision tokens name, as configured (the server checks it, if it checks them).
+        assert {spec.approval_audience for spec in specs.values()} == {"notes.example"}
     finally:
         await source.close()
 

@@ -172,6 +172,31 @@ def test_an_http_write_binds_its_method_and_the_path_the_service_receives() -> N
     assert (call.has_status, call.has_read_back) == (True, True)
 
 
+def test_a_writes_approval_audience_is_its_sources_by_default_and_a_read_has_none() -> None:
+    tools = Toolset()
+    common: dict[str, Any] = {"arguments": NoteArgs, "result": Note, "description": "d", "read_back": None}
+    tools.http_write("shop_note", source=toolloop.HttpSource("shop", base_url="http://shop"), path="/n", **common)
+    named = toolloop.HttpSource("crm", base_url="http://crm", audience="crm.example")
+    tools.http_write("crm_note", source=named, path="/n", **common)
+
+    @tools.write(status=None, read_back=None)
+    async def local_note(ctx: ToolContext, args: NoteArgs) -> Note:
+        """A write without a source."""
+        return Note(note_id="N1", text=args.text)
+
+    @tools.read
+    async def get_order(ctx: ToolContext, args: OrderArgs) -> Order:
+        """A read."""
+        return Order(order_id=args.order_id, status="x")
+
+    note = {"ticketId": "T1001", "text": "x"}
+    # The token's aud: what the service accepts (its kit's audience=), named once, on the source.
+    assert checked(tools, "shop_note", note).audience == "shop"
+    assert checked(tools, "crm_note", note).audience == "crm.example"
+    assert checked(tools, "local_note", note).audience == "local_note"
+    assert checked(tools, "get_order", {"orderId": "A100"}).audience is None
+
+
 # --- Registration traps --------------------------------------------------------------------------------------
 
 
