@@ -41,10 +41,12 @@ from toolloop.servicekit import (
     PROBLEM_MEDIA_TYPE,
     ClaimTaken,
     HoldPoint,
+    IdempotencyKit,
     IdempotentWrite,
     KitActor,
     LedgerKey,
     LedgerRecord,
+    SqliteLedger,
     reached,
 )
 
@@ -828,3 +830,10 @@ def test_a_connection_the_server_dropped_is_replaced_not_handed_out(pg_server: P
         storage.close()
 
     assert replacement != pooled
+
+
+def test_the_kit_has_no_default_identity(tmp_path: Path) -> None:
+    # Whom a request acts for is the service's to establish from a credential it verifies: the kit guesses nothing.
+    ledger = SqliteLedger(tmp_path / "kit.db")
+    with pytest.raises(TypeError, match="actor"):
+        IdempotencyKit(ledger, approval_verify_key=APPROVAL_VERIFY_KEY, audience="notes")  # type: ignore[call-arg]
