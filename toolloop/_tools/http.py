@@ -45,7 +45,8 @@ _APPROVAL_REFUSALS = (APPROVAL_EXPIRED, APPROVAL_WRONG_AUDIENCE, APPROVAL_UNKNOW
 
 
 def default_actor_headers(actor: Actor) -> dict[str, str]:
-    """How the session's actor travels to a service by default (what toolloop.servicekit reads)."""
+    """How the session's actor travels to a service by default: plain headers, which only a local demo should
+    believe (toolloop.servicekit's insecure_actor_from_headers); give `actor_headers=` a signed token otherwise."""
     return {"X-Actor-User": actor.user_id, "X-Actor-Tenant": actor.tenant_id}
 
 
