@@ -8,7 +8,10 @@ decision's validator, so it never changes a replay: a worker whose keys changed 
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import subprocess
+import sys
 import time
 import uuid
 from datetime import datetime
@@ -297,3 +300,26 @@ def _decision(
     )
     token = mint_approval_token(signing_key, claims)
     return ApprovalDecision(operation_id=operation_id, digest=digest, approve=True, token=token, by="u1")
+
+
+async def test_the_cli_against_a_deployment_worker_says_in_one_line_that_the_offline_model_is_off(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> None:
+    deployment = settings.model_copy(
+        update={"allow_scripted_models": False, "task_queue": f"deploy-{uuid.uuid4().hex[:8]}"}
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("TOOLLOOP_", "TEMPORAL_", "OPENAI_"))},
+        "TEMPORAL_ADDRESS": settings.temporal_address,
+        "TOOLLOOP_TASK_QUEUE": deployment.task_queue,
+    }
+    command = [sys.executable, "starter.py", "ask", "--user", "u1", "--no-local-stack", "Add a note to T1001: hi"]
+    async with running_worker(client, deployment, build_demo(settings.service_url)):
+        done = await asyncio.to_thread(
+            subprocess.run, command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=180
+        )
+    output = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in output, output
+    [line] = [line for line in output.splitlines() if "TOOLLOOP_ALLOW_SCRIPTED_MODELS" in line]
+    assert "model 'offline' is a scripted model, which this worker does not serve" in line
+    assert [r for r in await service_requests(admin) if r["method"] == "POST"] == []
