@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 
+from toolloop._core.approvals import check_verify_key, verify_key_set
 from toolloop._temporal.logs import configure_logging
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.telemetry import configure_otlp_tracing, metrics_runtime
@@ -50,7 +51,9 @@ async def _run(settings: Settings, spec: AgentSpec, target: str) -> None:
         print(
             f"worker ready task_queue={settings.task_queue} temporal={settings.temporal_address} tools={target} "
             f"({len(spec.tools.registry)} tools) openai={'set' if settings.openai_api_key else 'unset'} "
-            f"metrics={settings.metrics_address or 'off'} tracing={'on' if settings.otel else 'off'}",
+            f"metrics={settings.metrics_address or 'off'} tracing={'on' if settings.otel else 'off'} "
+            f"approval_verify_keys={len(verify_key_set(settings.approval_verify_key)) or 'unset'} "
+            f"scripted_models={'on' if settings.allow_scripted_models else 'off'}",
             flush=True,
         )
         await stop.wait()
@@ -67,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings = Settings()
     configure_logging("worker")
+    if settings.approval_verify_key is not None:
+        try:
+            check_verify_key(settings.approval_verify_key)
+        except ValueError as exc:
+            print(f"error: TOOLLOOP_APPROVAL_VERIFY_KEY: {exc}", file=sys.stderr)
+            return 2
     if settings.otel:
         try:
             configure_otlp_tracing("toolloop-worker")

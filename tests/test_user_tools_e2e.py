@@ -78,6 +78,15 @@ def test_a_bad_tools_option_is_one_line_and_exit_2(tools: str | None, message: s
     assert "Traceback" not in done.stderr
 
 
+def test_a_malformed_verify_key_is_one_line_and_exit_2_before_anything_starts() -> None:
+    env = {"PATH": "/usr/bin:/bin", "TEMPORAL_ADDRESS": "127.0.0.1:9", "TOOLLOOP_APPROVAL_VERIFY_KEY": "not-a-key"}
+    command = worker_command("tests.user_tools:build")
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("error: TOOLLOOP_APPROVAL_VERIFY_KEY: ") and "not-a-key" not in line
+
+
 def test_a_worker_whose_tools_cannot_open_or_whose_temporal_is_down_says_so_in_one_line(
     temporal_server: TemporalServer,
 ) -> None:
