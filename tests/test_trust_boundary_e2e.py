@@ -30,6 +30,7 @@ from demo.bizservice.writes import AUDIENCE as DEMO_AUDIENCE
 from devstack.processes import free_port, start_business_service
 from tests.agent_helpers import (
     U1,
+    activity_steps,
     call,
     decide,
     effects,
@@ -96,6 +97,7 @@ async def test_a_request_whose_input_brings_a_forged_verify_key_is_refused_at_st
         await handle.execute_update(APPROVE_OPERATION_UPDATE, decision)
     assert [r for r in await service_requests(admin) if r["method"] == "POST"] == []  # nothing was sent
     assert await effects(admin, "op_forged") == []
+    assert await activity_steps(handle) == []  # not even a model turn ran
 
 
 async def test_a_scripted_write_approved_with_a_key_the_worker_does_not_hold_is_refused_and_sends_nothing(
