@@ -139,8 +139,7 @@ class ScriptModel:
     worker reads from the request (a script is per request). It needs no conversation."""
 
     needs_conversation = False
-    # The worker reads the request's script from the run's start event and passes this turn's part.
-    reads_script = True
+    # Each model turn's input carries this turn's part of the request's script (ModelTurnInput.script_turn).
 
     def label(self, model_name: str | None) -> str:
         return "script"
