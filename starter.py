@@ -90,12 +90,9 @@ from toolloop._temporal.worker_factory import load_tools
 
 REPO_ROOT = Path(__file__).resolve().parent
 
-# Exit codes of `ask` (README, "Exit codes"). An unknown or unverified side effect outranks everything.
-EXIT_OK = 0  # answered; every side effect (if any) done and verified by read-back
-EXIT_STOPPED = 1  # stopped at a limit or the deadline, or failed (model error, no answer)
+# Exit codes of `ask` (README, "Exit codes"): a finished request's come from its outcome (EXIT_CODES, the
+# library's one rule); these two are the CLI's own.
 EXIT_USAGE = 2  # bad input (one line on stderr), or no such request for this user
-EXIT_UNSETTLED = 3  # a side effect's outcome is unknown or it is done but not verified
-EXIT_NOT_DONE = 4  # answered, but not all it asked for was done: a write not done, or a call the service refused
 EXIT_INTERRUPTED = 130  # Ctrl-C: the request keeps running (and waiting for any approval) in the background
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)

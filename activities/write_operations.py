@@ -47,7 +47,6 @@ _SIDE_EFFECT = {"completed": "yes", "refused": "no", "not_sent": "no", "in_progr
 _MAX_WRITE_OUTPUT_BYTES = 16_384
 # What the in-activity read-back leaves of the attempt's time, so the attempt never times out over it.
 _READ_BACK_MARGIN_SECONDS = 0.5
-# Events per page when the approval's token is looked for from the end of the run's history.
 
 
 def _time_left(info: activity.Info) -> float:

@@ -1,6 +1,6 @@
 """The payload contracts as Temporal stores them: plain JSON with every field written (Temporal's pydantic
-data converter, as its authors document it), decoding back to the same value; and payloads stored before
-(which left out fields holding their defaults) still decode, so old histories replay."""
+data converter, as its authors document it), decoding back to the same value; and the one rule that says
+what a finished request came to."""
 
 from __future__ import annotations
 
@@ -26,9 +26,6 @@ def test_a_requests_input_is_written_whole_and_reads_back_the_same() -> None:
     stored, back = round_trip(inp)
     assert back == inp
     assert isinstance(stored["limits"], dict) and len(stored["limits"]) == len(Limits.model_fields)
-    # An input stored by an earlier version with only the limits that differed reads with the defaults.
-    older = {**inp.model_dump(mode="json"), "limits": {"deadline_seconds": 3600.0}}
-    assert AgentInput.model_validate(older) == inp
 
 
 def test_a_report_holds_every_operation_field_itself() -> None:
@@ -61,14 +58,6 @@ def test_a_decision_is_written_whole_beside_its_token() -> None:
     stored, back = round_trip(decision)
     assert back == decision
     assert stored == {"operation_id": "op_1", "digest": "sha256:ab", "approve": False, "token": "t", "by": "u1 via cli"}
-
-
-@pytest.mark.parametrize(
-    ("stop", "status"),
-    [("final_answer", "completed"), ("max_rounds", "stopped"), ("cancelled", "stopped"), ("model_error", "failed")],
-)
-def test_a_reports_status_follows_its_stop_reason(stop: str, status: str) -> None:
-    assert contracts.status_of(stop) == status  # type: ignore[arg-type]
 
 
 def op_in(state: str) -> OperationRecord:

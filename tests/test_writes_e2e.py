@@ -22,7 +22,7 @@ from temporalio.converter import (
     SerializationContext,
     WithSerializationContext,
 )
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
@@ -71,7 +71,7 @@ from toolloop._core.names import (
 )
 from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request, send_decision
 from toolloop._temporal.converter import data_converter
-from toolloop._temporal.following import RunFollower, approvals_as_they_come, pending_approvals
+from toolloop._temporal.following import RunFollower, approvals_as_they_come, pending_approvals, pending_once_answered
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker
 
@@ -247,7 +247,7 @@ async def test_approvals_as_they_come_yields_each_operation_once_and_ends_with_t
     seen: list[str] = []
     answers = []
     async for request in approvals_as_they_come(handle):
-        # Read from the history, with no query: exactly what the workflow itself answers for it.
+        # Exactly what the workflow itself answers for it.
         assert [request] == await pending_approvals(handle)
         seen.append(request.operation_id)
         answers.append(await send_decision(handle, request, approve=len(seen) == 1, decider=U1, key=APPROVAL_KEY))
@@ -314,10 +314,11 @@ async def test_an_approval_waiting_while_no_worker_runs_is_shown_once_one_answer
     async with running_worker(client, settings, build_demo(settings.service_url)):
         handle = await start_agent(client, settings, "write", model=script_spec(*turns))
         waiting = await waiting_operation(handle)
-    # No worker answers a query now (it fails), so the follower keeps asking, and gets the request once one
-    # runs.
-    with pytest.raises(RPCError):
+    # No worker answers a query now ("no poller seen"), so the follower keeps asking, and gets the request
+    # once one runs.
+    with pytest.raises(RPCError) as no_worker:
         await asyncio.wait_for(pending_approvals(handle), timeout=60)
+    assert no_worker.value.status == RPCStatusCode.FAILED_PRECONDITION
     follower = asyncio.ensure_future(anext(approvals_as_they_come(handle)))
     async with running_worker(client, settings, build_demo(settings.service_url)):
         request = await asyncio.wait_for(follower, timeout=60)
@@ -332,6 +333,22 @@ async def test_an_approval_waiting_while_no_worker_runs_is_shown_once_one_answer
     [op] = result.operations
     assert (op.operation_id, op.state, op.attempts) == (waiting.operation_id, "verified", 1)
     assert len(await effects(admin, op.operation_id)) == 1
+
+
+async def test_a_follower_waiting_for_a_worker_ends_when_the_run_ends(
+    client: Client, settings: Settings, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    async with running_worker(client, settings, build_demo(settings.service_url)):
+        handle = await start_agent(client, settings, "write", model=script_spec([note_call(version, "x", "w1")]))
+        await waiting_operation(handle)
+    # The follower asks while no worker answers; the run is then terminated: it ends, with nothing yielded.
+    follower = asyncio.ensure_future(anext(approvals_as_they_come(handle), None))
+    await handle.terminate("no worker will come back")
+    assert await asyncio.wait_for(follower, timeout=120) is None
+    # Whatever the interleaving: asked after the run closed, with no worker to answer, nothing is pending
+    # (asking again for ever would never end the follower).
+    assert await asyncio.wait_for(pending_once_answered(handle), timeout=120) == []
 
 
 async def _second_waits(handle: WorkflowHandle[Any, Any], first: str) -> bool:

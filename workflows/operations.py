@@ -99,7 +99,6 @@ class OperationStateMachine:
         self._arguments: dict[str, dict[str, Any]] = {}
         # Evidence an attempt read back right after it completed, for the read-back step to use.
         self._read_in_attempt: dict[str, Evidence] = {}
-        # Operations whose evidence is an activity's result in history (not made up here after a failure).
         # Calls whose output is what their completing attempt establishes alone (told_of_attempt): a model
         # turn refers to it rather than storing it again.
         self._told_by_attempt: set[str] = set()

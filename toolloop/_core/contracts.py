@@ -109,9 +109,8 @@ class Actor(BaseModel):
 
 
 class Limits(BaseModel):
-    """A request's limits. A payload holds only those that differ from these defaults, so each default is
-    fixed for good (a stored input that leaves one out means it): a starter that wants other values sets
-    them (tests/test_core_contracts.py pins them)."""
+    """A request's limits (every one is written into the request's input, so a stored input keeps its
+    meaning whatever the defaults become)."""
 
     max_rounds: int = Field(default=8, ge=1, le=100)
     max_calls_per_round: int = Field(default=8, ge=1, le=128)
@@ -304,9 +303,9 @@ class OperationRecord(BaseModel):
 
 
 class DecisionAnswer(BaseModel):
-    """The `approve_operation` Update's answer, as history stores it: the operation's state right after the
-    decision, and when the workflow recorded that decision. Everything else of the approval is in the
-    decision's signed token, once (approval_record); the channel makes the DecisionReceipt from both."""
+    """The `approve_operation` Update's answer: the operation's state right after the decision, and when the
+    workflow recorded it. The rest of the approval is in the decision's signed token (approval_record); the
+    channel makes the DecisionReceipt from both."""
 
     state: OperationState
     at: datetime | None = None
@@ -353,9 +352,8 @@ class ApprovalRequest(BaseModel):
 
 
 class ApprovalDecision(BaseModel):
-    """The trusted channel's answer for one operation (Temporal Update `approve_operation`). In a payload the
-    operation, digest and decision are left out when the token's claims say the same: history holds them
-    once, signed, and they are read back from the claims (the validator still verifies the signature)."""
+    """The trusted channel's answer for one operation (Temporal Update `approve_operation`): the operation,
+    digest and verdict as the channel sent them, and the signed token the validator checks them against."""
 
     operation_id: str
     digest: str

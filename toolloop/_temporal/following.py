@@ -17,8 +17,8 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import WorkflowHandle
-from temporalio.service import RPCError
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
 
 from toolloop._core.contracts import ApprovalRequest
 from toolloop._core.names import GET_PENDING_APPROVALS_QUERY
@@ -96,23 +96,35 @@ async def approvals_as_they_come(
         if not timer_started or (page is not None and events.current_page_index < len(page)):
             continue
         timer_started = False
-        for request in await _pending_once_answered(handle):
+        for request in await pending_once_answered(handle):
             if request.operation_id not in seen:
                 seen.add(request.operation_id)
                 yield request
 
 
-async def _pending_once_answered(handle: WorkflowHandle[Any, Any]) -> list[ApprovalRequest]:
-    """The pending approvals, once a worker answers the query: while none runs (a restart, a deploy) the
-    query fails, and nothing in the run's history would say when to ask again, so it is asked again after
-    a growing pause."""
+# What a query answers while no worker polls the run's task queue (a restart, a deploy): "no poller seen for
+# task queue recently" (FAILED_PRECONDITION), or a timeout. Worth asking again.
+_NO_WORKER_YET = frozenset(
+    {RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE}
+)
+
+
+async def pending_once_answered(handle: WorkflowHandle[Any, Any]) -> list[ApprovalRequest]:
+    """The pending approvals, once a worker answers the query. While none runs the query fails, and
+    nothing in the run's history would say when to ask again, so it is asked again after a growing pause,
+    as long as the run is open (a closed run has nothing pending: the caller's history then ends it). Any
+    other failure (no such run, no permission) is raised."""
     pause = 0.5
     while True:
         try:
             return await pending_approvals(handle)
-        except RPCError:
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 5.0)
+        except RPCError as err:
+            if err.status not in _NO_WORKER_YET:
+                raise
+        if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+            return []
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 5.0)
 
 
 class RunFollower:
