@@ -243,7 +243,9 @@ class AgentWorkflow:
         self._mark_outcome(report)
         self._count(report)
         self._set_phase(f"finished: {stop}")
-        self._narrator.final(status=status, stop_reason=stop, final_text=final_text, error=error)
+        self._narrator.final(
+            status=status, stop_reason=stop, final_text=final_text, error=error, outcome=report.outcome
+        )
         self._progress.done = True
         if status == "failed":
             # Failed is failed in Temporal too (red in the UI's list); the whole report travels in the
