@@ -42,9 +42,10 @@ from devstack.processes import DEMO_TOOLS, StackError
 from devstack.stack import LocalStack, StackStatus
 from toolloop._api.tokens import TokenMap, TokensFileError
 from toolloop._core.approvals import generate_signing_key, verify_key_for
-from toolloop._core.codes import ResultCode
 from toolloop._core.contracts import (
+    EXIT_CODES,
     MODEL_NAME,
+    NOT_DONE_STATES,
     Actor,
     AgentInput,
     AgentProgress,
@@ -55,6 +56,8 @@ from toolloop._core.contracts import (
     Limits,
     ModelSpec,
     OperationRecord,
+    RunStatus,
+    outcome_of,
 )
 from toolloop._core.names import AGENT_WORKFLOW, GET_LEDGER_QUERY, GET_PROGRESS_QUERY
 from toolloop._models.errors import ScriptError
@@ -87,21 +90,10 @@ from toolloop._temporal.worker_factory import load_tools
 
 REPO_ROOT = Path(__file__).resolve().parent
 
-# Exit codes of `ask` (README, "Exit codes"). An unknown or unverified side effect outranks everything.
-EXIT_OK = 0  # answered; every side effect (if any) done and verified by read-back
-EXIT_STOPPED = 1  # stopped at a limit or the deadline, or failed (model error, no answer)
+# Exit codes of `ask` (README, "Exit codes"): a finished request's come from its outcome (EXIT_CODES, the
+# library's one rule); these two are the CLI's own.
 EXIT_USAGE = 2  # bad input (one line on stderr), or no such request for this user
-EXIT_UNSETTLED = 3  # a side effect's outcome is unknown or it is done but not verified
-EXIT_NOT_DONE = 4  # answered, but not all it asked for was done: a write not done, or a call the service refused
 EXIT_INTERRUPTED = 130  # Ctrl-C: the request keeps running (and waiting for any approval) in the background
-
-_DONE_STATES = frozenset({"verified"})
-_NOT_DONE_STATES = frozenset({"failed", "denied", "expired"})
-# A call the service refused (not the user's, not found for them, not allowed): what the request needed of it
-# was not done, whatever the model then answered ("Add a note to ticket T1002" when T1002 is someone else's: the
-# read the note needs is refused, so no write is even proposed). A model's own mistakes (BAD_ARGUMENTS, ...) are
-# not the service's answer and the model may correct them.
-_REFUSED_CODES = frozenset({ResultCode.NOT_AVAILABLE, ResultCode.FORBIDDEN})
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -594,17 +586,9 @@ async def _ask(
     return outcome
 
 
-def _exit_code(status: str, operations: list[OperationRecord], calls: Sequence[CallRecord] = ()) -> int:
-    """The table in the README: unknown or unverified side effects outrank every other outcome."""
-    if any(op.state not in _DONE_STATES | _NOT_DONE_STATES for op in operations):
-        return EXIT_UNSETTLED
-    if status != "completed":
-        return EXIT_STOPPED
-    if any(op.state in _NOT_DONE_STATES for op in operations):
-        return EXIT_NOT_DONE
-    if any(not call.ok and call.code in _REFUSED_CODES for call in calls):
-        return EXIT_NOT_DONE
-    return EXIT_OK
+def _exit_code(status: RunStatus, operations: list[OperationRecord], calls: Sequence[CallRecord] = ()) -> int:
+    """The table in the README, from the library's one rule (toolloop's outcome_of)."""
+    return EXIT_CODES[outcome_of(status, operations, calls)]
 
 
 def _print_result(result: AgentResult, settings: Settings) -> None:
@@ -612,7 +596,7 @@ def _print_result(result: AgentResult, settings: Settings) -> None:
     if result.final_text:
         # The model's text is data: never interpret it as rich markup ("[offline model]" is not a tag).
         console.print(result.final_text, markup=False, highlight=False)
-    elif any(op.state not in _NOT_DONE_STATES for op in result.operations):
+    elif any(op.state not in NOT_DONE_STATES for op in result.operations):
         console.print(
             f"[yellow]No answer:[/] the request stopped ({result.stop_reason}) after side effects were made or "
             "attempted: see the receipt."

@@ -15,18 +15,15 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from activities.conversation import (
-    BytesBoundedCache,
     Conversation,
     ConversationState,
     MissingTurn,
     RunKey,
     TemporalTurnHistory,
-    bytes_of,
 )
 from toolloop._core.codes import ErrorType
 from toolloop._core.contracts import (
     Actor,
-    AgentInput,
     ConversationItem,
     FunctionCallItem,
     ModelTurnInput,
@@ -69,7 +66,6 @@ class ModelActivities:
         self._disabled = frozenset(disabled)
         self._instructions = instructions or DEFAULT_INSTRUCTIONS
         self._conversations = conversations or ConversationState(TemporalTurnHistory(temporal))
-        self._scripts = RequestScripts(temporal)
 
     def _adapter(self, name: str) -> ModelAdapter:
         adapter = self._models.get(name)
@@ -106,10 +102,6 @@ class ModelActivities:
                 conversation = Conversation(inp.instructions, await self._conversations.new_items(run, inp))
         except MissingTurn as exc:
             raise ApplicationError(str(exc), type=ErrorType.MODEL_RESPONSE_MALFORMED, non_retryable=True) from None
-        scripted: list[ConversationItem] | None = None
-        script_length = 0
-        if getattr(adapter, "reads_script", False):
-            scripted, script_length = await self._scripts.turn(run, inp.turn)
         request = ModelRequest(
             turn=inp.turn,
             conversation=conversation.items,
@@ -117,8 +109,8 @@ class ModelActivities:
             tools=self._registry.definitions(inp.offered_tools),
             actor=inp.actor or Actor(user_id="unknown"),
             model_name=inp.model_name,
-            scripted_output=scripted,
-            script_length=script_length,
+            scripted_output=inp.script_turn,
+            script_length=inp.script_length,
         )
         try:
             items = await adapter.respond(request)
@@ -127,31 +119,6 @@ class ModelActivities:
         if adapter.needs_conversation:
             self._conversations.after(run, inp.turn, conversation.extended(items))
         return checked_turn(self._registry, items, adapter.label(inp.model_name), inp.turn)
-
-
-class RequestScripts:
-    """The script of a request whose model is a script, read once per run from the run's own start event
-    (the workflow does not copy it into every turn's input) and kept in a small per-worker cache."""
-
-    def __init__(self, client: Client, max_bytes: int = 64 * 1024 * 1024) -> None:
-        self._client = client
-        self._scripts: BytesBoundedCache[RunKey, list[list[ConversationItem]]] = BytesBoundedCache(max_bytes)
-
-    async def turn(self, run: RunKey, turn: int) -> tuple[list[ConversationItem] | None, int]:
-        """The turn's scripted items (None once the script has run out) and the script's length."""
-        script = self._scripts.get(run)
-        if script is None:
-            script = await self._read(run)
-            self._scripts.put(run, script, sum(bytes_of(items) for items in script))
-        return (script[turn - 1] if turn <= len(script) else None), len(script)
-
-    async def _read(self, run: RunKey) -> list[list[ConversationItem]]:
-        handle = self._client.get_workflow_handle(run.workflow_id, run_id=run.run_id)
-        async for event in handle.fetch_history_events(page_size=1):
-            started = event.workflow_execution_started_event_attributes
-            [request] = await self._client.data_converter.decode(started.input.payloads, [AgentInput])
-            return list(request.model.script or [])
-        raise ApplicationError("the request's start event is not in its history", non_retryable=True)
 
 
 def checked_turn(registry: ToolRegistry, items: list[ConversationItem], label: str, turn: int) -> ModelTurnResult:

@@ -11,19 +11,13 @@ from typing import Any
 
 import httpx
 from temporalio import activity
-from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.enums.v1 import EventType
-from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
-from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError
 
 from activities.conversation import RunKey, ToolOutputStore
 from activities.tool_calls import log_arguments, tool_context
 from toolloop._core.arguments import ArgumentsRejected
 from toolloop._core.codes import ErrorType, ResultCode
 from toolloop._core.contracts import (
-    ApprovalDecision,
     OperationQuery,
     ReadBackInput,
     WriteInput,
@@ -53,8 +47,6 @@ _SIDE_EFFECT = {"completed": "yes", "refused": "no", "not_sent": "no", "in_progr
 _MAX_WRITE_OUTPUT_BYTES = 16_384
 # What the in-activity read-back leaves of the attempt's time, so the attempt never times out over it.
 _READ_BACK_MARGIN_SECONDS = 0.5
-# Events per page when the approval's token is looked for from the end of the run's history.
-_REVERSE_PAGE = 32
 
 
 def _time_left(info: activity.Info) -> float:
@@ -65,44 +57,18 @@ def _time_left(info: activity.Info) -> float:
     return info.start_to_close_timeout.total_seconds() - (datetime.now(UTC) - started).total_seconds()
 
 
-async def decision_token(client: Client, workflow_id: str, run_id: str | None, update_id: str) -> str | None:
-    """The token of the decision Update `update_id`, from its input in the run's history (read from the end,
-    where the decision is: a write attempt follows it closely); None if the history holds no such Update."""
-    request = GetWorkflowExecutionHistoryReverseRequest(
-        namespace=client.namespace,
-        execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id or ""),
-        maximum_page_size=_REVERSE_PAGE,
-    )
-    while True:
-        page = await client.workflow_service.get_workflow_execution_history_reverse(request)
-        for event in page.history.events:
-            if event.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
-                continue
-            accepted = event.workflow_execution_update_accepted_event_attributes.accepted_request
-            if accepted.meta.update_id == update_id:
-                [decision] = await client.data_converter.decode(accepted.input.args.payloads, [ApprovalDecision])
-                token: str | None = decision.token
-                return token
-        if not page.next_page_token:
-            return None
-        request.next_page_token = page.next_page_token
-
-
 class WriteActivities:
     def __init__(
         self,
         registry: ToolRegistry,
         http: httpx.AsyncClient,
         retention_seconds: float | None = None,
-        client: Client | None = None,
         outputs: ToolOutputStore | None = None,
     ) -> None:
         self._registry = registry
         # Where a model turn on this worker takes a write's output from (WriteInput.keep_output_round).
         self._outputs = outputs
         self._http = http
-        # To read an approval's token from the run's history (WriteInput.approval_update_id).
-        self._client = client
         self._log_rules: dict[str, dict[str, bool]] = {}
         # The worker's configured key retention, for services that do not declare theirs.
         self._retention_seconds = retention_seconds
@@ -127,13 +93,7 @@ class WriteActivities:
             activity.logger.error("write arguments do not validate again", extra={"tool": inp.tool})
             message = "this tool is misconfigured; nothing was sent."
             return WriteOutcome(kind="refused", output=error_output(ResultCode.INTERNAL, message), detail=message)
-        token = await self._approval_token(inp)
-        if token is None:
-            # Nothing was sent: the workflow pauses and sends again, with the same key.
-            message = "the approval's token could not be read from the request's history; nothing was sent"
-            activity.logger.error(message, extra={"tool": inp.tool, "operation_id": inp.operation_id})
-            return WriteOutcome(kind="not_sent", retry_after_seconds=1.0, detail=message)
-        ctx = tool_context(spec, inp.actor, self._http, inp.call_id, inp.operation_id, token)
+        ctx = tool_context(spec, inp.actor, self._http, inp.call_id, inp.operation_id, inp.approval_token)
         started = time.monotonic()
         outcome: WriteOutcome
         try:
@@ -196,18 +156,6 @@ class WriteActivities:
             info = activity.info()
             run = RunKey(info.workflow_id or "", info.workflow_run_id or "")
             self._outputs.put(run, inp.keep_output_round, inp.call_id, told)
-
-    async def _approval_token(self, inp: WriteInput) -> str | None:
-        if inp.approval_token or inp.approval_update_id is None:
-            return inp.approval_token
-        if self._client is None:
-            return None
-        info = activity.info()
-        run = (info.workflow_id or "", info.workflow_run_id)
-        try:
-            return await decision_token(self._client, *run, inp.approval_update_id)
-        except RPCError:
-            return None
 
     async def _read_back_now(
         self, spec: ToolSpec, args: Any, inp: WriteInput, output: dict[str, Any]

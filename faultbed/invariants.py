@@ -57,7 +57,7 @@ class Received:
 
     @property
     def is_write(self) -> bool:
-        return self.method != "GET" and self.key is not None
+        return self.method not in ("GET", "HEAD", "OPTIONS")
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,8 @@ def judge(facts: RunFacts) -> list[Check]:
     if facts.approvals_shown:
         checks.append(_approval_shows_the_payload(facts))
     if facts.received is not None:
-        checks += [_verified_was_read_back(facts, facts.received), _status_before_resend(facts.received)]
+        ledger = {op.operation_id for op in facts.operations}
+        checks += [_verified_was_read_back(facts, facts.received), _status_before_resend(facts.received, ledger)]
     return checks
 
 
@@ -156,24 +157,29 @@ def _at_most_one_effect(facts: RunFacts) -> Check:
 
 
 def _same_key(facts: RunFacts) -> Check:
-    """Every attempt of one payload came with one key: compared on every key the service saw for it (refused
-    attempts included), and on the keys of the effects it holds."""
+    """Every attempt of one write (the same method, path and payload) came with one key: compared on every
+    key the service saw for it, refused attempts and attempts without a key included, and on the keys of the
+    effects it holds. Only writes of this run's operations are judged (by one of their keys), and any write
+    without a key."""
     problems = []
     known = {op.operation_id for op in facts.operations}
     strangers = sorted({e.operation_id for e in facts.effects} - known)
     if strangers:
         problems.append(f"the service holds effects under keys no operation of the run has: {strangers}")
-    keys_of: dict[str, list[str]] = {}
+    keys_of: dict[tuple[str, str, str], list[str | None]] = {}
     for sent in facts.received or []:
         if sent.is_write and sent.payload is not None:
-            keys = keys_of.setdefault(sent.payload, [])
+            keys = keys_of.setdefault((sent.method, sent.path, sent.payload), [])
             if sent.key not in keys:
-                keys.append(str(sent.key))
-    for payload, keys in keys_of.items():
-        if len(keys) > 1:
+                keys.append(sent.key)
+    for (method, path, payload), keys in keys_of.items():
+        if None not in keys and not known & set(keys):
+            continue
+        if len(keys) > 1 or None in keys:
+            shown = ["(none)" if key is None else key for key in keys]
             problems.append(
-                f"one payload (sha256 {payload[:12]}) reached the service under {len(keys)} keys {keys}: "
-                "expected every resend to reuse its first key"
+                f"one write ({method} {path}, payload sha256 {payload[:12]}) reached the service under "
+                f"{len(keys)} key(s) {shown}: expected every attempt to carry its first key"
             )
     return Check("no resend with a new key", not problems, "; ".join(problems))
 
@@ -276,14 +282,14 @@ def _verified_was_read_back(facts: RunFacts, received: list[Received]) -> Check:
     return Check("verified means read back", not problems, "; ".join(problems))
 
 
-def _status_before_resend(received: list[Received]) -> Check:
-    """Between two attempts of one key that reached the service, the service was asked for that operation's
-    status: a resend after an unclear outcome is never blind. (An attempt that never reached the service is
-    not in its log; resending after it needs no question.)"""
+def _status_before_resend(received: list[Received], ledger: set[str]) -> Check:
+    """Between two attempts of one of the run's operations that reached the service, the service was asked
+    for that operation's status: a resend after an unclear outcome is never blind. (An attempt that never
+    reached the service is not in its log; resending after it needs no question.)"""
     problems = []
     attempts: dict[str, list[float]] = {}
     for r in received:
-        if r.is_write:
+        if r.is_write and r.key in ledger:
             attempts.setdefault(str(r.key), []).append(r.started_at)
     for key, times in attempts.items():
         times.sort()

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import secrets
 import tempfile
@@ -79,6 +80,7 @@ from toolloop._temporal.results import request_result
 from toolloop.testing import model_turns, script
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+logger = logging.getLogger(__name__)
 # A run's result is awaited this long with its faults on, then this long more once they are cleared.
 RUN_SECONDS = 90.0
 SETTLE_SECONDS = 45.0
@@ -561,7 +563,8 @@ async def run_matrix(
                 outcome = await run_one(stack, scenario, seed)
             except Exception as exc:
                 # A run the runner could not finish is a broken run in the report, never a traceback instead
-                # of one; the stack is still stopped by its owner.
+                # of one (the traceback goes to the log); the stack is still stopped by its owner.
+                logger.exception("chaos run %s seed %s could not be finished", scenario.name, seed)
                 outcome = unfinished_run(scenario, seed, exc, time.monotonic() - began)
             outcomes.append(outcome)
             broken = [c.name for c in outcome.checks if not c.ok]

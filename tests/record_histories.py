@@ -174,15 +174,14 @@ async def write_verified_in_attempt(
         return await _finished(handle)
 
 
-async def short_payloads(
+async def approved_note(
     client: Client, settings: Settings, admin: httpx.AsyncClient
 ) -> WorkflowHandle[Any, AgentResult]:
-    """Reads and an approved note in today's payloads: checked calls leave out what their items hold, and
-    the decision is answered by a short receipt."""
+    """Two reads in one round, then a note approved and verified."""
     reads = [call("get_order_status", {"orderId": order}, f"r-{order}") for order in ("A100", "A102")]
     note = call(
         "append_ticket_note",
-        {"ticketId": "T1001", "text": "short payloads", "expectedVersion": await ticket_version(settings.service_url)},
+        {"ticketId": "T1001", "text": "approved note", "expectedVersion": await ticket_version(settings.service_url)},
         "w1",
     )
     handle = await start_agent(client, settings, "w", model=script_spec(reads, [note], [say("ok")]))
@@ -211,16 +210,14 @@ async def in_process_model(
         return await _finished(handle)
 
 
-async def report_refers_to_history(
+async def remote_model_write(
     client: Client, settings: Settings, admin: httpx.AsyncClient
 ) -> WorkflowHandle[Any, AgentResult]:
-    """Today's payloads for a write with a remote model: a decision whose operation and digest are only in its
-    signed token, a write attempt that names the decision Update instead of holding the token, and a report
-    that refers to history for the operation's arguments, digest, evidence, approval and the output the model
-    was told."""
+    """A model behind a network call (it needs the conversation) reads a ticket and proposes a note, approved
+    and verified: the report holds the operation's arguments, digest, evidence, approval and output."""
     note = call(
         "append_ticket_note",
-        {"ticketId": "T1001", "text": "report refs", "expectedVersion": await ticket_version(settings.service_url)},
+        {"ticketId": "T1001", "text": "remote model", "expectedVersion": await ticket_version(settings.service_url)},
         "w1",
     )
     model = script_spec([call("get_ticket", {"ticketId": "T1001"}, "r1")], [note], [say("ok")])
@@ -229,12 +226,11 @@ async def report_refers_to_history(
         return await _finished(handle)
 
 
-async def write_told_by_reference(
+async def calendar_event_write(
     client: Client, settings: Settings, admin: httpx.AsyncClient
 ) -> WorkflowHandle[Any, AgentResult]:
-    """Today's payloads for a write with an in-process model: the write's output told by reference to its
-    attempt, a checked call keeping only the arguments validation changed, a decision answered with its state
-    and time, and a report that names every field history holds in short."""
+    """A calendar event (arguments the check completes with defaults) approved, created with an id the
+    service chooses, and read back in its own attempt."""
     write = call(
         "create_calendar_event",
         {"calendarId": "cal-u1", "title": "told", "start": "2027-02-01T10:00:00Z", "end": "2027-02-01T11:00:00Z"},
@@ -264,10 +260,10 @@ SCENARIOS: dict[str, Scenario] = {
     "model_error": model_error,
     "reads_by_reference": reads_by_reference,
     "write_verified_in_attempt": write_verified_in_attempt,
-    "short_payloads": short_payloads,
+    "approved_note": approved_note,
     "in_process_model": in_process_model,
-    "report_refers_to_history": report_refers_to_history,
-    "write_told_by_reference": write_told_by_reference,
+    "remote_model_write": remote_model_write,
+    "calendar_event_write": calendar_event_write,
 }
 
 

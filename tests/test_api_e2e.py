@@ -230,7 +230,7 @@ async def test_only_the_requests_user_with_the_right_digest_decides_and_then_it_
     assert decided.json()["approval"]["by"] == "u1 via api"
     assert_problem(await http.post(f"{path}/decision", json=approve, headers=U1), 409, "NOT_PENDING")
     view = await finished(http, request_id)
-    assert [o["state"] for o in view["operations"]] == ["verified"]
+    assert [o["state"] for o in view["operations"]] == ["verified"] and view["outcome"] == "answered"
     assert len(await effects(admin, op["operation_id"])) == 1
     # A decision once the request has ended: 409 at once, never "Temporal unavailable, try again".
     late = await http.post(f"{path}/decision", json=approve, headers=U1)
@@ -245,7 +245,7 @@ async def test_a_rejection_is_recorded_and_nothing_is_done(http: httpx.AsyncClie
     rejected = await http.post(path, json={"decision": "reject", "digest": op["digest"]}, headers=U1)
     assert rejected.status_code == 200 and rejected.json()["state"] == "denied"
     view = await finished(http, request_id)
-    assert [o["state"] for o in view["operations"]] == ["denied"]
+    assert [o["state"] for o in view["operations"]] == ["denied"] and view["outcome"] == "not_done"
     assert await effects(admin, op["operation_id"]) == []
 
 

@@ -91,7 +91,7 @@ def planted_copy(root: Path, bug: Bug) -> Path:
 
 
 @pytest.mark.parametrize("bug", BUGS, ids=[b.name for b in BUGS])
-def test_a_planted_bug_fails_the_chaos_run_and_is_named_first(tmp_path: Path, bug: Bug) -> None:
+def test_a_planted_bug_fails_the_chaos_run_and_is_named_under_what_broke(tmp_path: Path, bug: Bug) -> None:
     root = planted_copy(tmp_path / "planted", bug)
     out = tmp_path / "results"
     done = subprocess.run(

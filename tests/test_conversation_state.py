@@ -12,10 +12,8 @@ from activities.conversation import (
     MissingTurn,
     RunKey,
     ToolOutputStore,
-    bytes_of,
     with_outputs,
 )
-from activities.model_turn import RequestScripts
 from toolloop._core.contracts import (
     ConversationItem,
     FunctionCallItem,
@@ -209,40 +207,3 @@ def test_the_output_store_is_bounded_by_bytes_and_evicts_the_oldest() -> None:
     store.put(RUN, 1, "c2", "y" * 6)
     assert store.take(RUN, 1, ["c1"]) is None
     assert store.take(RUN, 1, ["c2"]) == {"c2": "y" * 6}
-
-
-# --- Scripts of scripted requests ----------------------------------------------------------------------
-
-
-class CountedScripts(RequestScripts):
-    """The script cache with its history read replaced by a count (the read is one start-event page)."""
-
-    def __init__(self, max_bytes: int | None = None) -> None:
-        super().__init__(client=None, **({} if max_bytes is None else {"max_bytes": max_bytes}))  # type: ignore[arg-type]
-        self.reads = 0
-
-    async def _read(self, run: RunKey) -> list[list[ConversationItem]]:
-        self.reads += 1
-        return [[CALL], [said("done")]]
-
-
-async def test_thousands_of_open_scripted_runs_read_their_script_once() -> None:
-    scripts = CountedScripts()
-    runs = [RunKey("wf", f"run-{i}") for i in range(5000)]
-    for turn in (1, 2):
-        for run in runs:
-            items, length = await scripts.turn(run, turn)
-            assert length == 2 and items == ([CALL] if turn == 1 else [said("done")])
-    assert scripts.reads == 5000
-
-
-async def test_the_script_cache_is_bounded_by_bytes() -> None:
-    one = bytes_of([CALL, said("done")])
-    scripts = CountedScripts(max_bytes=2 * one)
-    runs = [RunKey("wf", f"run-{i}") for i in range(3)]
-    for run in runs:
-        await scripts.turn(run, 1)
-    await scripts.turn(runs[2], 2)
-    assert scripts.reads == 3
-    await scripts.turn(runs[0], 2)  # the least recent, evicted: read again
-    assert scripts.reads == 4

@@ -524,32 +524,18 @@ def test_error_counts_at_the_shown_limit_and_model_level_errors() -> None:
     assert whole is not None and whole["message"] == "arguments: Value error, high must not be below low"
 
 
-def test_a_checked_read_is_stored_without_the_write_only_fields(registry: ToolRegistry) -> None:
-    from toolloop._temporal.converter import data_converter
-
-    read = check_call(registry, FunctionCallItem(call_id="c1", name="lookup", arguments='{"itemId": "I01"}'))
-    write = check_call(registry, FunctionCallItem(call_id="c2", name="note", arguments='{"text": "hi"}'))
-    converter = data_converter().payload_converter
-    [read_payload, write_payload] = converter.to_payloads([read, write])
-    # A read has no status query or read-back to lack: history holds neither flag for it (nor empty fields).
-    assert set(json.loads(read_payload.data)) == {"call_id", "name", "summary", "arguments"}
-    assert (read.has_status, read.has_read_back) == (True, True)
-    # Both decode to what was checked.
-    assert converter.from_payloads([read_payload, write_payload], [type(read), type(write)]) == [read, write]
-
-
-def test_a_model_turn_result_stores_each_calls_name_and_arguments_once(registry: ToolRegistry) -> None:
+def test_a_model_turn_result_stores_each_checked_call_whole(registry: ToolRegistry) -> None:
     from toolloop._core.contracts import ModelTurnResult, OtherItem
     from toolloop._temporal.converter import data_converter
 
     items: list[Any] = [
         OtherItem.model_validate({"type": "reasoning", "id": "r1"}),
         FunctionCallItem(call_id="c1", name="lookup", arguments='{"itemId": "I01", "title": null, "limit": null}'),
-        # Arguments the check canonicalises: only what differs from the item's is kept.
+        # Arguments the check canonicalises.
         FunctionCallItem(call_id="c2", name="note", arguments='{"text": "Cafe\\u0301"}'),
         FunctionCallItem(call_id="c3", name="nope", arguments="{}"),
         FunctionCallItem(call_id="c4", name="lookup", arguments="not json"),
-        # Defaults the check fills in: only those are kept.
+        # Defaults the check fills in.
         FunctionCallItem(call_id="c5", name="lookup", arguments='{"itemId": "I02"}'),
     ]
     checked, error = check_turn(registry, [i for i in items if isinstance(i, FunctionCallItem)])
@@ -557,17 +543,12 @@ def test_a_model_turn_result_stores_each_calls_name_and_arguments_once(registry:
     converter = data_converter().payload_converter
     [payload] = converter.to_payloads([result])
     stored = {c["call_id"]: c for c in json.loads(payload.data)["calls"]}
-    assert "name" not in stored["c1"] and not {"arguments", "arguments_changed"} & set(stored["c1"])
-    assert "arguments" not in stored["c2"] and stored["c2"]["arguments_changed"] == {"text": "Café"}
-    assert "rejection" in stored["c3"] and "rejection" in stored["c4"]
-    assert stored["c5"]["arguments_changed"] == {"title": None, "limit": None}
+    # Each call as checked, whole: the workflow and a reader of history need nothing else to know it.
+    assert stored["c2"]["name"] == "note" and stored["c2"]["arguments"] == {"text": "Café"}
+    assert stored["c5"]["arguments"] == {"itemId": "I02", "title": None, "limit": None}
+    assert stored["c3"]["rejection"] and stored["c4"]["rejection"]
     [back] = converter.from_payloads([payload], [ModelTurnResult])
     assert back == result
-    assert [(c.name, c.arguments) for c in back.calls][:2] == [
-        ("lookup", {"itemId": "I01", "title": None, "limit": None}),
-        ("note", {"text": "Café"}),
-    ]
-    assert back.calls[-1].arguments == {"itemId": "I02", "title": None, "limit": None}
     # A payload written before calls were shortened (every field there) reads the same.
     full = result.model_dump(mode="json")
     assert ModelTurnResult.model_validate(full) == result

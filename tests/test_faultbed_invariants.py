@@ -109,7 +109,7 @@ EVENT = "/calendars/cal-u1/events/ev1"
 PAYLOAD = "c" * 64
 
 
-def write(at: float, key: str = OP, payload: str = PAYLOAD, status: int = 201) -> Received:
+def write(at: float, key: str | None = OP, payload: str = PAYLOAD, status: int = 201) -> Received:
     return Received("POST", "/calendars/cal-u1/events", at, status, key, payload)
 
 
@@ -145,12 +145,17 @@ def test_every_key_the_service_saw_for_one_payload_must_be_the_same() -> None:
     # The new key was refused (no effect under it): still a resend with a new key.
     found = broken(logged(write(2, status=503), get(f"/operations/{OP}", 3, 404), write(4, key=other, status=403)))
     assert found["no resend with a new key"] == (
-        f"one payload (sha256 {PAYLOAD[:12]}) reached the service under 2 keys {[OP, other]}: expected every resend "
-        "to reuse its first key"
+        f"one write (POST /calendars/cal-u1/events, payload sha256 {PAYLOAD[:12]}) reached the service under 2 "
+        f"key(s) {[OP, other]}: expected every attempt to carry its first key"
     )
-    # Two payloads, two keys: two operations, not a resend.
+    # A resend without a key at all is one too.
+    keyless = broken(logged(write(2, status=503), get(f"/operations/{OP}", 3, 404), write(4, key=None, status=400)))
+    assert "['" + OP + "', '(none)']" in keyless["no resend with a new key"]
+    # Two payloads, or one payload to two places, with two keys: two operations, not a resend.
     two = logged(write(2), get(EVENT, 3), write(4, key=other, payload="d" * 64))
     assert "no resend with a new key" not in broken(two)
+    elsewhere = Received("POST", "/calendars/cal-u2/events", 4, 201, other, PAYLOAD)
+    assert "no resend with a new key" not in broken(logged(write(2), get(EVENT, 3), elsewhere))
 
 
 def test_a_resend_must_follow_a_status_query_of_its_operation() -> None:

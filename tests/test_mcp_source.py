@@ -310,7 +310,7 @@ async def test_an_approved_write_makes_one_effect_and_is_completed_not_verified(
     assert op.digest == payload_digest("add_note", {"text": text})
     assert op.note == "this tool has no read-back"
     # Done by the server's word, never verified: the exit code says "unsettled", not "ok".
-    assert starter._exit_code(result.status, result.operations) == starter.EXIT_UNSETTLED
+    assert starter._exit_code(result.status, result.operations) == 3
     output = (await tool_outputs(handle))["w1"]
     assert (output["ok"], output["state"], output["verified"]) == (True, "completed", False)
     assert output["result"]["structured"] == {"id": 1, "text": text}
@@ -334,7 +334,7 @@ async def test_a_timeout_after_the_server_acted_is_unknown_and_never_resent(
     assert op.status_checks == []  # nobody to ask: MCP has no status query
     output = (await tool_outputs(handle))["w1"]
     assert output["code"] == ResultCode.OUTCOME_UNKNOWN
-    assert starter._exit_code(result.status, result.operations) == starter.EXIT_UNSETTLED
+    assert starter._exit_code(result.status, result.operations) == 3
     # The server did act, once; the call was not sent again.
     assert len(server.events("effect")) == 1
     assert len(server.events("call", "add_note")) == 1
@@ -363,7 +363,7 @@ async def test_with_the_server_down_reads_are_unavailable_and_a_write_is_not_don
     assert (op.state, op.attempts) == ("failed", 3)
     assert outputs["w1"]["code"] == ResultCode.TEMPORARY_UNAVAILABLE
     assert "it was not done" in outputs["w1"]["message"]
-    assert starter._exit_code(result.status, result.operations) == starter.EXIT_NOT_DONE
+    assert starter._exit_code(result.status, result.operations) == 4
     # Nothing reached a server once it was down: the one start, no call, no effect.
     assert len(server.events("start")) == 1
     assert server.events("call") == [] and server.events("effect") == []

@@ -5,11 +5,9 @@ must fail the same replay (the negative control). Refresh: `python -m tests.reco
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
@@ -17,10 +15,9 @@ from temporalio.workflow import NondeterminismError
 from faultbed.scenarios import BUILT_IN
 from tests.drifted_workflow import DriftedAgentWorkflow
 from tests.record_histories import HISTORIES, SCENARIOS
-from toolloop._core.approvals import payload_digest
-from toolloop._core.contracts import AgentResult
+from toolloop._core.codes import ErrorType
+from toolloop._core.contracts import AgentResult, status_of
 from toolloop._temporal.converter import data_converter
-from toolloop._temporal.results import completed_from
 from toolloop._temporal.worker_factory import workflow_runner
 from workflows.agent import AgentWorkflow
 
@@ -61,29 +58,33 @@ async def test_a_non_deterministic_change_fails_the_replay(path: Path) -> None:
         await replayer.replay_workflow(load(path))
 
 
-@pytest.mark.parametrize("name", ["report_refers_to_history", "write_told_by_reference"])
-async def test_a_stored_report_is_read_back_whole_from_its_history(name: str) -> None:
-    """The reader of a report that refers to history, on histories recorded by earlier code too: the
-    decision answered with the whole approval (report_refers_to_history) or with its time only, and the
-    write's output told in the next turn's input or by reference to its attempt."""
-    history = load(HISTORIES / f"{name}.json")
-    converter = data_converter()
-    [done] = [e for e in history.events if e.HasField("workflow_execution_completed_event_attributes")]
-    payloads = done.workflow_execution_completed_event_attributes.result.payloads
-    [stored] = await converter.decode(payloads, [AgentResult])
-    assert not stored.complete
+async def stored_report(history: WorkflowHistory) -> AgentResult:
+    """The report a finished run's history holds: the workflow's result, or a failed request's failure
+    details (ErrorType.REQUEST_FAILED)."""
+    last = history.events[-1]
+    if last.HasField("workflow_execution_completed_event_attributes"):
+        payloads = last.workflow_execution_completed_event_attributes.result.payloads
+    else:
+        failure = last.workflow_execution_failed_event_attributes.failure
+        assert failure.application_failure_info.type == ErrorType.REQUEST_FAILED, failure.message
+        payloads = failure.application_failure_info.details.payloads
+    [report] = await data_converter().decode(payloads, [AgentResult])
+    return report
 
-    async def events() -> AsyncIterator[HistoryEvent]:
-        for event in history.events:
-            yield event
 
-    report = await completed_from(events(), converter, stored)
-    assert report.complete
-    [op] = report.operations
-    assert op.approval is not None and (op.approval.decision, op.approval.by) == ("approved", "u1 via cli")
-    assert op.approval.expires_at is not None and op.approval.expires_at > op.approval.at
-    assert op.first_sent_at is not None and op.first_sent_at >= op.approval.at
-    assert op.digest == payload_digest(op.target or op.tool, op.arguments)
-    assert op.evidence is not None and op.evidence["verified"] is True
-    assert op.output is not None and (op.output["state"], op.output["operation_id"]) == ("verified", op.operation_id)
-    assert report.status == "completed" and report.final_text == "ok"
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(HISTORIES).with_suffix("")) for p in FILES])
+async def test_the_workflows_own_result_is_the_whole_report(path: Path) -> None:
+    """What handle.result() and the UI's Result panel show is the report the CLI and the API show: nothing
+    in it refers elsewhere in the history."""
+    history = load(path)
+    report = await stored_report(history)
+    assert report.workflow_id == history.workflow_id and report.status == status_of(report.stop_reason)
+    for op in report.operations:
+        assert op.digest.startswith("sha256:") and op.transitions and op.output is not None, op
+        decided = {"approved", "denied"} & set(op.transitions)
+        assert (op.approval is not None) == bool(decided), op
+        if op.approval is not None:
+            # Who decided, always; until when, for an approval (a rejection holds nothing to expire).
+            assert op.approval.by and (op.approval.expires_at is not None) == (op.approval.decision == "approved")
+        if op.state == "verified":
+            assert op.evidence is not None and op.evidence["verified"] is True and op.first_sent_at is not None

@@ -263,7 +263,7 @@ async def test_a_write_rejected_on_the_page_after_a_dropped_stream_is_not_done(
         await expect(operation).to_have_attribute("data-outcome", "not-done")
         await expect(operation.locator('[data-field="outcome"]')).to_have_text("not done")
         await expect(request.locator('[data-field="request-outcome"]')).to_have_text(
-            "Outcome: answered, but a requested write was not done"
+            "Outcome: answered, but not all it asked for was done"
         )
         assert await page.title() != "1"
     assert await effects(admin, payload["operation_id"]) == []

@@ -22,11 +22,10 @@ from temporalio.converter import (
     SerializationContext,
     WithSerializationContext,
 )
-from temporalio.testing import ActivityEnvironment
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from activities.write_operations import WriteActivities, decision_token
 from demo.agent import build as build_demo
 from devstack.processes import free_port, start_worker
 from tests.agent_helpers import (
@@ -72,7 +71,7 @@ from toolloop._core.names import (
 )
 from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request, send_decision
 from toolloop._temporal.converter import data_converter
-from toolloop._temporal.following import RunFollower, approvals_as_they_come, pending_approvals
+from toolloop._temporal.following import RunFollower, approvals_as_they_come, pending_approvals, pending_once_answered
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker
 
@@ -210,9 +209,9 @@ async def test_a_read_back_the_attempt_cannot_conclude_is_read_again_by_its_own_
     requests = [(r["method"], r["path"]) for r in await service_requests(admin, "/tickets/T1001")]
     assert requests[-3:] == [("POST", "/tickets/T1001/notes"), ("GET", "/tickets/T1001"), ("GET", "/tickets/T1001")]
     assert len(await effects(admin, op.operation_id)) == 1
-    # The report's evidence is the read-back activity's result, read back from history.
+    # The report holds the read-back activity's result itself.
     [stored_op] = (await stored_report(handle))["operations"]
-    assert "evidence" not in stored_op and "evidence" in OperationRecord.model_validate(stored_op).in_history
+    assert stored_op["evidence"] == op.evidence
     [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
     assert op == ledger and op.evidence is not None and op.evidence["verified"] is True
 
@@ -248,7 +247,7 @@ async def test_approvals_as_they_come_yields_each_operation_once_and_ends_with_t
     seen: list[str] = []
     answers = []
     async for request in approvals_as_they_come(handle):
-        # Read from the history, with no query: exactly what the workflow itself answers for it.
+        # Exactly what the workflow itself answers for it.
         assert [request] == await pending_approvals(handle)
         seen.append(request.operation_id)
         answers.append(await send_decision(handle, request, approve=len(seen) == 1, decider=U1, key=APPROVAL_KEY))
@@ -307,7 +306,7 @@ async def test_a_client_that_joins_late_is_given_only_the_operation_still_waitin
     assert len(await effects(admin, first.operation_id)) == 1 and await effects(admin, second.operation_id) == []
 
 
-async def test_an_approval_request_is_read_from_history_while_no_worker_runs(
+async def test_an_approval_waiting_while_no_worker_runs_is_shown_once_one_answers(
     client: Client, settings: Settings, admin: httpx.AsyncClient, business_service: BusinessService
 ) -> None:
     version = await ticket_version(business_service.url)
@@ -315,20 +314,41 @@ async def test_an_approval_request_is_read_from_history_while_no_worker_runs(
     async with running_worker(client, settings, build_demo(settings.service_url)):
         handle = await start_agent(client, settings, "write", model=script_spec(*turns))
         waiting = await waiting_operation(handle)
-    # No worker could answer a query now: the request comes from the run's history alone.
-    request = await asyncio.wait_for(anext(approvals_as_they_come(handle)), timeout=10)
-    assert (request.operation_id, request.state, request.arguments["text"]) == (
-        waiting.operation_id,
-        "awaiting_approval",
-        "while the worker is away",
-    )
-    assert request.digest == payload_digest(request.digest_subject, request.arguments) == waiting.digest
+    # No worker answers a query now ("no poller seen"), so the follower keeps asking, and gets the request
+    # once one runs.
+    with pytest.raises(RPCError) as no_worker:
+        await asyncio.wait_for(pending_approvals(handle), timeout=60)
+    assert no_worker.value.status == RPCStatusCode.FAILED_PRECONDITION
+    follower = asyncio.ensure_future(anext(approvals_as_they_come(handle)))
     async with running_worker(client, settings, build_demo(settings.service_url)):
+        request = await asyncio.wait_for(follower, timeout=60)
+        assert (request.operation_id, request.state, request.arguments["text"]) == (
+            waiting.operation_id,
+            "awaiting_approval",
+            "while the worker is away",
+        )
+        assert request.digest == payload_digest(request.digest_subject, request.arguments) == waiting.digest
         await send_decision(handle, request, approve=True, decider=U1, key=APPROVAL_KEY)
         result = await asyncio.wait_for(request_result(handle), timeout=60)
     [op] = result.operations
     assert (op.operation_id, op.state, op.attempts) == (waiting.operation_id, "verified", 1)
     assert len(await effects(admin, op.operation_id)) == 1
+
+
+async def test_a_follower_waiting_for_a_worker_ends_when_the_run_ends(
+    client: Client, settings: Settings, business_service: BusinessService
+) -> None:
+    version = await ticket_version(business_service.url)
+    async with running_worker(client, settings, build_demo(settings.service_url)):
+        handle = await start_agent(client, settings, "write", model=script_spec([note_call(version, "x", "w1")]))
+        await waiting_operation(handle)
+    # The follower asks while no worker answers; the run is then terminated: it ends, with nothing yielded.
+    follower = asyncio.ensure_future(anext(approvals_as_they_come(handle), None))
+    await handle.terminate("no worker will come back")
+    assert await asyncio.wait_for(follower, timeout=120) is None
+    # Whatever the interleaving: asked after the run closed, with no worker to answer, nothing is pending
+    # (asking again for ever would never end the follower).
+    assert await asyncio.wait_for(pending_once_answered(handle), timeout=120) == []
 
 
 async def _second_waits(handle: WorkflowHandle[Any, Any], first: str) -> bool:
@@ -994,7 +1014,7 @@ async def test_authority_revoked_before_the_approved_write_runs_is_refused_there
         assert await effects(svc_admin, done.operation_id) == []
 
 
-async def test_the_report_stores_once_what_history_holds_and_request_result_reads_it_back(
+async def test_the_workflows_own_result_is_the_whole_report(
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
 ) -> None:
     version = await ticket_version(business_service.url)
@@ -1002,37 +1022,25 @@ async def test_the_report_stores_once_what_history_holds_and_request_result_read
     turns = [reads, [note_call(version, "Replacement shipped.", "w1")], [say("Noted.")]]
     result, handle = await run_approved(client, settings, business_service, turns)
 
-    # The report's payload leaves out of the operation its arguments and digest (the write's input), evidence
-    # (its read-back), approval (the Update's input and answer) and with it when the write was first sent,
-    # what the model was told (the write's attempt) and its happy-path transitions: each is stored once,
-    # elsewhere in history. The answer and the call records stay.
-    stored = await stored_report(handle)
-    assert stored["final_text"] == "Noted." and "in_history" not in stored
-    assert [c["call_id"] for c in stored["calls"]] == ["r1", "r2", "w1"]
-    [op] = stored["operations"]
-    # All five, as the payload says it in short.
-    assert op["in_history"] == ["*"]
-    every = ["arguments", "digest", "evidence", "approval", "first_sent_at", "output"]
-    assert OperationRecord.model_validate(op).in_history == every
-    assert not {*every, "transitions"} & set(op)
-    assert "workflow_id" not in stored
-
-    # request_result reads them back: the same report as the workflow holds it.
-    assert result.complete and (result.final_text, result.workflow_id) == ("Noted.", handle.id)
-    progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
-    assert result.calls == progress.calls and [c.call_id for c in result.calls] == ["r1", "r2", "w1"]
-    assert [(c.ok, c.code) for c in result.calls] == [(True, None), (False, "BAD_ARGUMENTS"), (True, None)]
-    [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
-    assert result.operations[0] == ledger
-    assert ledger.evidence is not None and ledger.evidence["verified"] is True
-    assert ledger.output == (await tool_outputs(handle))["w1"]
-    assert ledger.arguments["text"] == "Replacement shipped." and len(await effects(admin, ledger.operation_id)) == 1
-    # The payload as stored decodes (a client reading handle.result() sees what is left out, named).
+    # What a plain client reading handle.result() gets (the UI's Result panel too) is the whole report:
+    # the same as toolloop.request_result, the ledger and what the model was told.
     raw = await handle.result()
-    assert not raw.complete and raw.operations[0].evidence is None and raw.calls == result.calls
+    assert raw == result and (raw.final_text, raw.workflow_id, raw.status) == ("Noted.", handle.id, "completed")
+    stored = await stored_report(handle)
+    assert stored["workflow_id"] == handle.id and stored["status"] == "completed"
+    progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
+    assert raw.calls == progress.calls and [c.call_id for c in raw.calls] == ["r1", "r2", "w1"]
+    assert [(c.ok, c.code) for c in raw.calls] == [(True, None), (False, "BAD_ARGUMENTS"), (True, None)]
+    [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
+    [op] = raw.operations
+    assert op == ledger and op.approval is not None and op.approval.by == "u1 via cli"
+    assert op.evidence is not None and op.evidence["verified"] is True and op.first_sent_at is not None
+    assert op.output == (await tool_outputs(handle))["w1"]
+    assert op.digest == payload_digest(op.target or op.tool, op.arguments)
+    assert op.arguments["text"] == "Replacement shipped." and len(await effects(admin, op.operation_id)) == 1
 
 
-async def test_a_failed_requests_report_is_read_back_from_history_too(
+async def test_a_failed_requests_whole_report_travels_in_its_failure(
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
 ) -> None:
     version = await ticket_version(business_service.url)
@@ -1044,24 +1052,21 @@ async def test_a_failed_requests_report_is_read_back_from_history_too(
 
     assert (result.status, result.stop_reason) == ("failed", "model_error")
     stored = await stored_report(handle)
-    assert "final_text" not in stored and "in_history" not in stored  # there is no answer
-    [stored_op] = stored["operations"]
-    # Never sent, so its arguments are in no write's input; and the turn it was told in failed (its input
-    # is in history, its result is not): the report keeps both.
-    assert stored_op["in_history"] == ["approval"] and {"arguments", "output"} <= set(stored_op)
+    assert stored["final_text"] is None  # there is no answer
     [done] = result.operations
     assert done.approval is not None and (done.approval.decision, done.approval.by) == ("rejected", "u1 via cli")
-    assert done.output is not None and done.output["code"] == "REJECTED" and not done.in_history
+    assert done.output is not None and done.output["code"] == "REJECTED"
+    assert stored["operations"][0]["approval"]["decision"] == "rejected"
     [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
     assert done == ledger
     assert await effects(admin, op.operation_id) == []
 
 
-async def test_a_write_attempt_reads_its_approval_token_from_the_decision_update_in_history(
+async def test_every_write_attempt_carries_the_approvals_token_in_its_input(
     client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
 ) -> None:
     version = await ticket_version(business_service.url)
-    turns = [[note_call(version, "token once", "w1")], [say("Noted.")]]
+    turns = [[note_call(version, "token in the input", "w1")], [say("Noted.")]]
     result, handle = await run_approved(client, settings, business_service, turns)
     [op] = result.operations
     assert op.state == "verified" and len(await effects(admin, op.operation_id)) == 1
@@ -1070,42 +1075,12 @@ async def test_a_write_attempt_reads_its_approval_token_from_the_decision_update
     [accepted] = [e for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED]
     request = accepted.workflow_execution_update_accepted_event_attributes.accepted_request
     [decision] = await client.data_converter.decode(request.input.args.payloads, [ApprovalDecision])
-    assert decision.token
-    # The write's input names the decision Update instead of holding its token: history stores it once.
+    # The attempt needs nothing but its input: no read of the run's history from the activity.
     [scheduled] = [
         e.activity_task_scheduled_event_attributes
         for e in events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
         and e.activity_task_scheduled_event_attributes.activity_type.name == EXECUTE_WRITE_ACTIVITY
     ]
-    stored = json.loads(scheduled.input.payloads[0].data)
-    assert stored["approval_update_id"] == request.meta.update_id and "approval_token" not in stored
-    assert sum(e.SerializeToString().count(decision.token.encode()) for e in events) == 1
-    run_id = (await handle.describe()).run_id
-    assert await decision_token(client, handle.id, run_id, request.meta.update_id) == decision.token
-
-    # An attempt whose decision is not in the run's history sends nothing and says so (the workflow then
-    # pauses and sends again with the same key).
-    sent: list[httpx.Request] = []
-
-    def record(outgoing: httpx.Request) -> httpx.Response:
-        sent.append(outgoing)
-        return httpx.Response(201, json={})
-
-    env = ActivityEnvironment()
-    env.info = dataclasses.replace(env.info, workflow_id=handle.id, workflow_run_id=run_id)
-    registry = build_demo(business_service.url).tools.registry
-    async with httpx.AsyncClient(transport=httpx.MockTransport(record), base_url="http://svc") as http:
-        writes = WriteActivities(registry, http, client=client)
-        attempt = WriteInput(
-            operation_id=op.operation_id,
-            tool=op.tool,
-            arguments=op.arguments,
-            actor=U1,
-            attempt=2,
-            call_id="w1",
-            approval_update_id="no-such-update",
-        )
-        outcome = await env.run(writes.execute_write, attempt)
-    assert (outcome.kind, outcome.output) == ("not_sent", None) and "nothing was sent" in outcome.detail
-    assert sent == []
+    [attempt] = await client.data_converter.decode(scheduled.input.payloads, [WriteInput])
+    assert decision.token and attempt.approval_token == decision.token

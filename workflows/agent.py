@@ -34,7 +34,6 @@ with workflow.unsafe.imports_passed_through():
         ToolCallResult,
         answer_text,
         error_output,
-        outcome_of,
         output_json,
         status_of,
         user_message,
@@ -103,9 +102,6 @@ class AgentWorkflow:
         )
         # This round's calls whose output is a tool activity's result (so already in history).
         self._outputs_in_history: set[str] = set()
-        # The calls whose output a model turn recorded in history was given (its input, or a local turn's
-        # record of what it was given): the report need not store those outputs again.
-        self._told: set[str] = set()
 
     @workflow.query(name=GET_PROGRESS_QUERY)
     def get_progress(self) -> AgentProgress:
@@ -195,10 +191,9 @@ class AgentWorkflow:
                 error = f"model turn {rounds} failed: {_failure_message(err)}"
                 break
             model_label = turn.model_label or model_label
-            self._told.update(item.call_id for item in new_items if isinstance(item, FunctionCallOutputItem))
 
             if not turn.calls:
-                answer = turn.final_text or answer_text(turn.items)
+                answer = answer_text(turn.items)
                 if answer or records:
                     # Nothing more to say after its tools ran is an answer too (the calls carry the results).
                     final_text = answer or ""
@@ -262,16 +257,18 @@ class AgentWorkflow:
             calls=list(records),
             model_label=model_label,
             error=error,
-            operations=self._writes.report(self._told),
+            operations=self._writes.snapshot(),
         )
         self._mark_outcome(report)
         self._count(report)
         self._set_phase(f"finished: {stop}")
-        self._narrator.final(status=status, stop_reason=stop, final_text=final_text, error=error)
+        self._narrator.final(
+            status=status, stop_reason=stop, final_text=final_text, error=error, outcome=report.outcome
+        )
         self._progress.done = True
         if status == "failed":
-            # Failed is failed in Temporal too (red in the UI's list); the report travels in the failure's
-            # details, so clients still get the whole report (toolloop.request_result reads it).
+            # Failed is failed in Temporal too (red in the UI's list); the whole report travels in the
+            # failure's details (toolloop.request_result reads it there).
             raise ApplicationError(
                 error or f"the request failed: {stop}", report, type=ErrorType.REQUEST_FAILED, non_retryable=True
             )
@@ -297,7 +294,7 @@ class AgentWorkflow:
             return
         # Unsettled is set only when true (a filter asks `ToolloopUnsettled = true`): less to store per request.
         unsettled = any(op.state not in SETTLED_STATES for op in result.operations)
-        outcome = outcome_of(result.status, (op.state for op in result.operations))
+        outcome = result.outcome
         workflow.upsert_search_attributes(
             [OUTCOME_KEY.value_set(outcome), *([UNSETTLED_KEY.value_set(True)] if unsettled else [])]
         )
@@ -322,6 +319,10 @@ class AgentWorkflow:
             output_refs=output_refs,
             offered_tools=inp.allowed_tools,
         )
+        script = inp.model.script
+        if script is not None:
+            turn_input.script_turn = script[turn - 1] if turn <= len(script) else None
+            turn_input.script_length = len(script)
         # Always an activity, never a local activity: sdk-core (temporalio 1.35) can record a local activity's
         # marker in one workflow task and hand its result to the workflow only in the next one when a query
         # arrives meanwhile. A replay resolves it a task earlier, so whatever the code does next (a patch

@@ -23,9 +23,9 @@ leaves it unknown rather than not done."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Container
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -45,13 +45,10 @@ with workflow.unsafe.imports_passed_through():
     )
     from toolloop._core.codes import ErrorType, ResultCode
     from toolloop._core.contracts import (
-        HISTORY_FIELDS,
         Actor,
         ApprovalDecision,
-        ApprovalRecord,
         ApprovalRequest,
         CheckedCall,
-        HistoryField,
         Limits,
         OperationQuery,
         OperationRecord,
@@ -105,14 +102,9 @@ class OperationStateMachine:
         self.ledger: dict[str, OperationRecord] = {}
         # Kept out of the ledger: queries and results never show decision tokens.
         self._tokens: dict[str, str] = {}
-        # The id of the Update that brought each operation's token: a write attempt's input names it instead
-        # of holding the token again (the attempt reads the token from that Update's input in history).
-        self._token_updates: dict[str, str] = {}
         self._arguments: dict[str, dict[str, Any]] = {}
         # Evidence an attempt read back right after it completed, for the read-back step to use.
         self._read_in_attempt: dict[str, Evidence] = {}
-        # Operations whose evidence is an activity's result in history (not made up here after a failure).
-        self._evidence_in_history: set[str] = set()
         # Calls whose output is what their completing attempt establishes alone (told_of_attempt): a model
         # turn refers to it rather than storing it again.
         self._told_by_attempt: set[str] = set()
@@ -226,17 +218,11 @@ class OperationStateMachine:
         op = self.ledger[decision.operation_id]
         if op.state != "awaiting_approval":
             return op  # a repeated decision changes nothing
-        if decision.token is None:
-            # Only in a history from before the validator required a token: the caller's words, no expiry.
-            verdict: Literal["approved", "rejected"] = "approved" if decision.approve else "rejected"
-            op.approval = ApprovalRecord(decision=verdict, by=decision.by, at=workflow.now())
-        else:
-            self._tokens[op.operation_id] = decision.token
-            update = workflow.current_update_info()
-            if update is not None:
-                self._token_updates[op.operation_id] = update.id
-            # Who decided, and until when an approval holds, come from the verified token.
-            op.approval = approval_record(decision.token, workflow.now())
+        # The validator admitted only a decision with a verified token: who decided, and until when an approval
+        # holds, come from it.
+        assert decision.token is not None
+        self._tokens[op.operation_id] = decision.token
+        op.approval = approval_record(decision.token, workflow.now())
         self._move(op, "approved" if decision.approve else "denied")
         return op
 
@@ -455,8 +441,7 @@ class OperationStateMachine:
                     tool=op.tool,
                     arguments=self._arguments[op.operation_id],
                     actor=self._actor,
-                    approval_token="" if op.operation_id in self._token_updates else self._tokens[op.operation_id],
-                    approval_update_id=self._token_updates.get(op.operation_id),
+                    approval_token=self._tokens[op.operation_id],
                     attempt=op.attempts,
                     call_id=call.call_id,
                     keep_output_round=self._keep_output_round.get(op.operation_id),
@@ -525,8 +510,6 @@ class OperationStateMachine:
         # activity reads it, retrying a read that does not see it yet.
         in_attempt = self._read_in_attempt.pop(op.operation_id, None)
         evidence = in_attempt or await self._read_back(op, result)
-        if evidence is not _NOT_READ_BACK:
-            self._evidence_in_history.add(op.operation_id)
         op.evidence = evidence.model_dump(mode="json")
         if evidence.verified:
             self._move(op, "verified")
@@ -611,23 +594,6 @@ class OperationStateMachine:
 
     def snapshot(self) -> list[OperationRecord]:
         return [op.model_copy(deep=True) for op in self.ledger.values()]
-
-    def report(self, told: Container[str]) -> list[OperationRecord]:
-        """The operations for the request's report, each naming what its payload can leave out because the
-        run's history holds it already (`told`: the calls whose output a recorded model turn was given)."""
-        operations = self.snapshot()
-        for op in operations:
-            sent_as_is = op.attempts > 0 and op.arguments == self._arguments[op.operation_id]
-            held: dict[HistoryField, bool] = {
-                "arguments": sent_as_is,
-                "digest": sent_as_is,
-                "evidence": op.operation_id in self._evidence_in_history,
-                "approval": op.approval is not None,
-                "first_sent_at": op.approval is not None and op.first_sent_at == op.approval.at,
-                "output": op.output is not None and op.call_ids[0] in told,
-            }
-            op.in_history = [name for name in HISTORY_FIELDS if held[name]]
-        return operations
 
 
 # The evidence of a read-back activity that failed: made up here, so not in history.

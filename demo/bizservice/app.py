@@ -205,12 +205,18 @@ class RevokedUser(BaseModel):
 
 def body_digest(body: bytes) -> str:
     """SHA-256 of a request body, of its canonical JSON when it is JSON: the same payload sent twice (however
-    its keys were ordered) has one digest."""
-    try:
-        canonical = json.dumps(json.loads(body), sort_keys=True, separators=(",", ":")).encode()
-    except ValueError:
-        canonical = body
+    its keys were ordered) has one digest. A body too large or too deep to parse is digested as it is."""
+    canonical = body
+    if len(body) <= _PARSED_BODY_BYTES:
+        try:
+            canonical = json.dumps(json.loads(body), sort_keys=True, separators=(",", ":")).encode()
+        except (ValueError, RecursionError):
+            pass
     return hashlib.sha256(canonical).hexdigest()
+
+
+# Bodies up to this size are parsed for their digest (a write's is far smaller; the kit refuses larger ones).
+_PARSED_BODY_BYTES = 256 * 1024
 
 
 def create_app(
@@ -260,6 +266,8 @@ def create_app(
         try:
             if logged:
                 key = request.headers.get("idempotency-key")
+                # Every write's payload, with or without a key: a resend without one is a finding too.
+                writes = request.method not in ("GET", "HEAD", "OPTIONS")
                 log_id = await run_in_threadpool(
                     store.log_request_start,
                     request.method,
@@ -268,7 +276,7 @@ def create_app(
                     request.headers.get("x-actor-user"),
                     started_at,
                     key,
-                    body_digest(await request.body()) if key is not None else None,
+                    body_digest(await request.body()) if writes else None,
                 )
                 user, tenant = request.headers.get("x-actor-user"), request.headers.get("x-actor-tenant")
                 if user and tenant and not await run_in_threadpool(store.user_exists, Owner(user, tenant)):

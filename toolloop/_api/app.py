@@ -60,6 +60,7 @@ from toolloop._core.contracts import (
     Limits,
     ModelSpec,
     OperationRecord,
+    Outcome,
 )
 from toolloop._core.names import AGENT_WORKFLOW, GET_EVENTS_QUERY, GET_PROGRESS_QUERY
 from toolloop._core.registry import TOOL_NAME
@@ -158,6 +159,8 @@ class RequestView(BaseModel):
     stop_reason: str | None = None
     error: str | None = None
     events: int = 0
+    # A finished request's outcome (AgentResult.outcome: the rule of the CLI's exit code and the UI's list).
+    outcome: Outcome | None = None
 
 
 class Me(BaseModel):
@@ -746,6 +749,7 @@ def _finished_view(request_id: str, result: AgentResult) -> RequestView:
         final_text=result.final_text,
         stop_reason=result.stop_reason,
         error=result.error,
+        outcome=result.outcome,
     )
 
 

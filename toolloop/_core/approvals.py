@@ -19,7 +19,6 @@ import base64
 import functools
 import hashlib
 import json
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
@@ -61,20 +60,9 @@ def short_operation_id(operation_id: str) -> str:
     return operation_id[:14] + "…" if len(operation_id) > 15 else operation_id
 
 
-_WAIT_PREFIX = "waiting for approval of "
-_WAIT_SUMMARY = re.compile(r"^waiting for approval of (?P<tool>\S+) (?P<operation>\S+) until ")
-
-
 def approval_wait_summary(tool: str, operation_id: str, until: str) -> str:
-    """The summary of the timer an operation's approval wait starts: the UI shows it, and a client that
-    follows the run's history reads from it which operation waits (`approval_wait_of`)."""
-    return f"{_WAIT_PREFIX}{tool} {short_operation_id(operation_id)} until {until}"
-
-
-def approval_wait_of(summary: str) -> tuple[str, str] | None:
-    """(tool, short operation id) of an approval wait's timer summary; None for any other timer."""
-    found = _WAIT_SUMMARY.match(summary)
-    return None if found is None else (found["tool"], found["operation"])
+    """The summary of the timer an operation's approval wait starts, as the Temporal UI shows it."""
+    return f"waiting for approval of {tool} {short_operation_id(operation_id)} until {until}"
 
 
 class ApprovalClaims(BaseModel):

@@ -8,78 +8,22 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Discriminator,
     Field,
-    SerializationInfo,
-    SerializerFunctionWrapHandler,
     Tag,
-    model_serializer,
-    model_validator,
+    computed_field,
 )
 
-from toolloop._core.approvals import ApprovalInvalid, canonical_json, read_approval_claims
+from toolloop._core.approvals import read_approval_claims
 
 # --- Conversation items (OpenAI Responses shape) -------------------------------------------------
 # Output items keep every field the provider sent (extra="allow"), so reasoning and other items go back
 # to the model unchanged; we never store the provider's raw response envelope.
-
-
-# The serialization context toolloop's payload converter passes (toolloop._temporal.converter): what goes
-# into Temporal payloads, so into history.
-PAYLOAD_CONTEXT = {"toolloop_payload": True}
-
-
-class Compact(BaseModel):
-    """A model whose Temporal payloads leave out the fields that hold their empty default (None, "", or an
-    empty list or dict): it decodes to the same value, and history stores only what carries information.
-    Only empty defaults are left out, so changing a real default later can never change what a stored
-    payload means. Elsewhere (the API, `--json`) every field is written, unless the class says
-    `compact_always` (activity payloads, never shown)."""
-
-    compact_always: ClassVar[bool] = False
-    # Fields whose default is fixed for good (never to change, since a stored payload that leaves one out
-    # means that default): left out too when they hold it.
-    fixed_defaults: ClassVar[frozenset[str]] = frozenset()
-    # Every field's default is fixed so.
-    every_default_fixed: ClassVar[bool] = False
-
-    @model_serializer(mode="wrap")
-    def _without_empty_defaults(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
-        data = handler(self)
-        context = info.context
-        if not isinstance(data, dict) or not (
-            self.compact_always or (isinstance(context, dict) and context.get("toolloop_payload"))
-        ):
-            return data
-        for name, field in type(self).model_fields.items():
-            key = name if name in data else field.alias
-            if key not in data:
-                continue
-            value = data[key]
-            if value is None and field.default is None and field.default_factory is None:
-                del data[key]
-            elif value in ([], {}) and field.default_factory in (list, dict):
-                del data[key]
-            elif value == "" and field.default == "":
-                del data[key]
-            elif (self.every_default_fixed or name in self.fixed_defaults) and value == field.default:
-                del data[key]
-        return self._without_repeats(data)
-
-    def _without_repeats(self, data: dict[str, Any]) -> dict[str, Any]:
-        """A subclass's payload may also leave out what it holds twice (and restore it when validated)."""
-        return data
-
-
-class ActivityPayload(Compact):
-    """An activity's input or result: compact wherever it is written."""
-
-    compact_always: ClassVar[bool] = True
 
 
 class FunctionCallItem(BaseModel):
@@ -164,12 +108,9 @@ class Actor(BaseModel):
     tenant_id: str = Field(default="acme", min_length=1, max_length=64, pattern=ACTOR_ID)
 
 
-class Limits(Compact):
-    """A request's limits. A payload holds only those that differ from these defaults, so each default is
-    fixed for good (a stored input that leaves one out means it): a starter that wants other values sets
-    them (tests/test_core_contracts.py pins them)."""
-
-    every_default_fixed: ClassVar[bool] = True
+class Limits(BaseModel):
+    """A request's limits (every one is written into the request's input, so a stored input keeps its
+    meaning whatever the defaults become)."""
 
     max_rounds: int = Field(default=8, ge=1, le=100)
     max_calls_per_round: int = Field(default=8, ge=1, le=128)
@@ -203,7 +144,7 @@ MODEL_NAME = r"^[a-z][a-z0-9_-]{0,31}$"
 ModelProvider = Annotated[str, Field(pattern=MODEL_NAME)]
 
 
-class ModelSpec(Compact):
+class ModelSpec(BaseModel):
     provider: ModelProvider = "offline"
     # Provider model name (openai); ignored offline.
     name: str | None = None
@@ -211,7 +152,7 @@ class ModelSpec(Compact):
     script: list[list[ConversationItem]] | None = None
 
 
-class AgentInput(Compact):
+class AgentInput(BaseModel):
     request: str = Field(min_length=1, max_length=20_000)
     actor: Actor
     model: ModelSpec = Field(default_factory=ModelSpec)
@@ -230,7 +171,7 @@ class AgentInput(Compact):
 # --- Model turn activity ------------------------------------------------------------------------
 
 
-class ModelTurnInput(ActivityPayload):
+class ModelTurnInput(BaseModel):
     """One model call. Carries only what is new since the previous turn: the activity rebuilds the
     conversation from earlier turns (its cache, or this workflow's history), so history stays linear."""
 
@@ -246,12 +187,14 @@ class ModelTurnInput(ActivityPayload):
     output_refs: list[str] = Field(default_factory=list)
     # The request's allowed tools (AgentInput.allowed_tools): the only ones offered to the model.
     offered_tools: list[str] | None = None
+    # A scripted request's (ModelSpec.script): this turn's items (None once the script has run out) and the
+    # script's length, so the activity needs nothing but its input.
+    script_turn: list[ConversationItem] | None = None
+    script_length: int = 0
 
 
-class CheckedCall(ActivityPayload):
+class CheckedCall(BaseModel):
     """A function call after validation: either runnable (`arguments` set) or `rejection` set."""
-
-    fixed_defaults: ClassVar[frozenset[str]] = frozenset({"read_only", "has_status", "has_read_back"})
 
     call_id: str
     name: str
@@ -275,90 +218,21 @@ class CheckedCall(ActivityPayload):
     has_read_back: bool = True
 
 
-class ModelTurnResult(ActivityPayload):
-    """The model's items and its calls as checked. In a payload a checked call leaves out its `name`, and
-    of its `arguments` what is its item's own, parsed: both are in the call's item already, and are
-    restored from it when the payload is read. Arguments that validation changed or added (a default, say)
-    are kept as `arguments_changed`, the rest read from the item."""
+class ModelTurnResult(BaseModel):
+    """The model's items (as the provider gave them) and its calls as checked (arguments parsed and
+    validated, defaults filled in). The answer's text is read from the items (answer_text)."""
 
     items: list[ConversationItem]
     calls: list[CheckedCall]
-    # Set by older workers only; the answer's text is read from the items (answer_text), not stored twice.
-    final_text: str | None = None
     model_label: str = ""
     # Set when the turn itself broke the protocol (e.g. one call_id twice): nothing in it runs.
     protocol_error: str | None = None
-
-    def _without_repeats(self, data: dict[str, Any]) -> dict[str, Any]:
-        items = _function_calls(data.get("items"))
-        for call in data.get("calls") or []:
-            item = items.get(str(call.get("call_id")))
-            if item is None:
-                continue
-            if call.get("name") == item.get("name"):
-                del call["name"]
-            arguments, parsed = call.get("arguments"), _parsed(item)
-            if "rejection" in call or not isinstance(arguments, dict) or not isinstance(parsed, dict):
-                continue
-            if set(parsed) <= set(arguments):
-                # The same JSON, not just equal values (1 == 1.0 == True in Python).
-                changed = {
-                    name: value
-                    for name, value in arguments.items()
-                    if name not in parsed or canonical_json(value) != canonical_json(parsed[name])
-                }
-                if changed:
-                    call["arguments_changed"] = changed
-                del call["arguments"]
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _with_repeats(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or not isinstance(data.get("calls"), list):
-            return data
-
-        def shortened(call: Any) -> bool:
-            return isinstance(call, dict) and ("name" not in call or not {"arguments", "rejection"} & set(call))
-
-        if not any(shortened(call) for call in data["calls"]):
-            return data
-        items = _function_calls(data.get("items"))
-        calls = []
-        for call in data["calls"]:
-            item = items.get(str(call.get("call_id"))) if shortened(call) else None
-            if item is not None:
-                call = dict(call)
-                call.setdefault("name", item.get("name"))
-                if "arguments" not in call and "rejection" not in call:
-                    parsed, changed = _parsed(item), call.pop("arguments_changed", None)
-                    call["arguments"] = {**parsed, **changed} if isinstance(changed, dict) else parsed
-            calls.append(call)
-        return {**data, "calls": calls}
-
-
-def _function_calls(items: Any) -> dict[str, dict[str, Any]]:
-    """The first function_call item of each call_id (as serialized dicts, or models)."""
-    found: dict[str, dict[str, Any]] = {}
-    for item in items if isinstance(items, list) else []:
-        if isinstance(item, BaseModel):
-            item = item.model_dump()
-        if isinstance(item, dict) and item.get("type") == "function_call" and isinstance(item.get("call_id"), str):
-            found.setdefault(item["call_id"], item)
-    return found
-
-
-def _parsed(item: dict[str, Any]) -> Any:
-    try:
-        return json.loads(item.get("arguments") or "")
-    except (ValueError, RecursionError):
-        return None
 
 
 # --- Tool call activity -------------------------------------------------------------------------
 
 
-class ToolCallInput(ActivityPayload):
+class ToolCallInput(BaseModel):
     round: int
     call_id: str
     tool: str
@@ -367,7 +241,7 @@ class ToolCallInput(ActivityPayload):
     max_output_bytes: int
 
 
-class ToolCallResult(Compact):
+class ToolCallResult(BaseModel):
     call_id: str
     output: dict[str, Any]
     duration_ms: int
@@ -389,42 +263,19 @@ OperationState = Literal[
 ]
 
 
-class ApprovalRecord(Compact):
+class ApprovalRecord(BaseModel):
     decision: Literal["approved", "rejected"]
     by: str
     at: datetime
     expires_at: datetime | None = None
 
 
-class StatusCheck(Compact):
+class StatusCheck(BaseModel):
     at: datetime
     state: Literal["completed", "in_progress", "not_found", "unavailable"]
 
 
-# What a finished request's report may leave out of its payload, each because one record in the run's
-# history holds it (toolloop._temporal.results.complete_report reads it back from there):
-# - "arguments": the write attempts' input (when nothing was redacted), and with them "digest" (computed from
-#   them, as the workflow did);
-# - "evidence": the read-back, done in the completing attempt or by the read-back activity;
-# - "approval": the decision Update's input (its token) and answer (its time);
-# - "first_sent_at": the approval's time, when the first attempt went out in the same workflow task (as it
-#   does once an approval arrives while the operation waits);
-# - "output": what the model was told, in the next model turn.
-# The answer (final_text) stays in the report although the last turn holds it too: it is what someone opening
-# the request in the Temporal UI looks for first. So do the call records: they are small, and a report that
-# refers to nothing (a request without side effects) is read without reading its history.
-HistoryField = Literal["arguments", "digest", "evidence", "approval", "first_sent_at", "output"]
-HISTORY_FIELDS: tuple[HistoryField, ...] = get_args(HistoryField)
-# How a payload says "every HistoryField" (the happy path's case): fixed for good.
-_EVERY_HISTORY_FIELD = "*"
-
-
-# The transitions of an operation that went the happy path; fixed for good (a stored record that leaves them
-# out means these).
-VERIFIED_PATH = ("proposed", "validated", "awaiting_approval", "approved", "sent", "completed", "verified")
-
-
-class OperationRecord(Compact):
+class OperationRecord(BaseModel):
     """One side-effecting operation as the workflow knows it: the receipt the user is shown."""
 
     operation_id: str
@@ -451,45 +302,21 @@ class OperationRecord(Compact):
     target: str | None = None
     # The service or tool source its decision tokens are for (their `aud`).
     audience: str | None = None
-    # In a finished request's report: the fields its payload leaves out because the run's history holds them
-    # already (see HistoryField).
-    in_history: list[HistoryField] = Field(default_factory=list)
-
-    def _without_repeats(self, data: dict[str, Any]) -> dict[str, Any]:
-        # The happy path's transitions are implied by its final state.
-        if self.state == "verified" and self.transitions == list(VERIFIED_PATH):
-            del data["transitions"]
-        for name in self.in_history:
-            data.pop(name, None)
-        if tuple(self.in_history) == HISTORY_FIELDS:
-            data["in_history"] = [_EVERY_HISTORY_FIELD]
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _with_repeats(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        if data.get("state") == "verified" and "transitions" not in data:
-            data = {**data, "transitions": list(VERIFIED_PATH)}
-        if data.get("in_history") == [_EVERY_HISTORY_FIELD]:
-            data = {**data, "in_history": list(HISTORY_FIELDS)}
-        return data
 
     def decision_answer(self) -> DecisionAnswer:
         return DecisionAnswer(state=self.state, at=self.approval.at if self.approval else None)
 
 
-class DecisionAnswer(Compact):
-    """The `approve_operation` Update's answer, as history stores it: the operation's state right after the
-    decision, and when the workflow recorded that decision. Everything else of the approval is in the
-    decision's signed token, once (approval_record); the channel makes the DecisionReceipt from both."""
+class DecisionAnswer(BaseModel):
+    """The `approve_operation` Update's answer: the operation's state right after the decision, and when the
+    workflow recorded it. The rest of the approval is in the decision's signed token (approval_record); the
+    channel makes the DecisionReceipt from both."""
 
     state: OperationState
     at: datetime | None = None
 
 
-class DecisionReceipt(Compact):
+class DecisionReceipt(BaseModel):
     """The answer to a decision (toolloop.send_decision, the CLI's and the API's decision call): the
     operation's state right after it, not its whole record."""
 
@@ -532,10 +359,9 @@ class ApprovalRequest(BaseModel):
         return self.target or self.tool
 
 
-class ApprovalDecision(Compact):
-    """The trusted channel's answer for one operation (Temporal Update `approve_operation`). In a payload the
-    operation, digest and decision are left out when the token's claims say the same: history holds them
-    once, signed, and they are read back from the claims (the validator still verifies the signature)."""
+class ApprovalDecision(BaseModel):
+    """The trusted channel's answer for one operation (Temporal Update `approve_operation`): the operation,
+    digest and verdict as the channel sent them, and the signed token the validator checks them against."""
 
     operation_id: str
     digest: str
@@ -545,59 +371,23 @@ class ApprovalDecision(Compact):
     token: str | None = None
     by: str = Field(default="", max_length=128)  # informational only
 
-    def _without_repeats(self, data: dict[str, Any]) -> dict[str, Any]:
-        claimed = _token_claims(self.token)
-        for name, value in claimed.items():
-            if data.get(name) == value:
-                del data[name]
-        return data
 
-    @model_validator(mode="before")
-    @classmethod
-    def _with_repeats(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or {"operation_id", "digest", "approve", "by"} <= set(data):
-            return data
-        return {**_token_claims(data.get("token")), **data}
-
-
-def _token_claims(token: Any) -> dict[str, Any]:
-    """What a decision's token claims (unverified): its operation, digest, decision and who decided through
-    which channel; {} when unreadable."""
-    if not isinstance(token, str) or not token:
-        return {}
-    try:
-        claims = read_approval_claims(token)
-    except ApprovalInvalid:
-        return {}
-    return {
-        "operation_id": claims.operation_id,
-        "digest": claims.digest,
-        "approve": claims.decision == "approve",
-        "by": claims.decided_by,
-    }
-
-
-class WriteInput(ActivityPayload):
-    fixed_defaults: ClassVar[frozenset[str]] = frozenset({"attempt"})
-
+class WriteInput(BaseModel):
     operation_id: str
     tool: str
     arguments: dict[str, Any]
     actor: Actor
-    # The approval's signed token; "" when approval_update_id is set instead: the id of the decision Update
-    # whose input, in this run's history, holds it. The attempt reads it from there, so history stores each
-    # token once.
+    # The approval's signed token, sent with every attempt (the service checks it again at commit).
     approval_token: str = ""
     attempt: int = 1
     call_id: str
-    approval_update_id: str | None = None
     # Set when the request's model turns are activities: the round whose next turn is told this write's
     # output. A completed attempt that read its effect back keeps that output in the worker's output store
     # for it (the turn refers to the output instead of carrying it).
     keep_output_round: int | None = None
 
 
-class WriteOutcome(ActivityPayload):
+class WriteOutcome(BaseModel):
     """What one send attempt established (never raised: the workflow decides what follows)."""
 
     kind: Literal["completed", "refused", "not_sent", "in_progress", "unknown"]
@@ -611,13 +401,13 @@ class WriteOutcome(ActivityPayload):
     evidence: dict[str, Any] | None = None
 
 
-class OperationQuery(Compact):
+class OperationQuery(BaseModel):
     operation_id: str
     tool: str
     actor: Actor
 
 
-class ReadBackInput(Compact):
+class ReadBackInput(BaseModel):
     operation_id: str
     tool: str
     arguments: dict[str, Any]
@@ -653,21 +443,32 @@ SETTLED_STATES = frozenset({"verified", "failed", "denied", "expired"})
 NOT_DONE_STATES = frozenset({"failed", "denied", "expired"})
 
 
-def outcome_of(status: RunStatus, states: Iterable[str]) -> str:
-    """How a finished request is found in the UI's list (ToolloopOutcome): "failed"; "unknown" when a side
-    effect is unknown or done but not verified; "stopped" at a limit; "not_done" when it answered but a write
-    it proposed was not done (rejected, expired, refused); else "answered" (every write done and verified)."""
-    seen = set(states)
-    if status == "failed":
-        return "failed"
-    if seen - SETTLED_STATES:
+# A call the service refused (not the user's, not found for them, not allowed): what the request needed of it
+# was not done, whatever the model then answered ("Add a note to ticket T1002" when T1002 is someone else's: the
+# read the note needs is refused, so no write is even proposed). A model's own mistakes (BAD_ARGUMENTS, ...) are
+# not the service's answer and the model may correct them.
+REFUSED_CODES = frozenset({"NOT_AVAILABLE", "FORBIDDEN"})
+
+Outcome = Literal["answered", "not_done", "unknown", "stopped", "failed"]
+# How each outcome exits `ask` and `result` (the README's table).
+EXIT_CODES: dict[Outcome, int] = {"answered": 0, "stopped": 1, "failed": 1, "unknown": 3, "not_done": 4}
+
+
+def outcome_of(status: RunStatus, operations: Iterable[OperationRecord], calls: Iterable[CallRecord] = ()) -> Outcome:
+    """What a finished request came to, one rule for the CLI's exit code, the UI's ToolloopOutcome and the
+    API: "unknown" when a side effect is unknown or done but not verified (it outranks everything: someone
+    must look); "failed"; "stopped" at a limit; "not_done" when it answered but a write it proposed was not
+    done (rejected, expired, refused) or the service refused a call it needed; else "answered"."""
+    states = {op.state for op in operations}
+    if states - SETTLED_STATES:
         return "unknown"
-    if status == "stopped":
-        return "stopped"
-    return "not_done" if seen & NOT_DONE_STATES else "answered"
+    if status != "completed":
+        return "failed" if status == "failed" else "stopped"
+    refused = any(not call.ok and call.code in REFUSED_CODES for call in calls)
+    return "not_done" if states & NOT_DONE_STATES or refused else "answered"
 
 
-class CallRecord(Compact):
+class CallRecord(BaseModel):
     call_id: str
     tool: str
     round: int
@@ -676,12 +477,10 @@ class CallRecord(Compact):
     duration_ms: int = 0
 
 
-class AgentResult(Compact):
-    """A finished request's report. Its payload in history leaves out what the run's history holds already
-    (each operation lists it in its `in_history`): read it with toolloop.request_result, which fills it in
-    from that history."""
+class AgentResult(BaseModel):
+    """A finished request's whole report: the workflow's own result (what `handle.result()` and the
+    Temporal UI's Result panel show), the same the CLI, the API and the web page show."""
 
-    # Left out of the payload: it is the run's own id (request_result fills it in).
     workflow_id: str = ""
     status: RunStatus
     stop_reason: StopReason
@@ -692,23 +491,11 @@ class AgentResult(Compact):
     error: str | None = None
     operations: list[OperationRecord] = Field(default_factory=list)
 
-    def _without_repeats(self, data: dict[str, Any]) -> dict[str, Any]:
-        data.pop("workflow_id", None)
-        if self.status == status_of(self.stop_reason):
-            del data["status"]  # implied by the stop reason
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _with_repeats(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "status" not in data and isinstance(data.get("stop_reason"), str):
-            return {**data, "status": status_of(data["stop_reason"])}
-        return data
-
+    @computed_field  # type: ignore[prop-decorator]
     @property
-    def complete(self) -> bool:
-        """False while some operation's field is still only in the run's history (its in_history)."""
-        return not any(op.in_history for op in self.operations)
+    def outcome(self) -> Outcome:
+        """What the request came to (outcome_of): written with the report, so every reader sees it."""
+        return outcome_of(self.status, self.operations, self.calls)
 
 
 class AgentProgress(BaseModel):

@@ -139,8 +139,7 @@ class ScriptModel:
     worker reads from the request (a script is per request). It needs no conversation."""
 
     needs_conversation = False
-    # The worker reads the request's script from the run's start event and passes this turn's part.
-    reads_script = True
+    # Each model turn's input carries this turn's part of the request's script (ModelTurnInput.script_turn).
     # Whoever starts a request writes its answers, tool calls included: a worker serves it only when its
     # configuration allows scripted models (ToolloopPlugin(allow_scripted_models=True)).
     scripted = True

@@ -1,47 +1,15 @@
-"""Wiring: the one data converter shared by worker, starter and tests (pydantic models as payloads).
+"""Wiring: the one data converter shared by worker, starter and tests: Temporal's pydantic data converter
+(pydantic models as JSON payloads, every field written), with a failure converter that keeps a failed
+request's report and drops the workflow code's stack trace."""
 
-Payloads are written with toolloop's serialization context, so models leave out the fields that hold their
-empty default (toolloop._core.contracts.Compact): a smaller history that decodes to the same values."""
+import dataclasses
 
-from typing import Any
-
-import temporalio.api.common.v1
 import temporalio.api.failure.v1
-from pydantic_core import to_json
-from temporalio.contrib.pydantic import PydanticJSONPlainPayloadConverter, PydanticPayloadConverter
-from temporalio.converter import (
-    CompositePayloadConverter,
-    DataConverter,
-    DefaultFailureConverter,
-    DefaultPayloadConverter,
-    JSONPlainPayloadConverter,
-    PayloadConverter,
-)
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter, DefaultFailureConverter, PayloadConverter
 from temporalio.exceptions import ApplicationError
 
 from toolloop._core.codes import ErrorType
-from toolloop._core.contracts import PAYLOAD_CONTEXT
-
-
-class _PayloadJSONConverter(PydanticJSONPlainPayloadConverter):
-    def to_payload(self, value: Any) -> temporalio.api.common.v1.Payload | None:
-        return temporalio.api.common.v1.Payload(
-            metadata={"encoding": self.encoding.encode()}, data=to_json(value, context=PAYLOAD_CONTEXT)
-        )
-
-
-class ToolloopPayloadConverter(PydanticPayloadConverter):
-    """Temporal's pydantic payload converter, writing with toolloop's payload context."""
-
-    def __init__(self) -> None:
-        json_converter = _PayloadJSONConverter()
-        CompositePayloadConverter.__init__(
-            self,
-            *(
-                json_converter if isinstance(c, JSONPlainPayloadConverter) else c
-                for c in DefaultPayloadConverter.default_encoding_payload_converters
-            ),
-        )
 
 
 class ToolloopFailureConverter(DefaultFailureConverter):
@@ -60,9 +28,7 @@ class ToolloopFailureConverter(DefaultFailureConverter):
             failure.stack_trace = ""
 
 
-_DATA_CONVERTER = DataConverter(
-    payload_converter_class=ToolloopPayloadConverter, failure_converter_class=ToolloopFailureConverter
-)
+_DATA_CONVERTER = dataclasses.replace(pydantic_data_converter, failure_converter_class=ToolloopFailureConverter)
 
 
 def data_converter() -> DataConverter:

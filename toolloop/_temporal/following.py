@@ -4,10 +4,7 @@
 The workflow's queryable state changes only in a workflow task, and every workflow task ends with an event,
 so a client that reads its queries after each `WorkflowTaskCompleted` (and after the run closes) misses
 nothing. An operation that starts waiting for approval starts a timer in that same task, so its
-`TimerStarted` event is when to look for pending approvals, and it says which one waits: the approval
-request is then read from the history the long poll has already handed over (the payload is in the
-model turn that proposed it, as an activity's result or a local activity's marker), with no query and no
-sleeping in between."""
+`TimerStarted` event is when to ask for the pending approvals."""
 
 from __future__ import annotations
 
@@ -15,19 +12,16 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import WorkflowHandle
-from temporalio.service import RPCError
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
 
-from toolloop._core.approvals import approval_wait_of, derive_operation_id, payload_digest, short_operation_id
-from toolloop._core.contracts import AgentInput, ApprovalRequest, ModelTurnResult
-from toolloop._core.names import GET_PENDING_APPROVALS_QUERY, MODEL_TURN_ACTIVITY
-from toolloop._temporal.converter import data_converter
+from toolloop._core.contracts import ApprovalRequest
+from toolloop._core.names import GET_PENDING_APPROVALS_QUERY
 
 _CLOSED = frozenset(
     {
@@ -85,119 +79,52 @@ async def approvals_as_they_come(
     handle: WorkflowHandle[Any, Any], *, page_size: int = _PAGE_SIZE
 ) -> AsyncIterator[ApprovalRequest]:
     """Each operation once, as soon as it starts waiting for approval (an operation already waiting comes
-    first); ends when the run closes. Each request is read from the run's history; if the history does not
-    say (a timer without the summary this client knows), from one query instead."""
+    first); ends when the run closes. A long poll on the run's history says when to look (every approval
+    wait starts a timer); the workflow's query says what waits, with the whole payload its digest covers."""
     seen: set[str] = set()
-    history = _ApprovalHistory(handle)
     events = handle.fetch_history_events(wait_new_event=True, page_size=page_size)
+    # An operation may be waiting already when the client joins.
+    timer_started = True
     event: HistoryEvent
     async for event in events:
         if event.event_type in _CLOSED:
             return
-        await history.read(event)
-        # A wait that started may have ended later in the history (a client that joins late): decide at the
-        # end of what the server has handed over, before the long poll waits for more.
+        timer_started |= event.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+        # Ask once at the end of what the server has handed over, before the long poll waits for more: a
+        # client that joins late reads the past in pages, not one query per past timer.
         page = events.current_page
-        if page is not None and events.current_page_index < len(page):
+        if not timer_started or (page is not None and events.current_page_index < len(page)):
             continue
-        requests = history.pending()
-        # A full page may have more history behind it (the long poll would wait for a new event first).
-        if requests is None or (requests and page is not None and len(page) >= page_size):
-            requests = await pending_approvals(handle)
-        for request in requests:
+        timer_started = False
+        for request in await pending_once_answered(handle):
             if request.operation_id not in seen:
                 seen.add(request.operation_id)
                 yield request
 
 
-def _workflow_time(event: HistoryEvent) -> datetime:
-    """`workflow.now()` in the task this event started, as the SDK computes it."""
-    return datetime.fromtimestamp(event.event_time.ToNanoseconds() / 1e9, UTC)
+# What a query answers while no worker polls the run's task queue (a restart, a deploy): "no poller seen for
+# task queue recently" (FAILED_PRECONDITION), or a timeout. Worth asking again.
+_NO_WORKER_YET = frozenset(
+    {RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE}
+)
 
 
-class _ApprovalHistory:
-    """What a run's history says about its approval waits, read event by event. An approval wait's timer
-    names its operation; the operation's payload is the write call of an earlier model turn whose
-    operation id (derived from the request id, the tool and the arguments, as the workflow derives it)
-    matches. The request is what the workflow's query would answer, and the approval a channel signs
-    from it binds the digest of exactly the arguments shown: the workflow refuses any other."""
-
-    def __init__(self, handle: WorkflowHandle[Any, Any]) -> None:
-        self._handle = handle
-        self._converter = data_converter()
-        self._input: list[Payload] | None = None
-        self._request: AgentInput | None = None
-        self._started: datetime | None = None
-        self._now: datetime | None = None
-        self._model_turns: set[int] = set()
-        self._turn_results: list[list[Payload]] = []
-        self._turns: list[ModelTurnResult] = []
-        # The approval waits whose timer runs, by its TimerStarted event id; None: not readable here.
-        self._open: dict[int, ApprovalRequest | None] = {}
-
-    def pending(self) -> list[ApprovalRequest] | None:
-        """The requests of the waits open so far; None if one of them cannot be read from the history."""
-        requests = list(self._open.values())
-        return None if any(r is None for r in requests) else [r for r in requests if r is not None]
-
-    async def read(self, event: HistoryEvent) -> None:
-        kind = event.event_type
-        if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
-            self._input = list(event.workflow_execution_started_event_attributes.input.payloads)
-        elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
-            self._now = _workflow_time(event)
-            self._started = self._started or self._now
-        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            if event.activity_task_scheduled_event_attributes.activity_type.name == MODEL_TURN_ACTIVITY:
-                self._model_turns.add(event.event_id)
-        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-            done = event.activity_task_completed_event_attributes
-            if done.scheduled_event_id in self._model_turns:
-                self._turn_results.append(list(done.result.payloads))
-        elif kind == EventType.EVENT_TYPE_TIMER_STARTED:
-            if not event.HasField("user_metadata"):
-                self._open[event.event_id] = None
-                return
-            [summary] = await self._converter.decode([event.user_metadata.summary], [str])
-            wait = approval_wait_of(summary) if isinstance(summary, str) else None
-            if wait is not None:  # not a pause before a resend or a status query
-                self._open[event.event_id] = await self._waiting(event, *wait)
-        elif kind == EventType.EVENT_TYPE_TIMER_CANCELED:
-            self._open.pop(event.timer_canceled_event_attributes.started_event_id, None)
-        elif kind == EventType.EVENT_TYPE_TIMER_FIRED:
-            self._open.pop(event.timer_fired_event_attributes.started_event_id, None)
-
-    async def _waiting(self, event: HistoryEvent, tool: str, short: str) -> ApprovalRequest | None:
-        if self._input is None or self._now is None or self._started is None:
-            return None
-        if self._request is None:
-            [self._request] = await self._converter.decode(self._input, [AgentInput])
-        request = self._request
-        while len(self._turns) < len(self._turn_results):
-            [turn] = await self._converter.decode(self._turn_results[len(self._turns)], [ModelTurnResult])
-            self._turns.append(turn)
-        for turn in reversed(self._turns):
-            for call in turn.calls:
-                if call.read_only or call.arguments is None or call.name != tool:
-                    continue
-                operation_id = derive_operation_id(self._handle.id, call.name, call.arguments)
-                if short_operation_id(operation_id) != short:
-                    continue
-                timer = event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
-                return ApprovalRequest(
-                    operation_id=operation_id,
-                    tool=call.name,
-                    arguments=call.arguments,
-                    digest=payload_digest(call.target or call.name, call.arguments),
-                    state="awaiting_approval",
-                    actor=request.actor,
-                    # The wait's timer runs from the task's time to the approval's expiry.
-                    approval_expires_at=self._now + timer,
-                    deadline=self._started + timedelta(seconds=request.limits.deadline_seconds),
-                    target=call.target,
-                    audience=call.audience,
-                )
-        return None
+async def pending_once_answered(handle: WorkflowHandle[Any, Any]) -> list[ApprovalRequest]:
+    """The pending approvals, once a worker answers the query. While none runs the query fails, and
+    nothing in the run's history would say when to ask again, so it is asked again after a growing pause,
+    as long as the run is open (a closed run has nothing pending: the caller's history then ends it). Any
+    other failure (no such run, no permission) is raised."""
+    pause = 0.5
+    while True:
+        try:
+            return await pending_approvals(handle)
+        except RPCError as err:
+            if err.status not in _NO_WORKER_YET:
+                raise
+        if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+            return []
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 5.0)
 
 
 class RunFollower:

@@ -110,7 +110,7 @@ class ToolloopPlugin(SimplePlugin):
         http = self._shared_http()
         # Tool outputs pass from the tool activities to the next model turn on this worker, not through history.
         outputs = ToolOutputStore()
-        writes = WriteActivities(registry, http, self.retention_seconds, client, outputs)
+        writes = WriteActivities(registry, http, self.retention_seconds, outputs)
         conversations = ConversationState(TemporalTurnHistory(client), outputs)
         config["activities"] = [
             *config.get("activities", []),

@@ -257,6 +257,7 @@
       this.ops = new Map(); // operation_id -> operation (see mergeOperation)
       this.finalText = null;
       this.stopReason = null;
+      this.outcome = null;
       this.error = null;
       this.done = this.status !== "running";
       this.lastEventId = null;
@@ -297,6 +298,7 @@
     req.finalText = view.final_text;
     req.stopReason = view.stop_reason;
     req.error = view.error;
+    req.outcome = view.outcome || null;
     if (view.status !== "running") req.done = true;
     // The view counts the events it already reflects: a stream continues right after them.
     else if (view.events) req.lastEventId = String(Math.max(Number(req.lastEventId) || 0, view.events));
@@ -331,6 +333,7 @@
       req.stopReason = data.stop_reason || null;
       req.finalText = data.final_text === undefined ? req.finalText : data.final_text;
       req.error = data.error || null;
+      req.outcome = data.outcome || null;
       req.done = true;
     }
   }
@@ -363,20 +366,27 @@
     }
   }
 
-  // [data-outcome, words] of a whole request; unsettled side effects outrank everything else.
+  // [data-outcome, words] of a whole request, from the report's outcome (the rule of the CLI's exit code and
+  // the UI's list: unsettled side effects outrank everything else); a run ended by Temporal has none.
   function requestOutcome(req) {
     if (!req.done) return ["running", "running"];
     const states = Array.from(req.ops.values(), (op) => op.state);
-    if (states.includes("unknown")) return ["unsettled", "UNKNOWN: a side effect's outcome could not be established"];
-    if (states.includes("completed")) return ["unsettled", "not verified: a side effect was done but not verified"];
-    if (req.status === "failed") return ["failed", `failed${req.error ? `: ${req.error}` : ""}`];
-    if (req.status === "stopped") return ["stopped", `stopped: ${req.stopReason || "a limit"}`];
-    if (req.status !== "completed") return ["failed", `ended: ${req.status}`];
-    if (states.some((s) => ["denied", "expired", "failed"].includes(s))) {
-      return ["not-done", "answered, but a requested write was not done"];
+    switch (req.outcome) {
+      case "unknown":
+        return states.includes("unknown")
+          ? ["unsettled", "UNKNOWN: a side effect's outcome could not be established"]
+          : ["unsettled", "not verified: a side effect was done but not verified"];
+      case "failed":
+        return ["failed", `failed${req.error ? `: ${req.error}` : ""}`];
+      case "stopped":
+        return ["stopped", `stopped: ${req.stopReason || "a limit"}`];
+      case "not_done":
+        return ["not-done", "answered, but not all it asked for was done"];
+      case "answered":
+        return states.length ? ["verified", "answered; every side effect done and verified"] : ["answered", "answered"];
+      default:
+        return ["failed", `ended: ${req.status}`];
     }
-    if (states.length) return ["verified", "answered; every side effect done and verified"];
-    return ["answered", "answered"];
   }
 
   // --- Rendering -------------------------------------------------------------------------------------------
