@@ -38,8 +38,8 @@ from temporalio.service import RPCError
 # typer carries its own copy of click; its usage errors are these (pyproject pins the typer range).
 from typer._click.exceptions import UsageError
 
-from devstack.processes import DEMO_TOOLS, StackError
-from devstack.stack import LocalStack, StackStatus
+from devstack.processes import StackError
+from devstack.stack import LocalStack, StackStatus, demo_model_names, demo_tool_names
 from toolloop._api.tokens import TokenMap, TokensFileError
 from toolloop._core.approvals import generate_signing_key, verify_key_for
 from toolloop._core.contracts import (
@@ -86,7 +86,6 @@ from toolloop._temporal.requests import (
 from toolloop._temporal.results import request_result
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.telemetry import configure_otlp_tracing, metrics_runtime, tracing_interceptor
-from toolloop._temporal.worker_factory import load_tools
 
 REPO_ROOT = Path(__file__).resolve().parent
 
@@ -195,14 +194,13 @@ def _model_spec(model: str | None, settings: Settings) -> ModelSpec:
 def _check_local_worker_has(spec: ModelSpec, allow_tool: list[str] | None, settings: Settings) -> None:
     """The local stack's worker runs the demo's tools and models: a tool or a model it does not have is bad
     input, refused before anything starts (a deployment's worker is not known here: it answers for itself)."""
-    agent = load_tools(DEMO_TOOLS)
-    tools = set(agent.tools.registry.names())
+    tools = set(demo_tool_names())
     for name in allow_tool or []:
         if name not in tools:
             _fail(
                 f"--allow-tool {name!r}: the local stack's worker has no such tool; it has {', '.join(sorted(tools))}"
             )
-    models = {"script", *agent.models, *(["openai"] if settings.openai_api_key else [])}
+    models = set(demo_model_names(settings.openai_api_key is not None))
     if spec.provider not in models:
         _fail(
             f"--model {spec.provider!r}: the local stack's worker has no such model; it has {', '.join(sorted(models))}"
@@ -1030,6 +1028,13 @@ async def _serve_api(settings: Settings, host: str, port: int, tokens: TokenMap,
         default_model=settings.api_default_model,
         meter=runtime.metric_meter if runtime is not None else None,
     )
+    default_provider = settings.api_default_model.partition(":")[0]
+    if config.limits.unknown_model(default_provider):
+        # Every request that names no model would fail: refuse to start instead.
+        _fail(
+            f"TOOLLOOP_API_MODEL {settings.api_default_model!r} is not among the worker's models "
+            f"(TOOLLOOP_API_MODELS: {', '.join(sorted(config.limits.models or ()))})"
+        )
     # log_config=None: uvicorn's records go through the JSON logs; each request has its own line.
     uvicorn_config = uvicorn.Config(
         create_app(client, config), host=host, port=port, log_config=None, access_log=False, log_level="info"

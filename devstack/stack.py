@@ -79,6 +79,14 @@ def demo_tool_names() -> list[str]:
     return sorted(load_tools(DEMO_TOOLS).tools.registry.names())
 
 
+def demo_model_names(openai: bool) -> list[str]:
+    """The models the local stack's worker serves: the script model, the demo's own (the offline model), and
+    the Responses model when it has an OpenAI key; sorted."""
+    from toolloop._temporal.worker_factory import load_tools
+
+    return sorted({"script", *load_tools(DEMO_TOOLS).models, *(["openai"] if openai else [])})
+
+
 @dataclass(frozen=True)
 class StackSecrets:
     """Generated once per data dir. The approval key is the approval channel's private key (the CLI signs
@@ -397,6 +405,8 @@ class LocalStack:
             "TOOLLOOP_API_MODEL": s.api_default_model,
             # The worker's tools, so the API refuses an unknown one in a request's "tools" before it starts.
             "TOOLLOOP_API_TOOLS": ",".join(demo_tool_names()),
+            # And its models: a request naming another is refused at once.
+            "TOOLLOOP_API_MODELS": ",".join(demo_model_names(s.openai_api_key is not None)),
         }
 
     def _ports(self, name: ComponentName | None = None) -> list[tuple[int, str, str]]:

@@ -52,7 +52,8 @@ ROOMY_LIMITS = {
 
 def api_env(temporal_server: TemporalServer, task_queue: str, **overrides: str) -> dict[str, str]:
     """What `starter.py serve` is given: the approval channel's key, the demo's tokens and tool names, the
-    offline model, and limits with room for load tests (unless `overrides` says otherwise)."""
+    test workers' models (the offline one by default), and limits with room for load tests (unless
+    `overrides` says otherwise)."""
     return {
         "TEMPORAL_ADDRESS": temporal_server.address,
         "TOOLLOOP_TASK_QUEUE": task_queue,
@@ -61,6 +62,7 @@ def api_env(temporal_server: TemporalServer, task_queue: str, **overrides: str) 
         "TOOLLOOP_API_ALLOW_DEMO_TOKENS": "true",
         "TOOLLOOP_API_MODEL": "offline",
         "TOOLLOOP_API_TOOLS": demo_tool_names(),
+        "TOOLLOOP_API_MODELS": "offline,script",
         **ROOMY_LIMITS,
         **overrides,
     }

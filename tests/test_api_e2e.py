@@ -390,6 +390,20 @@ async def test_an_unknown_tool_is_refused_naming_it_and_the_workers_tools(http: 
     assert "<b>" not in assert_problem(odd, 422, "INVALID_REQUEST")["detail"]
 
 
+async def test_a_model_the_workers_do_not_serve_is_refused_before_anything_starts(
+    http: httpx.AsyncClient, client: Client
+) -> None:
+    request_id = key()
+    body = {"question": READ, "model": "openai:gpt-x"}
+    answer = await http.post("/v1/requests", json=body, headers={**U1, "Idempotency-Key": request_id})
+    problem = assert_problem(answer, 422, "UNKNOWN_MODEL")
+    assert problem["known_models"] == ["offline", "script"]
+    assert problem["detail"] == "model: the worker has no model 'openai'; it has offline, script"
+    # Nothing was started under that id.
+    workflow_id = request_workflow_id(Actor(user_id="u1", tenant_id="acme"), request_id)
+    assert [w async for w in client.list_workflows(f'WorkflowId = "{workflow_id}"')] == []
+
+
 async def test_a_deadline_or_approval_wait_beyond_the_apis_caps_is_422(http: httpx.AsyncClient) -> None:
     # The API's caps are an hour each by default (TOOLLOOP_API_MAX_DEADLINE_SECONDS, ..._APPROVAL_TTL_SECONDS).
     for limits, field in (

@@ -81,11 +81,18 @@ def test_the_limits_are_read_from_the_environment_and_a_bad_one_is_one_line_and_
     monkeypatch.setenv("TOOLLOOP_API_MAX_DEADLINE_SECONDS", "900")
     monkeypatch.setenv("TOOLLOOP_API_MAX_APPROVAL_TTL_SECONDS", "")  # empty: unset, the default
     monkeypatch.setenv("TOOLLOOP_API_TOOLS", "a,b")
+    monkeypatch.setenv("TOOLLOOP_API_MODELS", "offline, openai")
     read = limits_from_environment()
+    assert read.models == frozenset({"offline", "openai"}) and read.unknown_model("script")
+    assert not read.unknown_model("openai")
     assert (read.max_streams_per_caller, read.max_streams, read.create_rate) == (3, 7, "5/second")
     assert (read.max_active_requests, read.max_deadline_seconds, read.max_approval_ttl_seconds) == (4, 900, 3600)
     assert read.tools == frozenset({"a", "b"})
-    for name, bad in (("TOOLLOOP_API_CREATE_RATE", "lots"), ("TOOLLOOP_API_MAX_STREAMS", "0")):
+    for name, bad in (
+        ("TOOLLOOP_API_CREATE_RATE", "lots"),
+        ("TOOLLOOP_API_MAX_STREAMS", "0"),
+        ("TOOLLOOP_API_MODELS", "offline,Not A Model"),
+    ):
         with monkeypatch.context() as env:
             env.setenv(name, bad)
             with pytest.raises(SystemExit) as exited:

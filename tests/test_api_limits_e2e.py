@@ -206,3 +206,16 @@ def test_a_bad_limit_setting_stops_the_api_with_one_line(temporal_server: Tempor
     assert refused.returncode == 2
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: TOOLLOOP_API_CREATE_RATE: "), refused.stderr
+    # A default model the workers do not serve would fail every request that names none: it does not start.
+    env = {
+        **env,
+        "TOOLLOOP_API_CREATE_RATE": "30/minute",
+        "TOOLLOOP_API_MODEL": "offline",
+        "TOOLLOOP_API_MODELS": "openai",
+    }
+    refused = subprocess.run(serve, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 2
+    lines = refused.stderr.strip().splitlines()
+    assert lines == [
+        "error: TOOLLOOP_API_MODEL 'offline' is not among the worker's models (TOOLLOOP_API_MODELS: openai)"
+    ]

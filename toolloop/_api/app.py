@@ -290,6 +290,17 @@ def _check_tools(names: list[str] | None, allowed: ApiLimits) -> None:
         )
 
 
+def _check_model(model: ModelSpec, allowed: ApiLimits) -> None:
+    if allowed.unknown_model(model.provider):
+        known = sorted(allowed.models or ())
+        raise Problem(
+            422,
+            "UNKNOWN_MODEL",
+            f"model: the worker has no model {model.provider!r}; it has {', '.join(known)}",
+            extra={"known_models": known},
+        )
+
+
 async def _describe(handle: WorkflowHandle[Any, Any], actor: Actor, request_id: str) -> WorkflowExecutionDescription:
     """The request's workflow, if it is this actor's; 404 otherwise."""
     try:
@@ -482,6 +493,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             "BODY_TOO_LARGE",
             "IDEMPOTENCY_KEY_REUSED",
             "UNKNOWN_TOOL",
+            "UNKNOWN_MODEL",
             "RATE_LIMITED",
             "TOO_MANY_ACTIVE_REQUESTS",
         ),  # fmt: skip
@@ -500,6 +512,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         request_id = idempotency_key or readable_request_id(body.question)
         model, limits = _model_spec(body.model, config.default_model), _limits(body.limits, config.limits)
         _check_tools(body.tools, config.limits)
+        _check_model(model, config.limits)
         digest = submission_digest(body, model, limits)
         workflow_id = request_workflow_id(actor, request_id)
         refusal = await refusal_to_create(actor)

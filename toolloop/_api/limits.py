@@ -10,6 +10,7 @@ counted by Temporal's visibility, so they hold across replicas.
 from __future__ import annotations
 
 import math
+import re
 import sys
 import time
 from collections import Counter
@@ -21,11 +22,24 @@ from limits.strategies import MovingWindowRateLimiter
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from toolloop._core.contracts import Actor, Limits
+from toolloop._core.contracts import MODEL_NAME, Actor, Limits
 from toolloop._core.registry import TOOL_NAME
 
 # A day is the most a request's own limits allow (toolloop.Limits); the API's caps may only lower it.
 _A_DAY = 86_400.0
+_MODEL = re.compile(MODEL_NAME)
+
+
+def _names(value: object, pattern: re.Pattern[str], what: str) -> object:
+    """A comma-separated list of names (or a list) as a set, each matching `pattern`; empty: None (unset)."""
+    if isinstance(value, str):
+        value = [name.strip() for name in value.split(",") if name.strip()]
+    if isinstance(value, list | tuple | set | frozenset):
+        bad = sorted(str(name) for name in value if not pattern.fullmatch(str(name)))
+        if bad:
+            raise ValueError(f"{what} names must match {pattern.pattern}: {', '.join(bad)}")
+        return frozenset(value) or None
+    return value
 
 
 class ApiLimits(BaseSettings):
@@ -51,6 +65,10 @@ class ApiLimits(BaseSettings):
     # The names of the tools the worker serves, comma-separated: a request's "tools" naming another is refused.
     # The API cannot ask the worker; unset, the names are not checked (the workflow offers only tools it has).
     tools: Annotated[frozenset[str] | None, NoDecode] = Field(default=None, validation_alias="TOOLLOOP_API_TOOLS")
+    # The models the worker serves (the names a request's "model" starts with: offline, openai, ...),
+    # comma-separated: a request naming another is refused before anything starts. Unset: not checked (a
+    # worker refuses a model it does not have, or a scripted one it is not configured for, as a failed run).
+    models: Annotated[frozenset[str] | None, NoDecode] = Field(default=None, validation_alias="TOOLLOOP_API_MODELS")
 
     @field_validator("create_rate")
     @classmethod
@@ -63,15 +81,13 @@ class ApiLimits(BaseSettings):
 
     @field_validator("tools", mode="before")
     @classmethod
-    def _names(cls, value: object) -> object:
-        if isinstance(value, str):
-            value = [name.strip() for name in value.split(",") if name.strip()]
-        if isinstance(value, list | tuple | set | frozenset):
-            bad = sorted(str(name) for name in value if not TOOL_NAME.match(str(name)))
-            if bad:
-                raise ValueError(f"tool names must match {TOOL_NAME.pattern}: {', '.join(bad)}")
-            return frozenset(value) or None
-        return value
+    def _tool_names(cls, value: object) -> object:
+        return _names(value, TOOL_NAME, "tool")
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _model_names(cls, value: object) -> object:
+        return _names(value, _MODEL, "model")
 
     def limits_problem(self, deadline_seconds: float | None, approval_ttl_seconds: float | None) -> str | None:
         """Why a request's own limits ask for more than the API allows, or None."""
@@ -90,6 +106,10 @@ class ApiLimits(BaseSettings):
             "approval_ttl_seconds": min(defaults.approval_ttl_seconds, self.max_approval_ttl_seconds),
         }
         return Limits(**{**capped, **given})
+
+    def unknown_model(self, provider: str) -> bool:
+        """Whether the worker does not serve this model (never, when the API is not told its models)."""
+        return self.models is not None and provider not in self.models
 
     def unknown_tools(self, names: list[str] | None) -> list[str]:
         """The names in a request's "tools" that the worker does not serve (none when the API is not told)."""
