@@ -75,17 +75,11 @@ def test_register_refuses_open_models_optional_non_nullable_fields_and_writes_wi
     class Open(BaseModel):
         x: int
 
-    class OptionalNotNullable(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        x: int = 3
-
     reg = ToolRegistry()
     with pytest.raises(ValueError, match="needs a status query and a read-back"):
         reg.register(ToolSpec("write", "d", NoteArgs, "side_effecting", nothing))
     with pytest.raises(ValueError, match="extra='forbid'"):
         reg.register(ToolSpec("open", "d", Open, "read_only", nothing))
-    with pytest.raises(ValueError, match="optional but not nullable"):
-        reg.register(ToolSpec("opt", "d", OptionalNotNullable, "read_only", nothing))
 
 
 def test_valid_call_is_normalised(registry: ToolRegistry) -> None:
@@ -346,9 +340,13 @@ def test_registration_refuses_bad_names_twice_registered_tools_and_lists_every_p
     reg.definitions()[0]["parameters"]["required"].clear()
     assert reg.definitions()[0]["parameters"]["required"] == ["itemId", "title", "limit"]
 
-    class TwoProblems(BaseModel):
+    class Inner(BaseModel):
         model_config = ConfigDict(extra="forbid")
         a: int = 1
+
+    class TwoProblems(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        inner: Inner = Field(description="x")
         counts: dict[str, int] = Field(description="x")
 
     with pytest.raises(ValueError) as both:
@@ -580,3 +578,27 @@ def test_brackets_inside_strings_do_not_count_as_nesting(registry: ToolRegistry)
     assert argument_text_problem(text) is None
     assert argument_text_problem('{"itemId": "\\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["}') is None
     assert argument_text_problem("[" * 32 + "]" * 32) is None
+
+
+def test_an_argument_with_a_default_is_sent_nullable_and_a_null_takes_the_default() -> None:
+    class Search(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        query: str = Field(description="what to look for")
+        n: int = Field(default=100, ge=1, description="how many")
+        sort: str = "relevance"
+
+    reg = ToolRegistry()
+    reg.register(ToolSpec("search", "d", Search, "read_only", nothing))
+    [definition] = reg.definitions()
+    parameters = definition["parameters"]
+    # Strict mode: every property required, the defaulted ones nullable; no default in what the model sees.
+    assert parameters["required"] == ["query", "n", "sort"] and parameters["additionalProperties"] is False
+    assert {"type": "null"} in parameters["properties"]["n"]["anyOf"] or "null" in parameters["properties"]["n"]["type"]
+    assert "default" not in str(parameters)
+    checked = check_call(reg, call("search", '{"query": "a", "n": null, "sort": null}'))
+    assert checked.rejection is None and checked.arguments == {"query": "a", "n": 100, "sort": "relevance"}
+    given = check_call(reg, call("search", '{"query": "a", "n": 5, "sort": "date"}'))
+    assert given.arguments == {"query": "a", "n": 5, "sort": "date"}
+    # The field's own rules still hold, and a null for an argument without a default is still refused.
+    assert check_call(reg, call("search", '{"query": "a", "n": 0, "sort": null}')).rejection is not None
+    assert check_call(reg, call("search", '{"query": null, "n": null, "sort": null}')).rejection is not None

@@ -236,7 +236,6 @@ def _declare_read(arguments: type[BaseModel], description: str = "A tool.") -> N
     [
         (OpenArgs, "extra='forbid'"),
         (MapArgs, "free-form map"),
-        (OptionalArgs, "optional but not nullable"),
         (UnicodeArgs, r"uses \d or \w"),
         (SplitArgs, "read as 'itemId' but written as 'item_id'"),
     ],
@@ -443,3 +442,8 @@ async def test_an_encoded_dot_segment_is_refused_as_well(path: str) -> None:
         fine = request_under_base(http, "GET", "orders/A100?x=1")  # relative and with a query: under the base
     assert refused.value.code == "BAD_ARGUMENTS" and seen == []
     assert fine.url.path == "/tenants/me/orders/A100" and fine.url.params["x"] == "1"
+
+
+def test_an_argument_with_a_default_is_accepted_as_it_is_declared() -> None:
+    # `limit: int = 5` needs no `| None`: the model is sent it nullable, and a null takes the default.
+    _declare_read(OptionalArgs)

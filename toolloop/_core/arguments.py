@@ -8,6 +8,7 @@ describes). Both are refused at registration when strict mode cannot honour them
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import unicodedata
@@ -114,17 +115,35 @@ def _allows_null(schema: Mapping[str, Any]) -> bool:
     return any(_allows_null(s) for s in schema.get("anyOf", []))
 
 
+@functools.cache
+def defaulted_arguments(model: type[BaseModel]) -> frozenset[str]:
+    """The top-level arguments (as the model sees them) that have a default and do not take null: strict mode
+    has no optional properties, so the model is sent them nullable, and a null it gives is dropped before
+    validation so the default applies."""
+    schema = model.model_json_schema(by_alias=True)
+    required = set(schema.get("required", []))
+    return frozenset(
+        name for name, sub in schema.get("properties", {}).items() if name not in required and not _allows_null(sub)
+    )
+
+
 def strict_json_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """Every object closed (`additionalProperties: false`) with every property required; a field with
-    a default must be nullable in the model (strict mode has no optional properties)."""
+    """Every object closed (`additionalProperties: false`) with every property required; a top-level
+    argument with a default is sent nullable (defaulted_arguments); a nested field with a default must be
+    nullable in the model."""
     schema = copy.deepcopy(model.model_json_schema(by_alias=True))
+    defaulted = defaulted_arguments(model)
     _make_strict(schema)
+    properties = schema.get("properties", {})
+    for name in defaulted:
+        properties[name] = _nullable(properties[name])
     return schema
 
 
 def conversion_problems(schema: Mapping[str, Any]) -> list[str]:
     """Where making `schema` strict would change what it means: a free-form map would only accept `{}`,
-    and an optional property that is not nullable would become required."""
+    and a nested optional property that is not nullable would become required (a top-level one is sent
+    nullable and defaulted: defaulted_arguments)."""
     problems: list[str] = []
 
     def walk(node: Any, path: str) -> None:
@@ -139,7 +158,7 @@ def conversion_problems(schema: Mapping[str, Any]) -> list[str]:
                 )
             required = set(node.get("required", []))
             for name, sub in node.get("properties", {}).items():
-                if name not in required and not _allows_null(sub):
+                if name not in required and not _allows_null(sub) and path != "$":
                     problems.append(f"{path}.{name}: optional but not nullable")
         for sub_path, sub in _subschemas(node):
             walk(sub, f"{path}.{sub_path}")
@@ -263,6 +282,9 @@ class PydanticArguments:
         return strict_schema_problems(self.model, sent=sent)
 
     def check(self, text: str) -> BaseModel:
+        defaulted = defaulted_arguments(self.model)
+        if defaulted:
+            text = _without_nulls(text, defaulted)
         try:
             return self.model.model_validate_json(text, strict=True)
         except ValidationError as exc:
@@ -283,6 +305,18 @@ class PydanticArguments:
 
     def summary_values(self, args: Any) -> list[str]:
         return [str(v) for v in args.model_dump(mode="json").values() if v is not None]
+
+
+def _without_nulls(text: str, names: frozenset[str]) -> str:
+    """The call's arguments without the given top-level ones where the model sent null (so their defaults
+    apply); the text unchanged when it is not a JSON object (validation then says what is wrong)."""
+    try:
+        given = json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    if not isinstance(given, dict):
+        return text
+    return json.dumps({name: value for name, value in given.items() if not (value is None and name in names)})
 
 
 # --- Plain JSON schemas (MCP tools) -------------------------------------------------------------------
