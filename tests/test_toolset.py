@@ -447,3 +447,32 @@ async def test_an_encoded_dot_segment_is_refused_as_well(path: str) -> None:
 def test_an_argument_with_a_default_is_accepted_as_it_is_declared() -> None:
     # `limit: int = 5` needs no `| None`: the model is sent it nullable, and a null takes the default.
     _declare_read(OptionalArgs)
+
+
+class Count(Arguments):
+    word: str = Field(description="what to count")
+    limit: int = Field(default=3, description="at most this many")
+
+
+async def test_tools_declared_from_a_table_need_no_annotations_and_may_answer_plain_values() -> None:
+    # A port of another framework's tools: names, descriptions and models from a table, one generic executor.
+    tools = Toolset()
+    table = [("count_words", "How many times a word occurs.", Count), ("echo_words", "The word, repeated.", Count)]
+
+    def executor_for(name: str) -> Any:
+        async def run(ctx, args):  # type: ignore[no-untyped-def]  # the point: no annotations to read
+            return len(args.word) if name == "count_words" else [args.word] * args.limit
+
+        return run
+
+    for name, description, model in table:
+        tools.read(executor_for(name), name=name, description=description, arguments=model)
+    assert sorted(tools.registry.names()) == ["count_words", "echo_words"]
+    # A plain value (a number, a list) reaches the model as the output's result; the default applies on null.
+    async with httpx.AsyncClient() as http:  # the tools call nothing; run_tool wants a client all the same
+        counted = await run_tool(tools, "count_words", {"word": "four", "limit": None}, actor=U1, http=http)
+        echoed = await run_tool(tools, "echo_words", {"word": "a", "limit": None}, actor=U1, http=http)
+    assert counted == {"ok": True, "result": 4} and echoed == {"ok": True, "result": ["a", "a", "a"]}
+    # Without annotations and without arguments=, the declaration says what is missing.
+    with pytest.raises(ValueError, match="give arguments="):
+        tools.read(executor_for("x"), name="x", description="d")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, ValidationError
+from pydantic_core import to_jsonable_python
 
 from toolloop._core.arguments import (  # noqa: F401  (re-exported: the canonical types and schema helpers)
     ArgumentSchema,
@@ -218,6 +219,9 @@ class ToolSpec:
             if self.result is not None and not isinstance(data, self.result):
                 raise ResultRejected(f"answered a {type(data).__name__}, not a {self.result.__name__}")
             return {"ok": True, **data.model_dump(mode="json", by_alias=True)}
+        if isinstance(data, list | tuple | str | int | float | bool) or data is None:
+            # A plain value (a list of rows, a count, a text): the model is given it as the output's result.
+            return {"ok": True, "result": to_jsonable_python(data)}
         if not isinstance(data, Mapping):
             raise ResultRejected(f"answered a {type(data).__name__}, not a result object")
         if "ok" in data:

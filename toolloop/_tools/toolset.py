@@ -59,10 +59,11 @@ def _default_name(target: Any) -> str:
 
 
 def _introspect(
-    target: Any, what: str
+    target: Any, what: str, given_arguments: type[BaseModel] | None = None, given_result: type[BaseModel] | None = None
 ) -> tuple[Callable[..., Awaitable[Any]], type[BaseModel], type[BaseModel] | None]:
     """The executor of an async function (or of a class's instances) and the argument and result models
-    its annotations name: `async def tool(ctx, args: Args) -> Result`."""
+    its annotations name (`async def tool(ctx, args: Args) -> Result`), or that the declaration gives
+    (`arguments=`, `result=`: tools declared from a table, with no annotations to read)."""
     label = _default_name(target)
     if inspect.isclass(target):
         instance = target()
@@ -77,14 +78,19 @@ def _introspect(
     parameters = list(inspect.signature(executor).parameters.values())
     if len(parameters) != 2:
         raise ValueError(f"tool {label!r}: it must take exactly (ctx, args), not {len(parameters)} parameter(s)")
-    try:
-        hints = typing.get_type_hints(hints_of)
-    except Exception as exc:  # a NameError from a forward reference, say
-        raise ValueError(f"tool {label!r}: its annotations cannot be resolved ({exc})") from None
-    arguments = hints.get(parameters[1].name)
+    if given_arguments is not None:
+        hints: dict[str, Any] = {}
+    else:
+        try:
+            hints = typing.get_type_hints(hints_of)
+        except Exception as exc:  # a NameError from a forward reference, say
+            raise ValueError(f"tool {label!r}: its annotations cannot be resolved ({exc})") from None
+    arguments = given_arguments or hints.get(parameters[1].name)
     if not (isinstance(arguments, type) and issubclass(arguments, BaseModel)):
-        raise ValueError(f"tool {label!r}: annotate its second parameter with a pydantic argument model")
-    result = hints.get("return")
+        raise ValueError(
+            f"tool {label!r}: annotate its second parameter with a pydantic argument model, or give arguments="
+        )
+    result = given_result or hints.get("return")
     if not (isinstance(result, type) and issubclass(result, BaseModel)):
         result = None
     return executor, arguments, result
@@ -160,6 +166,8 @@ class Toolset:
         /,
         *,
         name: str | None = None,
+        arguments: type[BaseModel] | None = None,
+        result: type[BaseModel] | None = None,
         description: str | None = None,
         source: HttpSource | ToolSource | None = None,
         timeout: float | None = None,
@@ -174,6 +182,8 @@ class Toolset:
         /,
         *,
         name: str | None = None,
+        arguments: type[BaseModel] | None = None,
+        result: type[BaseModel] | None = None,
         description: str | None = None,
         source: HttpSource | ToolSource | None = None,
         timeout: float | None = None,
@@ -182,21 +192,23 @@ class Toolset:
         summary: Callable[[Any], str] | None = None,
     ) -> Any:
         """A read-only tool: `async def tool(ctx, args: Args) -> Result` (or a class whose instances are such
-        a callable). The description defaults to the docstring; timeout and attempts default to the
+        a callable); `arguments=` and `result=` give the models instead of annotations (tools declared from a
+        table). A result may also be a plain value (a list, a number, a text): the model reads it as the
+        output's `result`. The description defaults to the docstring; timeout and attempts default to the
         request's limits."""
 
         def register(fn: F) -> F:
-            executor, arguments, result = _introspect(fn, "read")
+            executor, arguments_of, result_of = _introspect(fn, "read", arguments, result)
             declared = _declared(fn, name, description, redact, timeout, source)
             attempts_of = _class_attribute(fn, "attempts", attempts)
             self.add(
                 ToolSpec(
                     **declared,
-                    arguments=arguments,
+                    arguments=arguments_of,
                     effect="read_only",
                     execute=executor,
                     summarize=summary,
-                    result=result,
+                    result=result_of,
                     max_attempts=attempts_of,
                 )
             )
@@ -213,6 +225,8 @@ class Toolset:
         status: StatusQuery | None = ...,
         read_back: ReadBackFn | None = ...,
         name: str | None = None,
+        arguments: type[BaseModel] | None = None,
+        result: type[BaseModel] | None = None,
         description: str | None = None,
         source: HttpSource | ToolSource | None = None,
         timeout: float | None = None,
@@ -233,6 +247,8 @@ class Toolset:
         status: StatusQuery | None = _REQUIRED,
         read_back: ReadBackFn | None = _REQUIRED,
         name: str | None = None,
+        arguments: type[BaseModel] | None = None,
+        result: type[BaseModel] | None = None,
         description: str | None = None,
         source: HttpSource | ToolSource | None = None,
         timeout: float | None = None,
@@ -250,7 +266,7 @@ class Toolset:
         digest and operation id are computed over."""
 
         def register(fn: F) -> F:
-            executor, arguments, result = _introspect(fn, "write")
+            executor, arguments_of, result_of = _introspect(fn, "write", arguments, result)
             instance_methods: dict[str, Any] = {}
             if inspect.isclass(fn):
                 instance = executor.__self__  # type: ignore[attr-defined]
@@ -268,13 +284,13 @@ class Toolset:
             self.add(
                 ToolSpec(
                     **_declared(fn, name, description, redact, timeout, source),
-                    arguments=arguments,
+                    arguments=arguments_of,
                     effect="side_effecting",
                     execute=executor,
                     summarize=summary,
                     status=chosen_status,
                     read_back=chosen_read_back,
-                    result=result,
+                    result=result_of,
                     target=target_of,
                     canonical=instance_methods.get("canonical", canonical),
                     without_status=chosen_status is None,
