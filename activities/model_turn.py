@@ -111,6 +111,8 @@ class ModelActivities:
             model_name=inp.model_name,
             scripted_output=inp.script_turn,
             script_length=inp.script_length,
+            request_id=info.workflow_id or "",
+            metadata=dict(inp.metadata),
         )
         try:
             items = await adapter.respond(request)

@@ -78,6 +78,7 @@ async def start_agent(
     model: ModelSpec | None = None,
     limits: Limits | None = None,
     allowed_tools: list[str] | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> WorkflowHandle[Any, AgentResult]:
     return await client.start_workflow(
         AGENT_WORKFLOW,
@@ -87,6 +88,7 @@ async def start_agent(
             model=model or ModelSpec(provider="offline"),
             limits=limits or Limits(),
             allowed_tools=allowed_tools,
+            metadata=metadata or {},
         ),
         id=f"test-{uuid.uuid4().hex[:12]}",
         task_queue=settings.task_queue,

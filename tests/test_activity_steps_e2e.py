@@ -53,10 +53,13 @@ class SeeingRemoteScript(RemoteScriptModel):
     def __init__(self) -> None:
         super().__init__()
         self.outputs_seen: dict[int, dict[str, Any]] = {}
+        # Per turn: which request the call said it serves, and its starter's labels.
+        self.requests_seen: dict[int, tuple[str, dict[str, str]]] = {}
 
     async def respond(self, request: ModelRequest) -> list[ConversationItem]:
         outputs = [i for i in request.conversation if isinstance(i, FunctionCallOutputItem)]
         self.outputs_seen[request.turn] = {i.call_id: json.loads(i.output) for i in outputs}
+        self.requests_seen[request.turn] = (request.request_id, dict(request.metadata))
         return await super().respond(request)
 
 
@@ -164,12 +167,14 @@ async def test_a_remote_model_is_told_a_writes_output_by_reference_and_given_it_
     async with running_worker(client, settings, spec):
         read = call("get_ticket", {"ticketId": "T1001"}, "r1")
         model = script_spec([read], [note], [say("ok")]).model_copy(update={"provider": REMOTE_SCRIPT})
-        handle = await start_agent(client, settings, "w", model=model)
+        handle = await start_agent(client, settings, "w", model=model, metadata={"task": "bench-17"})
         async with approving(handle):
             result = await asyncio.wait_for(request_result(handle), timeout=60)
 
         [op] = result.operations
         assert (result.status, result.final_text, op.state) == ("completed", "ok", "verified")
+        # The adapter knows which request each call serves, and the labels its starter gave it.
+        assert model_adapter.requests_seen == {turn: (handle.id, {"task": "bench-17"}) for turn in (1, 2, 3)}
         assert len(await effects(admin, op.operation_id)) == 1
         [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
         assert ledger.output is not None and ledger.output["state"] == "verified"

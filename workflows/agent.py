@@ -319,6 +319,7 @@ class AgentWorkflow:
             output_refs=output_refs,
             offered_tools=inp.allowed_tools,
         )
+        turn_input.metadata = dict(inp.metadata)
         script = inp.model.script
         if script is not None:
             turn_input.script_turn = script[turn - 1] if turn <= len(script) else None

@@ -166,6 +166,11 @@ class AgentInput(BaseModel):
     # The only tools this request may use, set by the trusted starter (None: every tool of the worker). The
     # model is offered no other, and a call to another is answered FORBIDDEN without running.
     allowed_tools: list[str] | None = Field(default=None, max_length=500)
+    # The starter's own labels for this request (a benchmark's task id, a ticket number): given to the model
+    # adapter with every turn (ModelRequest.metadata), never used to decide anything.
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=500)]] = Field(
+        default_factory=dict, max_length=32
+    )
 
 
 # --- Model turn activity ------------------------------------------------------------------------
@@ -191,6 +196,8 @@ class ModelTurnInput(BaseModel):
     # script's length, so the activity needs nothing but its input.
     script_turn: list[ConversationItem] | None = None
     script_length: int = 0
+    # The request's own labels (AgentInput.metadata), for the adapter.
+    metadata: dict[str, str] = Field(default_factory=dict)
 
 
 class CheckedCall(BaseModel):

@@ -25,6 +25,9 @@ class ModelRequest:
     scripted_output: Sequence[ConversationItem] | None = None
     script_length: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # Which request this call serves: its workflow id, and the labels its starter gave (AgentInput.metadata).
+    request_id: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
 
 
 @runtime_checkable
