@@ -239,3 +239,14 @@ def test_the_channel_signs_nothing_after_the_deadline() -> None:
 def test_an_approval_waits_timer_summary_names_its_tool_and_operation() -> None:
     summary = approval_wait_summary("refund_order", "op_0123456789abcdef0123456789abcdef", "10:05:00 UTC")
     assert summary == "waiting for approval of refund_order op_0123456789a… until 10:05:00 UTC"
+
+
+def test_an_occurrence_makes_identical_calls_distinct_operations_and_only_when_asked() -> None:
+    from toolloop._core.approvals import derive_operation_id
+
+    args = {"to": "bob", "amountCents": 1000}
+    same = derive_operation_id("req-1", "pay", args)
+    assert same == derive_operation_id("req-1", "pay", dict(reversed(list(args.items()))))
+    first, second = (derive_operation_id("req-1", "pay", args, occurrence=n) for n in (0, 1))
+    assert len({same, first, second}) == 3
+    assert first == derive_operation_id("req-1", "pay", args, occurrence=0)  # stable: a replay counts the same

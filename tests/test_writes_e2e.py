@@ -48,7 +48,7 @@ from tests.agent_helpers import (
     worker_env,
 )
 from tests.conftest import APPROVAL_KEY, OTHER_SIGNING_KEY, REPO_ROOT, BusinessService, approval_token, start_service
-from toolloop import request_result
+from toolloop import Toolset, request_result
 from toolloop._core.approvals import payload_digest
 from toolloop._core.contracts import (
     Actor,
@@ -369,6 +369,38 @@ async def test_same_write_proposed_twice_makes_one_effect(
     assert outputs["w2"]["same_operation_as_call"] == "w1"
     assert outputs["w2"]["operation_id"] == outputs["w1"]["operation_id"] == op.operation_id
     assert len(await note_posts(admin)) == 1
+
+
+async def test_a_write_whose_identical_calls_are_distinct_makes_each_one_after_its_own_approval(
+    client: Client, settings: Settings, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    # The demo's calendar tool, declared so that two identical events are two operations.
+    spec = build_demo(settings.service_url)
+    tools = Toolset()
+    for tool in spec.tools.registry:
+        tools.add(dataclasses.replace(tool, each_call_distinct=tool.name == "create_calendar_event"))
+    event = {
+        "calendarId": "cal-u1",
+        "title": "stand-up twice",
+        "start": "2027-03-01T09:00:00Z",
+        "end": "2027-03-01T09:15:00Z",
+    }
+    twice = [call("create_calendar_event", event, "e1"), call("create_calendar_event", event, "e2")]
+    async with running_worker(client, settings, dataclasses.replace(spec, tools=tools)):
+        handle = await start_agent(
+            client, settings, "w", model=script_spec(twice, [call("create_calendar_event", event, "e3")], [say("ok")])
+        )
+        async with approving(handle, business_service.approval_key) as approved:
+            result = await asyncio.wait_for(request_result(handle), timeout=120)
+    # Three proposals of one payload: three operations, each approved on its own and made once.
+    assert [op.call_ids for op in result.operations] == [["e1"], ["e2"], ["e3"]]
+    assert len({op.operation_id for op in result.operations}) == 3 and sorted(approved) == sorted(
+        op.operation_id for op in result.operations
+    )
+    assert all(op.state == "verified" for op in result.operations)
+    for op in result.operations:
+        [made] = await effects(admin, op.operation_id)
+        assert made["title"] == "stand-up twice"
 
 
 async def test_no_approval_within_ttl_sends_nothing(

@@ -102,6 +102,8 @@ class OperationStateMachine:
         self.ledger: dict[str, OperationRecord] = {}
         # Kept out of the ledger: queries and results never show decision tokens.
         self._tokens: dict[str, str] = {}
+        # Per payload of a tool whose identical calls are distinct: how many proposals of it came so far.
+        self._occurrences: dict[str, int] = {}
         self._arguments: dict[str, dict[str, Any]] = {}
         # Evidence an attempt read back right after it completed, for the read-back step to use.
         self._read_in_attempt: dict[str, Evidence] = {}
@@ -228,12 +230,25 @@ class OperationStateMachine:
 
     # --- One side-effecting call ----------------------------------------------------------------
 
+    def _operation_id(self, call: CheckedCall) -> str:
+        """The same payload proposed again is the same operation, unless the tool says identical calls are
+        distinct: then each proposal is the next occurrence (counted in the model's order, so a replay counts
+        the same)."""
+        assert call.arguments is not None
+        request_id = workflow.info().workflow_id
+        if not call.each_call_distinct:
+            return derive_operation_id(request_id, call.name, call.arguments)
+        key = derive_operation_id(request_id, call.name, call.arguments)
+        occurrence = self._occurrences.get(key, 0)
+        self._occurrences[key] = occurrence + 1
+        return derive_operation_id(request_id, call.name, call.arguments, occurrence=occurrence)
+
     async def run(self, call: CheckedCall, turn: int) -> ToolCallResult:
         """Drive one side-effecting call to its output for the model. The next model turn can take the
         output from the worker's store (told_in_history)."""
         assert call.arguments is not None  # the planner only schedules validated calls
         started = workflow.now()
-        operation_id = derive_operation_id(workflow.info().workflow_id, call.name, call.arguments)
+        operation_id = self._operation_id(call)
         op = self.ledger.get(operation_id)
         if op is not None:
             # The model proposed the same operation again (new call_id): same operation, stored result.

@@ -48,10 +48,17 @@ def http_subject(method: str, path: str) -> str:
     return f"{method.upper()} {path}"
 
 
-def derive_operation_id(request_id: str, tool: str, arguments: Mapping[str, Any]) -> str:
+def derive_operation_id(
+    request_id: str, tool: str, arguments: Mapping[str, Any], occurrence: int | None = None
+) -> str:
     """Stable for the same intended operation within one request: the same tool and payload proposed
-    again (with a new call_id) is the same operation, so it can never make a second effect."""
-    text = canonical_json({"request": request_id, "tool": tool, "arguments": dict(arguments)})
+    again (with a new call_id) is the same operation, so it can never make a second effect. For a tool whose
+    identical calls are distinct, `occurrence` (0, 1, ...: how many identical proposals came before) makes
+    each one its own operation."""
+    subject: dict[str, Any] = {"request": request_id, "tool": tool, "arguments": dict(arguments)}
+    if occurrence is not None:
+        subject["occurrence"] = occurrence
+    text = canonical_json(subject)
     return "op_" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
 

@@ -216,6 +216,8 @@ class CheckedCall(BaseModel):
     target: str | None = None
     # A write's approval audience: the service or tool source its decision tokens are for (ToolSpec).
     audience: str | None = None
+    # A write whose identical calls are distinct operations (ToolSpec.each_call_distinct).
+    each_call_distinct: bool = False
     # The tool's own timeout per attempt and number of attempts; None: the request's limits.
     timeout_seconds: float | None = None
     max_attempts: int | None = None

@@ -175,6 +175,10 @@ class ToolSpec:
     # The audience of this write's approval tokens (the service or tool source they are for, which accepts
     # only its own); None: the source's audience (its `audience`, else its name), or the tool's own name.
     audience: str | None = None
+    # Identical calls of this write are distinct operations ("pay Bob 10 EUR", twice): each proposal gets an
+    # operation id of its own (keyed by its occurrence in the request), and so its own approval and effect.
+    # False (the default): the same payload proposed again is the same operation, done at most once.
+    each_call_distinct: bool = False
 
     @property
     def read_only(self) -> bool:

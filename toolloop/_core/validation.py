@@ -126,6 +126,7 @@ def check_call(registry: ToolRegistry, call: FunctionCallItem) -> CheckedCall:
         # Only a write has a status query and a read-back to lack (a read keeps the defaults, left out of history).
         has_status=spec.read_only or spec.status is not None,
         has_read_back=spec.read_only or spec.read_back is not None,
+        each_call_distinct=spec.each_call_distinct and not spec.read_only,
     )
 
 

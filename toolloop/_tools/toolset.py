@@ -234,6 +234,7 @@ class Toolset:
         summary: Callable[[Any], str] | None = None,
         canonical: Callable[[Any], Any] | None = None,
         target_of: Callable[[Any], str] | None = None,
+        each_call_distinct: bool = False,
     ) -> Callable[[F], F]: ...
 
     @overload
@@ -256,6 +257,7 @@ class Toolset:
         summary: Callable[[Any], str] | None = None,
         canonical: Callable[[Any], Any] | None = None,
         target_of: Callable[[Any], str] | None = None,
+        each_call_distinct: bool = False,
     ) -> Any:
         """A side-effecting tool: `async def tool(ctx, args: Args) -> Result`, run only after a person approves
         exactly its arguments, with `ctx.operation_id` as its idempotency key and `ctx.approval_token` to pass
@@ -263,7 +265,9 @@ class Toolset:
         output)` checks a completed one. Both must be given; None declares on purpose that there is none (an
         unclear outcome then stays unknown and is never resent; a completed write stays unverified). A class
         may define `status` and `read_back` methods instead. `canonical(args)` normalises the arguments the
-        digest and operation id are computed over."""
+        digest and operation id are computed over. `each_call_distinct=True`: identical calls are distinct
+        operations (each its own approval and effect), where by default the same payload proposed again is
+        the same operation, done at most once."""
 
         def register(fn: F) -> F:
             executor, arguments_of, result_of = _introspect(fn, "write", arguments, result)
@@ -292,6 +296,7 @@ class Toolset:
                     read_back=chosen_read_back,
                     result=result_of,
                     target=target_of,
+                    each_call_distinct=each_call_distinct,
                     canonical=instance_methods.get("canonical", canonical),
                     without_status=chosen_status is None,
                     without_read_back=chosen_read_back is None,
@@ -360,6 +365,7 @@ class Toolset:
         timeout: float | None = None,
         redact: Iterable[str] = (),
         summary: Callable[[Any], str] | None = None,
+        each_call_distinct: bool = False,
     ) -> ToolSpec:
         """A side-effecting tool against a service that follows the IETF Idempotency-Key draft (as
         toolloop.servicekit does): `method` `path` with the arguments as the JSON body, the operation id as
@@ -405,6 +411,7 @@ class Toolset:
                 target=contract.target,
                 source=source,
                 without_read_back=read_back is None,
+                each_call_distinct=each_call_distinct,
             )
         )
 
