@@ -45,6 +45,7 @@ def tool_context(
     call_id: str = "",
     operation_id: str | None = None,
     token: str | None = None,
+    digest: str | None = None,
 ) -> ToolContext:
     """The executor's view: its source's client (the worker's shared one for a tool without a source) and
     the actor as that source expects it."""
@@ -58,6 +59,7 @@ def tool_context(
         operation_id=operation_id,
         approval_token=token,
         headers=dict(actor_headers(actor)),
+        approval_digest=digest,
     )
 
 

@@ -15,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.conversation import RunKey, ToolOutputStore
 from activities.tool_calls import log_arguments, tool_context
+from toolloop._core.approvals import payload_digest
 from toolloop._core.arguments import ArgumentsRejected
 from toolloop._core.codes import ErrorType, ResultCode
 from toolloop._core.contracts import (
@@ -93,7 +94,9 @@ class WriteActivities:
             activity.logger.error("write arguments do not validate again", extra={"tool": inp.tool})
             message = "this tool is misconfigured; nothing was sent."
             return WriteOutcome(kind="refused", output=error_output(ResultCode.INTERNAL, message), detail=message)
-        ctx = tool_context(spec, inp.actor, self._http, inp.call_id, inp.operation_id, inp.approval_token)
+        # What the approval is bound to, as the workflow computed it: for a write that checks its token itself.
+        digest = payload_digest(spec.digest_target(args) or spec.name, inp.arguments)
+        ctx = tool_context(spec, inp.actor, self._http, inp.call_id, inp.operation_id, inp.approval_token, digest)
         started = time.monotonic()
         outcome: WriteOutcome
         try:

@@ -476,3 +476,42 @@ async def test_tools_declared_from_a_table_need_no_annotations_and_may_answer_pl
     # Without annotations and without arguments=, the declaration says what is missing.
     with pytest.raises(ValueError, match="give arguments="):
         tools.read(executor_for("x"), name="x", description="d")
+
+
+class Entry(Arguments):
+    text: str = Field(description="what to write down")
+
+
+async def test_an_in_process_write_checks_its_own_approval_token_as_a_service_would() -> None:
+    from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, OTHER_SIGNING_KEY
+    from toolloop import verify_approval
+    from toolloop.testing import approval_token
+
+    written: list[str] = []
+    tools = Toolset()
+
+    async def add_entry(ctx: ToolContext, args: Entry) -> dict[str, int]:
+        """Write an entry in the ledger this process keeps."""
+        verify_approval(ctx, keys=APPROVAL_VERIFY_KEY, audience="ledger")
+        written.append(args.text)
+        return {"entries": len(written)}
+
+    tools.write(add_entry, status=None, read_back=None)
+
+    def token(key: str = APPROVAL_KEY, audience: str = "ledger", text: str = "hi", op: str = "op_1") -> str:
+        return approval_token(
+            key, actor=U1, operation_id=op, payload={"text": text}, tool="add_entry", audience=audience
+        )
+
+    async def run(approval: str) -> dict[str, Any]:
+        async with httpx.AsyncClient() as http:
+            return await run_tool(
+                tools, "add_entry", {"text": "hi"}, actor=U1, http=http, operation_id="op_1", approval_token=approval
+            )
+
+    # Refused, and nothing written: another key, another audience, another payload, another operation.
+    for bad in (token(OTHER_SIGNING_KEY), token(audience="bizservice"), token(text="bye"), token(op="op_2")):
+        out = await run(bad)
+        assert (out["ok"], out["code"]) == (False, "CONFIRMATION_REQUIRED") and "nothing was done" in out["message"]
+    assert written == []
+    assert await run(token()) == {"ok": True, "entries": 1} and written == ["hi"]

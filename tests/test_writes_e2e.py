@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import Field
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
@@ -47,8 +48,16 @@ from tests.agent_helpers import (
     waiting_operation,
     worker_env,
 )
-from tests.conftest import APPROVAL_KEY, OTHER_SIGNING_KEY, REPO_ROOT, BusinessService, approval_token, start_service
-from toolloop import Toolset, request_result
+from tests.conftest import (
+    APPROVAL_KEY,
+    APPROVAL_VERIFY_KEY,
+    OTHER_SIGNING_KEY,
+    REPO_ROOT,
+    BusinessService,
+    approval_token,
+    start_service,
+)
+from toolloop import AgentSpec, Arguments, ToolContext, Toolset, request_result, verify_approval
 from toolloop._core.approvals import payload_digest
 from toolloop._core.contracts import (
     Actor,
@@ -401,6 +410,34 @@ async def test_a_write_whose_identical_calls_are_distinct_makes_each_one_after_i
     for op in result.operations:
         [made] = await effects(admin, op.operation_id)
         assert made["title"] == "stand-up twice"
+
+
+class Entry(Arguments):
+    text: str = Field(description="what to write down")
+
+
+async def test_an_in_process_write_verifies_the_approval_the_workflow_sent_it(
+    client: Client, settings: Settings
+) -> None:
+    written: list[str] = []
+    tools = Toolset()
+
+    async def add_entry(ctx: ToolContext, args: Entry) -> dict[str, int]:
+        """Write an entry in the ledger this process keeps."""
+        # A tool without a source: its approvals are for its own name.
+        verify_approval(ctx, keys=APPROVAL_VERIFY_KEY, audience="add_entry")
+        written.append(args.text)
+        return {"entries": len(written)}
+
+    tools.write(add_entry, status=None, read_back=None)
+    async with running_worker(client, settings, AgentSpec(tools=tools)):
+        turns = [[call("add_entry", {"text": "in process"}, "w1")], [say("ok")]]
+        handle = await start_agent(client, settings, "w", model=script_spec(*turns))
+        async with approving(handle):
+            result = await asyncio.wait_for(request_result(handle), timeout=60)
+    # The digest the activity gave the tool is the one the approval was signed for: written once.
+    [op] = result.operations
+    assert written == ["in process"] and op.state == "completed" and op.attempts == 1
 
 
 async def test_no_approval_within_ttl_sends_nothing(

@@ -62,6 +62,7 @@ if _typing.TYPE_CHECKING:
     from toolloop._temporal.plugin import ToolloopPlugin
     from toolloop._temporal.results import request_result
     from toolloop._tools.http import HttpSource, ReadBack
+    from toolloop._tools.in_process import verify_approval
     from toolloop._tools.mcp import McpSource
     from toolloop._tools.toolset import AgentSpec, Toolset
     from workflows.agent import AgentWorkflow
@@ -70,6 +71,7 @@ __all__ = [
     # declaring tools
     "Toolset",
     "ToolContext",
+    "verify_approval",
     "Arguments",
     "PlainText",
     "Instant",
@@ -152,6 +154,7 @@ _HOMES: dict[str, str] = {
     "request_result": "toolloop._temporal.results",
     "HttpSource": "toolloop._tools.http",
     "ReadBack": "toolloop._tools.http",
+    "verify_approval": "toolloop._tools.in_process",
     "McpSource": "toolloop._tools.mcp",
     "AgentSpec": "toolloop._tools.toolset",
     "Toolset": "toolloop._tools.toolset",

@@ -128,6 +128,7 @@ async def run_tool(
     if client is None:
         raise ValueError(f"tool {name!r} has no source: pass http=")
     headers = getattr(source, "actor_headers", default_actor_headers)(actor)
+    digest = None if spec.read_only else payload_digest(checked.target or spec.name, checked.arguments)
     ctx = ToolContext(
         actor=actor,
         http=client,
@@ -136,6 +137,7 @@ async def run_tool(
         operation_id=operation_id,
         approval_token=approval_token,
         headers=dict(headers),
+        approval_digest=digest,
     )
     try:
         return spec.output_of(await spec.execute(ctx, spec.schema.load(checked.arguments)))

@@ -50,6 +50,9 @@ class ToolContext:
     approval_token: str | None = None
     # The actor as the tool's source expects it (HttpSource.actor_headers); send them with every request.
     headers: Mapping[str, str] = field(default_factory=dict)
+    # A side-effecting call's approval digest (what the token is bound to), for a write that takes effect in
+    # this process and so checks the token itself (toolloop.verify_approval).
+    approval_digest: str | None = None
 
 
 class ToolError(Exception):

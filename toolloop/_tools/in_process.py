@@ -1,0 +1,33 @@
+"""Pure: a write that takes effect in the worker's own process (a database the tool writes itself, no service
+that checks the approval token) checks the token itself, exactly as a service's idempotency kit does."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from toolloop._core.approvals import ApprovalClaims, ApprovalInvalid, verify_approval_token, verify_key_set
+from toolloop._core.codes import ResultCode
+from toolloop._core.registry import ToolContext, ToolError
+
+
+def verify_approval(ctx: ToolContext, *, keys: str | Iterable[str], audience: str) -> ApprovalClaims:
+    """The call's approval, verified before an in-process write takes effect: signed with one of `keys` (the
+    approval channel's public keys, by key id), for `audience`, not expired, and a decision to approve this
+    call's operation id and payload digest by this call's user and tenant. Raises ToolError
+    (CONFIRMATION_REQUIRED, with the reason) otherwise: the write is then not done, and the model is told."""
+    if ctx.operation_id is None or ctx.approval_digest is None:
+        raise ToolError(ResultCode.INTERNAL, "verify_approval is for side-effecting calls; nothing was done")
+    expected = {
+        "operation_id": ctx.operation_id,
+        "digest": ctx.approval_digest,
+        "user_id": ctx.actor.user_id,
+        "tenant_id": ctx.actor.tenant_id,
+        "decision": "approve",
+    }
+    try:
+        return verify_approval_token(
+            verify_key_set(keys), ctx.approval_token, now=time.time(), audience=audience, expected=expected
+        )
+    except ApprovalInvalid as exc:
+        raise ToolError(ResultCode.CONFIRMATION_REQUIRED, f"{exc}; nothing was done") from None
