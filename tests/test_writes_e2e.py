@@ -83,6 +83,7 @@ from toolloop._temporal.converter import data_converter
 from toolloop._temporal.following import RunFollower, approvals_as_they_come, pending_approvals, pending_once_answered
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker
+from toolloop.testing import RequestEnded
 
 pytestmark = pytest.mark.e2e
 
@@ -410,6 +411,14 @@ async def test_a_write_whose_identical_calls_are_distinct_makes_each_one_after_i
     for op in result.operations:
         [made] = await effects(admin, op.operation_id)
         assert made["title"] == "stand-up twice"
+
+
+async def test_waiting_for_an_approval_that_never_comes_says_the_request_ended(
+    client: Client, settings: Settings, worker: Worker
+) -> None:
+    handle = await start_agent(client, settings, "r", model=script_spec([say("nothing to approve")]))
+    with pytest.raises(RequestEnded, match="ended without any operation waiting"):
+        await waiting_operation(handle)
 
 
 class Entry(Arguments):

@@ -253,20 +253,24 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float = 30.0,
     raise AssertionError(f"not true within {within} s: {what}")
 
 
+class RequestEnded(LookupError):
+    """The request ended without what was waited for (no operation waited for approval)."""
+
+
 async def waiting_operation(handle: WorkflowHandle[Any, Any], within: float = 30.0) -> OperationRecord:
     """The first operation waiting for approval, as soon as the workflow has one (followed on the run's
-    history, no polling)."""
+    history, no polling). Raises RequestEnded if the request ends first, TimeoutError after `within` s."""
 
     async def first() -> OperationRecord:
         async for request in approvals_as_they_come(handle):
             ledger: list[OperationRecord] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
             return next(op for op in ledger if op.operation_id == request.operation_id)
-        raise AssertionError("the request finished without waiting for an approval")
+        raise RequestEnded("the request ended without any operation waiting for approval")
 
     try:
         return await asyncio.wait_for(first(), within)
     except TimeoutError:
-        raise AssertionError(f"not true within {within} s: an operation waits for approval") from None
+        raise TimeoutError(f"no operation waited for approval within {within} s") from None
 
 
 async def decide(
