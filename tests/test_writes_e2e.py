@@ -58,6 +58,7 @@ from tests.conftest import (
     start_service,
 )
 from toolloop import AgentSpec, Arguments, ToolContext, Toolset, request_result, verify_approval
+from toolloop import data_converter as toolloop_data_converter
 from toolloop._core.approvals import payload_digest
 from toolloop._core.contracts import (
     Actor,
@@ -1104,6 +1105,9 @@ async def test_the_workflows_own_result_is_the_whole_report(
     # the same as toolloop.request_result, the ledger and what the model was told.
     raw = await handle.result()
     assert raw == result and (raw.final_text, raw.workflow_id, raw.status) == ("Noted.", handle.id, "completed")
+    # A client that runs no worker reads it with toolloop's data converter alone.
+    plain = await Client.connect(settings.temporal_address, data_converter=toolloop_data_converter())
+    assert await plain.get_workflow_handle(handle.id, result_type=AgentResult).result() == result
     stored = await stored_report(handle)
     assert stored["workflow_id"] == handle.id and stored["status"] == "completed"
     progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)

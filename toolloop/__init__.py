@@ -18,6 +18,10 @@ Declare tools on a Toolset, run them with the ToolloopPlugin on a Temporal worke
 
     client = await Client.connect(address, plugins=[toolloop.ToolloopPlugin(tools)])
 
+A client that runs no worker (an API, a script that starts requests) needs only toolloop's data converter:
+
+    client = await Client.connect(address, data_converter=toolloop.data_converter())
+
 Everything not named here is private. The service side (the idempotency kit) is toolloop.servicekit; the
 testing helpers are toolloop.testing.
 """
@@ -58,6 +62,7 @@ if _typing.TYPE_CHECKING:
     from toolloop._models.errors import ModelCallError
     from toolloop._models.responses import ResponsesClient, ResponsesModel
     from toolloop._models.script import ScriptModel
+    from toolloop._temporal.converter import data_converter
     from toolloop._temporal.logs import configure_logging
     from toolloop._temporal.plugin import ToolloopPlugin
     from toolloop._temporal.results import request_result
@@ -102,6 +107,7 @@ __all__ = [
     "AgentResult",
     "OperationRecord",
     "request_result",
+    "data_converter",
     # models
     "ModelAdapter",
     "ModelRequest",
@@ -150,6 +156,7 @@ _HOMES: dict[str, str] = {
     "ResponsesModel": "toolloop._models.responses",
     "ScriptModel": "toolloop._models.script",
     "configure_logging": "toolloop._temporal.logs",
+    "data_converter": "toolloop._temporal.converter",
     "ToolloopPlugin": "toolloop._temporal.plugin",
     "request_result": "toolloop._temporal.results",
     "HttpSource": "toolloop._tools.http",
