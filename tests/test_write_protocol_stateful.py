@@ -105,12 +105,14 @@ class WriteProtocol(RuleBasedStateMachine):
             elif first == variant:
                 assert (response.status_code, code) == (403, "APPROVAL_REQUIRED"), response.text
             else:
-                assert code in ("IDEMPOTENCY_KEY_REUSED", "APPROVAL_REQUIRED"), response.text
+                assert code in ("IDEMPOTENCY_KEY_REUSED", "APPROVAL_REQUIRED", "APPROVAL_EXPIRED"), response.text
             return
         if approval != "valid":
-            # No valid approval bound to this operation and payload: refused, nothing done.
+            # No valid approval bound to this operation and payload: refused, nothing done (an expired one with
+            # its own code).
             assert response is not None and response.status_code == 403, (approval, response)
-            assert _code(response) == "APPROVAL_REQUIRED", response.text
+            expected = "APPROVAL_EXPIRED" if approval == "expired" else "APPROVAL_REQUIRED"
+            assert _code(response) == expected, response.text
             return
         self.committed[key] = variant
         if response is None:
