@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from faultbed.firing import fires
+from demo.bizservice.firing import fires
 
 # What each boundary can do. Service faults act inside the business service (before or after its commit);
 # wire faults on the socket between the tools and the service (the fault proxy); model faults in the

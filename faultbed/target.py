@@ -31,6 +31,7 @@ import httpx
 
 from faultbed.invariants import Effect
 from toolloop._core.contracts import Actor
+from toolloop._temporal.worker_factory import ToolsLoadError, call_named_function
 
 
 @dataclass(frozen=True)
@@ -90,9 +91,6 @@ class TargetError(ValueError):
 
 def load_target(spec: str) -> ChaosTarget:
     """Import `package.module:function` and call it for the target (as `worker.py --tools` does)."""
-    # Here, not at the top: the business service imports faultbed (its firing rule), never a Temporal worker.
-    from toolloop._temporal.worker_factory import ToolsLoadError, call_named_function
-
     try:
         target = call_named_function(spec)
     except ToolsLoadError as exc:

@@ -298,7 +298,7 @@ async def test_a_rule_records_when_it_first_fired_for_the_recovery_time(client: 
 
 
 async def test_a_seeded_fault_fires_on_the_same_requests_for_the_same_seed(db: Path, tmp_path: Path) -> None:
-    from faultbed.firing import draw
+    from demo.bizservice.firing import draw
 
     async def statuses(path: Path, seed: int) -> list[int]:
         rule = {"path_regex": "^/orders/A100$", "status": 500, "probability": 0.5, "seed": seed, "label": "f0"}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from faultbed.firing import draw, fires
+from demo.bizservice.firing import draw, fires
 from faultbed.plan import (
     FaultPlan,
     PlanError,

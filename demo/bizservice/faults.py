@@ -17,9 +17,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from demo.bizservice.firing import fires
 from demo.bizservice.store import Store
 from demo.bizservice.web import Problem, ServiceCode
-from faultbed.firing import fires
 
 FaultPoint = Literal["before_handler", "after_claim", "after_commit"]
 FaultAction = Literal["drop", "truncate"]
@@ -147,7 +147,7 @@ def claim(store: Store, method: str, path: str, when: FaultPoint = "before_handl
 
     The common case (no rules) is a single read. Each matching rule numbers the request with one atomic
     UPDATE (so concurrent requests get distinct numbers, in every process on the file); whether it fires
-    on that number is `faultbed.firing.fires` - the Nth request and the `times` after it, or a seeded draw -
+    on that number is `demo.bizservice.firing.fires` - the Nth request and the `times` after it, or a seeded draw -
     and a firing is counted by a conditional UPDATE, so a rule never fires more than `times` times."""
     with store.connect() as conn:
         rows = conn.execute("SELECT id, rule_json FROM fault_rules ORDER BY position").fetchall()

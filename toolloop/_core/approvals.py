@@ -48,9 +48,7 @@ def http_subject(method: str, path: str) -> str:
     return f"{method.upper()} {path}"
 
 
-def derive_operation_id(
-    request_id: str, tool: str, arguments: Mapping[str, Any], occurrence: int | None = None
-) -> str:
+def derive_operation_id(request_id: str, tool: str, arguments: Mapping[str, Any], occurrence: int | None = None) -> str:
     """Stable for the same intended operation within one request: the same tool and payload proposed
     again (with a new call_id) is the same operation, so it can never make a second effect. For a tool whose
     identical calls are distinct, `occurrence` (0, 1, ...: how many identical proposals came before) makes

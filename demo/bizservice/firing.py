@@ -1,6 +1,7 @@
 """Pure: when a fault fires among the calls it matches - the Nth one (and the `times` after it), or each
-one with a probability drawn from a seed. Standard library only, so the business service, the fault proxy
-and the runner all decide with this one function, in any process, with the same answer for the same seed."""
+one with a probability drawn from a seed. Standard library only, so the business service's fault rules and
+the test bed (faultbed: its proxy and runner, which import it from here: the service never imports the test
+bed) decide with this one function, in any process, with the same answer for the same seed."""
 
 from __future__ import annotations
 
