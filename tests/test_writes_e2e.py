@@ -1039,11 +1039,10 @@ async def test_a_request_cancelled_while_its_committed_write_is_in_flight_report
         model=script_spec([note_call(version, "cancelled in flight", "w1")], [say("ok")]),
         limits=Limits(write_timeout_seconds=10),
     )
-    async with approving(handle):
-        op = await waiting_operation(handle)
-
+    async with approving(handle) as approved:
+        # The approver decides as soon as the operation waits (a second follower could find it decided).
         async def committed() -> bool:
-            return len(await effects(admin, op.operation_id)) == 1
+            return bool(approved) and len(await effects(admin, approved[0])) == 1
 
         await assert_eventually(committed, what="the service committed the note")
         await handle.cancel()

@@ -80,7 +80,8 @@ async def approvals_as_they_come(
 ) -> AsyncIterator[ApprovalRequest]:
     """Each operation once, as soon as it starts waiting for approval (an operation already waiting comes
     first); ends when the run closes. A long poll on the run's history says when to look (every approval
-    wait starts a timer); the workflow's query says what waits, with the whole payload its digest covers."""
+    wait starts a timer); the workflow's query says what waits, with the whole payload its digest covers. An
+    operation another approver decided before this follower asked is not yielded: it no longer waits."""
     seen: set[str] = set()
     events = handle.fetch_history_events(wait_new_event=True, page_size=page_size)
     # An operation may be waiting already when the client joins.
