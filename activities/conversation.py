@@ -141,10 +141,10 @@ class TemporalTurnHistory:
     """Turns decoded from the workflow run's own history."""
 
     def __init__(self, client: Client) -> None:
-        self._client = client
+        self._temporal = client
 
     async def turns(self, run: RunKey) -> list[RecordedTurn]:
-        handle = self._client.get_workflow_handle(run.workflow_id, run_id=run.run_id)
+        handle = self._temporal.get_workflow_handle(run.workflow_id, run_id=run.run_id)
         turns = await recorded_turns(handle)
         return [(turn_input, None if result is None else list(result.items)) for turn_input, result in turns]
 

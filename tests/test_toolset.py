@@ -478,25 +478,13 @@ async def test_tools_declared_from_a_table_need_no_annotations_and_may_answer_pl
         tools.read(executor_for("x"), name="x", description="d")
 
 
-class Entry(Arguments):
-    text: str = Field(description="what to write down")
-
-
 async def test_an_in_process_write_checks_its_own_approval_token_as_a_service_would() -> None:
     from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, OTHER_SIGNING_KEY
-    from toolloop import verify_approval
+    from tests.user_tools import in_process_ledger
     from toolloop.testing import approval_token
 
     written: list[str] = []
-    tools = Toolset()
-
-    async def add_entry(ctx: ToolContext, args: Entry) -> dict[str, int]:
-        """Write an entry in the ledger this process keeps."""
-        verify_approval(ctx, keys=APPROVAL_VERIFY_KEY, audience="ledger")
-        written.append(args.text)
-        return {"entries": len(written)}
-
-    tools.write(add_entry, status=None, read_back=None)
+    tools = in_process_ledger(written, keys=APPROVAL_VERIFY_KEY, audience="ledger")
 
     def token(key: str = APPROVAL_KEY, audience: str = "ledger", text: str = "hi", op: str = "op_1") -> str:
         return approval_token(

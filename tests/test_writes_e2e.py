@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-from pydantic import Field
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
@@ -57,7 +56,8 @@ from tests.conftest import (
     approval_token,
     start_service,
 )
-from toolloop import AgentSpec, Arguments, ToolContext, Toolset, request_result, verify_approval
+from tests.user_tools import in_process_ledger
+from toolloop import AgentSpec, Toolset, request_result
 from toolloop import data_converter as toolloop_data_converter
 from toolloop._core.approvals import payload_digest
 from toolloop._core.contracts import (
@@ -422,24 +422,12 @@ async def test_waiting_for_an_approval_that_never_comes_says_the_request_ended(
         await waiting_operation(handle)
 
 
-class Entry(Arguments):
-    text: str = Field(description="what to write down")
-
-
 async def test_an_in_process_write_verifies_the_approval_the_workflow_sent_it(
     client: Client, settings: Settings
 ) -> None:
     written: list[str] = []
-    tools = Toolset()
-
-    async def add_entry(ctx: ToolContext, args: Entry) -> dict[str, int]:
-        """Write an entry in the ledger this process keeps."""
-        # A tool without a source: its approvals are for its own name.
-        verify_approval(ctx, keys=APPROVAL_VERIFY_KEY, audience="add_entry")
-        written.append(args.text)
-        return {"entries": len(written)}
-
-    tools.write(add_entry, status=None, read_back=None)
+    # A tool without a source: its approvals are for its own name.
+    tools = in_process_ledger(written, keys=APPROVAL_VERIFY_KEY, audience="add_entry")
     async with running_worker(client, settings, AgentSpec(tools=tools)):
         turns = [[call("add_entry", {"text": "in process"}, "w1")], [say("ok")]]
         handle = await start_agent(client, settings, "w", model=script_spec(*turns))

@@ -63,3 +63,22 @@ def needs_a_setting() -> toolloop.Toolset:
 
 def build_for(url: str) -> toolloop.Toolset:
     return build()
+
+
+class Entry(toolloop.Arguments):
+    text: str = Field(description="what to write down")
+
+
+def in_process_ledger(written: list[str], *, keys: str, audience: str) -> toolloop.Toolset:
+    """One write that takes effect in this process (it appends to `written`), checking its approval token
+    itself with `keys` for `audience`, as a service would; no status query, no read-back."""
+    tools = toolloop.Toolset()
+
+    async def add_entry(ctx: toolloop.ToolContext, args: Entry) -> dict[str, int]:
+        """Write an entry in the ledger this process keeps."""
+        toolloop.verify_approval(ctx, keys=keys, audience=audience)
+        written.append(args.text)
+        return {"entries": len(written)}
+
+    tools.write(add_entry, status=None, read_back=None)
+    return tools

@@ -70,18 +70,19 @@ class HttpSource:
     audience: str | None = None
     # For tests: an httpx transport (MockTransport, ASGITransport) instead of the network.
     transport: httpx.AsyncBaseTransport | None = None
-    _client: httpx.AsyncClient | None = field(default=None, init=False, repr=False)
+    # The source's own client while it is open (the `http` property); None while closed.
+    _open_client: httpx.AsyncClient | None = field(default=None, init=False, repr=False)
 
     @property
     def http(self) -> httpx.AsyncClient:
-        if self._client is None:
+        if self._open_client is None:
             raise RuntimeError(f"tool source {self.name!r} is not open (the worker opens its sources)")
-        return self._client
+        return self._open_client
 
     async def open(self) -> None:
-        if self._client is None:
+        if self._open_client is None:
             # No transport retries: Temporal's retry policy is the only retry loop.
-            self._client = httpx.AsyncClient(
+            self._open_client = httpx.AsyncClient(
                 base_url=self.base_url,
                 headers=dict(self.headers),
                 timeout=httpx.Timeout(self.timeout_seconds, connect=self.connect_timeout_seconds),
@@ -90,9 +91,9 @@ class HttpSource:
             )
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        if self._open_client is not None:
+            await self._open_client.aclose()
+            self._open_client = None
 
     def full_path(self, path: str) -> str:
         """`path` as the service receives it: under the base URL's own path, decoded."""
