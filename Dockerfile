@@ -11,6 +11,7 @@ WORKDIR /app
 
 # The repo's own files only (named one by one, so a local .venv, .git or .toolloop never enter the image).
 COPY pyproject.toml README.md worker.py starter.py ./
+# toolloop/workflows and toolloop/activities are links to the two folders beside it (docs/DESIGN.md, "Layout").
 COPY toolloop ./toolloop
 COPY workflows ./workflows
 COPY activities ./activities

@@ -138,14 +138,9 @@ def _printed_for(settings: Settings, local_stack: bool) -> None:
 
 
 def _cli_command() -> str:
-    """How to run this CLI again from a plain shell: the installed console script, else this venv's
-    python with this file (both absolute, so neither PATH nor the current directory matters), after the
-    settings that locate this command's stack."""
-    script = Path(sys.executable).parent / "toolloop"
-    if script.is_file() and os.access(script, os.X_OK):
-        command = shlex.quote(str(script))
-    else:
-        command = f"{shlex.quote(sys.executable)} {shlex.quote(str(REPO_ROOT / 'starter.py'))}"
+    """How to run this CLI again from a plain shell: this venv's python with this file (both absolute, so
+    neither PATH nor the current directory matters), after the settings that locate this command's stack."""
+    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(REPO_ROOT / 'starter.py'))}"
     if _PRINTED_ENV:
         command = "env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in _PRINTED_ENV.items()) + " " + command
     return command

@@ -3,7 +3,7 @@ check of every proposed call.
 
 Validation happens here, where its result is recorded in history, so the workflow never parses model
 output itself. The input carries only the items new since the last turn; the conversation state
-(activities.conversation) supplies the rest."""
+(toolloop.activities.conversation) supplies the rest."""
 
 from __future__ import annotations
 
@@ -14,13 +14,6 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from activities.conversation import (
-    Conversation,
-    ConversationState,
-    MissingTurn,
-    RunKey,
-    TemporalTurnHistory,
-)
 from toolloop._core.codes import ErrorType
 from toolloop._core.contracts import (
     Actor,
@@ -35,6 +28,13 @@ from toolloop._core.registry import ToolRegistry
 from toolloop._core.validation import MAX_ARGUMENT_BYTES, check_turn
 from toolloop._models.adapter import ModelAdapter, ModelRequest
 from toolloop._models.errors import ModelCallError
+from toolloop.activities.conversation import (
+    Conversation,
+    ConversationState,
+    MissingTurn,
+    RunKey,
+    TemporalTurnHistory,
+)
 
 # The worker's instructions when neither the request nor the worker's configuration gives any. They name no
 # tool and no domain: tools describe themselves.

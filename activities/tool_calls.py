@@ -11,7 +11,6 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.conversation import RunKey, ToolOutputStore
 from toolloop._core.arguments import ArgumentsRejected
 from toolloop._core.codes import ErrorType, ResultCode
 from toolloop._core.contracts import Actor, ToolCallInput, ToolCallResult, error_output, output_json
@@ -28,6 +27,7 @@ from toolloop._core.registry import (
 )
 from toolloop._temporal.telemetry import TOOL_RESULTS, count
 from toolloop._tools.http import default_actor_headers
+from toolloop.activities.conversation import RunKey, ToolOutputStore
 
 
 def log_arguments(spec: ToolSpec, arguments: dict[str, Any], cache: dict[str, dict[str, bool]]) -> dict[str, Any]:

@@ -13,8 +13,6 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.conversation import RunKey, ToolOutputStore
-from activities.tool_calls import log_arguments, tool_context
 from toolloop._core.approvals import payload_digest
 from toolloop._core.arguments import ArgumentsRejected
 from toolloop._core.codes import ErrorType, ResultCode
@@ -42,6 +40,8 @@ from toolloop._core.registry import (
     WriteOutcomeUnknown,
 )
 from toolloop._temporal.telemetry import WRITE_ATTEMPTS, count
+from toolloop.activities.conversation import RunKey, ToolOutputStore
+from toolloop.activities.tool_calls import log_arguments, tool_context
 
 _SIDE_EFFECT = {"completed": "yes", "refused": "no", "not_sent": "no", "in_progress": "maybe", "unknown": "maybe"}
 # Stored write outputs are small receipts; this cap only guards history against a misbehaving tool.

@@ -1,4 +1,4 @@
-"""Pure: the invariants of ../shared/DESIGN.md checked on the facts of one chaos run - what the service's own
+"""Pure: the invariants of docs/DESIGN.md checked on the facts of one chaos run - what the service's own
 tables hold, what the workflow's history and report say - never on the model's text.
 
 The facts are gathered by the runner (faultbed.runner); here they are only judged, so every rule is tested

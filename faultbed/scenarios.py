@@ -1,5 +1,5 @@
 """Pure: the built-in chaos scenarios - a fault plan each, against one workload on the demo's tools, with the
-ids of ../shared/FAULTS.md (the fault catalog) each one covers - and the workload itself: a scripted model
+ids of docs/FAULTS.md (the fault catalog) each one covers - and the workload itself: a scripted model
 that reads two orders, proposes one calendar event (a write that needs approval), then answers.
 
 Every write is unique per run (its title carries the run's tag), so each run's operation is its own."""

@@ -11,7 +11,7 @@ with workflow.unsafe.imports_passed_through():
     from toolloop._core.contracts import AgentInput, AgentResult
     from toolloop._core.names import AGENT_WORKFLOW
 
-from workflows.agent import AgentWorkflow
+from toolloop.workflows.agent import AgentWorkflow
 
 
 @workflow.defn(name=AGENT_WORKFLOW)

@@ -33,6 +33,14 @@ def main(selection: list[str]) -> int:
                 # mutmut runs pytest inside its own process: the suite must not hard-exit at the end.
                 "TOOLLOOP_NO_HARD_EXIT": "1",
             }
+            # mutmut copies the sources it walks into mutants/ and does not follow links: toolloop/workflows and
+            # toolloop/activities must link to the mutated copies of workflows/ and activities/ there, as they
+            # link to the folders here, or the tests would import the unmutated code.
+            for folder in ("workflows", "activities"):
+                link = REPO_ROOT / "mutants" / "toolloop" / folder
+                link.parent.mkdir(parents=True, exist_ok=True)
+                if not link.is_symlink():
+                    link.symlink_to(Path("..") / folder)
             run = subprocess.run(
                 [mutmut, "run", "--max-children", "2", *selection], env=env, cwd=REPO_ROOT, check=False
             )

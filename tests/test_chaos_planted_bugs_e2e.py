@@ -79,7 +79,8 @@ def planted_copy(root: Path, bug: Bug) -> Path:
     for name in PRODUCT:
         source = REPO_ROOT / name
         if source.is_dir():
-            shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+            # symlinks=True: toolloop/workflows links to ../workflows, and must reach the copy's, with its bug.
+            shutil.copytree(source, root / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(source, root / name)
     target = root / bug.file

@@ -6,20 +6,20 @@ from __future__ import annotations
 
 import pytest
 
-from activities.conversation import (
-    Conversation,
-    ConversationState,
-    MissingTurn,
-    RunKey,
-    ToolOutputStore,
-    with_outputs,
-)
 from toolloop._core.contracts import (
     ConversationItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     MessageItem,
     ModelTurnInput,
+)
+from toolloop.activities.conversation import (
+    Conversation,
+    ConversationState,
+    MissingTurn,
+    RunKey,
+    ToolOutputStore,
+    with_outputs,
 )
 
 RUN = RunKey("wf-1", "run-1")

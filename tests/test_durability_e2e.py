@@ -45,7 +45,7 @@ from toolloop._core.contracts import FunctionCallOutputItem, Limits, ModelSpec, 
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker, workflow_runner
-from workflows.agent import AgentWorkflow
+from toolloop.workflows.agent import AgentWorkflow
 
 pytestmark = pytest.mark.e2e
 

@@ -18,9 +18,10 @@ LAYERS: dict[str, int] = {
     "toolloop.servicekit": 1,
     "toolloop._temporal.converter": 1,
     "toolloop._temporal.telemetry": 1,
-    # the workflow and its activities
-    "workflows": 2,
-    "activities": 2,
+    # the workflow and its activities (the folders workflows/ and activities/, imported as toolloop.workflows
+    # and toolloop.activities: docs/DESIGN.md, "Layout")
+    "toolloop.workflows": 2,
+    "toolloop.activities": 2,
     # the face: the plugin and the client side, the HTTP API, the testing helpers, the public package
     "toolloop": 3,
     # the demo (its agent and business service) uses the library, nothing above it
@@ -33,6 +34,8 @@ LAYERS: dict[str, int] = {
     "worker": 5,
 }
 PRODUCT = ("toolloop", "workflows", "activities", "demo", "devstack", "faultbed", "bench", "starter.py", "worker.py")
+# Folders at the repository's top that the library imports under its own name (toolloop/ links to them).
+UNDER_TOOLLOOP = ("workflows", "activities")
 
 
 def layer_of(module: str) -> tuple[str, int] | None:
@@ -47,6 +50,8 @@ def imports() -> list[tuple[str, str]]:
         root = REPO_ROOT / name
         for path in [root] if root.is_file() else sorted(root.rglob("*.py")):
             module = ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts).removesuffix(".__init__")
+            if name in UNDER_TOOLLOOP:
+                module = f"toolloop.{module}"
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.Import):
                     found += [(module, alias.name) for alias in node.names]
@@ -68,12 +73,32 @@ def test_the_demo_service_and_the_library_never_import_the_tooling_around_them()
     # The business service runs on its own: no test bed, no local stack, no benchmark, no Temporal.
     service = [(a, b) for a, b in imports() if a.startswith("demo.bizservice")]
     assert [b for _, b in service if b.split(".")[0] in ("faultbed", "devstack", "bench", "temporalio")] == []
-    library = [(a, b) for a, b in imports() if a.split(".")[0] in ("toolloop", "workflows", "activities")]
+    library = [(a, b) for a, b in imports() if a.split(".")[0] == "toolloop"]
     tooling = ("demo", "devstack", "faultbed", "bench", "starter", "worker")
     assert [(a, b) for a, b in library if b.split(".")[0] in tooling] == []
 
 
 def test_the_layer_table_names_every_package_of_the_product() -> None:
     packages = {p.name for p in Path(REPO_ROOT).iterdir() if (p / "__init__.py").exists() and p.name != "tests"}
-    packages |= {"starter", "worker"}
+    packages = (packages - set(UNDER_TOOLLOOP)) | {"starter", "worker"}
     assert packages - {"examples"} <= {prefix.split(".")[0] for prefix in LAYERS}
+
+
+def test_nothing_imports_the_workflow_or_activities_folders_by_their_top_level_names() -> None:
+    # One module, one name: `workflows.agent` beside `toolloop.workflows.agent` would be two AgentWorkflow
+    # classes, and an installed wheel has no top-level `workflows` at all.
+    by_folder = [(a, b) for a, b in imports() if b.split(".")[0] in UNDER_TOOLLOOP]
+    tests = [
+        (str(path.relative_to(REPO_ROOT)), module)
+        for path in sorted((REPO_ROOT / "tests").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        for module in (
+            [alias.name for alias in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module]
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+            else []
+        )
+        if module.split(".")[0] in UNDER_TOOLLOOP
+    ]
+    assert by_folder == [] and tests == []

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,8 +76,31 @@ def test_the_public_api_is_exactly_its_curated_names() -> None:
         missing = [name for name in module.__all__ if not hasattr(module, name)]
         assert missing == [], module.__name__
     public = {name for name in dir(toolloop) if not name.startswith("_")}
-    # Everything importable from toolloop that is not in __all__ is a subpackage, never a stray helper.
-    assert public - set(toolloop.__all__) <= {"servicekit", "testing"}
+    # Everything importable from toolloop that is not in __all__ is a subpackage, never a stray helper: the
+    # service kit, the testing helpers, and the repository's workflows/ and activities/ folders, which the
+    # library imports under its own name.
+    assert public - set(toolloop.__all__) <= {"servicekit", "testing", "workflows", "activities"}
+
+
+def test_the_wheel_claims_no_top_level_name_but_toolloop(tmp_path: Path) -> None:
+    # A user's own `workflows`, `activities`, `demo` or `worker` must never collide with an installed toolloop.
+    # Built from a copy (a build writes build/ and *.egg-info beside its sources), links kept as links.
+    source = tmp_path / "source"
+    for name in ("toolloop", "workflows", "activities"):
+        shutil.copytree(REPO / name, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(tmp_path / "dist"), str(source)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    (wheel,) = (tmp_path / "dist").glob("toolloop-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {name.split("/")[0] for name in names} == {"toolloop", wheel.name.split("-py3")[0] + ".dist-info"}
+    # The workflow and its activities are inside, under toolloop's name; the console script and the entry
+    # points (starter.py, worker.py) are the repository's, not the wheel's.
+    assert {"toolloop/workflows/agent.py", "toolloop/activities/model_turn.py"} <= set(names)
+    assert not any(name.endswith("entry_points.txt") for name in names)
 
 
 def test_import_toolloop_servicekit_imports_no_temporal_mcp_typer_or_psycopg() -> None:

@@ -19,7 +19,7 @@ from toolloop._core.codes import ErrorType
 from toolloop._core.contracts import AgentResult, status_of
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.worker_factory import workflow_runner
-from workflows.agent import AgentWorkflow
+from toolloop.workflows.agent import AgentWorkflow
 
 # The chaos runner's: one run of each built-in scenario (`starter.py chaos --save-histories`).
 CHAOS_HISTORIES = HISTORIES / "chaos"

@@ -29,7 +29,7 @@ from tests.conftest import BusinessService, TemporalServer
 from toolloop._core.names import GET_EVENTS_QUERY, GET_PROGRESS_QUERY
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.worker_factory import workflow_runner
-from workflows.agent import AgentWorkflow
+from toolloop.workflows.agent import AgentWorkflow
 
 pytestmark = pytest.mark.e2e
 

@@ -10,8 +10,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.tool_calls import ToolActivities
-from activities.write_operations import WriteActivities
 from toolloop._core.codes import ErrorType, ResultCode
 from toolloop._core.contracts import Actor, FunctionCallItem, ToolCallInput, WriteInput
 from toolloop._core.outputs import output_size
@@ -25,6 +23,8 @@ from toolloop._core.registry import (
     ToolTemporaryError,
 )
 from toolloop._core.validation import check_call
+from toolloop.activities.tool_calls import ToolActivities
+from toolloop.activities.write_operations import WriteActivities
 
 
 class Args(BaseModel):

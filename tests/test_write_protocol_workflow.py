@@ -76,7 +76,7 @@ from toolloop._core.validation import check_turn
 from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request, sign_decision
 from toolloop._temporal.trust import TrustedApprovalKeys
 from toolloop._temporal.worker_factory import workflow_runner
-from workflows.agent import AgentWorkflow
+from toolloop.workflows.agent import AgentWorkflow
 
 pytestmark = pytest.mark.e2e  # needs the session's Temporal dev server (nothing else)
 

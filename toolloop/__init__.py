@@ -70,7 +70,7 @@ if _typing.TYPE_CHECKING:
     from toolloop._tools.in_process import verify_approval
     from toolloop._tools.mcp import McpSource
     from toolloop._tools.toolset import AgentSpec, Toolset
-    from workflows.agent import AgentWorkflow
+    from toolloop.workflows.agent import AgentWorkflow
 
 __all__ = [
     # declaring tools
@@ -165,7 +165,7 @@ _HOMES: dict[str, str] = {
     "McpSource": "toolloop._tools.mcp",
     "AgentSpec": "toolloop._tools.toolset",
     "Toolset": "toolloop._tools.toolset",
-    "AgentWorkflow": "workflows.agent",
+    "AgentWorkflow": "toolloop.workflows.agent",
 }
 
 

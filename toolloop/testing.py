@@ -28,7 +28,6 @@ import httpx
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
-from activities.conversation import recorded_turns
 from toolloop._core.approvals import (
     ApprovalClaims,
     generate_signing_key,
@@ -61,6 +60,7 @@ from toolloop._temporal.plugin import ToolloopPlugin
 from toolloop._temporal.results import request_result
 from toolloop._tools.http import default_actor_headers
 from toolloop._tools.toolset import AgentSpec, Toolset
+from toolloop.activities.conversation import recorded_turns
 
 __all__ = [
     "answered_once",

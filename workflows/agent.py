@@ -56,11 +56,11 @@ with workflow.unsafe.imports_passed_through():
     )
     from toolloop._core.planning import CallGroup, plan_round
     from toolloop._core.validation import forbid_not_allowed
-    from workflows.narration import Narrator
-    from workflows.operations import OperationStateMachine
+    from toolloop.workflows.narration import Narrator
+    from toolloop.workflows.operations import OperationStateMachine
 
     # The workflow's own stateless helper module (the plugin's runner passes the whole package through).
-    from workflows.retries import io_retry_policy
+    from toolloop.workflows.retries import io_retry_policy
 
 _MIN_TIMEOUT = timedelta(seconds=1)
 _MAX_EVENTS_PER_QUERY = 500

@@ -65,8 +65,8 @@ with workflow.unsafe.imports_passed_through():
     from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
     from toolloop._core.registry import Evidence, OperationStatus
 
-from workflows.narration import Narrator
-from workflows.retries import io_retry_policy
+from toolloop.workflows.narration import Narrator
+from toolloop.workflows.retries import io_retry_policy
 
 _ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
 # A cancelled request waits for its attempts, status queries and read-backs to finish: an abandoned attempt

@@ -17,17 +17,17 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from activities.conversation import ConversationState, TemporalTurnHistory, ToolOutputStore
-from activities.model_turn import ModelActivities
-from activities.tool_calls import ToolActivities
-from activities.write_operations import WriteActivities
 from toolloop._models.adapter import ModelAdapter
 from toolloop._models.script import ScriptModel
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.telemetry import tracing_interceptor
 from toolloop._temporal.trust import TrustedApprovalKeys
 from toolloop._tools.toolset import AgentSpec, Toolset
-from workflows.agent import AgentWorkflow
+from toolloop.activities.conversation import ConversationState, TemporalTurnHistory, ToolOutputStore
+from toolloop.activities.model_turn import ModelActivities
+from toolloop.activities.tool_calls import ToolActivities
+from toolloop.activities.write_operations import WriteActivities
+from toolloop.workflows.agent import AgentWorkflow
 
 PLUGIN_NAME = "toolloop.ToolloopPlugin"
 
@@ -36,11 +36,11 @@ def workflow_runner(existing: object = None) -> SandboxedWorkflowRunner:
     """The sandbox AgentWorkflow runs in, for workers and replayers alike. `cryptography` is passed through:
     the approval validator verifies Ed25519 signatures, and cryptography imports its OpenSSL backend lazily,
     on first use; inside the sandbox that import would run again and be refused (it creates a lock).
-    `workflows` (the workflow and its helpers, which keep no module state) is passed through too: the
+    `toolloop.workflows` (the workflow and its helpers, which keep no module state) is passed through too: the
     sandbox would otherwise import and run the workflow module again for every run, several ms of worker
     CPU per request (measured with py-spy). Determinism is still checked by replaying recorded histories
     (tests/test_replay_histories.py), which a non-deterministic change fails."""
-    restrictions = SandboxRestrictions.default.with_passthrough_modules("cryptography", "workflows")
+    restrictions = SandboxRestrictions.default.with_passthrough_modules("cryptography", "toolloop.workflows")
     return SandboxedWorkflowRunner(restrictions=restrictions)
 
 
