@@ -18,9 +18,11 @@ Declare tools on a Toolset, run them with the ToolloopPlugin on a Temporal worke
 
     client = await Client.connect(address, plugins=[toolloop.ToolloopPlugin(tools)])
 
-A client that runs no worker (an API, a script that starts requests) needs only toolloop's data converter:
+A program that starts and decides requests (an API, a script, a test) uses toolloop's client, which brings
+the data converter and the approval channel:
 
-    client = await Client.connect(address, data_converter=toolloop.data_converter())
+    client = await toolloop.ToolloopClient.connect(address, signing_key=key, channel="my-app")
+    result = await client.run("Refund order A100", actor=actor, approver=ask_a_person)
 
 Everything not named here is private. The service side (the idempotency kit) is toolloop.servicekit; the
 testing helpers are toolloop.testing.
@@ -37,8 +39,11 @@ if _typing.TYPE_CHECKING:
     from toolloop._core.contracts import (
         Actor,
         AgentInput,
+        AgentProgress,
         AgentResult,
+        ApprovalRequest,
         ConversationItem,
+        DecisionReceipt,
         FunctionCallItem,
         FunctionCallOutputItem,
         Limits,
@@ -62,6 +67,14 @@ if _typing.TYPE_CHECKING:
     from toolloop._models.errors import ModelCallError
     from toolloop._models.responses import ResponsesClient, ResponsesModel
     from toolloop._models.script import ScriptModel
+    from toolloop._temporal.approval_channel import ApprovalRefused, RequestFinished
+    from toolloop._temporal.client import (
+        Approver,
+        RequestIdReused,
+        RequestNotFound,
+        ToolloopClient,
+        ToolloopRequest,
+    )
     from toolloop._temporal.converter import data_converter
     from toolloop._temporal.logs import configure_logging
     from toolloop._temporal.plugin import ToolloopPlugin
@@ -100,7 +113,17 @@ __all__ = [
     "Limits",
     "ResultCode",
     "configure_logging",
-    # requests and their results
+    # requests and their results: the client
+    "ToolloopClient",
+    "ToolloopRequest",
+    "Approver",
+    "ApprovalRequest",
+    "DecisionReceipt",
+    "AgentProgress",
+    "RequestNotFound",
+    "RequestIdReused",
+    "ApprovalRefused",
+    "RequestFinished",
     "Actor",
     "AgentInput",
     "ModelSpec",
@@ -131,7 +154,10 @@ _HOMES: dict[str, str] = {
     "ResultCode": "toolloop._core.codes",
     "Actor": "toolloop._core.contracts",
     "AgentInput": "toolloop._core.contracts",
+    "AgentProgress": "toolloop._core.contracts",
     "AgentResult": "toolloop._core.contracts",
+    "ApprovalRequest": "toolloop._core.contracts",
+    "DecisionReceipt": "toolloop._core.contracts",
     "ConversationItem": "toolloop._core.contracts",
     "FunctionCallItem": "toolloop._core.contracts",
     "FunctionCallOutputItem": "toolloop._core.contracts",
@@ -157,6 +183,13 @@ _HOMES: dict[str, str] = {
     "ScriptModel": "toolloop._models.script",
     "configure_logging": "toolloop._temporal.logs",
     "data_converter": "toolloop._temporal.converter",
+    "ApprovalRefused": "toolloop._temporal.approval_channel",
+    "RequestFinished": "toolloop._temporal.approval_channel",
+    "Approver": "toolloop._temporal.client",
+    "RequestIdReused": "toolloop._temporal.client",
+    "RequestNotFound": "toolloop._temporal.client",
+    "ToolloopClient": "toolloop._temporal.client",
+    "ToolloopRequest": "toolloop._temporal.client",
     "ToolloopPlugin": "toolloop._temporal.plugin",
     "request_result": "toolloop._temporal.results",
     "HttpSource": "toolloop._tools.http",

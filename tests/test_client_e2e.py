@@ -1,0 +1,174 @@
+"""End to end: toolloop's one client (toolloop.ToolloopClient) on a real dev server, a demo worker and the
+real business service. One call runs a request with a write, the approver seeing the exact payload before
+anything is signed; a request id starts a request once and attaches after; another user's request looks
+like none; decisions name the channel that sent them; cancel and follow work as the CLI and the API use
+them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+import toolloop
+from tests.agent_helpers import U1, assert_eventually, call, effects, say, script_spec, service_requests, ticket_version
+from tests.conftest import APPROVAL_KEY
+from toolloop._core.approvals import payload_digest
+from toolloop._temporal.settings import Settings
+
+pytestmark = pytest.mark.e2e
+
+U2 = toolloop.Actor(user_id="u2", tenant_id="acme")
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+def _client(client: Client, settings: Settings, *, key: str | None = APPROVAL_KEY) -> toolloop.ToolloopClient:
+    return toolloop.ToolloopClient(client, task_queue=settings.task_queue, signing_key=key, channel="test-app")
+
+
+def _note_script(note: dict[str, Any]) -> toolloop.ModelSpec:
+    return script_spec([call("append_ticket_note", note, "w1")], [say("noted")])
+
+
+async def _note(settings: Settings, text: str) -> dict[str, Any]:
+    return {"ticketId": "T1001", "text": text, "expectedVersion": await ticket_version(settings.service_url)}
+
+
+async def test_one_call_runs_a_write_the_approver_saw_exactly_and_the_service_did_once(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    note = await _note(settings, "client run")
+    shown: list[toolloop.ApprovalRequest] = []
+
+    async def approver(approval: toolloop.ApprovalRequest) -> bool:
+        shown.append(approval)
+        return True
+
+    result = await asyncio.wait_for(
+        _client(client, settings).run("add a note", actor=U1, model=_note_script(note), approver=approver), 120
+    )
+    [seen] = shown
+    # What the approver was shown is the payload the service received, and the digest it signed covers it.
+    assert seen.tool == "append_ticket_note" and seen.arguments == note
+    assert seen.digest == payload_digest(seen.digest_subject, note)
+    [op] = result.operations
+    assert op.operation_id == seen.operation_id and op.state == "verified"
+    assert op.approval is not None and op.approval.decision == "approved" and op.approval.by == "u1 via test-app"
+    assert result.outcome == "answered" and result.final_text == "noted"
+    [effect] = await effects(admin, op.operation_id)
+    posts = [r for r in await service_requests(admin) if r["method"] == "POST"]
+    assert len(posts) == 1 and effect["operation_id"] == op.operation_id
+
+
+async def test_a_rejection_sends_nothing_and_a_sync_approver_works_too(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    note = await _note(settings, "client reject")
+    result = await asyncio.wait_for(
+        _client(client, settings).run("add a note", actor=U1, model=_note_script(note), approver=lambda _: False),
+        120,
+    )
+    [op] = result.operations
+    assert op.state == "denied" and op.approval is not None and op.approval.by == "u1 via test-app"
+    assert result.outcome == "not_done"
+    assert [r for r in await service_requests(admin) if r["method"] == "POST"] == []
+    assert await effects(admin, op.operation_id) == []
+
+
+async def test_an_approver_that_leaves_an_operation_lets_another_client_decide_it_on_the_payload_it_fetched(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    note = await _note(settings, "decided elsewhere")
+    starter = _client(client, settings, key=None)  # starts and sees, cannot sign
+    approver = _client(client, settings)
+    left: list[str] = []
+
+    def leave(approval: toolloop.ApprovalRequest) -> None:
+        left.append(approval.operation_id)
+
+    started = await starter.start("add a note", actor=U1, model=_note_script(note), request_id="leave-it")
+    leaving = asyncio.create_task(approver.request("leave-it", actor=U1).decide_each(leave))
+    with pytest.raises(toolloop.ApprovalRefused, match="no approval signing key"):
+        await starter.request("leave-it", actor=U1).decide_each(leave)
+    # The approver that leaves it has seen it (an operation decided before it looked is never shown to it).
+    await assert_eventually(lambda: _true(bool(left)), what="the leaving approver saw the operation")
+    request = approver.request("leave-it", actor=U1)
+    async for approval in request.approvals():
+        [pending] = await request.pending_approvals()
+        assert pending == approval and pending.arguments == note
+        assert await request.approval(approval.operation_id) == approval
+        receipt = await request.decide(approval, approve=True)
+        assert receipt.state == "approved"
+        break
+    result = await asyncio.wait_for(started.result(), 120)
+    # The approver that left it saw it once and decided nothing; its loop ends with the run.
+    assert await asyncio.wait_for(leaving, 60) == []
+    assert left == [approval.operation_id]
+    assert [op.state for op in result.operations] == ["verified"]
+    assert len(await effects(admin, result.operations[0].operation_id)) == 1
+
+
+async def test_a_request_id_starts_one_request_and_attaches_after_and_another_users_looks_like_none(
+    client: Client, settings: Settings, worker: Worker
+) -> None:
+    tl = _client(client, settings)
+    first = await tl.start("hello", actor=U1, request_id="once", model=script_spec([say("hi")]))
+    again = await tl.start("hello", actor=U1, request_id="once", model=script_spec([say("hi")]))
+    assert (first.attached, again.attached) == (False, True)
+    assert again.workflow_id == first.workflow_id and again.handle.run_id is None
+    assert (await again.handle.describe()).run_id == (await first.handle.describe()).run_id
+    with pytest.raises(toolloop.RequestIdReused):
+        await tl.start("something else", actor=U1, request_id="once", model=script_spec([say("hi")]))
+    # Request ids are scoped to their user: u2's "once" is another request, and u1's is none of u2's.
+    other = await tl.start("hello", actor=U2, request_id="once", model=script_spec([say("hi")]))
+    assert other.attached is False and other.workflow_id != first.workflow_id
+    with pytest.raises(toolloop.RequestNotFound):
+        await tl.request_of_workflow(first.workflow_id, actor=U2)
+    with pytest.raises(toolloop.RequestNotFound):
+        await tl.request_of_workflow("no-such-workflow", actor=U1)
+    mine = await tl.request_of_workflow(first.workflow_id, actor=U1)
+    assert mine.request_id == "once"
+    assert (await asyncio.wait_for(mine.result(), 60)).final_text == "hi"
+
+
+async def test_follow_ends_with_the_finished_progress_and_cancel_stops_a_waiting_write(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    tl = _client(client, settings)
+    note = await _note(settings, "to be cancelled")
+    request = await tl.start("add a note", actor=U1, model=_note_script(note))
+    phases: list[str] = []
+
+    async def follow() -> toolloop.AgentProgress:
+        last = None
+        async for progress in request.follow():
+            phases.append(progress.phase)
+            last = progress
+            if any(op.state == "awaiting_approval" for op in progress.operations) and not last.done:
+                await request.cancel()
+        assert last is not None
+        return last
+
+    last = await asyncio.wait_for(follow(), 120)
+    assert last.done
+    result = await request.result()
+    assert result.stop_reason == "cancelled"
+    assert [op.state for op in result.operations] == ["expired"]  # never approved, never sent
+    assert [r for r in await service_requests(admin) if r["method"] == "POST"] == []
+
+
+async def test_a_client_without_a_signing_key_refuses_to_run_with_an_approver_before_starting_anything(
+    client: Client, settings: Settings
+) -> None:
+    tl = _client(client, settings, key=None)
+    with pytest.raises(toolloop.ApprovalRefused, match="no approval signing key"):
+        await tl.run("hello", actor=U1, request_id="never-started", approver=lambda _: True)
+    with pytest.raises(toolloop.RequestNotFound):
+        await tl.request_of_workflow(tl.request("never-started", actor=U1).workflow_id, actor=U1)

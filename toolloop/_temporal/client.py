@@ -1,0 +1,341 @@
+"""I/O (client side): one client for everything a program does with requests - start one or attach to it,
+follow it, see and decide its approvals, cancel it, read its result. The CLI, the HTTP API, the test bed, the
+benchmark and the testing helpers all go through it, so starting a request, its idempotency and the approval
+channel are written once.
+
+    client = await toolloop.ToolloopClient.connect("127.0.0.1:7233", signing_key=key, channel="my-app")
+    result = await client.run("Refund order A100", actor=actor, approver=ask_a_person)
+
+`approver` sees each operation's exact payload (toolloop.ApprovalRequest: tool, arguments, digest) before
+anything is signed, and says approve (True), reject (False) or leave it to someone else (None)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from toolloop._core.approvals import canonical_json
+from toolloop._core.contracts import (
+    Actor,
+    AgentInput,
+    AgentProgress,
+    AgentResult,
+    ApprovalRequest,
+    DecisionReceipt,
+    Limits,
+    ModelSpec,
+    OperationRecord,
+)
+from toolloop._core.names import AGENT_WORKFLOW, GET_LEDGER_QUERY, GET_PROGRESS_QUERY
+from toolloop._temporal.approval_channel import (
+    DEFAULT_APPROVAL_TTL_SECONDS,
+    ApprovalRefused,
+    RequestFinished,
+    fetch_approval_request,
+    send_decision,
+)
+from toolloop._temporal.converter import data_converter
+from toolloop._temporal.following import RunFollower, approvals_as_they_come, pending_once_answered
+from toolloop._temporal.requests import (
+    acts_for,
+    readable_request_id,
+    request_memo,
+    request_search_attributes,
+    request_summary,
+    request_workflow_id,
+)
+from toolloop._temporal.results import request_result
+
+DEFAULT_TASK_QUEUE = "toolloop"
+
+# What an approver answers for one operation it was shown: approve, reject, or leave it to someone else.
+Approver = Callable[[ApprovalRequest], Awaitable[bool | None] | bool | None]
+
+
+class RequestNotFound(LookupError):
+    """No such request for this actor. Another user's request looks exactly like one that does not exist."""
+
+
+class RequestIdReused(ValueError):
+    """The request id names a request that was started with another question, model, limits or tools."""
+
+
+def submission_digest(inp: AgentInput) -> str:
+    """What a request id is bound to: the request as it was started (its actor is in its workflow id)."""
+    submitted: dict[str, Any] = {
+        "question": inp.request,
+        "model": inp.model.model_dump(mode="json"),
+        "instructions": inp.instructions,
+        "limits": inp.limits.model_dump(mode="json"),
+        "tools": inp.allowed_tools,
+        "metadata": inp.metadata,
+    }
+    return "sha256:" + hashlib.sha256(canonical_json(submitted).encode("utf-8")).hexdigest()
+
+
+class ToolloopRequest:
+    """One request (one AgentWorkflow run) as its client sees it. `attached` is True when `start` found the
+    request already started with the same submission (a retry), False when this call started it."""
+
+    def __init__(
+        self, owner: ToolloopClient, handle: WorkflowHandle[Any, AgentResult], actor: Actor, request_id: str
+    ) -> None:
+        self._owner = owner
+        self.handle = handle
+        self.actor = actor
+        self.request_id = request_id
+        self.attached = False
+
+    @property
+    def workflow_id(self) -> str:
+        return self.handle.id
+
+    # --- following ---------------------------------------------------------------------------------------
+
+    async def progress(self) -> AgentProgress:
+        """Where the request stands: phase, round, calls so far, operations (a query)."""
+        progress: AgentProgress = await self.handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
+        return progress
+
+    async def operations(self) -> list[OperationRecord]:
+        """The request's operations (its writes) with their states, as the workflow records them."""
+        ledger: list[OperationRecord] = await self.handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
+        return ledger
+
+    async def follow(self) -> AsyncIterator[AgentProgress]:
+        """The request's progress each time it may have changed (a long poll on its history, no polling
+        interval), from now until its run closes; the last one is read after the close."""
+        async with RunFollower(self.handle) as follower:
+            while True:
+                await follower.wait()
+                running = (await self.handle.describe()).status == WorkflowExecutionStatus.RUNNING
+                yield await self.progress()
+                if not running:
+                    return
+
+    async def is_running(self) -> bool:
+        return (await self.handle.describe()).status == WorkflowExecutionStatus.RUNNING
+
+    # --- approvals ---------------------------------------------------------------------------------------
+
+    async def pending_approvals(self) -> list[ApprovalRequest]:
+        """Every operation waiting for approval now, each with the exact payload its digest covers."""
+        return await pending_once_answered(self.handle)
+
+    async def approval(self, operation_id: str) -> ApprovalRequest | None:
+        """One operation's exact payload (waiting or not); None if the request has no such operation."""
+        return await fetch_approval_request(self.handle, operation_id)
+
+    def approvals(self) -> AsyncIterator[ApprovalRequest]:
+        """Each operation once, as soon as it starts waiting for approval (one already waiting first), until
+        the run closes. One another approver decided before this one looked is not given."""
+        return approvals_as_they_come(self.handle)
+
+    async def decide(
+        self, approval: ApprovalRequest, *, approve: bool, decider: Actor | None = None
+    ) -> DecisionReceipt:
+        """Approve or reject exactly the payload in `approval` (what the approver was shown): the client's
+        approval channel checks its digest, signs it for `decider` (default: the request's own user) and
+        sends it. The workflow checks the signature and that the digest is still the operation's. Raises
+        ApprovalRefused (nothing signed: no key, a payload that does not match its digest, a closed window),
+        RequestFinished, or temporalio's WorkflowUpdateFailedError when the workflow refuses the decision."""
+        return await send_decision(
+            self.handle,
+            approval,
+            approve=approve,
+            decider=decider or self.actor,
+            key=self._owner.signing_key,
+            channel=self._owner.channel,
+            ttl_seconds=self._owner.approval_ttl_seconds,
+        )
+
+    async def decide_each(self, approver: Approver, *, decider: Actor | None = None) -> list[DecisionReceipt]:
+        """Show `approver` each operation as it starts waiting and send its verdict (None: left to someone
+        else), until the run closes. A decision the workflow refuses (decided elsewhere meanwhile, expired)
+        is skipped: the operation's state says what happened. The receipts of the decisions taken."""
+        if self._owner.signing_key is None:
+            raise ApprovalRefused("this client holds no approval signing key: it cannot decide")
+        receipts: list[DecisionReceipt] = []
+        async for approval in self.approvals():
+            verdict = approver(approval)
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+            if verdict is None:
+                continue
+            try:
+                receipts.append(await self.decide(approval, approve=bool(verdict), decider=decider))
+            except RequestFinished:
+                break
+            except (WorkflowUpdateFailedError, ApprovalRefused):
+                # Refused by the workflow, or not signed (its window closed, a payload that does not match its
+                # digest): the operation is not approved, and its state says why.
+                continue
+        return receipts
+
+    # --- the end -------------------------------------------------------------------------------------------
+
+    async def cancel(self) -> None:
+        """Ask the request to stop: it sends nothing more and settles what is in flight."""
+        await self.handle.cancel()
+
+    async def result(self) -> AgentResult:
+        """The request's report once it finished: answered, stopped at a limit, cancelled, or failed (a
+        failed request's report too). Raises temporalio's WorkflowFailureError only for a run that ended
+        without one (terminated, say)."""
+        return await request_result(self.handle)
+
+
+class ToolloopClient:
+    """toolloop's client: requests started, followed, decided and read through one object.
+
+    `signing_key` is the approval channel's private key (the channel is this client: whoever runs it decides
+    for the users it serves); without one the client can do everything but decide. `channel` names it in
+    each decision's record ("alice via my-app"). The Temporal client must use toolloop's data converter:
+    `connect` makes one that does."""
+
+    def __init__(
+        self,
+        temporal: Client,
+        *,
+        task_queue: str = DEFAULT_TASK_QUEUE,
+        signing_key: str | None = None,
+        channel: str = "client",
+        approval_ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
+    ) -> None:
+        self.temporal = temporal
+        self.task_queue = task_queue
+        self.signing_key = signing_key
+        self.channel = channel
+        self.approval_ttl_seconds = approval_ttl_seconds
+
+    @classmethod
+    async def connect(
+        cls,
+        target: str,
+        *,
+        namespace: str = "default",
+        task_queue: str = DEFAULT_TASK_QUEUE,
+        signing_key: str | None = None,
+        channel: str = "client",
+        approval_ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
+        **connect_options: Any,
+    ) -> ToolloopClient:
+        """A client of the Temporal service at `target`, with toolloop's data converter."""
+        temporal = await Client.connect(target, namespace=namespace, data_converter=data_converter(), **connect_options)
+        return cls(
+            temporal,
+            task_queue=task_queue,
+            signing_key=signing_key,
+            channel=channel,
+            approval_ttl_seconds=approval_ttl_seconds,
+        )
+
+    async def start(
+        self,
+        question: str,
+        *,
+        actor: Actor,
+        request_id: str | None = None,
+        model: ModelSpec | None = None,
+        limits: Limits | None = None,
+        instructions: str | None = None,
+        tools: Sequence[str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> ToolloopRequest:
+        """Start a request for `actor`, or attach to it: a request id names one request of that actor for as
+        long as its history is kept, so starting it again with the same submission (a retry after a lost
+        answer) gives back the same run (`attached` True), never a second one. The same id with another
+        question, model, limits, instructions, tools or metadata raises RequestIdReused. Without an id, a new
+        one that starts with the question's first words (the Temporal UI lists workflow ids)."""
+        inp = AgentInput(
+            request=question,
+            actor=actor,
+            model=model or ModelSpec(),
+            limits=limits or Limits(),
+            instructions=instructions,
+            allowed_tools=list(tools) if tools is not None else None,
+            metadata=dict(metadata or {}),
+        )
+        request_id = request_id or readable_request_id(question)
+        workflow_id = request_workflow_id(actor, request_id)
+        digest = submission_digest(inp)
+        try:
+            handle: WorkflowHandle[Any, AgentResult] = await self.temporal.start_workflow(
+                AGENT_WORKFLOW,
+                inp,
+                id=workflow_id,
+                task_queue=self.task_queue,
+                result_type=AgentResult,
+                search_attributes=request_search_attributes(actor),
+                memo=request_memo(request_id, question, submission=digest),
+                static_summary=request_summary(actor, question),
+                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            )
+        except WorkflowAlreadyStartedError:
+            found = await self.request_of_workflow(workflow_id, actor=actor)
+            description = await found.handle.describe()
+            if await description.memo_value("submission", default=None, type_hint=str) != digest:
+                raise RequestIdReused(f"request id {request_id} was already used for another request") from None
+            found.attached = True
+            return found
+        return ToolloopRequest(self, handle, actor, request_id)
+
+    def request(self, request_id: str, *, actor: Actor) -> ToolloopRequest:
+        """`actor`'s request `request_id` (request ids are scoped to their actor: another user's id names
+        another workflow). Nothing is asked of the server until it is used."""
+        handle = self.temporal.get_workflow_handle(request_workflow_id(actor, request_id), result_type=AgentResult)
+        return ToolloopRequest(self, handle, actor, request_id)
+
+    async def request_of_workflow(self, workflow_id: str, *, actor: Actor) -> ToolloopRequest:
+        """The request a workflow id names, if it acts for `actor` (read from the run's own start event);
+        RequestNotFound otherwise, the same for another user's request as for none."""
+        handle = self.temporal.get_workflow_handle(workflow_id, result_type=AgentResult)
+        if await acts_for(self.temporal, handle) != actor:
+            raise RequestNotFound(f"no request {workflow_id}")
+        description = await handle.describe()
+        request_id = await description.memo_value("request_id", default=workflow_id, type_hint=str)
+        return ToolloopRequest(self, handle, actor, request_id)
+
+    async def run(
+        self,
+        question: str,
+        *,
+        actor: Actor,
+        approver: Approver | None = None,
+        decider: Actor | None = None,
+        **start_options: Any,
+    ) -> AgentResult:
+        """One call: start the request (see `start`), show `approver` each operation that waits for approval
+        and send its verdict, and return the report once the request finished. Without an approver the
+        request's writes wait for a decision from elsewhere (the web page, the CLI), or expire."""
+        if approver is not None and self.signing_key is None:
+            raise ApprovalRefused("this client holds no approval signing key: it cannot decide")
+        request = await self.start(question, actor=actor, **start_options)
+        if approver is None:
+            return await request.result()
+        deciding = asyncio.create_task(request.decide_each(approver, decider=decider))
+        finishing = asyncio.create_task(request.result())
+        try:
+            await asyncio.wait({deciding, finishing}, return_when=asyncio.FIRST_COMPLETED)
+            if deciding.done() and not finishing.done() and deciding.exception() is not None:
+                raise deciding.exception()  # type: ignore[misc]  # the approver itself failed
+            return await finishing
+        finally:
+            for task in (deciding, finishing):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
