@@ -7,7 +7,7 @@ linearly with the rounds). The state before a turn comes from a bounded per-work
 from the worker's output store; on a miss (another worker ran the earlier turns or the tools, or this one
 restarted) both are rebuilt from the run's own history: turn N's new items and its output items, for every
 earlier N, the instructions of turn 1, and the tool activities' results (and a write's output where its
-completing attempt establishes it alone: contracts.told_of_attempt).
+completing attempt establishes it alone: contracts.write_output_in_attempt).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from toolloop._core.contracts import (
     WriteInput,
     WriteOutcome,
     output_json,
-    told_of_attempt,
+    write_output_in_attempt,
 )
 from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, MODEL_TURN_ACTIVITY, RUN_TOOL_ACTIVITY
 from toolloop._temporal.converter import data_converter
@@ -69,19 +69,19 @@ def with_outputs(inp: ModelTurnInput, outputs: Mapping[str, str]) -> ModelTurnIn
     """The turn's input with the tool outputs it refers to filled in (what the model is shown). The
     workflow sends an output by reference when it is exactly a tool activity's result of the previous
     round, so it is stored in history once."""
-    if not inp.output_refs:
+    if not inp.outputs_in_history:
         return inp
-    missing = [call_id for call_id in inp.output_refs if call_id not in outputs]
+    missing = [call_id for call_id in inp.outputs_in_history if call_id not in outputs]
     if missing:
         raise MissingTurn(f"turn {inp.turn}: no tool output for {', '.join(missing)} in this run")
-    refs = set(inp.output_refs)
+    refs = set(inp.outputs_in_history)
     items: list[ConversationItem] = [
         FunctionCallOutputItem(call_id=item.call_id, output=outputs[item.call_id])
         if isinstance(item, FunctionCallOutputItem) and item.call_id in refs
         else item
         for item in inp.new_items
     ]
-    return inp.model_copy(update={"new_items": items, "output_refs": []})
+    return inp.model_copy(update={"new_items": items, "outputs_in_history": []})
 
 
 async def recorded_turns(handle: WorkflowHandle[Any, Any]) -> list[tuple[ModelTurnInput, ModelTurnResult | None]]:
@@ -121,7 +121,7 @@ async def recorded_turns(handle: WorkflowHandle[Any, Any]) -> list[tuple[ModelTu
             elif (attempt := write_attempts.get(done.scheduled_event_id)) is not None:
                 # A write runs after its round's turn (see last_round).
                 [outcome] = await converter.decode(done.result.payloads, [WriteOutcome])
-                told = told_of_attempt(attempt, outcome)
+                told = write_output_in_attempt(attempt, outcome)
                 if told is not None:
                     tool_outputs[(last_round, attempt.call_id)] = told
     return [(inputs[event_id], results.get(event_id)) for event_id in sorted(inputs)]
@@ -269,9 +269,9 @@ class ConversationState:
         self._entries.put(run, (turn, conversation), size)
 
     def _from_store(self, run: RunKey, inp: ModelTurnInput) -> ModelTurnInput | None:
-        if not inp.output_refs:
+        if not inp.outputs_in_history:
             return inp
-        outputs = self._outputs.take(run, inp.turn - 1, inp.output_refs)
+        outputs = self._outputs.take(run, inp.turn - 1, inp.outputs_in_history)
         return None if outputs is None else with_outputs(inp, outputs)
 
     @staticmethod

@@ -22,7 +22,7 @@ from toolloop._core.contracts import (
     WriteInput,
     WriteOutcome,
     error_output,
-    told_of_attempt,
+    write_output_in_attempt,
 )
 from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
 from toolloop._core.outputs import cap_output
@@ -67,7 +67,7 @@ class WriteActivities:
         outputs: ToolOutputStore | None = None,
     ) -> None:
         self._registry = registry
-        # Where a model turn on this worker takes a write's output from (WriteInput.keep_output_round).
+        # Where a model turn on this worker takes a write's output from (WriteInput.round).
         self._outputs = outputs
         self._http = http
         self._log_rules: dict[str, dict[str, bool]] = {}
@@ -146,19 +146,19 @@ class WriteActivities:
             )
         if outcome.kind == "completed" and spec.read_back is not None and outcome.output is not None:
             outcome.evidence = await self._read_back_now(spec, args, inp, outcome.output)
-        self._keep_told_output(inp, outcome)
+        self._keep_output_for_next_turn(inp, outcome)
         return outcome
 
-    def _keep_told_output(self, inp: WriteInput, outcome: WriteOutcome) -> None:
+    def _keep_output_for_next_turn(self, inp: WriteInput, outcome: WriteOutcome) -> None:
         """For a next model turn that runs as an activity: what it is told of this write, when this attempt
         establishes it alone (the turn refers to it rather than history storing it again)."""
-        if self._outputs is None or inp.keep_output_round is None:
+        if self._outputs is None or inp.round is None:
             return
-        told = told_of_attempt(inp, outcome)
+        told = write_output_in_attempt(inp, outcome)
         if told is not None:
             info = activity.info()
             run = RunKey(info.workflow_id or "", info.workflow_run_id or "")
-            self._outputs.put(run, inp.keep_output_round, inp.call_id, told)
+            self._outputs.put(run, inp.round, inp.call_id, told)
 
     async def _read_back_now(
         self, spec: ToolSpec, args: Any, inp: WriteInput, output: dict[str, Any]

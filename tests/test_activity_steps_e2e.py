@@ -115,7 +115,7 @@ async def test_reads_and_an_in_process_models_turns_are_activities_and_each_outp
     # The reads' outputs are stored once, as their activities' results: the second turn's input refers to
     # them and carries only the rejection, which no activity produced.
     [stored] = await stored_turn_inputs(handle, turn=2)
-    assert stored.output_refs == ["slow", "fast"]
+    assert stored.outputs_in_history == ["slow", "fast"]
     assert [(i.call_id, bool(i.output)) for i in stored.new_items if isinstance(i, FunctionCallOutputItem)] == [
         ("slow", False),
         ("fast", False),
@@ -151,7 +151,7 @@ async def test_an_approved_write_is_an_activity_done_once_and_verified(
     # hold all of it and the last turn's input only refers to it. Read back from there, it is exactly what
     # the workflow told the model.
     [told] = await stored_turn_inputs(handle, turn=3)
-    assert told.output_refs == ["w1"]
+    assert told.outputs_in_history == ["w1"]
     [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
     assert ledger.output == outputs["w1"] and ledger.output["result"]["ticket_id"] == "T1001"
 
@@ -183,7 +183,7 @@ async def test_a_remote_model_is_told_a_writes_output_by_reference_and_given_it_
         # and the model was given it whole (from the worker's output store).
         [told] = await stored_turn_inputs(handle, turn=3)
         [given] = [i for i in told.new_items if isinstance(i, FunctionCallOutputItem)]
-        assert (told.output_refs, given.output) == (["w1"], "")
+        assert (told.outputs_in_history, given.output) == (["w1"], "")
         assert model_adapter.outputs_seen[3] == {"w1": ledger.output}
         # Read back from history (what another worker rebuilds), it is the same; and the report holds it.
         *_, (third, _) = await model_turns(handle)

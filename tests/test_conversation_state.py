@@ -157,14 +157,14 @@ REF = FunctionCallOutputItem(call_id="c1", output="")
 
 def referring(turn: int) -> ModelTurnInput:
     """A turn whose c1 output is the previous round's tool activity result, sent by reference."""
-    return ModelTurnInput(turn=turn, new_items=[REF], provider="offline", output_refs=["c1"])
+    return ModelTurnInput(turn=turn, new_items=[REF], provider="offline", outputs_in_history=["c1"])
 
 
 def test_with_outputs_fills_only_the_referred_outputs_and_refuses_a_missing_one() -> None:
     inline = FunctionCallOutputItem(call_id="c2", output='{"ok":false,"code":"LIMIT_REACHED"}')
-    inp = ModelTurnInput(turn=2, new_items=[REF, inline], provider="offline", output_refs=["c1"])
+    inp = ModelTurnInput(turn=2, new_items=[REF, inline], provider="offline", outputs_in_history=["c1"])
     filled = with_outputs(inp, {"c1": '{"ok":true}', "c2": "not used"})
-    assert filled.new_items == [OUTPUT, inline] and filled.output_refs == []
+    assert filled.new_items == [OUTPUT, inline] and filled.outputs_in_history == []
     with pytest.raises(MissingTurn, match="no tool output for c1"):
         with_outputs(inp, {})
 

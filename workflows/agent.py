@@ -155,7 +155,7 @@ class AgentWorkflow:
         limits = inp.limits
         deadline = self._deadline
         new_items: list[ConversationItem] = [user_message(inp.request)]
-        output_refs: list[str] = []
+        outputs_in_history: list[str] = []
         records = self._progress.calls
         executed = 0
         rounds = 0
@@ -178,7 +178,7 @@ class AgentWorkflow:
             self._progress.round = rounds
             self._set_phase(f"round {rounds}: waiting for the model")
             try:
-                turn = await self._model_turn(inp, rounds, new_items, output_refs, deadline)
+                turn = await self._model_turn(inp, rounds, new_items, outputs_in_history, deadline)
             except asyncio.CancelledError as cancelled:
                 self._writes.absorb_cancel(cancelled)
                 stop = "cancelled"
@@ -219,12 +219,12 @@ class AgentWorkflow:
             # Stage 5: one output per call_id, in the model's order. A tool activity's result is already in
             # history: the next model turn refers to it instead of storing it again.
             new_items = []
-            output_refs = []
+            outputs_in_history = []
             for call in calls:
                 result = results[call.call_id]
                 in_history = call.call_id in self._outputs_in_history
                 if in_history:
-                    output_refs.append(call.call_id)
+                    outputs_in_history.append(call.call_id)
                 output = "" if in_history else output_json(result.output)
                 new_items.append(FunctionCallOutputItem(call_id=call.call_id, output=output))
                 record = CallRecord(
@@ -304,7 +304,7 @@ class AgentWorkflow:
         inp: AgentInput,
         turn: int,
         new_items: list[ConversationItem],
-        output_refs: list[str],
+        outputs_in_history: list[str],
         deadline: datetime,
     ) -> ModelTurnResult:
         limits = inp.limits
@@ -316,7 +316,7 @@ class AgentWorkflow:
             actor=inp.actor,
             # Sent once: later turns find them in the conversation state.
             instructions=inp.instructions if turn == 1 else None,
-            output_refs=output_refs,
+            outputs_in_history=outputs_in_history,
             offered_tools=inp.allowed_tools,
         )
         turn_input.metadata = dict(inp.metadata)
@@ -353,7 +353,7 @@ class AgentWorkflow:
             for call in group.calls:
                 self._narrator.tool_started(call, turn)
                 results.append(await self._writes.run(call, turn))
-                if self._writes.told_in_history(call.call_id):
+                if self._writes.output_in_history(call.call_id):
                     self._outputs_in_history.add(call.call_id)
             return results
         gate = asyncio.Semaphore(inp.limits.max_parallel_reads)

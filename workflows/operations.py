@@ -107,12 +107,12 @@ class OperationStateMachine:
         self._arguments: dict[str, dict[str, Any]] = {}
         # Evidence an attempt read back right after it completed, for the read-back step to use.
         self._read_in_attempt: dict[str, Evidence] = {}
-        # Calls whose output is what their completing attempt establishes alone (told_of_attempt): a model
+        # Calls whose output is what their completing attempt establishes alone (write_output_in_attempt): a model
         # turn refers to it rather than storing it again.
-        self._told_by_attempt: set[str] = set()
+        self._output_in_attempt: set[str] = set()
         # Per operation, the round whose next model turn takes its output from the worker's
         # output store.
-        self._keep_output_round: dict[str, int] = {}
+        self._round_of: dict[str, int] = {}
 
     @staticmethod
     def cancel_requested() -> bool:
@@ -245,7 +245,7 @@ class OperationStateMachine:
 
     async def run(self, call: CheckedCall, turn: int) -> ToolCallResult:
         """Drive one side-effecting call to its output for the model. The next model turn can take the
-        output from the worker's store (told_in_history)."""
+        output from the worker's store (output_in_history)."""
         assert call.arguments is not None  # the planner only schedules validated calls
         started = workflow.now()
         operation_id = self._operation_id(call)
@@ -271,8 +271,8 @@ class OperationStateMachine:
         )
         self.ledger[operation_id] = op
         self._arguments[operation_id] = call.arguments
-        self._keep_output_round[operation_id] = turn
-        self._told_by_attempt.discard(call.call_id)  # a model may use a call id again in a later round
+        self._round_of[operation_id] = turn
+        self._output_in_attempt.discard(call.call_id)  # a model may use a call id again in a later round
         output = await self._drive(op, call, turn)
         op.output = output
         return ToolCallResult(call_id=call.call_id, output=output, duration_ms=_ms_since(started))
@@ -459,7 +459,7 @@ class OperationStateMachine:
                     approval_token=self._tokens[op.operation_id],
                     attempt=op.attempts,
                     call_id=call.call_id,
-                    keep_output_round=self._keep_output_round.get(op.operation_id),
+                    round=self._round_of.get(op.operation_id),
                 ),
                 result_type=WriteOutcome,
                 start_to_close_timeout=timeout,
@@ -529,8 +529,8 @@ class OperationStateMachine:
         if evidence.verified:
             self._move(op, "verified")
             if in_attempt is not None:
-                # The completing attempt's input and result hold this output (told_of_attempt).
-                self._told_by_attempt.add(op.call_ids[0])
+                # The completing attempt's input and result hold this output (write_output_in_attempt).
+                self._output_in_attempt.add(op.call_ids[0])
             return verified_write_output(op.operation_id, result)
         return self._unverified(op, result, evidence.detail)
 
@@ -602,10 +602,10 @@ class OperationStateMachine:
         message = f"it could not be established whether this happened: {why} Do not repeat it; tell the user."
         return self._op_error(op, ResultCode.OUTCOME_UNKNOWN, why, message)
 
-    def told_in_history(self, call_id: str) -> bool:
+    def output_in_history(self, call_id: str) -> bool:
         """True when the output of this call is what its completing attempt establishes alone: history
-        holds it there (told_of_attempt), so a model turn may refer to it."""
-        return call_id in self._told_by_attempt
+        holds it there (write_output_in_attempt), so a model turn may refer to it."""
+        return call_id in self._output_in_attempt
 
     def snapshot(self) -> list[OperationRecord]:
         return [op.model_copy(deep=True) for op in self.ledger.values()]

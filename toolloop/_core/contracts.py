@@ -187,9 +187,10 @@ class ModelTurnInput(BaseModel):
     actor: Actor | None = None
     # The request's own instructions: on turn 1 (later turns find them in the conversation state).
     instructions: str | None = None
-    # Call ids whose function_call_output in new_items is exactly the run_tool activity's result of the
-    # previous round: sent empty and filled in by the activity (stored in history once, as that result).
-    output_refs: list[str] = Field(default_factory=list)
+    # Call ids whose function_call_output in new_items is sent empty because history holds it already (a
+    # run_tool activity's result of the previous round, or a write attempt that holds its whole output): the
+    # model activity fills it in, so each output is stored in history once.
+    outputs_in_history: list[str] = Field(default_factory=list)
     # The request's allowed tools (AgentInput.allowed_tools): the only ones offered to the model.
     offered_tools: list[str] | None = None
     # A scripted request's (ModelSpec.script): this turn's items (None once the script has run out) and the
@@ -390,10 +391,10 @@ class WriteInput(BaseModel):
     approval_token: str = ""
     attempt: int = 1
     call_id: str
-    # Set when the request's model turns are activities: the round whose next turn is told this write's
-    # output. A completed attempt that read its effect back keeps that output in the worker's output store
-    # for it (the turn refers to the output instead of carrying it).
-    keep_output_round: int | None = None
+    # The round the write was proposed in. A completed attempt that read its effect back holds the write's
+    # whole output (write_output_in_attempt), so the next model turn finds it in history; the worker also
+    # keeps it in its output store for that turn, which then need not read history.
+    round: int | None = None
 
 
 class WriteOutcome(BaseModel):
@@ -558,7 +559,7 @@ def verified_write_output(operation_id: str, result: dict[str, Any]) -> dict[str
     return {"ok": True, "operation_id": operation_id, "state": "verified", "result": result}
 
 
-def told_of_attempt(attempt: WriteInput, outcome: WriteOutcome) -> str | None:
+def write_output_in_attempt(attempt: WriteInput, outcome: WriteOutcome) -> str | None:
     """The JSON the model is told of the write `attempt` that ended in `outcome`, when the attempt alone
     establishes it (completed, and its own read-back verified the effect); None otherwise."""
     if outcome.kind != "completed" or not (outcome.evidence or {}).get("verified"):
