@@ -60,12 +60,14 @@ class ModelActivities:
         instructions: str | None = None,
         conversations: ConversationState | None = None,
         disabled: Iterable[str] = (),
+        end_hook: bool = False,
     ) -> None:
         self._registry = registry
         self._models = dict(models)
         self._disabled = frozenset(disabled)
         self._instructions = instructions or DEFAULT_INSTRUCTIONS
         self._conversations = conversations or ConversationState(TemporalTurnHistory(temporal))
+        self._end_hook = end_hook
 
     def _adapter(self, name: str) -> ModelAdapter:
         adapter = self._models.get(name)
@@ -120,7 +122,9 @@ class ModelActivities:
             raise _application_error(err) from None
         if adapter.needs_conversation:
             self._conversations.after(run, inp.turn, conversation.extended(items))
-        return checked_turn(self._registry, items, adapter.label(inp.model_name), inp.turn)
+        checked = checked_turn(self._registry, items, adapter.label(inp.model_name), inp.turn)
+        checked.end_hook = self._end_hook
+        return checked
 
 
 def checked_turn(registry: ToolRegistry, items: list[ConversationItem], label: str, turn: int) -> ModelTurnResult:

@@ -44,6 +44,7 @@ if _typing.TYPE_CHECKING:
         ApprovalRequest,
         ConversationItem,
         DecisionReceipt,
+        FinishedRequest,
         FunctionCallItem,
         FunctionCallOutputItem,
         Limits,
@@ -109,6 +110,7 @@ __all__ = [
     # the agent on a worker
     "AgentSpec",
     "ToolloopPlugin",
+    "FinishedRequest",
     "AgentWorkflow",
     "Limits",
     "ResultCode",
@@ -158,6 +160,7 @@ _HOMES: dict[str, str] = {
     "AgentResult": "toolloop._core.contracts",
     "ApprovalRequest": "toolloop._core.contracts",
     "DecisionReceipt": "toolloop._core.contracts",
+    "FinishedRequest": "toolloop._core.contracts",
     "ConversationItem": "toolloop._core.contracts",
     "FunctionCallItem": "toolloop._core.contracts",
     "FunctionCallOutputItem": "toolloop._core.contracts",

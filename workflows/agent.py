@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
         ConversationItem,
         DecisionAnswer,
         EventsPage,
+        FinishedRequest,
         FunctionCallOutputItem,
         ModelTurnInput,
         ModelTurnResult,
@@ -49,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         MODEL_TURN_ACTIVITY,
         OPERATIONS_METRIC,
         OUTCOME_SEARCH_ATTRIBUTE,
+        REQUEST_ENDED_ACTIVITY,
         REQUESTS_FINISHED_METRIC,
         RUN_TOOL_ACTIVITY,
         UNSETTLED_SEARCH_ATTRIBUTE,
@@ -102,6 +104,8 @@ class AgentWorkflow:
         )
         # This round's calls whose output is a tool activity's result (so already in history).
         self._outputs_in_history: set[str] = set()
+        # A model turn's worker has an end-of-request hook (ModelTurnResult.end_hook).
+        self._end_hook = False
 
     @workflow.query(name=GET_PROGRESS_QUERY)
     def get_progress(self) -> AgentProgress:
@@ -191,6 +195,7 @@ class AgentWorkflow:
                 error = f"model turn {rounds} failed: {_failure_message(err)}"
                 break
             model_label = turn.model_label or model_label
+            self._end_hook |= turn.end_hook
 
             if not turn.calls:
                 answer = answer_text(turn.items)
@@ -266,6 +271,8 @@ class AgentWorkflow:
             status=status, stop_reason=stop, final_text=final_text, error=error, outcome=report.outcome
         )
         self._progress.done = True
+        if self._end_hook:
+            await self._request_ended(inp, report)
         if status == "failed":
             # Failed is failed in Temporal too (red in the UI's list); the whole report travels in the
             # failure's details (toolloop.request_result reads it there).
@@ -273,6 +280,30 @@ class AgentWorkflow:
                 error or f"the request failed: {stop}", report, type=ErrorType.REQUEST_FAILED, non_retryable=True
             )
         return report
+
+    async def _request_ended(self, inp: AgentInput, report: AgentResult) -> None:
+        """The worker's end-of-request hook, once the report is final. Its failure changes nothing the request
+        did: the report stands, and the worker's log says why the hook failed."""
+        finished = FinishedRequest(
+            workflow_id=workflow.info().workflow_id,
+            run_id=workflow.info().run_id,
+            actor=inp.actor,
+            metadata=dict(inp.metadata),
+            status=report.status,
+            stop_reason=report.stop_reason,
+            outcome=report.outcome,
+        )
+        try:
+            await workflow.execute_activity(
+                REQUEST_ENDED_ACTIVITY,
+                finished,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=io_retry_policy(3),
+            )
+        except asyncio.CancelledError as cancelled:
+            self._writes.absorb_cancel(cancelled)
+        except ActivityError:
+            pass
 
     @staticmethod
     def _count(report: AgentResult) -> None:

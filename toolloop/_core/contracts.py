@@ -237,6 +237,10 @@ class ModelTurnResult(BaseModel):
     model_label: str = ""
     # Set when the turn itself broke the protocol (e.g. one call_id twice): nothing in it runs.
     protocol_error: str | None = None
+    # The worker that ran the turn has a hook for the request's end (ToolloopPlugin(on_request_end=...)):
+    # the workflow runs the request_ended activity once it has its report. Told by the turn's result, so a
+    # request on workers without a hook has no such step, and a replay decides as the run did.
+    end_hook: bool = False
 
 
 # --- Tool call activity -------------------------------------------------------------------------
@@ -485,6 +489,19 @@ class CallRecord(BaseModel):
     ok: bool
     code: str | None = None
     duration_ms: int = 0
+
+
+class FinishedRequest(BaseModel):
+    """What a worker's end-of-request hook is given (ToolloopPlugin(on_request_end=...)): which request
+    ended, for whom, with the starter's labels, and how it ended. The whole report is the workflow's result."""
+
+    workflow_id: str
+    run_id: str
+    actor: Actor
+    metadata: dict[str, str] = Field(default_factory=dict)
+    status: RunStatus
+    stop_reason: StopReason
+    outcome: Outcome
 
 
 class AgentResult(BaseModel):

@@ -25,6 +25,7 @@ from toolloop._temporal.trust import TrustedApprovalKeys
 from toolloop._tools.toolset import AgentSpec, Toolset
 from toolloop.activities.conversation import ConversationState, TemporalTurnHistory, ToolOutputStore
 from toolloop.activities.model_turn import ModelActivities
+from toolloop.activities.request_end import RequestEndActivities, RequestEndHook
 from toolloop.activities.tool_calls import ToolActivities
 from toolloop.activities.write_operations import WriteActivities
 from toolloop.workflows.agent import AgentWorkflow
@@ -63,6 +64,9 @@ class ToolloopPlugin(SimplePlugin):
     channel's public key, or several (a list, or one string separated by commas) during a rotation: a decision
     is taken only when its token's signature verifies with the one its key id names (with none configured, no
     decision is). It is never a request's input: a request whose input brings a key fails at its start.
+    `on_request_end` is called once per request, on one worker, after its report is final (a
+    toolloop.FinishedRequest: ids, actor, metadata, how it ended), to free what the worker keeps per request;
+    a request whose model never answered a turn (its first model turn failed) has no end step.
     AgentWorkflow runs in Temporal's workflow sandbox (workflow_runner), as the SDK runs it."""
 
     def __init__(
@@ -76,6 +80,7 @@ class ToolloopPlugin(SimplePlugin):
         tracing: bool = False,
         approval_verify_key: str | Iterable[str] | None = None,
         allow_scripted_models: bool = False,
+        on_request_end: RequestEndHook | None = None,
     ) -> None:
         spec = tools if isinstance(tools, AgentSpec) else AgentSpec(tools=tools)
         self.toolset = spec.tools
@@ -89,6 +94,7 @@ class ToolloopPlugin(SimplePlugin):
         self.retention_seconds = retention_seconds
         self._http = http
         self._owns_http = http is None
+        self.on_request_end = on_request_end
         super().__init__(
             PLUGIN_NAME,
             data_converter=data_converter(),
@@ -115,8 +121,15 @@ class ToolloopPlugin(SimplePlugin):
         config["activities"] = [
             *config.get("activities", []),
             ModelActivities(
-                registry, client, self.models, self.instructions, conversations, self.disabled_models
+                registry,
+                client,
+                self.models,
+                self.instructions,
+                conversations,
+                self.disabled_models,
+                end_hook=self.on_request_end is not None,
             ).model_turn,
+            RequestEndActivities(self.on_request_end).request_ended,
             ToolActivities(registry, http, outputs).run_tool,
             writes.execute_write,
             writes.query_operation_status,

@@ -1,0 +1,127 @@
+"""End to end: a worker's end-of-request hook (ToolloopPlugin(on_request_end=...)) runs once per request, after
+its report is final, however the request ended (answered, cancelled, failed); a hook that fails changes
+nothing the request did; a worker without a hook adds no step to any history; every history replays."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import Replayer, Worker
+
+import toolloop
+from demo.agent import build as build_demo
+from tests.agent_helpers import U1, activity_steps, call, say, script_spec, ticket_version
+from tests.conftest import APPROVAL_VERIFY_KEY
+from toolloop._core.names import REQUEST_ENDED_ACTIVITY
+from toolloop._temporal.settings import Settings
+
+pytestmark = pytest.mark.e2e
+
+Hook = Callable[[toolloop.FinishedRequest], Awaitable[None]]
+
+
+def _plugin(settings: Settings, hook: Hook | None) -> toolloop.ToolloopPlugin:
+    return toolloop.ToolloopPlugin(
+        build_demo(settings.service_url),
+        approval_verify_key=APPROVAL_VERIFY_KEY,
+        allow_scripted_models=True,
+        on_request_end=hook,
+    )
+
+
+@asynccontextmanager
+async def _worker(client: Client, settings: Settings, hook: Hook | None) -> AsyncIterator[None]:
+    plugin = _plugin(settings, hook)
+    async with plugin.toolset.opened(), Worker(client, task_queue=settings.task_queue, plugins=[plugin]):
+        yield
+
+
+async def _replays(handle: WorkflowHandle, settings: Settings) -> None:  # type: ignore[type-arg]
+    history = await handle.fetch_history()
+    replayed = await Replayer(workflows=[], plugins=[_plugin(settings, None)]).replay_workflow(history)
+    assert replayed.replay_failure is None
+
+
+async def test_the_hook_runs_once_after_an_answer_with_the_requests_labels(client: Client, settings: Settings) -> None:
+    ended: list[toolloop.FinishedRequest] = []
+
+    async def hook(finished: toolloop.FinishedRequest) -> None:
+        ended.append(finished)
+
+    tl = toolloop.ToolloopClient(client, task_queue=settings.task_queue)
+    async with _worker(client, settings, hook):
+        request = await tl.start(
+            "hello", actor=U1, model=script_spec([say("hi")]), metadata={"task": "t-17"}, request_id="hooked"
+        )
+        result = await asyncio.wait_for(request.result(), 60)
+    [finished] = ended
+    run_id = (await request.handle.describe()).run_id
+    assert (finished.workflow_id, finished.run_id) == (request.workflow_id, run_id)
+    assert finished.actor == U1 and finished.metadata == {"task": "t-17"}
+    assert (finished.status, finished.stop_reason, finished.outcome) == ("completed", "final_answer", "answered")
+    assert result.outcome == "answered"
+    # Its step comes last, after the report was made; the report itself is the workflow's result.
+    assert (await activity_steps(request.handle))[-1] == REQUEST_ENDED_ACTIVITY
+    await _replays(request.handle, settings)
+
+
+async def test_the_hook_runs_after_a_cancel_and_after_a_failure(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> None:
+    ended: list[toolloop.FinishedRequest] = []
+
+    async def hook(finished: toolloop.FinishedRequest) -> None:
+        ended.append(finished)
+
+    tl = toolloop.ToolloopClient(client, task_queue=settings.task_queue)
+    note = {"ticketId": "T1001", "text": "never", "expectedVersion": await ticket_version(settings.service_url)}
+    async with _worker(client, settings, hook):
+        waiting = await tl.start(
+            "add a note", actor=U1, model=script_spec([call("append_ticket_note", note, "w1")], [say("noted")])
+        )
+        async for _ in waiting.approvals():
+            await waiting.cancel()
+            break
+        cancelled = await asyncio.wait_for(waiting.result(), 60)
+        # A turn with neither a message nor a call: the request fails, with its report.
+        silent = await tl.start("say nothing", actor=U1, model=script_spec([]))
+        failed = await asyncio.wait_for(silent.result(), 60)
+    assert cancelled.stop_reason == "cancelled" and failed.status == "failed"
+    assert [(f.workflow_id, f.stop_reason, f.status) for f in ended] == [
+        (waiting.workflow_id, "cancelled", "stopped"),
+        (silent.workflow_id, failed.stop_reason, "failed"),
+    ]
+    for request in (waiting, silent):
+        assert (await activity_steps(request.handle)).count(REQUEST_ENDED_ACTIVITY) == 1
+        await _replays(request.handle, settings)
+
+
+async def test_a_failing_hook_is_retried_and_changes_nothing_the_request_did(
+    client: Client, settings: Settings
+) -> None:
+    attempts: list[str] = []
+
+    async def hook(finished: toolloop.FinishedRequest) -> None:
+        attempts.append(finished.workflow_id)
+        raise RuntimeError("the hook's own store is down")
+
+    tl = toolloop.ToolloopClient(client, task_queue=settings.task_queue)
+    async with _worker(client, settings, hook):
+        request = await tl.start("hello", actor=U1, model=script_spec([say("hi")]))
+        result = await asyncio.wait_for(request.result(), 60)
+    assert result.outcome == "answered" and result.final_text == "hi"
+    assert attempts == [request.workflow_id] * 3  # io_retry_policy(3), then the request ends as it was
+    await _replays(request.handle, settings)
+
+
+async def test_a_worker_without_a_hook_adds_no_step(client: Client, settings: Settings) -> None:
+    tl = toolloop.ToolloopClient(client, task_queue=settings.task_queue)
+    async with _worker(client, settings, None):
+        request = await tl.start("hello", actor=U1, model=script_spec([say("hi")]))
+        await asyncio.wait_for(request.result(), 60)
+    assert REQUEST_ENDED_ACTIVITY not in await activity_steps(request.handle)
