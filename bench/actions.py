@@ -1,0 +1,39 @@
+"""Pure: Temporal Cloud's billable actions of one workflow run, counted from its history by the rules Temporal
+documents (docs.temporal.io/cloud/actions): the workflow's start, each timer started, each search-attribute
+upsert, each signal, each update the worker accepted, each activity attempt (the started event's attempt number
+counts the retries before it), and each local activity's marker. Queries reach the worker without entering
+history: a stack's client counts its own (`Outcome.queries`) and the report adds them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+
+_ONE_EACH = frozenset(
+    {
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED,
+        EventType.EVENT_TYPE_TIMER_STARTED,
+        EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED,
+        EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED,
+        EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED,
+    }
+)
+# Markers: a local activity (one action each) or a version marker (a patch: exempt, as its search attribute is).
+_LOCAL_ACTIVITY_MARKER = "core_local_activity"
+
+
+def billable_actions(events: Iterable[HistoryEvent]) -> int:
+    count = 0
+    for event in events:
+        kind = event.event_type
+        if kind in _ONE_EACH:
+            count += 1
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            count += max(event.activity_task_started_event_attributes.attempt, 1)
+        elif kind == EventType.EVENT_TYPE_MARKER_RECORDED:
+            count += event.marker_recorded_event_attributes.marker_name == _LOCAL_ACTIVITY_MARKER
+    return count
