@@ -117,6 +117,9 @@ async def test_the_same_key_and_body_is_the_same_request_also_after_it_finished(
     assert first.status_code == 201 and first.headers["location"] == f"/v1/requests/{request_id}"
     again = await submit(http, READ, U1, request_id)
     assert again.status_code == 200 and again.json()["workflow_id"] == first.json()["workflow_id"]
+    # The answer that attached names the request as the first did, and created nothing: no Location.
+    assert again.json()["id"] == request_id and "location" not in again.headers
+    assert again.json()["started_at"] == first.json()["started_at"]
     view = await finished(http, request_id)
     after = await submit(http, READ, U1, request_id)
     assert after.status_code == 200 and after.json()["workflow_id"] == first.json()["workflow_id"]
@@ -231,6 +234,9 @@ async def test_only_the_requests_user_with_the_right_digest_decides_and_then_it_
     assert_problem(await http.post(f"{path}/decision", json=approve, headers=U1), 409, "NOT_PENDING")
     view = await finished(http, request_id)
     assert [o["state"] for o in view["operations"]] == ["verified"] and view["outcome"] == "answered"
+    # The workflow's own record of the decision names the user and the channel that signed it.
+    recorded = view["operations"][0]["approval"]
+    assert (recorded["decision"], recorded["by"]) == ("approved", "u1 via api")
     assert len(await effects(admin, op["operation_id"])) == 1
     # A decision once the request has ended: 409 at once, never "Temporal unavailable, try again".
     late = await http.post(f"{path}/decision", json=approve, headers=U1)
@@ -246,6 +252,8 @@ async def test_a_rejection_is_recorded_and_nothing_is_done(http: httpx.AsyncClie
     assert rejected.status_code == 200 and rejected.json()["state"] == "denied"
     view = await finished(http, request_id)
     assert [o["state"] for o in view["operations"]] == ["denied"] and view["outcome"] == "not_done"
+    recorded = view["operations"][0]["approval"]
+    assert (recorded["decision"], recorded["by"]) == ("rejected", "u1 via api")
     assert await effects(admin, op["operation_id"]) == []
 
 

@@ -1,6 +1,9 @@
 """I/O: the HTTP API (FastAPI) - start a request, list and read the caller's requests, follow one as
 server-sent events, and decide its pending approvals. It is a trusted approval channel: it holds the approval
-signing key and mints the decision token, as the CLI does.
+signing key, and its decisions are recorded as "<user> via api". Starting (or attaching to) a request,
+reading its progress, its result and an operation's payload, and signing and sending a decision all go
+through toolloop's one client (toolloop.ToolloopClient), as the CLI's do; what is the API's own is HTTP,
+who the caller is, the limits per caller, the list and the event stream.
 
 Identity comes from the bearer token and nowhere else. A request id is scoped to the token's tenant and user
 (the workflow id is derived from all three), so another user's or tenant's request is simply not found: the
@@ -35,23 +38,18 @@ from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
-    WorkflowHandle,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import MetricMeter, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.common import MetricMeter
 from temporalio.service import RPCError, RPCStatusCode
 
 from toolloop._api.limits import ApiLimits, CreationRate, StreamSlots, limits_from_environment
 from toolloop._api.openapi import CALLER_CODES, problems, use_problem_schema
 from toolloop._api.tokens import TokenMap
-from toolloop._core.approvals import canonical_json
 from toolloop._core.contracts import (
     MODEL_NAME,
     Actor,
-    AgentInput,
-    AgentProgress,
     AgentResult,
     ApprovalRequest,
     CallRecord,
@@ -62,14 +60,10 @@ from toolloop._core.contracts import (
     OperationRecord,
     Outcome,
 )
-from toolloop._core.names import AGENT_WORKFLOW, GET_EVENTS_QUERY, GET_PROGRESS_QUERY
+from toolloop._core.names import GET_EVENTS_QUERY
 from toolloop._core.registry import TOOL_NAME
-from toolloop._temporal.approval_channel import (
-    ApprovalRefused,
-    RequestFinished,
-    fetch_approval_request,
-    send_decision,
-)
+from toolloop._temporal.approval_channel import ApprovalRefused, RequestFinished
+from toolloop._temporal.client import RequestIdReused, RequestNotFound, ToolloopClient, ToolloopRequest
 from toolloop._temporal.following import RunFollower
 from toolloop._temporal.requests import (
     OUTCOME_KEY,
@@ -80,18 +74,15 @@ from toolloop._temporal.requests import (
     list_query,
     readable_request_id,
     request_id_of,
-    request_memo,
-    request_search_attributes,
-    request_summary,
-    request_workflow_id,
 )
-from toolloop._temporal.results import request_result
 from toolloop._temporal.telemetry import API_DECISIONS, API_RESPONSES
 from toolloop.servicekit import KitProblem, describe_errors
 
 logger = logging.getLogger("toolloop.api")
 
 MAX_BODY_BYTES = 65_536
+# The approval channel's name in each decision's record: "u1 via api".
+CHANNEL = "api"
 _DISCONNECT_CHECK_SECONDS = 5.0
 # A stream ends by itself at the latest after this long (the client reconnects with Last-Event-ID).
 _STREAM_SECONDS = 3600.0
@@ -246,21 +237,6 @@ def _not_found(request_id: str) -> Problem:
     return Problem(404, "NOT_FOUND", f"no request {request_id}")
 
 
-def submission_digest(body: RequestBody, model: ModelSpec, limits: Limits) -> str:
-    """What an Idempotency-Key is bound to: the request as it would be started."""
-    submitted: dict[str, Any] = {
-        "question": body.question,
-        "model": model.model_dump(mode="json"),
-        "instructions": body.instructions,
-        "limits": limits.model_dump(mode="json"),
-    }
-    if body.tools is not None:
-        # Only when given: the digests of requests submitted before the field existed stay the same.
-        submitted["tools"] = body.tools
-    text = canonical_json(submitted)
-    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def _model_spec(name: str | None, default: str) -> ModelSpec:
     chosen = name or default
     provider, _, model_name = chosen.partition(":")
@@ -299,20 +275,6 @@ def _check_model(model: ModelSpec, allowed: ApiLimits) -> None:
             f"model: the worker has no model {model.provider!r}; it has {', '.join(known)}",
             extra={"known_models": known},
         )
-
-
-async def _describe(handle: WorkflowHandle[Any, Any], actor: Actor, request_id: str) -> WorkflowExecutionDescription:
-    """The request's workflow, if it is this actor's; 404 otherwise."""
-    try:
-        description = await handle.describe()
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            raise _not_found(request_id) from None
-        raise
-    attributes = description.typed_search_attributes
-    if attributes.get(USER_KEY) != actor.user_id or attributes.get(TENANT_KEY) != actor.tenant_id:
-        raise _not_found(request_id)
-    return description
 
 
 class PageTokens:
@@ -392,13 +354,18 @@ OperationId = Annotated[str, PathParam(max_length=100)]
 
 
 def create_app(client: Client, config: ApiConfig) -> ASGIApp:
-    """The API over a connected Temporal client (with toolloop's data converter)."""
+    """The API over a connected Temporal client (with toolloop's data converter). Requests are started,
+    read and decided through one toolloop client over it, the approval channel "api"; the Temporal client
+    itself serves only the caller's list and the count of their running requests (visibility)."""
     app = FastAPI(
         title="toolloop API",
         version="1",
         description="Start tool-calling requests, follow them live, and decide their side effects.",
     )
     app.state.config = config
+    toolloop_client = ToolloopClient(
+        client, task_queue=config.task_queue, signing_key=config.signing_key, channel=CHANNEL
+    )
     page_tokens = PageTokens(config.signing_key)
     streams = StreamSlots(config.limits.max_streams_per_caller, config.limits.max_streams)
     creation_rate = CreationRate(config.limits.create_rate)
@@ -451,8 +418,20 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         logger.error("a query failed", extra={"request_id": request.path_params.get("request_id"), "why": str(exc)})
         return _problem(503, "REQUEST_UNREADABLE", UNREADABLE_REQUEST)
 
-    def handle_of(actor: Actor, request_id: str) -> WorkflowHandle[Any, Any]:
-        return client.get_workflow_handle(request_workflow_id(actor, request_id))
+    async def found(actor: Actor, request_id: str) -> tuple[ToolloopRequest, WorkflowExecutionDescription]:
+        """The caller's request and how its workflow stands, if it exists and is theirs (its search attributes
+        say so); 404 otherwise, the same answer for another user's request as for none."""
+        request = toolloop_client.request(request_id, actor=actor)
+        try:
+            description = await request.handle.describe()
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise _not_found(request_id) from None
+            raise
+        attributes = description.typed_search_attributes
+        if attributes.get(USER_KEY) != actor.user_id or attributes.get(TENANT_KEY) != actor.tenant_id:
+            raise _not_found(request_id)
+        return request, description
 
     async def refusal_to_create(actor: Actor) -> Problem | None:
         """Why the actor may not start another request now (the rate, then its running requests), or None."""
@@ -513,51 +492,48 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         model, limits = _model_spec(body.model, config.default_model), _limits(body.limits, config.limits)
         _check_tools(body.tools, config.limits)
         _check_model(model, config.limits)
-        digest = submission_digest(body, model, limits)
-        workflow_id = request_workflow_id(actor, request_id)
         refusal = await refusal_to_create(actor)
         if refusal is not None:
             # The same Idempotency-Key again is not a new request: it answers as it always did.
             if idempotency_key is None:
                 raise refusal
             try:
-                await _describe(client.get_workflow_handle(workflow_id), actor, request_id)
+                await found(actor, request_id)
             except Problem:
                 raise refusal from None
-        summary = RequestSummary(id=request_id, workflow_id=workflow_id, status="running", question=body.question[:200])
         try:
-            await client.start_workflow(
-                AGENT_WORKFLOW,
-                AgentInput(
-                    request=body.question,
-                    actor=actor,
-                    model=model,
-                    limits=limits,
-                    instructions=body.instructions,
-                    allowed_tools=body.tools,
-                ),
-                id=workflow_id,
-                task_queue=config.task_queue,
-                search_attributes=request_search_attributes(actor),
-                memo=request_memo(request_id, body.question, submission=digest),
-                static_summary=request_summary(actor, body.question),
-                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            # The same key and body again (also after it finished) attaches to the request it started.
+            started = await toolloop_client.start(
+                body.question,
+                actor=actor,
+                request_id=request_id,
+                model=model,
+                limits=limits,
+                instructions=body.instructions,
+                tools=body.tools,
             )
-        except WorkflowAlreadyStartedError:
-            # The same key again: the same request if it is the same body (also after it finished).
-            description = await _describe(client.get_workflow_handle(workflow_id), actor, request_id)
-            if await description.memo_value("submission", default=None, type_hint=str) != digest:
-                raise Problem(
-                    422, "IDEMPOTENCY_KEY_REUSED", "this Idempotency-Key was already used for another request"
-                ) from None
+        except RequestIdReused:
+            raise Problem(
+                422, "IDEMPOTENCY_KEY_REUSED", "this Idempotency-Key was already used for another request"
+            ) from None
+        except RequestNotFound:
+            # The id's workflow exists, but the client did not read it as the caller's from its start event. It
+            # says the same when Temporal did not answer that read: 404 only if the workflow is not the caller's
+            # (its search attributes, as every other route asks), else 503 as for any unanswered call.
+            await found(actor, request_id)
+            raise Problem(503, "TEMPORAL_UNAVAILABLE", "Temporal did not answer; try again") from None
+        summary = RequestSummary(
+            id=request_id, workflow_id=started.workflow_id, status="running", question=body.question[:200]
+        )
+        if started.attached:
+            description = await started.handle.describe()
             response.status_code = 200
             summary.status = _status_name(description.status)
             summary.started_at = description.start_time
         else:
             response.headers["Location"] = f"/v1/requests/{request_id}"
             try:
-                summary.started_at = (await client.get_workflow_handle(workflow_id).describe()).start_time
+                summary.started_at = (await started.handle.describe()).start_time
             except RPCError:  # it started: a failed look at it must not say otherwise
                 summary.started_at = datetime.now(UTC)
         return summary
@@ -596,13 +572,12 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         responses=problems(*CALLER_CODES, "NOT_FOUND", "REQUEST_UNREADABLE"),
     )
     async def get_request(request_id: RequestId, actor: Caller) -> RequestView:
-        handle = handle_of(actor, request_id)
-        description = await _describe(handle, actor, request_id)
+        request, description = await found(actor, request_id)
         if description.status == WorkflowExecutionStatus.RUNNING:
-            progress: AgentProgress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
+            progress = await request.progress()
             return RequestView(
                 id=request_id,
-                workflow_id=handle.id,
+                workflow_id=request.workflow_id,
                 status="running",
                 phase=progress.phase,
                 rounds=progress.round,
@@ -611,12 +586,12 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                 events=progress.events,
             )
         try:
-            result = await request_result(handle)
+            result = await request.result()
         except Exception:  # terminated, timed out, ...: Temporal's word is all there is
             status = _status_name(description.status)
             return RequestView(
-                id=request_id, workflow_id=handle.id, status=status, phase=f"finished: {status}", rounds=0, calls=[],
-                operations=[],
+                id=request_id, workflow_id=request.workflow_id, status=status, phase=f"finished: {status}",
+                rounds=0, calls=[], operations=[],
             )  # fmt: skip
         return _finished_view(request_id, result)
 
@@ -646,17 +621,16 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         if refused is not None:
             raise Problem(429, "TOO_MANY_STREAMS", refused)
         try:
-            handle = handle_of(actor, request_id)
-            await _describe(handle, actor, request_id)
+            followed, _ = await found(actor, request_id)
             resume = last_event_id or ""
             start = after if after is not None else int(resume) if resume.isdigit() else 0
             # Asked once before the response starts, so a request the worker cannot read is a problem+json.
-            first: EventsPage = await handle.query(GET_EVENTS_QUERY, start, result_type=EventsPage)
+            first = await _events(followed, start)
         except BaseException:
             streams.give_back(actor)
             raise
         return SlotHoldingStream(
-            _event_stream(handle, request, start, first), release=lambda: streams.give_back(actor), ping=15
+            _event_stream(followed, request, start, first), release=lambda: streams.give_back(actor), ping=15
         )
 
     @app.get(
@@ -666,12 +640,11 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
     )
     async def get_operation(request_id: RequestId, operation_id: OperationId, actor: Caller) -> ApprovalRequest:
         """The whole payload the operation's digest covers (unredacted: the approver sees what is signed)."""
-        handle = handle_of(actor, request_id)
-        await _describe(handle, actor, request_id)
-        found = await fetch_approval_request(handle, operation_id)
-        if found is None:
+        request, _ = await found(actor, request_id)
+        approval = await request.approval(operation_id)
+        if approval is None:
             raise Problem(404, "NOT_FOUND", f"request {request_id} has no operation {operation_id}")
-        return found
+        return approval
 
     @app.post(
         "/v1/requests/{request_id}/operations/{operation_id}/decision",
@@ -694,13 +667,12 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         body: DecisionBody,
         actor: Caller,
     ) -> DecisionReceipt:
-        if config.signing_key is None:
+        if toolloop_client.signing_key is None:
             raise Problem(503, "NO_APPROVAL_KEY", "this API holds no approval key; it cannot decide")
-        handle = handle_of(actor, request_id)
-        description = await _describe(handle, actor, request_id)
+        request, description = await found(actor, request_id)
         if description.status != WorkflowExecutionStatus.RUNNING:
             raise _finished(request_id)
-        pending = await fetch_approval_request(handle, operation_id)
+        pending = await request.approval(operation_id)
         if pending is None:
             raise Problem(404, "NOT_FOUND", f"request {request_id} has no operation {operation_id}")
         if pending.state != "awaiting_approval":
@@ -712,14 +684,8 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         if config.meter is not None:
             config.meter.create_counter(API_DECISIONS, "decisions sent by the API").add(1, {"decision": body.decision})
         try:
-            return await send_decision(
-                handle,
-                pending,
-                approve=body.decision == "approve",
-                decider=actor,
-                key=config.signing_key,
-                channel="api",
-            )
+            # Signed for the caller, on exactly the payload checked above: recorded as "<user> via api".
+            return await request.decide(pending, approve=body.decision == "approve", decider=actor)
         except RequestFinished:
             raise _finished(request_id) from None
         except (ApprovalRefused, WorkflowUpdateFailedError) as exc:
@@ -766,20 +732,27 @@ def _finished_view(request_id: str, result: AgentResult) -> RequestView:
     )
 
 
+async def _events(followed: ToolloopRequest, after: int) -> EventsPage:
+    """The request's events after number `after` (a page of them), and whether the last one has been given."""
+    page: EventsPage = await followed.handle.query(GET_EVENTS_QUERY, after, result_type=EventsPage)
+    return page
+
+
 async def _event_stream(
-    handle: WorkflowHandle[Any, Any], request: Request, after: int, first: EventsPage
+    followed: ToolloopRequest, request: Request, after: int, first: EventsPage
 ) -> AsyncIterator[dict[str, str]]:
     """The request's events after number `after`, as they happen, ending with the final one; `first` is the
-    first page, already read."""
+    first page, already read. Not the client's `follow()`: that yields the progress as it is each time, and
+    a stream gives every event once, numbered, so a client that reconnects misses none."""
     ends = time.monotonic() + _STREAM_SECONDS
     # Read the events each time the run's history says it may have changed (a long poll, no polling
     # interval); the bounded wait lets the stream notice a client that went away.
-    async with RunFollower(handle) as follower:
+    async with RunFollower(followed.handle) as follower:
         page: EventsPage | None = first
         while time.monotonic() < ends and not await request.is_disconnected():
             try:
                 if page is None:
-                    page = await handle.query(GET_EVENTS_QUERY, after, result_type=EventsPage)
+                    page = await _events(followed, after)
             except RPCError:
                 # The response has started: the failure is said in the stream itself, and the stream ends
                 # (the client may reconnect with Last-Event-ID once the workflow answers again).
