@@ -7,14 +7,17 @@ them."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from temporalio.client import Client
+from temporalio.service import RetryConfig, RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 import toolloop
+from devstack.processes import free_port, start_temporal_dev_server
 from tests.agent_helpers import U1, assert_eventually, call, effects, say, script_spec, service_requests, ticket_version
 from tests.conftest import APPROVAL_KEY
 from toolloop._core.approvals import payload_digest
@@ -157,8 +160,13 @@ async def test_follow_ends_with_the_finished_progress_and_cancel_stops_a_waiting
         return last
 
     last = await asyncio.wait_for(follow(), 120)
-    assert last.done
+    assert last.done and phases[-1].startswith("finished")
     result = await request.result()
+    # The numbered events a resuming stream reads: the last is the final one, with the outcome.
+    page = await request.events(0)
+    assert page.done and page.events[-1].kind == "final" and page.events[-1].data["outcome"] == result.outcome
+    assert [e.seq for e in page.events] == list(range(1, len(page.events) + 1))
+    assert (await request.events(len(page.events) - 1)).events == page.events[-1:]
     assert result.stop_reason == "cancelled"
     assert [op.state for op in result.operations] == ["expired"]  # never approved, never sent
     assert [r for r in await service_requests(admin) if r["method"] == "POST"] == []
@@ -172,3 +180,22 @@ async def test_a_client_without_a_signing_key_refuses_to_run_with_an_approver_be
         await tl.run("hello", actor=U1, request_id="never-started", approver=lambda _: True)
     with pytest.raises(toolloop.RequestNotFound):
         await tl.request_of_workflow(tl.request("never-started", actor=U1).workflow_id, actor=U1)
+
+
+async def test_a_temporal_that_does_not_answer_is_an_error_never_a_missing_request(tmp_path: Path) -> None:
+    # "Not found" would tell a caller the request does not exist, when nobody could look: a server of its own,
+    # stopped under a connected client.
+    port = free_port()
+    server = start_temporal_dev_server(tmp_path, port, ui_port=None)
+    try:
+        temporal = await Client.connect(
+            f"127.0.0.1:{port}", data_converter=toolloop.data_converter(), retry_config=RetryConfig(max_retries=0)
+        )
+        tl = toolloop.ToolloopClient(temporal)
+        with pytest.raises(toolloop.RequestNotFound):
+            await tl.request_of_workflow("ask-acme-u1-x", actor=U1)  # answered: there is none
+    finally:
+        server.stop()
+    with pytest.raises(RPCError) as failed:
+        await tl.request_of_workflow("ask-acme-u1-x", actor=U1)
+    assert failed.value.status == RPCStatusCode.UNAVAILABLE

@@ -60,7 +60,6 @@ from toolloop._core.contracts import (
     OperationRecord,
     Outcome,
 )
-from toolloop._core.names import GET_EVENTS_QUERY
 from toolloop._core.registry import TOOL_NAME
 from toolloop._temporal.approval_channel import ApprovalRefused, RequestFinished
 from toolloop._temporal.client import RequestIdReused, RequestNotFound, ToolloopClient, ToolloopRequest
@@ -625,7 +624,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             resume = last_event_id or ""
             start = after if after is not None else int(resume) if resume.isdigit() else 0
             # Asked once before the response starts, so a request the worker cannot read is a problem+json.
-            first = await _events(followed, start)
+            first = await followed.events(start)
         except BaseException:
             streams.give_back(actor)
             raise
@@ -732,12 +731,6 @@ def _finished_view(request_id: str, result: AgentResult) -> RequestView:
     )
 
 
-async def _events(followed: ToolloopRequest, after: int) -> EventsPage:
-    """The request's events after number `after` (a page of them), and whether the last one has been given."""
-    page: EventsPage = await followed.handle.query(GET_EVENTS_QUERY, after, result_type=EventsPage)
-    return page
-
-
 async def _event_stream(
     followed: ToolloopRequest, request: Request, after: int, first: EventsPage
 ) -> AsyncIterator[dict[str, str]]:
@@ -752,7 +745,7 @@ async def _event_stream(
         while time.monotonic() < ends and not await request.is_disconnected():
             try:
                 if page is None:
-                    page = await _events(followed, after)
+                    page = await followed.events(after)
             except RPCError:
                 # The response has started: the failure is said in the stream itself, and the stream ends
                 # (the client may reconnect with Last-Event-ID once the workflow answers again).

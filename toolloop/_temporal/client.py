@@ -35,11 +35,12 @@ from toolloop._core.contracts import (
     AgentResult,
     ApprovalRequest,
     DecisionReceipt,
+    EventsPage,
     Limits,
     ModelSpec,
     OperationRecord,
 )
-from toolloop._core.names import AGENT_WORKFLOW, GET_LEDGER_QUERY, GET_PROGRESS_QUERY
+from toolloop._core.names import AGENT_WORKFLOW, GET_EVENTS_QUERY, GET_LEDGER_QUERY, GET_PROGRESS_QUERY
 from toolloop._temporal.approval_channel import (
     DEFAULT_APPROVAL_TTL_SECONDS,
     ApprovalRefused,
@@ -114,6 +115,13 @@ class ToolloopRequest:
         """The request's operations (its writes) with their states, as the workflow records them."""
         ledger: list[OperationRecord] = await self.handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
         return ledger
+
+    async def events(self, after: int = 0) -> EventsPage:
+        """The request's numbered events after number `after` (phase, tool started/finished, approval needed,
+        operation, final: at most 500), and whether the last one has been given: what a client that resumes
+        a stream after event N asks for."""
+        page: EventsPage = await self.handle.query(GET_EVENTS_QUERY, after, result_type=EventsPage)
+        return page
 
     async def follow(self) -> AsyncIterator[AgentProgress]:
         """The request's progress each time it may have changed (a long poll on its history, no polling

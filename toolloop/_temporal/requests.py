@@ -16,7 +16,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from toolloop._core.contracts import Actor, AgentInput
 from toolloop._core.names import (
@@ -124,9 +124,11 @@ def request_memo(request_id: str, question: str, *, submission: str | None = Non
 
 async def acts_for(client: Client, handle: WorkflowHandle[Any, Any]) -> Actor | None:
     """Whom an existing workflow acts for, read from its own start event (not from anything a caller
-    says); None when there is no such workflow or it is not one of ours."""
+    says); None when there is no such workflow or it is not one of ours. Any other failure (Temporal did not
+    answer) is raised: "not found" must never stand for "could not look"."""
     try:
-        async for event in handle.fetch_history_events():
+        # One event: the start event is the first, and all this reads.
+        async for event in handle.fetch_history_events(page_size=1):
             if event.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
                 return None
             attrs = event.workflow_execution_started_event_attributes
@@ -134,7 +136,11 @@ async def acts_for(client: Client, handle: WorkflowHandle[Any, Any]) -> Actor | 
                 return None
             [inp] = await client.data_converter.decode(attrs.input.payloads, [AgentInput])
             return inp.actor if isinstance(inp, AgentInput) else None
-    except (RPCError, ValidationError, ValueError):
+    except RPCError as err:
+        if err.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
+            return None
+        raise
+    except (ValidationError, ValueError):
         return None
     return None
 
