@@ -96,3 +96,14 @@ def test_one_rule_says_what_a_request_came_to_for_the_cli_the_ui_and_the_api(
         contracts.EXIT_CODES[report.outcome]
         == {"answered": 0, "stopped": 1, "failed": 1, "unknown": 3, "not_done": 4}[outcome]
     )
+
+
+def test_a_model_name_is_parsed_once_for_the_cli_and_the_api() -> None:
+    from toolloop._core.contracts import ModelSpec
+
+    assert ModelSpec.named("offline") == ModelSpec(provider="offline")
+    assert ModelSpec.named("openai:gpt-4.1-mini") == ModelSpec(provider="openai", name="gpt-4.1-mini")
+    assert ModelSpec.named("small:") == ModelSpec(provider="small")
+    for bad in ("", "Open AI", ":gpt", "9lives"):
+        with pytest.raises(ValueError, match="NAME or NAME:MODEL"):
+            ModelSpec.named(bad)

@@ -30,7 +30,7 @@ from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -237,11 +237,9 @@ def _not_found(request_id: str) -> Problem:
 
 
 def _model_spec(name: str | None, default: str) -> ModelSpec:
-    chosen = name or default
-    provider, _, model_name = chosen.partition(":")
     try:
-        return ModelSpec(provider=provider, name=model_name or None)
-    except ValidationError:
+        return ModelSpec.named(name or default)
+    except ValueError:
         raise Problem(422, "INVALID_REQUEST", f"model: {MODEL_NAME} expected, optionally :MODEL") from None
 
 

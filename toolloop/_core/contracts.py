@@ -6,6 +6,7 @@ Fields are only ever added with defaults, never renamed or retyped, so stored hi
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
@@ -150,6 +151,16 @@ class ModelSpec(BaseModel):
     name: str | None = None
     # Script mode: turn N is what the model returns on its N-th call.
     script: list[list[ConversationItem]] | None = None
+
+    @classmethod
+    def named(cls, text: str) -> ModelSpec:
+        """`NAME` or `NAME:MODEL`: a worker's model by the name it serves it under, and optionally the provider's
+        model name ("openai:gpt-4.1-mini"). The one parser of a model name, for the CLI and the API; a
+        ValueError says what is expected."""
+        provider, _, name = text.partition(":")
+        if not re.fullmatch(MODEL_NAME, provider):
+            raise ValueError(f"{text!r}: a model is NAME or NAME:MODEL, NAME matching {MODEL_NAME}")
+        return cls(provider=provider, name=name or None)
 
 
 class AgentInput(BaseModel):
