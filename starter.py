@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -24,15 +24,9 @@ from rich.text import Text
 from temporalio.client import (
     Client,
     WorkflowFailureError,
-    WorkflowHandle,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import (
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
-)
-from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 # typer carries its own copy of click; its usage errors are these (pyproject pins the typer range).
@@ -59,31 +53,19 @@ from toolloop._core.contracts import (
     RunStatus,
     outcome_of,
 )
-from toolloop._core.names import AGENT_WORKFLOW, GET_LEDGER_QUERY, GET_PROGRESS_QUERY
 from toolloop._models.errors import ScriptError
 from toolloop._models.script import load_script
-from toolloop._temporal.approval_channel import (
-    ApprovalRefused,
-    check_shown_payload,
-    fetch_approval_request,
-    raise_if_finished,
-    send_decision,
-)
+from toolloop._temporal.approval_channel import ApprovalRefused, check_shown_payload, raise_if_finished
+from toolloop._temporal.client import RequestIdReused, RequestNotFound, ToolloopClient, ToolloopRequest
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.following import RunFollower
 from toolloop._temporal.logs import configure_logging
 from toolloop._temporal.requests import (
     REQUEST_ID,
     UNREADABLE_REQUEST,
-    acts_for,
     missing_search_attributes,
     readable_request_id,
-    request_memo,
-    request_search_attributes,
-    request_summary,
-    request_workflow_id,
 )
-from toolloop._temporal.results import request_result
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.telemetry import configure_otlp_tracing, metrics_runtime, tracing_interceptor
 
@@ -247,6 +229,26 @@ def _not_found(workflow_id: str, actor: Actor) -> NoReturn:
     _fail(f"no request {workflow_id} for user {actor.user_id!r} in tenant {actor.tenant_id!r}")
 
 
+async def _connect(settings: Settings, signing_key: str | None = None) -> ToolloopClient:
+    """toolloop's client, as the approval channel "cli": its decisions are recorded as "<user> via cli"."""
+    return await ToolloopClient.connect(
+        settings.temporal_address,
+        namespace=settings.temporal_namespace,
+        task_queue=settings.task_queue,
+        signing_key=signing_key,
+        channel="cli",
+    )
+
+
+async def _own_request(client: ToolloopClient, workflow_id: str, actor: Actor) -> ToolloopRequest:
+    """The session's own request; another user's looks exactly like a missing one (the client reads whom a
+    workflow acts for from its own start event)."""
+    try:
+        return await client.request_of_workflow(workflow_id, actor=actor)
+    except RequestNotFound:
+        _not_found(workflow_id, actor)
+
+
 # --- Approvals --------------------------------------------------------------------------------------
 
 
@@ -290,12 +292,10 @@ class _StdinLines:
 @dataclass
 class ApprovalMode:
     """How `ask` answers approval requests: automatically (demos, tests), by asking on the terminal, or
-    not at all (another shell runs `approve`/`reject`)."""
+    not at all (another shell runs `approve`/`reject`). The client's key signs what is decided here."""
 
     auto: bool
     interactive: bool
-    key: str | None
-    actor: Actor
     stdin: _StdinLines | None = None
 
 
@@ -343,16 +343,14 @@ def _decided_elsewhere(operation_id: str, request: ApprovalRequest | None) -> st
     return f"{operation_id} {_DECIDED_ELSEWHERE.get(request.state, 'was approved elsewhere')}"
 
 
-async def _prompt_until_decided(
-    handle: WorkflowHandle[Any, Any], operation_id: str, stdin: _StdinLines
-) -> bool | str | None:
+async def _prompt_until_decided(request: ToolloopRequest, operation_id: str, stdin: _StdinLines) -> bool | str | None:
     """y/N on the terminal, abandoned at once when the operation is decided elsewhere. True/False: the
     answer; a str: what happened elsewhere; None: end of input (nothing decided here)."""
     stdin.discard_typed_ahead()
     err_console.print(Text("  Approve this exact operation? [y/N] "), end="")
     answer = asyncio.ensure_future(stdin.readline())
     try:
-        async with RunFollower(handle) as follower:
+        async with RunFollower(request.handle) as follower:
             while True:
                 changed = asyncio.ensure_future(follower.wait())
                 done, _ = await asyncio.wait({answer, changed}, return_when=asyncio.FIRST_COMPLETED)
@@ -360,10 +358,10 @@ async def _prompt_until_decided(
                 if answer in done:
                     line = answer.result()
                     return None if line is None else line.strip().lower() in ("y", "yes")
-                request = await fetch_approval_request(handle, operation_id)
-                if request is None or request.state != "awaiting_approval":
+                now = await request.approval(operation_id)
+                if now is None or now.state != "awaiting_approval":
                     err_console.print()
-                    return _decided_elsewhere(operation_id, request)
+                    return _decided_elsewhere(operation_id, now)
     finally:
         answer.cancel()
 
@@ -395,26 +393,27 @@ class _LiveView:
 
 
 async def _answer_approval(
-    handle: WorkflowHandle[Any, Any], operation_id: str, mode: ApprovalMode, view: _LiveView, session: _Session
+    request: ToolloopRequest, operation_id: str, mode: ApprovalMode, view: _LiveView, session: _Session
 ) -> None:
-    request = await fetch_approval_request(handle, operation_id)
-    if request is None or request.state != "awaiting_approval":
+    # Read again: while an earlier operation was shown, this one may have been decided elsewhere.
+    approval = await request.approval(operation_id)
+    if approval is None or approval.state != "awaiting_approval":
         return
     view.stop()
+    # A Ctrl-C here leaves it waiting, and the interrupt's message says how to decide it later.
     session.pending.add(operation_id)
-    try:
-        await _decide_shown(handle, request, mode)
-    except asyncio.CancelledError:
-        raise  # Ctrl-C: it keeps waiting, and the interrupt's message says how to decide it later
+    await _decide_shown(request, approval, mode)
     session.pending.discard(operation_id)
     view.start()
 
 
-async def _decide_shown(handle: WorkflowHandle[Any, Any], request: ApprovalRequest, mode: ApprovalMode) -> None:
-    operation_id = request.operation_id
-    _show_request(request, handle.id, mode.actor)
+async def _decide_shown(request: ToolloopRequest, approval: ApprovalRequest, mode: ApprovalMode) -> None:
+    """Show the operation's exact payload, ask (or --auto-approve), and have the client sign and send exactly
+    what was shown."""
+    operation_id = approval.operation_id
+    _show_request(approval, request.workflow_id, request.actor)
     try:
-        check_shown_payload(request)
+        check_shown_payload(approval)  # never ask a person about a payload the channel will not sign
     except ApprovalRefused as exc:
         err_console.print(Text(f"  refused to sign: {exc}", style="red"))
         return
@@ -422,7 +421,7 @@ async def _decide_shown(handle: WorkflowHandle[Any, Any], request: ApprovalReque
         err_console.print(Text("  --auto-approve: approving without asking (demo/test mode)", style="magenta"))
         approve = True
     elif mode.interactive and mode.stdin is not None:
-        answer = await _prompt_until_decided(handle, operation_id, mode.stdin)
+        answer = await _prompt_until_decided(request, operation_id, mode.stdin)
         if answer is None:
             err_console.print(Text("  no answer: it keeps waiting; use the commands above", style="yellow"))
             return
@@ -433,9 +432,9 @@ async def _decide_shown(handle: WorkflowHandle[Any, Any], request: ApprovalReque
     else:
         return
     try:
-        await send_decision(handle, request, approve=approve, decider=mode.actor, key=mode.key)
+        await request.decide(approval, approve=approve)
     except WorkflowUpdateFailedError as exc:
-        now = await fetch_approval_request(handle, operation_id)
+        now = await request.approval(operation_id)
         if now is not None and now.state != "awaiting_approval":
             err_console.print(Text(f"  {_decided_elsewhere(operation_id, now)}", style="yellow"))
         else:
@@ -467,37 +466,35 @@ def _progress_view(progress: AgentProgress | None, workflow_id: str) -> Table:
     return table
 
 
-async def _watch(
-    handle: WorkflowHandle[Any, AgentResult], show: bool, mode: ApprovalMode, session: _Session
-) -> AgentResult:
-    result_task = asyncio.ensure_future(request_result(handle))
-    asked: set[str] = set()
+async def _show_progress(request: ToolloopRequest, view: _LiveView) -> None:
+    """Keep the live view current: the progress is read each time the run's history says it may have changed
+    (a long poll, no polling interval), until cancelled. A progress no worker answers for yet (not picked up,
+    a restart) is read again at the next change."""
+    async with RunFollower(request.handle) as follower:
+        while True:
+            await follower.wait()
+            try:
+                progress = await request.progress()
+            except RPCError:
+                continue
+            view.update(_progress_view(progress, request.workflow_id))
+
+
+async def _watch(request: ToolloopRequest, show: bool, mode: ApprovalMode, session: _Session) -> AgentResult:
     if mode.interactive and not mode.auto:
         mode.stdin = _StdinLines()
-    view = _LiveView(_progress_view(None, handle.id), show)
+    view = _LiveView(_progress_view(None, request.workflow_id), show)
+    following = asyncio.ensure_future(_show_progress(request, view)) if show else None
     try:
         view.start()
-        # Read the progress each time the run's history says it may have changed (a long poll, no
-        # polling interval): an operation waiting for approval is shown the moment it starts waiting.
-        async with RunFollower(handle) as follower:
-            while not result_task.done():
-                try:
-                    progress = await handle.query(GET_PROGRESS_QUERY, result_type=AgentProgress)
-                except RPCError:
-                    progress = None  # no worker has picked the workflow up yet; keep waiting
-                if progress is not None:
-                    view.update(_progress_view(progress, handle.id))
-                    for op in progress.operations:
-                        if op.state == "awaiting_approval" and op.operation_id not in asked:
-                            asked.add(op.operation_id)
-                            await _answer_approval(handle, op.operation_id, mode, view, session)
-                changed = asyncio.ensure_future(follower.wait())
-                await asyncio.wait({result_task, changed}, return_when=asyncio.FIRST_COMPLETED)
-                changed.cancel()
-        return await result_task
+        # Each operation once, the moment it starts waiting for approval, until the run closes.
+        async for approval in request.approvals():
+            await _answer_approval(request, approval.operation_id, mode, view, session)
+        return await request.result()
     finally:
         view.stop()
-        result_task.cancel()
+        if following is not None:
+            following.cancel()
         if mode.stdin is not None:
             mode.stdin.close()
 
@@ -509,11 +506,10 @@ class _Outcome:
     failure: str | None = None
     # For a workflow that failed: its ledger, as far as it can still be read.
     operations: list[OperationRecord] = field(default_factory=list)
-    attached: bool = False
 
 
 async def _ask(
-    request: str,
+    question: str,
     actor: Actor,
     spec: ModelSpec,
     limits: Limits,
@@ -522,58 +518,45 @@ async def _ask(
     show: bool,
     mode: ApprovalMode,
     session: _Session,
+    signing_key: str | None,
     allowed_tools: list[str] | None = None,
 ) -> _Outcome:
-    client = await Client.connect(
-        settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
-    )
-    register = await missing_search_attributes(client)
+    client = await _connect(settings, signing_key)
+    register = await missing_search_attributes(client.temporal)
     if register is not None:
         _fail(
             f"Temporal at {settings.temporal_address} has no toolloop search attributes in namespace "
             f"{settings.temporal_namespace}; register them once with: {register}"
         )
     # Without an id of the user's, the new one starts with the question's first words: the UI's default list
-    # shows the workflow id, so each request there says what it asked.
-    request_id = request_id or readable_request_id(request)
-    workflow_id = request_workflow_id(actor, request_id)
-    session.workflow_id = workflow_id
-    outcome = _Outcome(workflow_id)
+    # shows the workflow id, so each request there says what it asked. Chosen here, before anything is sent,
+    # so that a Ctrl-C during the start can still name the request.
+    request_id = request_id or readable_request_id(question)
+    session.workflow_id = client.request(request_id, actor=actor).workflow_id
+    outcome = _Outcome(session.workflow_id)
     try:
         # A request id is never used twice: while its history is kept, the same id gives back its run.
-        handle: WorkflowHandle[Any, AgentResult] = await client.start_workflow(
-            AGENT_WORKFLOW,
-            AgentInput(
-                request=request,
-                actor=actor,
-                model=spec,
-                limits=limits,
-                allowed_tools=allowed_tools,
-            ),
-            id=workflow_id,
-            task_queue=settings.task_queue,
-            result_type=AgentResult,
-            search_attributes=request_search_attributes(actor),
-            memo=request_memo(request_id, request),
-            static_summary=request_summary(actor, request),
-            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        request = await client.start(
+            question, actor=actor, request_id=request_id, model=spec, limits=limits, tools=allowed_tools
         )
-    except WorkflowAlreadyStartedError:
-        handle = client.get_workflow_handle(workflow_id, result_type=AgentResult)
-        if await acts_for(client, handle) != actor:
-            _not_found(workflow_id, actor)
-        outcome.attached = True
+        attached = request.attached
+    except RequestNotFound:
+        _not_found(session.workflow_id, actor)
+    except RequestIdReused:
+        # The same id with another question (the client has checked that it is this user's request): its run
+        # is shown, as for the same question.
+        request, attached = client.request(request_id, actor=actor), True
+    if attached:
         err_console.print(
             Text(f"request {request_id} exists already: showing its run (the question given now is not asked)")
         )
     try:
-        outcome.result = await _watch(handle, show, mode, session)
+        outcome.result = await _watch(request, show, mode, session)
     except WorkflowFailureError as exc:
         # A run that failed without a report (terminated, say); a failed request's report is its result.
         outcome.failure = str(exc.cause or exc)
         try:
-            outcome.operations = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
+            outcome.operations = await request.operations()
         except RPCError:
             outcome.operations = []
     return outcome
@@ -733,15 +716,12 @@ def ask(
     _check_signing_key(key)
     _check_user(settings, actor, local_stack)
     show = not as_json and sys.stderr.isatty()
-    mode = ApprovalMode(
-        auto=auto_approve,
-        interactive=sys.stdin.isatty() and sys.stderr.isatty(),
-        key=key,
-        actor=actor,
-    )
+    mode = ApprovalMode(auto=auto_approve, interactive=sys.stdin.isatty() and sys.stderr.isatty())
     session = _Session()
     try:
-        outcome = asyncio.run(_ask(request, actor, spec, limits, settings, request_id, show, mode, session, allow_tool))
+        outcome = asyncio.run(
+            _ask(request, actor, spec, limits, settings, request_id, show, mode, session, key, allow_tool)
+        )
     except KeyboardInterrupt:
         _interrupted(session, actor)
     except typer.Exit:
@@ -789,21 +769,16 @@ def ask(
 async def _decide_from_shell(
     workflow_id: str, operation_id: str, approve: bool, actor: Actor, settings: Settings, key: str
 ) -> DecisionReceipt:
-    client = await Client.connect(
-        settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
-    )
-    handle: WorkflowHandle[Any, AgentResult] = client.get_workflow_handle(workflow_id, result_type=AgentResult)
-    # Whose request it is comes from the workflow's own start event, checked before anything is shown.
-    if await acts_for(client, handle) != actor:
-        _not_found(workflow_id, actor)
-    await raise_if_finished(handle)
-    request = await fetch_approval_request(handle, operation_id)
-    if request is None:
-        ledger = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
-        names = ", ".join(op.operation_id for op in ledger) or "none"
+    client = await _connect(settings, signing_key=key)
+    # Whose request it is is checked before anything is shown.
+    request = await _own_request(client, workflow_id, actor)
+    await raise_if_finished(request.handle)
+    approval = await request.approval(operation_id)
+    if approval is None:
+        names = ", ".join(op.operation_id for op in await request.operations()) or "none"
         _fail(f"request {workflow_id} has no operation {operation_id}; it has: {names}")
-    _show_request(request, workflow_id, actor)
-    return await send_decision(handle, request, approve=approve, decider=actor, key=key)
+    _show_request(approval, workflow_id, actor)
+    return await request.decide(approval, approve=approve)
 
 
 def _decide(
@@ -913,16 +888,10 @@ def _report_of_own_request(
 
 
 async def _own_report(workflow_id: str, actor: Actor, settings: Settings, *, cancel: bool) -> AgentResult:
-    client = await Client.connect(
-        settings.temporal_address, namespace=settings.temporal_namespace, data_converter=data_converter()
-    )
-    handle: WorkflowHandle[Any, AgentResult] = client.get_workflow_handle(workflow_id, result_type=AgentResult)
-    # Whose request it is comes from the workflow's own start event: another user's looks missing.
-    if await acts_for(client, handle) != actor:
-        _not_found(workflow_id, actor)
+    request = await _own_request(await _connect(settings), workflow_id, actor)
     if cancel:
-        await handle.cancel()
-    return await request_result(handle)
+        await request.cancel()
+    return await request.result()
 
 
 # --- the local stack -----------------------------------------------------------------------------------

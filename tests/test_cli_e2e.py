@@ -310,6 +310,12 @@ def test_approve_from_another_shell_only_as_the_requests_user(cli_env: dict[str,
             assert foreign.stderr.replace(workflow_id, "X") == missing.stderr.replace("ask-acme-u1-nope-0", "X")
             assert "refund_order" not in foreign.stderr and "A102" not in foreign.stderr  # nothing shown
         assert admin_effects(cli_env, operation_id) == []
+        # An operation the request does not have: one line naming those it has, nothing decided.
+        unknown = run_cli(cli_env, "approve", workflow_id, "op_nope", "--user", "u1")
+        assert unknown.returncode == 2
+        assert (
+            unknown.stderr.strip() == f"error: request {workflow_id} has no operation op_nope; it has: {operation_id}"
+        )
 
         approved = run_cli(cli_env, "approve", workflow_id, operation_id, "--user", "u1")
         assert approved.returncode == 0, approved.stderr
@@ -475,11 +481,17 @@ def test_a_request_id_is_scoped_by_tenant_and_user_and_never_runs_twice(
     one = json.loads(first.stdout)
     [op] = one["operations"]
 
-    # The same id again, even after the run completed, gives back the first run: no second approval.
+    # The same id again, even after the run completed, gives back the first run: no second approval. With
+    # another question or the same one, it says so.
     again = run_cli(cli_env, "ask", "--user", "u1", *args, "refund it again")
-    assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout) == one
-    assert "--auto-approve" not in again.stderr  # nothing was asked
+    same = run_cli(cli_env, "ask", "--user", "u1", *args, "refund A108")
+    for attached in (again, same):
+        assert attached.returncode == 0, attached.stderr
+        assert json.loads(attached.stdout) == one
+        assert "--auto-approve" not in attached.stderr  # nothing was asked
+        assert "request same-id exists already: showing its run (the question given now is not asked)" in (
+            attached.stderr
+        )
     assert len(admin_effects(cli_env, op["operation_id"])) == 1
 
     # The same user id in another tenant is another person: their own request, never the first one.
@@ -722,6 +734,37 @@ def test_ctrl_c_at_the_prompt_leaves_the_request_waiting_and_says_how_to_decide(
     got = plain_shell(cli_env, found[1])
     assert got.returncode == 4, got.stderr
     assert "OK." in got.stdout and operation_id in got.stderr
+
+
+@pytest.mark.parametrize(
+    ("order", "typed", "said", "state", "code"),
+    [("A113", "y", "approved", "verified", 0), ("A114", "n", "rejected", "denied", 4)],
+)
+def test_the_answer_typed_at_the_prompt_is_signed_for_the_sessions_user_via_the_cli(
+    cli_env: dict[str, str], tmp_path: Path, order: str, typed: str, said: str, state: str, code: int
+) -> None:
+    refund = {"orderId": order, "amountCents": 114, "reason": f"typed {typed}"}
+    script = refund_script(tmp_path / "r.json", refund, "Answered.")
+    child = spawn_ask(cli_env, "--user", "u1", "--model", f"script:{script}", "refund")
+    try:
+        approve, _ = shown_commands(child)
+        child.sendline(typed)
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == code, child.before
+    screen = screen_of(child.logfile_read.getvalue())
+    # Shown whole, then asked, then what was decided here, then the answer.
+    shown = line_with(screen, f"  arguments: {json.dumps(refund, sort_keys=True)}")
+    prompt = line_with(screen, "Approve this exact operation? [y/N]")
+    decided = [index for index, line in enumerate(screen) if line.strip() == said]
+    assert decided and shown < prompt < decided[0] < screen.index("Answered."), "\n".join(screen)
+    workflow_id, operation_id = approve.split()[-6:-4]
+    [op] = ledger_of(cli_env, workflow_id)
+    # The decision is the session's user's, recorded as sent by the CLI's approval channel.
+    assert (op["operation_id"], op["state"]) == (operation_id, state)
+    assert (op["approval"]["by"], op["approval"]["decision"]) == ("u1 via cli", said)
+    assert len(admin_effects(cli_env, operation_id)) == (1 if typed == "y" else 0)
 
 
 def test_cancel_from_another_shell_stops_the_request_and_prints_its_receipt(

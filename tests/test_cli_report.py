@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 import starter
-from toolloop._core.contracts import AgentResult, CallRecord, OperationRecord
+from toolloop._core.contracts import Actor, AgentResult, CallRecord, OperationRecord
+from toolloop._temporal.requests import request_workflow_id
 
 
 def op(state: str) -> OperationRecord:
@@ -102,11 +103,11 @@ def test_a_run_stopped_with_nothing_done_says_only_that(capsys: pytest.CaptureFi
 
 def test_request_ids_are_scoped_by_tenant_and_user() -> None:
     ids = {
-        starter.request_workflow_id(starter.Actor(user_id=u, tenant_id=t), r)
+        request_workflow_id(Actor(user_id=u, tenant_id=t), r)
         for u, t, r in [("u1", "acme", "r1"), ("u1", "globex", "r1"), ("u2", "acme", "r1"), ("u1", "acme", "r2")]
     }
     assert len(ids) == 4
     # Readable, yet the hash tells apart triples that read alike.
-    a = starter.request_workflow_id(starter.Actor(user_id="b-c", tenant_id="a"), "d")
-    b = starter.request_workflow_id(starter.Actor(user_id="b", tenant_id="a"), "c-d")
+    a = request_workflow_id(Actor(user_id="b-c", tenant_id="a"), "d")
+    b = request_workflow_id(Actor(user_id="b", tenant_id="a"), "c-d")
     assert a.startswith("ask-a-b-c-d-") and b.startswith("ask-a-b-c-d-") and a != b
