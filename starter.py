@@ -5,9 +5,9 @@ Temporal UI; `approve`/`reject` decide from another shell; `up`/`down`/`status` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
-import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -27,6 +27,8 @@ from temporalio.client import (
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
+from temporalio.exceptions import TerminatedError
+from temporalio.exceptions import TimeoutError as WorkflowTimeoutError
 from temporalio.service import RPCError
 
 # typer carries its own copy of click; its usage errors are these (pyproject pins the typer range).
@@ -38,7 +40,6 @@ from toolloop._api.tokens import TokenMap, TokensFileError
 from toolloop._core.approvals import generate_signing_key, verify_key_for
 from toolloop._core.contracts import (
     EXIT_CODES,
-    MODEL_NAME,
     NOT_DONE_STATES,
     Actor,
     AgentInput,
@@ -55,7 +56,7 @@ from toolloop._core.contracts import (
 )
 from toolloop._models.errors import ScriptError
 from toolloop._models.script import load_script
-from toolloop._temporal.approval_channel import ApprovalRefused, check_shown_payload, raise_if_finished
+from toolloop._temporal.approval_channel import ApprovalRefused
 from toolloop._temporal.client import RequestIdReused, RequestNotFound, ToolloopClient, ToolloopRequest
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.following import RunFollower
@@ -147,25 +148,34 @@ def _actor(user: str | None, tenant: str) -> Actor:
         _fail(_one_line(exc, {"user_id": "--user", "tenant_id": "--tenant"}))
 
 
+def _why_failed(exc: WorkflowFailureError) -> str:
+    """Why a run ended without a report, in Temporal's words: terminated (with the operator's reason), timed
+    out, or its failure's message."""
+    cause = exc.cause
+    if isinstance(cause, TerminatedError):
+        return f"terminated ({cause.message or 'no reason given'})"
+    if isinstance(cause, WorkflowTimeoutError):
+        return f"timed out ({cause.message})"
+    return str(cause or exc)
+
+
 def _model_spec(model: str | None, settings: Settings) -> ModelSpec:
     if model is None:
         return ModelSpec(provider="openai") if settings.openai_api_key else ModelSpec(provider="offline")
-    if model == "offline":
-        return ModelSpec(provider="offline")
-    if model == "openai" or model.startswith("openai:"):
-        name = model.partition(":")[2] or None
-        return ModelSpec(provider="openai", name=name)
     if model.startswith("script:"):
         path = model.partition(":")[2]
         try:
             return ModelSpec(provider="script", script=load_script(path))
         except ScriptError as exc:
             _fail(f"model script {path}: {exc}")
-    provider, _, name = model.partition(":")
-    if re.fullmatch(MODEL_NAME, provider):
-        # A model adapter the worker registered under this name (its tools module chooses them).
-        return ModelSpec(provider=provider, name=name or None)
-    _fail(f"unknown --model {model!r}; use offline, openai[:NAME], script:FILE, or NAME[:MODEL] of a worker's model")
+    try:
+        # offline, openai[:NAME], or a model adapter the worker registered under its name (its tools module
+        # chooses them): the library's one parser.
+        return ModelSpec.named(model)
+    except ValueError:
+        _fail(
+            f"unknown --model {model!r}; use offline, openai[:NAME], script:FILE, or NAME[:MODEL] of a worker's model"
+        )
 
 
 def _check_local_worker_has(spec: ModelSpec, allow_tool: list[str] | None, settings: Settings) -> None:
@@ -413,7 +423,7 @@ async def _decide_shown(request: ToolloopRequest, approval: ApprovalRequest, mod
     operation_id = approval.operation_id
     _show_request(approval, request.workflow_id, request.actor)
     try:
-        check_shown_payload(approval)  # never ask a person about a payload the channel will not sign
+        request.check_signable(approval)  # never ask a person about a payload the channel will not sign
     except ApprovalRefused as exc:
         err_console.print(Text(f"  refused to sign: {exc}", style="red"))
         return
@@ -470,13 +480,8 @@ async def _show_progress(request: ToolloopRequest, view: _LiveView) -> None:
     """Keep the live view current: the progress is read each time the run's history says it may have changed
     (a long poll, no polling interval), until cancelled. A progress no worker answers for yet (not picked up,
     a restart) is read again at the next change."""
-    async with RunFollower(request.handle) as follower:
-        while True:
-            await follower.wait()
-            try:
-                progress = await request.progress()
-            except RPCError:
-                continue
+    with contextlib.suppress(RPCError):  # a run its worker cannot read: ask's own result says so
+        async for progress in request.follow():
             view.update(_progress_view(progress, request.workflow_id))
 
 
@@ -554,7 +559,7 @@ async def _ask(
         outcome.result = await _watch(request, show, mode, session)
     except WorkflowFailureError as exc:
         # A run that failed without a report (terminated, say); a failed request's report is its result.
-        outcome.failure = str(exc.cause or exc)
+        outcome.failure = _why_failed(exc)
         try:
             outcome.operations = await request.operations()
         except RPCError:
@@ -772,7 +777,7 @@ async def _decide_from_shell(
     client = await _connect(settings, signing_key=key)
     # Whose request it is is checked before anything is shown.
     request = await _own_request(client, workflow_id, actor)
-    await raise_if_finished(request.handle)
+    await request.raise_if_finished()
     approval = await request.approval(operation_id)
     if approval is None:
         names = ", ".join(op.operation_id for op in await request.operations()) or "none"
@@ -876,6 +881,9 @@ def _report_of_own_request(
         report = asyncio.run(_own_report(workflow_id, actor, settings, cancel=cancel))
     except typer.Exit:
         raise
+    except WorkflowFailureError as exc:
+        # A run that ended without a report (terminated, say): Temporal's word is all there is.
+        _fail(f"The workflow failed: {_why_failed(exc)}", code=1)
     except RPCError as exc:
         _fail(f"Temporal refused it: {exc}", code=1)
     except RuntimeError as exc:

@@ -789,6 +789,21 @@ def test_cancel_from_another_shell_stops_the_request_and_prints_its_receipt(
     assert admin_effects(cli_env, operation_id) == []
 
 
+def test_result_of_a_terminated_request_is_one_line_never_a_traceback(cli_env: dict[str, str], tmp_path: Path) -> None:
+    refund = {"orderId": "A102", "amountCents": 130, "reason": "terminated by an operator"}
+    with refund_waiting_for_approval(cli_env, tmp_path, refund) as (ask, workflow_id, _):
+        address = f"127.0.0.1:{cli_env['TOOLLOOP_TEMPORAL_PORT']}"
+        terminate = [temporal_binary(), "workflow", "terminate", "--address", address, "--workflow-id", workflow_id]
+        subprocess.run([*terminate, "--reason", "operator"], check=True, timeout=60, capture_output=True)
+        ask.communicate(timeout=120)
+        result = run_cli(cli_env, "result", workflow_id, "--user", "u1")
+        cancel = run_cli(cli_env, "cancel", workflow_id, "--user", "u1")
+    for done in (result, cancel):
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        [line] = done.stderr.strip().splitlines()
+        assert line == "error: The workflow failed: terminated (operator)", line
+
+
 def test_ask_against_a_namespace_without_toolloops_search_attributes_says_how_to_register_them(
     temporal_server: TemporalServer,
 ) -> None:

@@ -26,6 +26,7 @@ from temporalio.client import (
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
 
 from toolloop._core.approvals import canonical_json
 from toolloop._core.contracts import (
@@ -45,11 +46,13 @@ from toolloop._temporal.approval_channel import (
     DEFAULT_APPROVAL_TTL_SECONDS,
     ApprovalRefused,
     RequestFinished,
+    check_shown_payload,
     fetch_approval_request,
+    raise_if_finished,
     send_decision,
 )
 from toolloop._temporal.converter import data_converter
-from toolloop._temporal.following import RunFollower, approvals_as_they_come, pending_once_answered
+from toolloop._temporal.following import NO_WORKER_YET, RunFollower, approvals_as_they_come, pending_once_answered
 from toolloop._temporal.requests import (
     acts_for,
     readable_request_id,
@@ -130,12 +133,23 @@ class ToolloopRequest:
             while True:
                 await follower.wait()
                 running = (await self.handle.describe()).status == WorkflowExecutionStatus.RUNNING
-                yield await self.progress()
+                try:
+                    progress = await self.progress()
+                except RPCError as err:
+                    # No worker answers yet (not picked up, a restart): read again at the next change.
+                    if err.status not in NO_WORKER_YET or not running:
+                        raise
+                    continue
+                yield progress
                 if not running:
                     return
 
     async def is_running(self) -> bool:
         return (await self.handle.describe()).status == WorkflowExecutionStatus.RUNNING
+
+    async def raise_if_finished(self) -> None:
+        """RequestFinished if the request has ended: it takes no more decisions."""
+        await raise_if_finished(self.handle)
 
     # --- approvals ---------------------------------------------------------------------------------------
 
@@ -151,6 +165,13 @@ class ToolloopRequest:
         """Each operation once, as soon as it starts waiting for approval (one already waiting first), until
         the run closes. One another approver decided before this one looked is not given."""
         return approvals_as_they_come(self.handle)
+
+    def check_signable(self, approval: ApprovalRequest) -> None:
+        """ApprovalRefused if this client would not sign a decision on `approval` (no key, a payload that does
+        not match its digest): checked before a person is asked, so nobody decides what cannot be sent."""
+        if self._owner.signing_key is None:
+            raise ApprovalRefused("this client holds no approval signing key: it cannot decide")
+        check_shown_payload(approval)
 
     async def decide(
         self, approval: ApprovalRequest, *, approve: bool, decider: Actor | None = None

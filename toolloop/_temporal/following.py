@@ -105,7 +105,7 @@ async def approvals_as_they_come(
 
 # What a query answers while no worker polls the run's task queue (a restart, a deploy): "no poller seen for
 # task queue recently" (FAILED_PRECONDITION), or a timeout. Worth asking again.
-_NO_WORKER_YET = frozenset(
+NO_WORKER_YET = frozenset(
     {RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE}
 )
 
@@ -120,7 +120,7 @@ async def pending_once_answered(handle: WorkflowHandle[Any, Any]) -> list[Approv
         try:
             return await pending_approvals(handle)
         except RPCError as err:
-            if err.status not in _NO_WORKER_YET:
+            if err.status not in NO_WORKER_YET:
                 raise
         if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
             return []
