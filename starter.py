@@ -67,7 +67,7 @@ from toolloop._temporal.requests import (
     missing_search_attributes,
     readable_request_id,
 )
-from toolloop._temporal.settings import Settings
+from toolloop._temporal.settings import ApiSettings, Settings
 from toolloop._temporal.telemetry import configure_otlp_tracing, metrics_runtime, tracing_interceptor
 
 REPO_ROOT = Path(__file__).resolve().parent
@@ -977,7 +977,7 @@ def status() -> None:
 # --- the HTTP API ---------------------------------------------------------------------------------------
 
 
-async def _serve_api(settings: Settings, host: str, port: int, tokens: TokenMap, signing_key: str | None) -> None:
+async def _serve_api(settings: ApiSettings, host: str, port: int, tokens: TokenMap, signing_key: str | None) -> None:
     import uvicorn
 
     from toolloop._api.app import ApiConfig, create_app
@@ -1027,7 +1027,7 @@ def serve(
     """Run the HTTP API and its web page: start requests, follow them live, decide their side effects.
     Bearer tokens (TOOLLOOP_API_TOKENS, a JSON file) say whom each caller is; it signs decisions with
     TOOLLOOP_APPROVAL_KEY, as the CLI does."""
-    settings = Settings()
+    settings = ApiSettings()
     configure_logging("api")
     if settings.otel:
         try:

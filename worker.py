@@ -15,7 +15,7 @@ import sys
 
 from toolloop._core.approvals import check_verify_key, verify_key_set
 from toolloop._temporal.logs import configure_logging
-from toolloop._temporal.settings import Settings
+from toolloop._temporal.settings import WorkerSettings
 from toolloop._temporal.telemetry import configure_otlp_tracing, metrics_runtime
 from toolloop._temporal.worker_factory import ToolsLoadError, connect, load_tools, running_worker
 from toolloop._tools.toolset import AgentSpec
@@ -40,7 +40,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def _run(settings: Settings, spec: AgentSpec, target: str) -> None:
+async def _run(settings: WorkerSettings, spec: AgentSpec, target: str) -> None:
     # Temporal's runtime serves the Prometheus endpoint: its own metrics and toolloop's counts.
     client = await connect(settings, metrics_runtime(settings.metrics_address))
     stop = asyncio.Event()
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    settings = Settings()
+    settings = WorkerSettings()
     configure_logging("worker")
     if settings.approval_verify_key is not None:
         try:

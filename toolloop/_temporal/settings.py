@@ -1,4 +1,6 @@
-"""Configuration: one frozen settings model, read by the entry points only and passed into constructors."""
+"""Configuration, by process: what a worker, the HTTP API and the CLI each read from the environment (frozen
+models, read by the entry points only and passed into constructors). A worker's settings hold no signing key
+and the API's no verify key: what decides trust is the configuration of the process that holds it."""
 
 from __future__ import annotations
 
@@ -8,57 +10,74 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-class Settings(BaseSettings):
+class TemporalSettings(BaseSettings):
+    """Where Temporal is, for every process."""
+
     # An empty variable (e.g. OPENAI_MODEL= passed through by compose) means "not set".
     model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True, env_ignore_empty=True)
 
     temporal_address: str = Field(default="127.0.0.1:7233", validation_alias="TEMPORAL_ADDRESS")
     temporal_namespace: str = Field(default="default", validation_alias="TEMPORAL_NAMESPACE")
     task_queue: str = Field(default="toolloop", validation_alias="TOOLLOOP_TASK_QUEUE")
+    # OpenTelemetry tracing exported over OTLP/HTTP (off).
+    otel: bool = Field(default=False, validation_alias="TOOLLOOP_OTEL")
+
+
+class WorkerSettings(TemporalSettings):
+    """A worker's (`worker.py`): its trust anchor and its models. No approval signing key: a worker verifies
+    decisions, it never makes them."""
+
+    # The demo's tools call the business service here.
     service_url: str = Field(default="http://127.0.0.1:8701", validation_alias="TOOLLOOP_SERVICE_URL")
-    service_admin_token: SecretStr | None = Field(default=None, validation_alias="TOOLLOOP_SERVICE_ADMIN_TOKEN")
-    # The approval channel's private key (toolloop._core.approvals): held by the CLI and the API only, never
-    # by workers or the service.
-    approval_key: SecretStr | None = Field(default=None, validation_alias="TOOLLOOP_APPROVAL_KEY")
-    # A worker's trust anchor: the public key(s) that verify decisions (several, separated by commas, during a
+    # The trust anchor: the public key(s) that verify decisions (several, separated by commas, during a
     # rotation). Worker configuration only: never sent with a request.
     approval_verify_key: str | None = Field(default=None, validation_alias="TOOLLOOP_APPROVAL_VERIFY_KEY")
     # A worker serves the scripted models (the script model, the demo's offline model) only when this says so:
     # tests, the local demo stack, the chaos runner and the benchmark do; a deployment's worker does not.
     allow_scripted_models: bool = Field(default=False, validation_alias="TOOLLOOP_ALLOW_SCRIPTED_MODELS")
-
     # How long the business service keeps operation ids, for a service that does not declare it on its
     # status answers. Unknown (unset and undeclared) means a resend after a doubtful attempt fails closed.
     idempotency_retention_seconds: float | None = Field(
         default=None, gt=0, validation_alias="TOOLLOOP_IDEMPOTENCY_RETENTION_SECONDS"
     )
-
     openai_api_key: SecretStr | None = Field(default=None, validation_alias="OPENAI_API_KEY")
     openai_base_url: str = Field(default="https://api.openai.com/v1", validation_alias="OPENAI_BASE_URL")
     openai_model: str = Field(default="gpt-4.1-mini", validation_alias="OPENAI_MODEL")
-
-    # The local stack that `starter.py up` / `ask` run.
-    data_dir: Path = Field(default=Path(".toolloop"), validation_alias="TOOLLOOP_DATA_DIR")
-    temporal_port: int = Field(default=7233, validation_alias="TOOLLOOP_TEMPORAL_PORT")
-    ui_port: int = Field(default=8233, validation_alias="TOOLLOOP_UI_PORT")
-    service_port: int = Field(default=8701, validation_alias="TOOLLOOP_SERVICE_PORT")
-    api_port: int = Field(default=8702, validation_alias="TOOLLOOP_API_PORT")
-
-    # The HTTP API (`starter.py serve`): the bearer tokens file, and the model a request gets by default.
-    api_tokens: Path = Field(default=Path("config/api_tokens.json"), validation_alias="TOOLLOOP_API_TOKENS")
-    api_default_model: str = Field(default="offline", validation_alias="TOOLLOOP_API_MODEL")
-    # The published demo tokens are refused unless this says the API runs a local demo (the local stack does).
-    api_allow_demo_tokens: bool = Field(default=False, validation_alias="TOOLLOOP_API_ALLOW_DEMO_TOKENS")
-
-    # Observability: Prometheus endpoints ("127.0.0.1:9464"; unset: none) and OpenTelemetry tracing (off).
+    # A Prometheus endpoint ("127.0.0.1:9464"; unset: none).
     metrics_address: str | None = Field(default=None, validation_alias="TOOLLOOP_METRICS_ADDRESS")
-    api_metrics_address: str | None = Field(default=None, validation_alias="TOOLLOOP_API_METRICS_ADDRESS")
-    otel: bool = Field(default=False, validation_alias="TOOLLOOP_OTEL")
     # Runs a worker keeps in memory between their tasks (Temporal's default is 1,000). Above it, a task of
     # an evicted run replays its whole history first: at thousands of open requests (each waiting on a
     # model, a tool or an approval) that replay is most of the worker's CPU. A cached run holds well under
     # 0.1 MiB (measured by `python -m bench`).
     max_cached_workflows: int = Field(default=10_000, ge=0, validation_alias="TOOLLOOP_MAX_CACHED_WORKFLOWS")
+
+
+class ApiSettings(TemporalSettings):
+    """The HTTP API's (`starter.py serve`): its callers' tokens and the approval channel's signing key. No
+    verify key and no scripted models: those are a worker's."""
+
+    # The approval channel's private key (toolloop._core.approvals): held by the API and the CLI only, never
+    # by workers or the service.
+    approval_key: SecretStr | None = Field(default=None, validation_alias="TOOLLOOP_APPROVAL_KEY")
+    api_port: int = Field(default=8702, validation_alias="TOOLLOOP_API_PORT")
+    # The bearer tokens file, and the model a request gets by default.
+    api_tokens: Path = Field(default=Path("config/api_tokens.json"), validation_alias="TOOLLOOP_API_TOKENS")
+    api_default_model: str = Field(default="offline", validation_alias="TOOLLOOP_API_MODEL")
+    # The published demo tokens are refused unless this says the API runs a local demo (the local stack does).
+    api_allow_demo_tokens: bool = Field(default=False, validation_alias="TOOLLOOP_API_ALLOW_DEMO_TOKENS")
+    api_metrics_address: str | None = Field(default=None, validation_alias="TOOLLOOP_API_METRICS_ADDRESS")
+
+
+class Settings(WorkerSettings, ApiSettings):
+    """The CLI's (`starter.py`): it runs the local stack, so it configures a worker, the API and the demo
+    service, and it is itself an approval channel (the signing key)."""
+
+    service_admin_token: SecretStr | None = Field(default=None, validation_alias="TOOLLOOP_SERVICE_ADMIN_TOKEN")
+    # The local stack that `starter.py up` / `ask` run.
+    data_dir: Path = Field(default=Path(".toolloop"), validation_alias="TOOLLOOP_DATA_DIR")
+    temporal_port: int = Field(default=7233, validation_alias="TOOLLOOP_TEMPORAL_PORT")
+    ui_port: int = Field(default=8233, validation_alias="TOOLLOOP_UI_PORT")
+    service_port: int = Field(default=8701, validation_alias="TOOLLOOP_SERVICE_PORT")
 
     def ui_url(self, workflow_id: str | None = None) -> str:
         host = self.temporal_address.rsplit(":", 1)[0]

@@ -21,7 +21,7 @@ from toolloop._models.adapter import ModelAdapter
 from toolloop._models.responses import ResponsesClient, ResponsesModel
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.plugin import ToolloopPlugin, workflow_runner
-from toolloop._temporal.settings import Settings
+from toolloop._temporal.settings import TemporalSettings, WorkerSettings
 from toolloop._tools.toolset import AgentSpec, Toolset
 
 __all__ = ["ToolsLoadError", "connect", "load_tools", "running_worker", "workflow_runner"]
@@ -29,7 +29,7 @@ __all__ = ["ToolsLoadError", "connect", "load_tools", "running_worker", "workflo
 _TARGET = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
 
 
-async def connect(settings: Settings, runtime: Runtime | None = None) -> Client:
+async def connect(settings: TemporalSettings, runtime: Runtime | None = None) -> Client:
     return await Client.connect(
         settings.temporal_address,
         namespace=settings.temporal_namespace,
@@ -87,7 +87,7 @@ def load_tools(target: str) -> AgentSpec:
 
 
 @asynccontextmanager
-async def settings_models(settings: Settings) -> AsyncIterator[dict[str, ModelAdapter]]:
+async def settings_models(settings: WorkerSettings) -> AsyncIterator[dict[str, ModelAdapter]]:
     """The models a worker's settings configure, open for the block."""
     async with AsyncExitStack() as stack:
         models: dict[str, ModelAdapter] = {}
@@ -106,7 +106,7 @@ async def settings_models(settings: Settings) -> AsyncIterator[dict[str, ModelAd
 @asynccontextmanager
 async def running_worker(
     client: Client,
-    settings: Settings,
+    settings: WorkerSettings,
     tools: Toolset | AgentSpec,
     *,
     task_queue: str | None = None,
