@@ -17,6 +17,7 @@ LAYERS: dict[str, int] = {
     "toolloop._tools": 1,
     "toolloop.servicekit": 1,
     "toolloop._temporal.converter": 1,
+    "toolloop._temporal.search_attributes": 1,
     "toolloop._temporal.telemetry": 1,
     # the workflow and its activities (the folders workflows/ and activities/, imported as toolloop.workflows
     # and toolloop.activities: docs/DESIGN.md, "Layout")

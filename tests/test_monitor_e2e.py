@@ -30,13 +30,10 @@ from toolloop import Actor, AgentInput, AgentResult, Limits, ModelSpec, request_
 from toolloop._core.names import AGENT_WORKFLOW
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.requests import (
-    OUTCOME_KEY,
-    TENANT_KEY,
-    UNSETTLED_KEY,
-    USER_KEY,
     request_search_attributes,
     request_summary,
 )
+from toolloop._temporal.search_attributes import OUTCOME_KEY, TENANT_KEY, UNSETTLED_KEY, USER_KEY
 from toolloop._temporal.settings import Settings
 
 pytestmark = pytest.mark.e2e

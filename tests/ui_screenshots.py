@@ -45,12 +45,11 @@ from toolloop import Actor, AgentInput, AgentResult, Limits, ModelSpec, request_
 from toolloop._core.names import AGENT_WORKFLOW
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.requests import (
-    OUTCOME_KEY,
-    UNSETTLED_KEY,
     request_search_attributes,
     request_summary,
     request_workflow_id,
 )
+from toolloop._temporal.search_attributes import OUTCOME_KEY, UNSETTLED_KEY
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker
 

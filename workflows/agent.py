@@ -7,7 +7,7 @@ import asyncio
 from datetime import datetime, timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
@@ -49,15 +49,13 @@ with workflow.unsafe.imports_passed_through():
         GET_PROGRESS_QUERY,
         MODEL_TURN_ACTIVITY,
         OPERATIONS_METRIC,
-        OUTCOME_SEARCH_ATTRIBUTE,
         REQUEST_ENDED_ACTIVITY,
         REQUESTS_FINISHED_METRIC,
         RUN_TOOL_ACTIVITY,
-        UNSETTLED_SEARCH_ATTRIBUTE,
-        USER_SEARCH_ATTRIBUTE,
     )
     from toolloop._core.planning import CallGroup, plan_round
     from toolloop._core.validation import forbid_not_allowed
+    from toolloop._temporal.search_attributes import OUTCOME_KEY, UNSETTLED_KEY, USER_KEY
     from toolloop.workflows.narration import Narrator
     from toolloop.workflows.operations import OperationStateMachine
 
@@ -66,9 +64,6 @@ with workflow.unsafe.imports_passed_through():
 
 _MIN_TIMEOUT = timedelta(seconds=1)
 _MAX_EVENTS_PER_QUERY = 500
-USER_KEY = SearchAttributeKey.for_keyword(USER_SEARCH_ATTRIBUTE)
-OUTCOME_KEY = SearchAttributeKey.for_keyword(OUTCOME_SEARCH_ATTRIBUTE)
-UNSETTLED_KEY = SearchAttributeKey.for_bool(UNSETTLED_SEARCH_ATTRIBUTE)
 
 
 def _failure_message(err: ActivityError) -> str:

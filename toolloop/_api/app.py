@@ -65,15 +65,13 @@ from toolloop._temporal.approval_channel import ApprovalRefused, RequestFinished
 from toolloop._temporal.client import RequestIdReused, RequestNotFound, ToolloopClient, ToolloopRequest
 from toolloop._temporal.following import RunFollower
 from toolloop._temporal.requests import (
-    OUTCOME_KEY,
     REQUEST_ID,
-    TENANT_KEY,
     UNREADABLE_REQUEST,
-    USER_KEY,
     list_query,
     readable_request_id,
     request_id_of,
 )
+from toolloop._temporal.search_attributes import OUTCOME_KEY, TENANT_KEY, USER_KEY
 from toolloop._temporal.telemetry import API_DECISIONS, API_RESPONSES
 from toolloop.servicekit import KitProblem, describe_errors
 

@@ -15,19 +15,18 @@ from pydantic import ValidationError
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from toolloop._core.contracts import Actor, AgentInput
 from toolloop._core.names import (
     AGENT_WORKFLOW,
-    OUTCOME_SEARCH_ATTRIBUTE,
     SEARCH_ATTRIBUTES,
     TENANT_SEARCH_ATTRIBUTE,
-    UNSETTLED_SEARCH_ATTRIBUTE,
     USER_SEARCH_ATTRIBUTE,
 )
 from toolloop._core.text import markdown_literal
+from toolloop._temporal.search_attributes import OUTCOME_KEY, TENANT_KEY, USER_KEY
 
 # What a client is told when a query fails: the workflow is there, but the worker cannot answer for it (its
 # code does not replay the run's history, or its query handler failed).
@@ -37,10 +36,6 @@ UNREADABLE_REQUEST = (
 )
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-USER_KEY = SearchAttributeKey.for_keyword(USER_SEARCH_ATTRIBUTE)
-TENANT_KEY = SearchAttributeKey.for_keyword(TENANT_SEARCH_ATTRIBUTE)
-OUTCOME_KEY = SearchAttributeKey.for_keyword(OUTCOME_SEARCH_ATTRIBUTE)
-UNSETTLED_KEY = SearchAttributeKey.for_bool(UNSETTLED_SEARCH_ATTRIBUTE)
 
 
 def request_search_attributes(actor: Actor) -> TypedSearchAttributes:
