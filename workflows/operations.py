@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -327,12 +327,12 @@ class OperationStateMachine:
         maybe_received = False
         while True:
             if self.cancel_requested():
-                return await self._settle_after_cancel(op, call, maybe_received)
+                return await self._settle_unsent(op, call, maybe_received, "cancelled")
             if maybe_received and self._past_retention(op):
                 # The service may have forgotten the key: a resend could be a second effect. Fail closed.
                 return False, self._unknown(op, "the idempotency record may have expired; it was not resent.")
             if workflow.now() >= self._send_until(op):
-                return await self._settle_without_sending(op, call, maybe_received)
+                return await self._settle_unsent(op, call, maybe_received, "expired")
             if op.attempts >= limits.max_write_attempts:
                 if not maybe_received:
                     self._move(op, "failed")
@@ -383,52 +383,36 @@ class OperationStateMachine:
             return False, self._unknown(op, "the service was still working on it when this request stopped.")
         return None
 
-    async def _settle_after_cancel(
-        self, op: OperationRecord, call: CheckedCall, maybe_received: bool
+    async def _settle_unsent(
+        self, op: OperationRecord, call: CheckedCall, maybe_received: bool, why: Literal["cancelled", "expired"]
     ) -> tuple[bool, dict[str, Any]]:
-        """The request was cancelled between attempts: nothing is sent again; what may have arrived is
-        settled by the status."""
+        """Nothing more will be sent: the request was cancelled between attempts, or the approval (and so the
+        deadline) ran out before an attempt could be sent. What an earlier attempt may have done is settled by
+        the status; only what the service has no record of differs."""
+        before_any, none_arrived, no_status = _NOTHING_MORE_SENT[why]
         if op.attempts == 0:
             self._move(op, "expired")
-            return False, self._refusal(op, "the request was cancelled before this was sent; nothing was sent.")
+            return False, self._refusal(op, before_any)
         if not maybe_received:
             self._move(op, "failed")
-            why = "the request was cancelled; no attempt reached the service, so it was not done."
-            return False, self._op_error(op, ResultCode.TEMPORARY_UNAVAILABLE, why)
+            return False, self._op_error(op, ResultCode.TEMPORARY_UNAVAILABLE, none_arrived)
         if not call.has_status:
-            return False, self._unknown(op, "the request was cancelled, and this tool has no status query.")
+            return False, self._unknown(op, no_status)
         settled = self._settled_by_status(op, await self._resolve(op))
         if settled is not None:
             return settled
-        # Not found, but the approval is still valid: an attempt still on its way could take effect.
-        return False, self._unknown(op, "the request was cancelled; the service has no record of it yet.")
-
-    async def _settle_without_sending(
-        self, op: OperationRecord, call: CheckedCall, maybe_received: bool
-    ) -> tuple[bool, dict[str, Any]]:
-        """The approval (and so the deadline) ran out before an attempt could be sent."""
-        if op.attempts == 0:
-            self._move(op, "expired")
-            return False, self._refusal(op, "the approval ran out before the write could be sent; nothing was sent.")
-        if not maybe_received:
-            self._move(op, "failed")
-            why = "the service could not be reached before the request's deadline; it was not done."
-            return False, self._op_error(op, ResultCode.TEMPORARY_UNAVAILABLE, why)
+        if why == "cancelled":
+            # Not found, but the approval is still valid: an attempt still on its way could take effect.
+            return False, self._unknown(op, "the request was cancelled; the service has no record of it yet.")
         # An earlier attempt may have reached the service. Its approval has expired now, and the service
         # checks that at commit, so no attempt can take effect any more: the status is final.
-        if not call.has_status:
-            return False, self._unknown(op, "this tool has no status query, so it was not resent.")
-        status = await self._resolve(op)
-        settled = self._settled_by_status(op, status)
-        if settled is not None:
-            return settled
         self._move(op, "failed")
         no_record = "and the service has no record of it."
         if self._send_until(op) < self._deadline:
-            why = f"it was not done: the approval expired before it could be sent again, {no_record}"
-            return False, self._op_error(op, ResultCode.CONFIRMATION_REQUIRED, why)
-        why = f"it was not done: the request's deadline passed before it could be sent again, {no_record}"
-        return False, self._op_error(op, ResultCode.LIMIT_REACHED, why)
+            failed = f"it was not done: the approval expired before it could be sent again, {no_record}"
+            return False, self._op_error(op, ResultCode.CONFIRMATION_REQUIRED, failed)
+        failed = f"it was not done: the request's deadline passed before it could be sent again, {no_record}"
+        return False, self._op_error(op, ResultCode.LIMIT_REACHED, failed)
 
     async def _pause_before_resend(self, op: OperationRecord, seconds: float) -> None:
         left = (self._send_until(op) - workflow.now()).total_seconds()
@@ -610,6 +594,21 @@ class OperationStateMachine:
     def snapshot(self) -> list[OperationRecord]:
         return [op.model_copy(deep=True) for op in self.ledger.values()]
 
+
+# What the model is told when nothing more will be sent (cancelled, or the approval ran out): before any
+# attempt was sent, when no attempt reached the service, and for a tool that has no status query.
+_NOTHING_MORE_SENT = {
+    "cancelled": (
+        "the request was cancelled before this was sent; nothing was sent.",
+        "the request was cancelled; no attempt reached the service, so it was not done.",
+        "the request was cancelled, and this tool has no status query.",
+    ),
+    "expired": (
+        "the approval ran out before the write could be sent; nothing was sent.",
+        "the service could not be reached before the request's deadline; it was not done.",
+        "this tool has no status query, so it was not resent.",
+    ),
+}
 
 # The evidence of a read-back activity that failed: made up here, so not in history.
 _NOT_READ_BACK = Evidence(verified=False, detail="the read-back could not see the effect")
