@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, NoReturn, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -67,7 +67,7 @@ from toolloop._temporal.requests import (
     missing_search_attributes,
     readable_request_id,
 )
-from toolloop._temporal.settings import ApiSettings, Settings
+from toolloop._temporal.settings import ApiSettings, Settings, settings_error
 from toolloop._temporal.telemetry import configure_otlp_tracing, metrics_runtime, tracing_interceptor
 
 REPO_ROOT = Path(__file__).resolve().parent
@@ -232,6 +232,17 @@ def _check_signing_key(signing_key: str | None) -> None:
             verify_key_for(signing_key)
         except ValueError as exc:
             _fail(f"TOOLLOOP_APPROVAL_KEY: {exc}")
+
+
+_SettingsT = TypeVar("_SettingsT", Settings, ApiSettings)
+
+
+def _read(kind: type[_SettingsT]) -> _SettingsT:
+    """The process's settings from its environment; a bad value is one line naming the variable, exit 2."""
+    try:
+        return kind()
+    except ValidationError as exc:
+        _fail(settings_error(exc))
 
 
 def _not_found(workflow_id: str, actor: Actor) -> NoReturn:
@@ -548,12 +559,16 @@ async def _ask(
     except RequestNotFound:
         _not_found(session.workflow_id, actor)
     except RequestIdReused:
-        # The same id with another question (the client has checked that it is this user's request): its run
-        # is shown, as for the same question.
-        request, attached = client.request(request_id, actor=actor), True
+        # The same id with another question (or model, limits, tools): never the earlier run shown as this
+        # one's answer, nor its waiting writes decided as if they were this question's.
+        tail = f"{session.workflow_id} --user {actor.user_id} --tenant {actor.tenant_id}"
+        _fail(
+            f"request {request_id} was started with another question; ask this one with another --request-id, "
+            f"or see that one with `{' '.join([_cli_command(), 'result', tail, *_PRINTED_FLAGS])}`"
+        )
     if attached:
         err_console.print(
-            Text(f"request {request_id} exists already: showing its run (the question given now is not asked)")
+            Text(f"request {request_id} exists already: showing its run (the same question, not asked again)")
         )
     try:
         outcome.result = await _watch(request, show, mode, session)
@@ -706,7 +721,7 @@ def ask(
         _fail(_one_line(exc, {**_LIMIT_OPTIONS, "request": "the question"}))
     if request_id is not None and not REQUEST_ID.fullmatch(request_id):
         _fail("--request-id: use 1-64 ASCII letters, digits and _ . - (starting with a letter or digit)")
-    settings = Settings()
+    settings = _read(Settings)
     spec = _model_spec(model, settings)
     if not local_stack and auto_approve and settings.approval_key is None:
         _fail("--auto-approve needs the approval channel's key: set TOOLLOOP_APPROVAL_KEY, or use the local stack")
@@ -790,7 +805,7 @@ def _decide(
     workflow_id: str, operation_id: str, approve: bool, user: str | None, tenant: str, local_stack: bool
 ) -> None:
     actor = _actor(user, tenant)
-    settings = Settings()
+    settings = _read(Settings)
     if local_stack:
         settings = _settings_for_local_stack(settings)
     key = _approval_key(settings, local_stack)
@@ -873,7 +888,7 @@ def _report_of_own_request(
     """The session's own request's report (cancelled first if asked), printed as ask prints it, and exit as
     ask would have; another user's request looks like a missing one."""
     actor = _actor(user, tenant)
-    settings = Settings()
+    settings = _read(Settings)
     if local_stack:
         settings = _settings_for_local_stack(settings)
     _check_user(settings, actor, local_stack)
@@ -908,7 +923,7 @@ async def _own_report(workflow_id: str, actor: Actor, settings: Settings, *, can
 @app.command()
 def up() -> None:
     """Start (or reuse) the local stack: Temporal dev server with UI, business service, worker."""
-    settings = _settings_for_local_stack(Settings())
+    settings = _settings_for_local_stack(_read(Settings))
     _up(settings, quiet=False)
     status()
 
@@ -917,7 +932,7 @@ def up() -> None:
 def down() -> None:
     """Stop the processes this data dir's state recorded (data is kept), and say exactly what it stopped;
     exit 1 when it stopped nothing."""
-    stack = LocalStack(_settings_for_local_stack(Settings()), REPO_ROOT)
+    stack = LocalStack(_settings_for_local_stack(_read(Settings)), REPO_ROOT)
     try:
         report = stack.down()
     except StackError as exc:
@@ -954,7 +969,7 @@ def _held(stack: LocalStack) -> str:
 def status() -> None:
     """Show which processes of this data dir's stack run, as checked now: each recorded process (alive and
     still running its recorded command), its address (answering or not), and any port held by another program."""
-    settings = _settings_for_local_stack(Settings())
+    settings = _settings_for_local_stack(_read(Settings))
     stack = LocalStack(settings, REPO_ROOT)
     try:
         report = stack.status()
@@ -1000,7 +1015,10 @@ async def _serve_api(settings: ApiSettings, host: str, port: int, tokens: TokenM
         default_model=settings.api_default_model,
         meter=runtime.metric_meter if runtime is not None else None,
     )
-    default_provider = settings.api_default_model.partition(":")[0]
+    try:
+        default_provider = ModelSpec.named(settings.api_default_model).provider
+    except ValueError as exc:
+        _fail(f"TOOLLOOP_API_MODEL: {exc}")
     if config.limits.unknown_model(default_provider):
         # Every request that names no model would fail: refuse to start instead.
         _fail(
@@ -1027,7 +1045,7 @@ def serve(
     """Run the HTTP API and its web page: start requests, follow them live, decide their side effects.
     Bearer tokens (TOOLLOOP_API_TOKENS, a JSON file) say whom each caller is; it signs decisions with
     TOOLLOOP_APPROVAL_KEY, as the CLI does."""
-    settings = ApiSettings()
+    settings = _read(ApiSettings)
     configure_logging("api")
     if settings.otel:
         try:

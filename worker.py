@@ -13,9 +13,11 @@ import os
 import signal
 import sys
 
+from pydantic import ValidationError
+
 from toolloop._core.approvals import check_verify_key, verify_key_set
 from toolloop._temporal.logs import configure_logging
-from toolloop._temporal.settings import WorkerSettings
+from toolloop._temporal.settings import WorkerSettings, settings_error
 from toolloop._temporal.telemetry import configure_otlp_tracing, metrics_runtime
 from toolloop._temporal.worker_factory import ToolsLoadError, connect, load_tools, running_worker
 from toolloop._tools.toolset import AgentSpec
@@ -68,7 +70,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    settings = WorkerSettings()
+    try:
+        settings = WorkerSettings()
+    except ValidationError as exc:
+        print(f"error: {settings_error(exc)}", file=sys.stderr)
+        return 2
     configure_logging("worker")
     if settings.approval_verify_key is not None:
         try:

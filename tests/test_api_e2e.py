@@ -377,7 +377,8 @@ async def test_the_openapi_document_says_bearer_problem_json_and_event_stream(ht
         expected = ["text/event-stream"] if path.endswith("/events") else ["application/json"]
         assert list(ok["content"]) == expected, (path, method)
     start = operations[("/v1/requests", "post")]["responses"]
-    assert set(start) == {"201", "400", "401", "413", "422", "429", "503"}
+    assert set(start) == {"201", "400", "401", "404", "413", "422", "429", "503"}
+    assert "REQUEST_UNREADABLE" in start["503"]["description"]
     assert "RATE_LIMITED" in start["429"]["description"] and "Retry-After" in start["429"]["headers"]
     assert "UNKNOWN_TOOL" in start["422"]["description"]
     events = operations[("/v1/requests/{request_id}/events", "get")]["responses"]

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -481,17 +482,22 @@ def test_a_request_id_is_scoped_by_tenant_and_user_and_never_runs_twice(
     one = json.loads(first.stdout)
     [op] = one["operations"]
 
-    # The same id again, even after the run completed, gives back the first run: no second approval. With
-    # another question or the same one, it says so.
-    again = run_cli(cli_env, "ask", "--user", "u1", *args, "refund it again")
+    # The same id and question again, even after the run completed, gives back the first run: no second
+    # approval, and it says so.
     same = run_cli(cli_env, "ask", "--user", "u1", *args, "refund A108")
-    for attached in (again, same):
-        assert attached.returncode == 0, attached.stderr
-        assert json.loads(attached.stdout) == one
-        assert "--auto-approve" not in attached.stderr  # nothing was asked
-        assert "request same-id exists already: showing its run (the question given now is not asked)" in (
-            attached.stderr
-        )
+    assert same.returncode == 0, same.stderr
+    assert json.loads(same.stdout) == one
+    assert "--auto-approve" not in same.stderr  # nothing was asked
+    assert "request same-id exists already: showing its run (the same question, not asked again)" in same.stderr
+    # The same id with another question is refused in one line (exit 2): never the first run shown as its
+    # answer, nor anything of it approved; the command it prints shows the first run.
+    again = run_cli(cli_env, "ask", "--user", "u1", *args, "refund it again")
+    assert again.returncode == 2 and again.stdout == ""
+    [line] = again.stderr.strip().splitlines()
+    assert line.startswith("error: request same-id was started with another question;"), line
+    shown = shlex.split(line[line.index("`") + 1 : line.rindex("`")])
+    printed = subprocess.run([*shown, "--json"], env=cli_env, capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0 and json.loads(printed.stdout) == one, printed.stderr
     assert len(admin_effects(cli_env, op["operation_id"])) == 1
 
     # The same user id in another tenant is another person: their own request, never the first one.

@@ -12,24 +12,20 @@ from typing import Any
 
 import httpx
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RetryConfig, RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 import toolloop
 from devstack.processes import free_port, start_temporal_dev_server
-from tests.agent_helpers import U1, assert_eventually, call, effects, say, script_spec, service_requests, ticket_version
+from tests.agent_helpers import U1, call, effects, say, script_spec, service_requests, ticket_version
 from tests.conftest import APPROVAL_KEY
-from toolloop._core.approvals import payload_digest
+from toolloop._core.approvals import generate_signing_key, payload_digest
 from toolloop._temporal.settings import Settings
 
 pytestmark = pytest.mark.e2e
 
 U2 = toolloop.Actor(user_id="u2", tenant_id="acme")
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 def _client(client: Client, settings: Settings, *, key: str | None = APPROVAL_KEY) -> toolloop.ToolloopClient:
@@ -92,16 +88,18 @@ async def test_an_approver_that_leaves_an_operation_lets_another_client_decide_i
     starter = _client(client, settings, key=None)  # starts and sees, cannot sign
     approver = _client(client, settings)
     left: list[str] = []
+    seen = asyncio.Event()
 
     def leave(approval: toolloop.ApprovalRequest) -> None:
         left.append(approval.operation_id)
+        seen.set()
 
     started = await starter.start("add a note", actor=U1, model=_note_script(note), request_id="leave-it")
     leaving = asyncio.create_task(approver.request("leave-it", actor=U1).decide_each(leave))
     with pytest.raises(toolloop.ApprovalRefused, match="no approval signing key"):
         await starter.request("leave-it", actor=U1).decide_each(leave)
     # The approver that leaves it has seen it (an operation decided before it looked is never shown to it).
-    await assert_eventually(lambda: _true(bool(left)), what="the leaving approver saw the operation")
+    await asyncio.wait_for(seen.wait(), 60)
     request = approver.request("leave-it", actor=U1)
     async for approval in request.approvals():
         [pending] = await request.pending_approvals()
@@ -127,8 +125,16 @@ async def test_a_request_id_starts_one_request_and_attaches_after_and_another_us
     assert (first.attached, again.attached) == (False, True)
     assert again.workflow_id == first.workflow_id and again.handle.run_id is None
     assert (await again.handle.describe()).run_id == (await first.handle.describe()).run_id
-    with pytest.raises(toolloop.RequestIdReused):
-        await tl.start("something else", actor=U1, request_id="once", model=script_spec([say("hi")]))
+    # The same id with anything else submitted differently is another request, refused.
+    for other in (
+        {"question": "something else"},
+        {"tools": ["get_ticket"]},
+        {"metadata": {"task": "t-1"}},
+        {"model": script_spec([say("hello")])},
+    ):
+        submission: dict[str, Any] = {"question": "hello", "model": script_spec([say("hi")]), **other}
+        with pytest.raises(toolloop.RequestIdReused):
+            await tl.start(submission.pop("question"), actor=U1, request_id="once", **submission)
     # Request ids are scoped to their user: u2's "once" is another request, and u1's is none of u2's.
     other = await tl.start("hello", actor=U2, request_id="once", model=script_spec([say("hi")]))
     assert other.attached is False and other.workflow_id != first.workflow_id
@@ -199,3 +205,39 @@ async def test_a_temporal_that_does_not_answer_is_an_error_never_a_missing_reque
     with pytest.raises(RPCError) as failed:
         await tl.request_of_workflow("ask-acme-u1-x", actor=U1)
     assert failed.value.status == RPCStatusCode.UNAVAILABLE
+
+
+async def test_a_refusal_that_leaves_the_operation_waiting_is_raised_never_passed_over(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    # A channel whose key the workers do not hold: every decision it signs is refused, and the operation
+    # still waits. run() says so at once rather than returning "expired" when the approval runs out.
+    wrong = _client(client, settings, key=generate_signing_key())
+    note = await _note(settings, "wrong key")
+    with pytest.raises(WorkflowUpdateFailedError):
+        await asyncio.wait_for(
+            wrong.run(
+                "add a note", actor=U1, model=_note_script(note), request_id="wrong-key", approver=lambda _: True
+            ),
+            120,
+        )
+    request = wrong.request("wrong-key", actor=U1)
+    [waiting] = await request.pending_approvals()
+    await request.cancel()
+    assert (await asyncio.wait_for(request.result(), 60)).stop_reason == "cancelled"
+    assert await effects(admin, waiting.operation_id) == []
+
+
+async def test_an_approver_that_fails_fails_run(client: Client, settings: Settings, worker: Worker) -> None:
+    def broken(approval: toolloop.ApprovalRequest) -> bool:
+        raise RuntimeError("the approver's own store is down")
+
+    tl = _client(client, settings)
+    note = await _note(settings, "broken approver")
+    with pytest.raises(RuntimeError, match="store is down"):
+        await asyncio.wait_for(
+            tl.run("add a note", actor=U1, model=_note_script(note), request_id="broken", approver=broken), 120
+        )
+    request = tl.request("broken", actor=U1)
+    await request.cancel()
+    assert (await asyncio.wait_for(request.result(), 60)).stop_reason == "cancelled"

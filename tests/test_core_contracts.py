@@ -107,3 +107,22 @@ def test_a_model_name_is_parsed_once_for_the_cli_and_the_api() -> None:
     for bad in ("", "Open AI", ":gpt", "9lives"):
         with pytest.raises(ValueError, match="NAME or NAME:MODEL"):
             ModelSpec.named(bad)
+
+
+def test_fields_renamed_for_clarity_still_read_under_their_old_names() -> None:
+    # What a workflow of the version before wrote, read by this version's activities.
+    from toolloop._core.contracts import ModelTurnInput, WriteInput
+
+    turn = ModelTurnInput.model_validate({"turn": 2, "new_items": [], "provider": "offline", "output_refs": ["c1"]})
+    assert turn.outputs_in_history == ["c1"] and "output_refs" not in turn.model_dump()
+    write = WriteInput.model_validate(
+        {
+            "operation_id": "op_1",
+            "tool": "t",
+            "arguments": {},
+            "actor": {"user_id": "u1", "tenant_id": "acme"},
+            "call_id": "c1",
+            "keep_output_round": 3,
+        }
+    )
+    assert write.round == 3 and "keep_output_round" not in write.model_dump()

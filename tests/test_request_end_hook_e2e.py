@@ -15,7 +15,7 @@ from temporalio.worker import Replayer, Worker
 
 import toolloop
 from demo.agent import build as build_demo
-from tests.agent_helpers import U1, activity_steps, call, say, script_spec, ticket_version
+from tests.agent_helpers import U1, activity_steps, call, marker_count, say, script_spec, ticket_version
 from tests.conftest import APPROVAL_VERIFY_KEY
 from toolloop._core.names import REQUEST_ENDED_ACTIVITY
 from toolloop._temporal.settings import Settings
@@ -65,8 +65,10 @@ async def test_the_hook_runs_once_after_an_answer_with_the_requests_labels(clien
     assert finished.actor == U1 and finished.metadata == {"task": "t-17"}
     assert (finished.status, finished.stop_reason, finished.outcome) == ("completed", "final_answer", "answered")
     assert result.outcome == "answered"
-    # Its step comes last, after the report was made; the report itself is the workflow's result.
+    # Its step comes last, after the report was made; the report itself is the workflow's result. Its patch
+    # marker is the run's only one (a run that ended without the step, on older workflow code, replays).
     assert (await activity_steps(request.handle))[-1] == REQUEST_ENDED_ACTIVITY
+    assert await marker_count(request.handle) == 1
     await _replays(request.handle, settings)
 
 
@@ -125,3 +127,4 @@ async def test_a_worker_without_a_hook_adds_no_step(client: Client, settings: Se
         request = await tl.start("hello", actor=U1, model=script_spec([say("hi")]))
         await asyncio.wait_for(request.result(), 60)
     assert REQUEST_ENDED_ACTIVITY not in await activity_steps(request.handle)
+    assert await marker_count(request.handle) == 0

@@ -63,6 +63,7 @@ with workflow.unsafe.imports_passed_through():
     from toolloop.workflows.retries import io_retry_policy
 
 _MIN_TIMEOUT = timedelta(seconds=1)
+_END_HOOK_PATCH = "request-end-hook"
 _MAX_EVENTS_PER_QUERY = 500
 
 
@@ -266,7 +267,10 @@ class AgentWorkflow:
             status=status, stop_reason=stop, final_text=final_text, error=error, outcome=report.outcome
         )
         self._progress.done = True
-        if self._end_hook:
+        # Patched: a run whose turn came from a worker with a hook but whose workflow code had none (a rolling
+        # deploy) ended without this step, and replays without it. Called only with a hook, so runs without
+        # one record no marker.
+        if self._end_hook and workflow.patched(_END_HOOK_PATCH):
             await self._request_ended(inp, report)
         if status == "failed":
             # Failed is failed in Temporal too (red in the UI's list); the whole report travels in the
@@ -289,10 +293,12 @@ class AgentWorkflow:
             outcome=report.outcome,
         )
         try:
+            # Bounded: the run completes (and its result is given) only after this step.
             await workflow.execute_activity(
                 REQUEST_ENDED_ACTIVITY,
                 finished,
-                start_to_close_timeout=timedelta(seconds=30),
+                start_to_close_timeout=timedelta(seconds=10),
+                schedule_to_close_timeout=timedelta(seconds=30),
                 retry_policy=io_retry_policy(3),
             )
         except asyncio.CancelledError as cancelled:

@@ -470,6 +470,8 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             "UNKNOWN_MODEL",
             "RATE_LIMITED",
             "TOO_MANY_ACTIVE_REQUESTS",
+            "NOT_FOUND",
+            "REQUEST_UNREADABLE",
         ),  # fmt: skip
     )
     async def start_request(
@@ -512,11 +514,11 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                 422, "IDEMPOTENCY_KEY_REUSED", "this Idempotency-Key was already used for another request"
             ) from None
         except RequestNotFound:
-            # The id's workflow exists, but the client did not read it as the caller's from its start event. It
-            # says the same when Temporal did not answer that read: 404 only if the workflow is not the caller's
-            # (its search attributes, as every other route asks), else 503 as for any unanswered call.
+            # The id's workflow exists, and its start event does not say it acts for the caller (a Temporal that
+            # did not answer is an RPCError, answered 503 by its handler): 404 if it is not the caller's by its
+            # search attributes either, as every other route asks; else its start cannot be read.
             await found(actor, request_id)
-            raise Problem(503, "TEMPORAL_UNAVAILABLE", "Temporal did not answer; try again") from None
+            raise Problem(503, "REQUEST_UNREADABLE", UNREADABLE_REQUEST) from None
         summary = RequestSummary(
             id=request_id, workflow_id=started.workflow_id, status="running", question=body.question[:200]
         )

@@ -1,6 +1,8 @@
 """Pure: the pydantic models that cross a boundary (workflow, activities, starter, model adapters).
 
-Fields are only ever added with defaults, never renamed or retyped, so stored histories still decode.
+Fields are added with defaults and never retyped, so stored histories still decode. A field renamed for
+clarity still reads under its old name (AliasChoices), so an activity of this version reads what a workflow
+of the one before wrote; the other way round, upgrade workers together (README, "Upgrading").
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -201,7 +204,9 @@ class ModelTurnInput(BaseModel):
     # Call ids whose function_call_output in new_items is sent empty because history holds it already (a
     # run_tool activity's result of the previous round, or a write attempt that holds its whole output): the
     # model activity fills it in, so each output is stored in history once.
-    outputs_in_history: list[str] = Field(default_factory=list)
+    outputs_in_history: list[str] = Field(
+        default_factory=list, validation_alias=AliasChoices("outputs_in_history", "output_refs")
+    )
     # The request's allowed tools (AgentInput.allowed_tools): the only ones offered to the model.
     offered_tools: list[str] | None = None
     # A scripted request's (ModelSpec.script): this turn's items (None once the script has run out) and the
@@ -409,7 +414,7 @@ class WriteInput(BaseModel):
     # The round the write was proposed in. A completed attempt that read its effect back holds the write's
     # whole output (write_output_in_attempt), so the next model turn finds it in history; the worker also
     # keeps it in its output store for that turn, which then need not read history.
-    round: int | None = None
+    round: int | None = Field(default=None, validation_alias=AliasChoices("round", "keep_output_round"))
 
 
 class WriteOutcome(BaseModel):

@@ -84,9 +84,12 @@ def submission_digest(inp: AgentInput) -> str:
         "model": inp.model.model_dump(mode="json"),
         "instructions": inp.instructions,
         "limits": inp.limits.model_dump(mode="json"),
-        "tools": inp.allowed_tools,
-        "metadata": inp.metadata,
     }
+    # Only when given: a request started before these existed is bound to the same digest as it always was.
+    if inp.allowed_tools is not None:
+        submitted["tools"] = inp.allowed_tools
+    if inp.metadata:
+        submitted["metadata"] = inp.metadata
     return "sha256:" + hashlib.sha256(canonical_json(submitted).encode("utf-8")).hexdigest()
 
 
@@ -129,23 +132,24 @@ class ToolloopRequest:
     async def follow(self) -> AsyncIterator[AgentProgress]:
         """The request's progress each time it may have changed (a long poll on its history, no polling
         interval), from now until its run closes; the last one is read after the close."""
+        pause: float | None = None
         async with RunFollower(self.handle) as follower:
             while True:
-                await follower.wait()
+                await follower.wait(at_most=pause)
                 running = (await self.handle.describe()).status == WorkflowExecutionStatus.RUNNING
                 try:
                     progress = await self.progress()
                 except RPCError as err:
-                    # No worker answers yet (not picked up, a restart): read again at the next change.
+                    # No worker answers yet (not picked up, a restart), and the run may append nothing for a
+                    # long time (an approval wait): read again at the next change or after a growing pause.
                     if err.status not in NO_WORKER_YET or not running:
                         raise
+                    pause = min(pause * 2, 5.0) if pause else 0.5
                     continue
+                pause = None
                 yield progress
                 if not running:
                     return
-
-    async def is_running(self) -> bool:
-        return (await self.handle.describe()).status == WorkflowExecutionStatus.RUNNING
 
     async def raise_if_finished(self) -> None:
         """RequestFinished if the request has ended: it takes no more decisions."""
@@ -193,12 +197,15 @@ class ToolloopRequest:
 
     async def decide_each(self, approver: Approver, *, decider: Actor | None = None) -> list[DecisionReceipt]:
         """Show `approver` each operation as it starts waiting and send its verdict (None: left to someone
-        else), until the run closes. A decision the workflow refuses (decided elsewhere meanwhile, expired)
-        is skipped: the operation's state says what happened. The receipts of the decisions taken."""
+        else), until the run closes; the receipts of the decisions taken. An operation that stopped waiting
+        meanwhile (decided elsewhere, expired) is passed over: its state says what happened. Any other refusal
+        (a payload that does not match its digest, a token the workers do not accept) is raised: the
+        operation still waits, and only a person or a fixed configuration can settle it."""
         if self._owner.signing_key is None:
             raise ApprovalRefused("this client holds no approval signing key: it cannot decide")
         receipts: list[DecisionReceipt] = []
         async for approval in self.approvals():
+            self.check_signable(approval)  # never show an approver what cannot be signed
             verdict = approver(approval)
             if inspect.isawaitable(verdict):
                 verdict = await verdict
@@ -209,9 +216,9 @@ class ToolloopRequest:
             except RequestFinished:
                 break
             except (WorkflowUpdateFailedError, ApprovalRefused):
-                # Refused by the workflow, or not signed (its window closed, a payload that does not match its
-                # digest): the operation is not approved, and its state says why.
-                continue
+                now = await self.approval(approval.operation_id)
+                if now is not None and now.state == "awaiting_approval":
+                    raise
         return receipts
 
     # --- the end -------------------------------------------------------------------------------------------

@@ -108,13 +108,10 @@ def request_id_of(actor: Actor, workflow_id: str) -> str:
     return workflow_id
 
 
-def request_memo(request_id: str, question: str, *, submission: str | None = None) -> dict[str, str]:
-    """What every starter (the CLI, the API) records with a request, so the API's list shows it whoever
-    started it: its id, the start of its question, and (the API's) the digest of what was submitted."""
-    memo = {"request_id": request_id, "question": question[:200]}
-    if submission is not None:
-        memo["submission"] = submission
-    return memo
+def request_memo(request_id: str, question: str, *, submission: str) -> dict[str, str]:
+    """What toolloop's client records with a request, so the API's list shows it whoever started it: its id,
+    the start of its question, and the digest of what was submitted (what its request id is bound to)."""
+    return {"request_id": request_id, "question": question[:200], "submission": submission}
 
 
 async def acts_for(client: Client, handle: WorkflowHandle[Any, Any]) -> Actor | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -85,3 +85,10 @@ class Settings(WorkerSettings, ApiSettings):
         if workflow_id is None:
             return base
         return f"{base}/namespaces/{self.temporal_namespace}/workflows/{workflow_id}"
+
+
+def settings_error(exc: ValidationError) -> str:
+    """A bad value in the environment, in one line that names the variable."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "settings"
+    return f"{where}: {first['msg']} (got {first.get('input')!r})"
