@@ -1,7 +1,7 @@
-"""I/O: one benchmark request on each stack, from the client's side - (a) toolloop's AgentWorkflow started
-the way the CLI starts it and approved through the approval channel, (b) the floor started and approved by
-its one Update, (c) the plain asyncio loop making the same HTTP calls with no Temporal at all - and what a
-finished run's history holds."""
+"""I/O: one benchmark request on each stack, from the client's side - (a) toolloop's AgentWorkflow started and
+approved through toolloop's client (toolloop.ToolloopClient, what the CLI and the API use), (b) the floor
+started and approved by its one Update, (c) the plain asyncio loop making the same HTTP calls with no Temporal
+at all - and what a finished run's history holds."""
 
 from __future__ import annotations
 
@@ -34,12 +34,9 @@ from bench.scenarios import (
 )
 from demo.bizservice.writes import AUDIENCE as DEMO_AUDIENCE
 from toolloop import testing
-from toolloop._core.contracts import Actor, AgentInput, AgentResult, Limits, ModelSpec
-from toolloop._core.names import AGENT_WORKFLOW
-from toolloop._temporal.approval_channel import send_decision
-from toolloop._temporal.following import approvals_as_they_come, changes
-from toolloop._temporal.requests import request_search_attributes, request_summary, request_workflow_id
-from toolloop._temporal.results import request_result
+from toolloop._core.contracts import Actor, AgentResult, ApprovalRequest, Limits, ModelSpec
+from toolloop._temporal.client import ToolloopClient, ToolloopRequest
+from toolloop._temporal.following import changes
 
 ACTOR = Actor(user_id="u1", tenant_id="acme")
 ACTOR_HEADERS = {"X-Actor-User": ACTOR.user_id, "X-Actor-Tenant": ACTOR.tenant_id}
@@ -129,44 +126,41 @@ class OursStack:
 
     def __init__(self, client: Client, task_queue: str, signing_key: str) -> None:
         self.client = client
-        self._queue = task_queue
-        self._signing_key = signing_key
+        # toolloop's client: starts the requests and is their approval channel ("u1 via bench").
+        self.requests = ToolloopClient(client, task_queue=task_queue, signing_key=signing_key, channel="bench")
+
+    async def begin(self, scenario: Scenario, request_id: str) -> ToolloopRequest:
+        """Start one request through toolloop's client: its workflow id scoped to the user, the search
+        attributes, a summary, as `starter.py ask` and the API start theirs."""
+        return await self.requests.start(
+            scenario.request_text(),
+            actor=ACTOR,
+            request_id=request_id,
+            model=ModelSpec(provider="bench"),
+            limits=limits_for(scenario),
+        )
 
     async def start(self, scenario: Scenario, request_id: str) -> WorkflowHandle[Any, AgentResult]:
-        """Start one request as `starter.py ask` does: a scoped workflow id, the search attributes, a summary."""
-        text = scenario.request_text()
-        return await self.client.start_workflow(
-            AGENT_WORKFLOW,
-            AgentInput(
-                request=text,
-                actor=ACTOR,
-                model=ModelSpec(provider="bench"),
-                limits=limits_for(scenario),
-            ),
-            id=request_workflow_id(ACTOR, request_id),
-            task_queue=self._queue,
-            result_type=AgentResult,
-            search_attributes=request_search_attributes(ACTOR),
-            static_summary=request_summary(ACTOR, text),
-        )
+        """Start one request (the scale phase): its workflow's handle."""
+        return (await self.begin(scenario, request_id)).handle
 
     async def run(self, scenario: Scenario, request_id: str, *, trace: bool = False) -> Outcome:
         """One request, its writes approved as soon as they wait. `trace` also follows the run's history on
         its own, to tell when the approval wait's TimerStarted event reached the client."""
         started = time.perf_counter()
-        handle: WorkflowHandle[Any, AgentResult] | None = None
+        request: ToolloopRequest | None = None
         approvals: list[float] = []
         timers: list[float] = []
-        helpers: list[asyncio.Task[None]] = []
+        helpers: list[asyncio.Task[Any]] = []
         try:
-            handle = await self.start(scenario, request_id)
+            request = await self.begin(scenario, request_id)
             if scenario.write:
-                helpers.append(asyncio.create_task(self._approve(handle, approvals)))
+                helpers.append(asyncio.create_task(request.decide_each(_approve_at_once(approvals))))
                 if trace:
-                    helpers.append(asyncio.create_task(_first_timer(handle, timers)))
-            result = await asyncio.wait_for(request_result(handle), REQUEST_TIMEOUT_S)
+                    helpers.append(asyncio.create_task(_first_timer(request.handle, timers)))
+            result = await asyncio.wait_for(request.result(), REQUEST_TIMEOUT_S)
         except Exception as exc:
-            return _failed(self.name, request_id, started, exc, handle.id if handle else None)
+            return _failed(self.name, request_id, started, exc, request.workflow_id if request else None)
         finally:
             for helper in helpers:
                 helper.cancel()
@@ -178,11 +172,15 @@ class OursStack:
         outcome.timer_seen_at = timers[0] if timers else None
         return outcome
 
-    async def _approve(self, handle: WorkflowHandle[Any, AgentResult], known_at: list[float]) -> None:
-        """The approval channel of a user who approves at once: each operation as soon as it waits."""
-        async for request in approvals_as_they_come(handle):
-            known_at.append(time.time())
-            await send_decision(handle, request, approve=True, decider=ACTOR, key=self._signing_key, channel="bench")
+
+def _approve_at_once(known_at: list[float]) -> Callable[[ApprovalRequest], bool]:
+    """A user who approves each operation as soon as it waits; `known_at` gets when each reached the client."""
+
+    def approve(_: ApprovalRequest) -> bool:
+        known_at.append(time.time())
+        return True
+
+    return approve
 
 
 async def _first_timer(handle: WorkflowHandle[Any, AgentResult], seen_at: list[float]) -> None:

@@ -3,9 +3,10 @@
 through the proxy), every run judged by faultbed.invariants on the service's tables and the history.
 
 Each run: the plan's service faults become the service's rules and its wire faults go to the proxy, both
-seeded with the run's seed; a scripted request (faultbed.scenarios.workload) runs with its write approved as
-soon as it asks; once the result is in (or a bound passes) the faults are cleared, and what happened is read
-from the service (effects, rule counts), the proxy (what fired) and the run's history (call pairing)."""
+seeded with the run's seed; a scripted request (faultbed.scenarios.workload) is started through toolloop's
+client and its write decided through the client's approval channel ("chaos") as soon as it asks; once the
+result is in (or a bound passes) the faults are cleared, and what happened is read from the service
+(effects, rule counts), the proxy (what fired) and the run's history (call pairing)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client
 from temporalio.service import RPCError
 
 from devstack.processes import (
@@ -63,7 +64,6 @@ from faultbed.strikes import (
 from faultbed.target import ChaosTarget, EffectQuery
 from toolloop._core.approvals import generate_signing_key, payload_digest, verify_key_for
 from toolloop._core.contracts import (
-    AgentInput,
     AgentResult,
     ConversationItem,
     FunctionCallItem,
@@ -71,12 +71,8 @@ from toolloop._core.contracts import (
     Limits,
     ModelSpec,
 )
-from toolloop._core.names import AGENT_WORKFLOW
-from toolloop._temporal.approval_channel import send_decision
+from toolloop._temporal.client import ToolloopClient, ToolloopRequest
 from toolloop._temporal.converter import data_converter
-from toolloop._temporal.following import approvals_as_they_come
-from toolloop._temporal.requests import request_search_attributes, request_workflow_id
-from toolloop._temporal.results import request_result
 from toolloop.testing import model_turns, script
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -84,6 +80,8 @@ logger = logging.getLogger(__name__)
 # A run's result is awaited this long with its faults on, then this long more once they are cleared.
 RUN_SECONDS = 90.0
 SETTLE_SECONDS = 45.0
+# The approval channel the runner's user decides through: each decision is recorded "<user> via chaos".
+CHAOS_CHANNEL = "chaos"
 
 
 @dataclass
@@ -113,6 +111,8 @@ class RunOutcome:
 @dataclass
 class ChaosStack:
     client: Client
+    # toolloop's client on that Temporal client: starts the runs, and is their approval channel (signing_key).
+    requests: ToolloopClient
     target: ChaosTarget
     # The service itself (not the proxy), the directory it keeps its data in, and for the bundled service
     # its admin API (fault rules, effects).
@@ -191,6 +191,7 @@ async def chaos_stack(target: ChaosTarget | None = None, root: Path | None = Non
                     )
                 yield ChaosStack(
                     client=client,
+                    requests=ToolloopClient(client, task_queue=queue, signing_key=signing_key, channel=CHAOS_CHANNEL),
                     target=target,
                     service_url=service_url,
                     service_dir=service_dir,
@@ -271,19 +272,10 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
     turns, model_fired = with_model_faults(plan, work.turns, work.injected)
     stack.endpoint.load(turns, endpoint_faults(plan.faults), seed)
     model = ModelSpec(provider="openai", name="chaos-script") if uses_endpoint(plan) else script(*turns)
-    handle: WorkflowHandle[Any, AgentResult] = await stack.client.start_workflow(
-        AGENT_WORKFLOW,
-        AgentInput(
-            request=f"chaos run {tag}",
-            actor=actor,
-            model=model,
-            limits=limits,
-            allowed_tools=list(scenario.allowed_tools) if scenario.allowed_tools is not None else None,
-        ),
-        id=request_workflow_id(actor, tag),
-        task_queue=stack.task_queue,
-        result_type=AgentResult,
-        search_attributes=request_search_attributes(actor),
+    # The run's tag is its request id: its workflow id is request_workflow_id(actor, tag), as the reports and
+    # the saved histories name it.
+    request = await stack.requests.start(
+        f"chaos run {tag}", actor=actor, request_id=tag, model=model, limits=limits, tools=scenario.allowed_tools
     )
     began = time.monotonic()
     gate = ApprovalGate()
@@ -303,10 +295,10 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
         asyncio.create_task(strike(context, f, after_commit.index(f) if f in after_commit else 0)) for f in strikes
     ]
     shown: dict[str, str] = {}
-    approver = asyncio.create_task(_decide_each(stack, handle, work.wanted, gate, shown))
+    approver = asyncio.create_task(_decide_each(request, work.wanted, gate, shown))
     result: AgentResult | None = None
     try:
-        result = await _result_within(handle, RUN_SECONDS)
+        result = await _result_within(request, RUN_SECONDS)
         ended_at = time.time()
         # The strikes are over by now, or their point never came (then they count as never fired).
         struck = [s for s in await asyncio.gather(*(_settled(t) for t in striking)) if s is not None]
@@ -316,7 +308,7 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
         first_fault = _first_fault_at(stack, service, struck)
         await _clear_faults(stack)
         if result is None:
-            result = await _result_within(handle, SETTLE_SECONDS)
+            result = await _result_within(request, SETTLE_SECONDS)
             ended_at = time.time()
     finally:
         for task in [approver, *striking]:
@@ -325,14 +317,14 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
     seconds = time.monotonic() - began
     if result is None:
         with contextlib.suppress(Exception):
-            await handle.terminate("chaos run: no result once the faults cleared")
-    facts = await _facts(stack, scenario, seed, handle, result, tag, limits, shown)
+            await request.handle.terminate("chaos run: no result once the faults cleared")
+    facts = await _facts(stack, scenario, seed, request, result, tag, limits, shown)
     operations = result.operations if result else []
     write = next((op for op in operations if work.wanted(op.tool, op.arguments)), None)
     return RunOutcome(
         scenario=scenario.name,
         seed=seed,
-        workflow_id=handle.id,
+        workflow_id=request.workflow_id,
         seconds=seconds,
         checks=judge(facts),
         fired=fired,
@@ -354,13 +346,13 @@ async def _settled(task: asyncio.Task[Strike | None]) -> Strike | None:
         return None
 
 
-async def _result_within(handle: WorkflowHandle[Any, AgentResult], seconds: float) -> AgentResult | None:
+async def _result_within(request: ToolloopRequest, seconds: float) -> AgentResult | None:
     """The run's result, or None after `seconds`; waits through a restart of the Temporal server (the
     client's calls fail while it is away)."""
     deadline = time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0:
         try:
-            return await asyncio.wait_for(request_result(handle), left)
+            return await asyncio.wait_for(request.result(), left)
         except TimeoutError:
             return None
         except RPCError:
@@ -378,30 +370,28 @@ def _first_fault_at(stack: ChaosStack, rules: Sequence[dict[str, Any]], struck: 
 
 
 async def _decide_each(
-    stack: ChaosStack,
-    handle: WorkflowHandle[Any, AgentResult],
+    request: ToolloopRequest,
     wanted: Callable[[str, dict[str, Any]], bool],
     gate: ApprovalGate,
     shown: dict[str, str],
 ) -> None:
-    """The run's user at the approval channel: approves the write they asked for as soon as it waits, and
-    rejects anything else (a write the model was talked into). Waits for the gate (a strike during the
-    approval wait) before deciding, and follows the run again after a restart of the Temporal server.
-    `shown` gets, per operation, the digest of what it was shown (the payload it decides on)."""
+    """The run's user (the request's own) at the client's approval channel: approves the write they asked for
+    as soon as it waits, and rejects anything else (a write the model was talked into). Waits for the gate (a
+    strike during the approval wait) before deciding, and follows the run again after a restart of the
+    Temporal server. `shown` gets, per operation, the digest of what it was shown (the payload it decides on).
+    The client's approvals() and decide() rather than decide_each(), which would skip a decision the workflow
+    refuses: here, as before the client, a refusal ends the approver, and the run's invariants judge the rest."""
     decided: set[str] = set()
     while True:
         try:
-            async for request in approvals_as_they_come(handle):
-                if request.operation_id in decided:
+            async for approval in request.approvals():
+                if approval.operation_id in decided:
                     continue
                 gate.saw_one()
-                shown[request.operation_id] = payload_digest(request.digest_subject, request.arguments)
+                shown[approval.operation_id] = payload_digest(approval.digest_subject, approval.arguments)
                 await gate.open.wait()
-                approve = wanted(request.tool, request.arguments)
-                await send_decision(
-                    handle, request, approve=approve, decider=stack.target.actor, key=stack.signing_key, channel="chaos"
-                )
-                decided.add(request.operation_id)
+                await request.decide(approval, approve=wanted(approval.tool, approval.arguments))
+                decided.add(approval.operation_id)
             return
         except RPCError:
             await asyncio.sleep(0.5)
@@ -450,7 +440,7 @@ async def _facts(
     stack: ChaosStack,
     scenario: Scenario,
     seed: int,
-    handle: WorkflowHandle[Any, AgentResult],
+    request: ToolloopRequest,
     result: AgentResult | None,
     tag: str,
     limits: Limits,
@@ -467,7 +457,7 @@ async def _facts(
     received = await _received(stack)
     in_doubt = await _in_doubt(stack, [op for op in query.operation_ids if op not in {e.operation_id for e in effects}])
     ledger = {op.operation_id: op.digest for op in (result.operations if result else [])}
-    turns = await model_turns(handle)
+    turns = await model_turns(request.handle)
     planted = [
         f.spec.text for f in wire_faults(scenario.plan) if f.spec.fault == "plant" and stack.proxy.fired[f.index]
     ]

@@ -18,6 +18,7 @@ from toolloop._core.contracts import (
     Actor,
     AgentInput,
     AgentResult,
+    DecisionReceipt,
     Limits,
     ModelSpec,
     OperationRecord,
@@ -47,15 +48,16 @@ async def decide(
     decider: Actor = U1,
     key: str = APPROVAL_KEY,
     ttl: float = 600,
-) -> OperationRecord:
-    """What the approval channel does: fetch the whole payload, sign the decision, send it."""
+) -> DecisionReceipt:
+    """What the approval channel does (toolloop's client, channel "test"): fetch the whole payload, sign the
+    decision, send it."""
     return await testing.decide(handle, operation_id, approve=approve, decider=decider, signing_key=key, ttl=ttl)
 
 
 def approving(
     handle: WorkflowHandle[Any, Any], key: str = APPROVAL_KEY, approver: Actor = U1, ttl: float = 600
 ) -> contextlib.AbstractAsyncContextManager[list[str]]:
-    """Approve every operation the workflow asks about (what `ask --auto-approve` does)."""
+    """Approve every operation the workflow asks about (what `ask --auto-approve` does), as "<user> via test"."""
     return testing.approve_all(handle, signing_key=key, approver=approver, ttl=ttl)
 
 

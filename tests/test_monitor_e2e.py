@@ -149,7 +149,8 @@ async def test_an_approval_wait_is_a_labelled_timer_and_its_operation_is_in_the_
     assert timer.endswith(" UTC")
     attributes = (await handle.describe()).typed_search_attributes
     assert (attributes.get(OUTCOME_KEY), attributes.get(UNSETTLED_KEY)) == ("answered", None)
-    assert "refund\\_order" in await details(handle) and "verified ✅ (approved by u1 via cli)" in await details(handle)
+    finished = await details(handle)
+    assert "refund\\_order" in finished and "verified ✅ (approved by u1 via test)" in finished
 
 
 async def test_an_unknown_outcome_is_not_green_and_marks_the_request_unsettled(
@@ -194,7 +195,7 @@ async def test_a_request_that_answered_without_doing_its_write_is_found_as_not_d
     assert (result.status, [o.state for o in result.operations]) == ("completed", ["denied"])
     attributes = (await handle.describe()).typed_search_attributes
     assert (attributes.get(OUTCOME_KEY), attributes.get(UNSETTLED_KEY)) == ("not_done", None)
-    assert ": denied ✖ (rejected by u1 via cli)" in await details(handle)
+    assert ": denied ✖ (rejected by u1 via test)" in await details(handle)
 
 
 async def test_a_failed_request_is_a_failed_run_that_still_carries_its_report(

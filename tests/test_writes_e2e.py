@@ -123,7 +123,7 @@ async def test_approved_note_is_written_once_and_verified(
     [op] = result.operations
     assert (op.state, op.call_ids, op.attempts) == ("verified", ["w1"], 1)
     assert op.transitions == ["proposed", "validated", "awaiting_approval", "approved", "sent", "completed", "verified"]
-    assert op.approval is not None and op.approval.decision == "approved" and op.approval.by == "u1 via cli"
+    assert op.approval is not None and op.approval.decision == "approved" and op.approval.by == "u1 via test"
     assert op.arguments["text"] == "Replacement shipped."  # trimmed before it was approved and digested
     [effect] = await effects(admin, op.operation_id)
     assert effect["kind"] == "note"
@@ -473,7 +473,7 @@ async def test_rejected_operation_sends_nothing(
     [done] = result.operations
     assert done.state == "denied" and done.approval is not None
     # Who decided is read from the signed token, not from the caller's words.
-    assert (done.approval.decision, done.approval.by) == ("rejected", "u1 via cli")
+    assert (done.approval.decision, done.approval.by) == ("rejected", "u1 via test")
     # Its own code: a person said no, which the model and the receipt tell from an approval that never came.
     assert (await tool_outputs(handle))["w1"]["code"] == "REJECTED"
     assert await effects(admin, op.operation_id) == []
@@ -582,7 +582,7 @@ async def test_the_requests_own_user_rejects_through_the_channel_and_the_receipt
     result = await asyncio.wait_for(request_result(handle), timeout=60)
 
     done = result.operations[0]
-    assert done.state == "denied" and done.approval is not None and done.approval.by == "u1 via cli"
+    assert done.state == "denied" and done.approval is not None and done.approval.by == "u1 via test"
     assert done.transitions.count("denied") == 1
     assert await note_posts(admin) == []
 
@@ -1102,7 +1102,7 @@ async def test_the_workflows_own_result_is_the_whole_report(
     assert [(c.ok, c.code) for c in raw.calls] == [(True, None), (False, "BAD_ARGUMENTS"), (True, None)]
     [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
     [op] = raw.operations
-    assert op == ledger and op.approval is not None and op.approval.by == "u1 via cli"
+    assert op == ledger and op.approval is not None and op.approval.by == "u1 via test"
     assert op.evidence is not None and op.evidence["verified"] is True and op.first_sent_at is not None
     assert op.output == (await tool_outputs(handle))["w1"]
     assert op.digest == payload_digest(op.target or op.tool, op.arguments)
@@ -1123,7 +1123,7 @@ async def test_a_failed_requests_whole_report_travels_in_its_failure(
     stored = await stored_report(handle)
     assert stored["final_text"] is None  # there is no answer
     [done] = result.operations
-    assert done.approval is not None and (done.approval.decision, done.approval.by) == ("rejected", "u1 via cli")
+    assert done.approval is not None and (done.approval.decision, done.approval.by) == ("rejected", "u1 via test")
     assert done.output is not None and done.output["code"] == "REJECTED"
     assert stored["operations"][0]["approval"]["decision"] == "rejected"
     [ledger] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])

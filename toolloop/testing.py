@@ -12,6 +12,9 @@ model was shown - including the check that every call was answered exactly once.
         async with approve_all(handle, signing_key=key, approver=Actor(user_id="u1")):
             result = await toolloop.request_result(handle)
         outputs = await answered_once(handle)   # call_id -> the output the model read
+
+Starting, following and deciding go through toolloop's client (toolloop.ToolloopClient): these helpers are thin
+shortcuts over it for a test that holds a workflow handle. Their decisions are recorded as "<user> via test".
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ import asyncio
 import contextlib
 import json
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, cast
 
 import httpx
 from temporalio.client import Client, WorkflowHandle
+from temporalio.common import SearchAttributeKey
 from temporalio.worker import Worker
 
 from toolloop._core.approvals import (
@@ -38,7 +41,6 @@ from toolloop._core.approvals import (
 )
 from toolloop._core.contracts import (
     Actor,
-    AgentInput,
     AgentResult,
     ConversationItem,
     DecisionReceipt,
@@ -50,19 +52,21 @@ from toolloop._core.contracts import (
     ModelTurnResult,
     OperationRecord,
 )
-from toolloop._core.names import AGENT_WORKFLOW, GET_LEDGER_QUERY
 from toolloop._core.registry import ResultRejected, ToolContext, ToolError
 from toolloop._core.validation import check_call
 from toolloop._models.adapter import ModelAdapter
-from toolloop._temporal.approval_channel import fetch_approval_request, send_decision
-from toolloop._temporal.following import approvals_as_they_come
+from toolloop._temporal.approval_channel import DEFAULT_APPROVAL_TTL_SECONDS
+from toolloop._temporal.client import ToolloopClient, ToolloopRequest
 from toolloop._temporal.plugin import ToolloopPlugin
+from toolloop._temporal.requests import OUTCOME_KEY, TENANT_KEY, UNSETTLED_KEY, USER_KEY, request_id_of
 from toolloop._temporal.results import request_result
 from toolloop._tools.http import default_actor_headers
 from toolloop._tools.toolset import AgentSpec, Toolset
 from toolloop.activities.conversation import recorded_turns
 
 __all__ = [
+    "TEST_CHANNEL",
+    "RequestEnded",
     "answered_once",
     "approval_token",
     "approve_all",
@@ -75,6 +79,7 @@ __all__ = [
     "run_tool",
     "say",
     "script",
+    "search_attributes",
     "start_request",
     "verify_key_for",
     "waiting_operation",
@@ -225,22 +230,28 @@ async def start_request(
     model: ModelSpec | None = None,
     limits: Limits | None = None,
     instructions: str | None = None,
-    workflow_id: str | None = None,
+    request_id: str | None = None,
+    tools: Sequence[str] | None = None,
 ) -> WorkflowHandle[Any, AgentResult]:
-    """Start one request (an AgentWorkflow run); `model` defaults to the script model with no turns."""
-    return await client.start_workflow(
-        AGENT_WORKFLOW,
-        AgentInput(
-            request=request,
-            actor=actor,
-            model=model or script(),
-            limits=limits or Limits(),
-            instructions=instructions,
-        ),
-        id=workflow_id or f"test-{uuid.uuid4().hex[:12]}",
-        task_queue=task_queue,
-        result_type=AgentResult,
+    """Start one request (an AgentWorkflow run) through toolloop's client (ToolloopClient.start: its workflow
+    id scoped to `actor`, `request_id` or a new one); `model` defaults to the script model with no turns. The
+    namespace needs toolloop's search attributes (`search_attributes()`)."""
+    started = await ToolloopClient(client, task_queue=task_queue).start(
+        request,
+        actor=actor,
+        request_id=request_id,
+        model=model or script(),
+        limits=limits,
+        instructions=instructions,
+        tools=tools,
     )
+    return started.handle
+
+
+def search_attributes() -> list[SearchAttributeKey[Any]]:
+    """toolloop's search attributes, for a test server of your own: every request is started with them
+    (`WorkflowEnvironment.start_local(search_attributes=toolloop.testing.search_attributes())`)."""
+    return [USER_KEY, TENANT_KEY, OUTCOME_KEY, UNSETTLED_KEY]
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], within: float = 30.0, what: str = "") -> None:
@@ -257,14 +268,44 @@ class RequestEnded(LookupError):
     """The request ended without what was waited for (no operation waited for approval)."""
 
 
+# The approval channel the helpers decide through: their decisions are recorded as "<user> via test".
+TEST_CHANNEL = "test"
+
+
+def _request(
+    handle: WorkflowHandle[Any, Any],
+    actor: Actor,
+    *,
+    signing_key: str | None = None,
+    ttl: float = DEFAULT_APPROVAL_TTL_SECONDS,
+) -> ToolloopRequest:
+    """toolloop's client's view of the run a test holds `handle` of, deciding as the test's channel. A
+    ToolloopRequest reaches its run through its handle and asks its client only for the channel (key, name,
+    lifetime of a decision); a handle does not name its Temporal client (only the SDK's private attribute
+    does), so the client here has none, and nothing here starts or looks up a request by id."""
+    channel = ToolloopClient(
+        cast(Client, None), signing_key=signing_key, channel=TEST_CHANNEL, approval_ttl_seconds=ttl
+    )
+    return ToolloopRequest(channel, handle, actor, request_id_of(actor, handle.id))
+
+
+# Whom a request acts for, where a helper decides nothing (the client's request needs one).
+_NOBODY = Actor(user_id="nobody", tenant_id="nobody")
+
+
 async def waiting_operation(handle: WorkflowHandle[Any, Any], within: float = 30.0) -> OperationRecord:
-    """The first operation waiting for approval, as soon as the workflow has one (followed on the run's
-    history, no polling). Raises RequestEnded if the request ends first, TimeoutError after `within` s."""
+    """The first operation waiting for approval, as soon as the workflow has one (the client's approvals,
+    followed on the run's history, no polling), with its ledger record. An operation decided elsewhere before
+    its record was read is not returned: the next one that waits is. Raises RequestEnded if the request ends
+    first, TimeoutError after `within` s."""
+    request = _request(handle, _NOBODY)
 
     async def first() -> OperationRecord:
-        async for request in approvals_as_they_come(handle):
-            ledger: list[OperationRecord] = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
-            return next(op for op in ledger if op.operation_id == request.operation_id)
+        async for approval in request.approvals():
+            records = await request.operations()
+            record = next((op for op in records if op.operation_id == approval.operation_id), None)
+            if record is not None and record.state == "awaiting_approval":
+                return record
         raise RequestEnded("the request ended without any operation waiting for approval")
 
     try:
@@ -282,25 +323,29 @@ async def decide(
     approve: bool = True,
     ttl: float = 600,
 ) -> DecisionReceipt:
-    """What the trusted approval channel does: fetch the whole payload, check its digest, sign, send."""
-    request = await fetch_approval_request(handle, operation_id)
-    if request is None:
+    """What the trusted approval channel does, through toolloop's client: fetch the whole payload, check its
+    digest, sign it for `decider`, send it (recorded as "<decider> via test")."""
+    request = _request(handle, decider, signing_key=signing_key, ttl=ttl)
+    approval = await request.approval(operation_id)
+    if approval is None:
         raise LookupError(f"no operation {operation_id}")
-    return await send_decision(handle, request, approve=approve, decider=decider, key=signing_key, ttl_seconds=ttl)
+    return await request.decide(approval, approve=approve)
 
 
 @contextlib.asynccontextmanager
 async def approve_all(
     handle: WorkflowHandle[Any, Any], *, signing_key: str, approver: Actor, ttl: float = 600
 ) -> AsyncIterator[list[str]]:
-    """Approve every operation the request asks about while the block runs (what `ask --auto-approve`
-    does); yields the operation ids approved so far."""
+    """Approve every operation the request asks about while the block runs, through toolloop's client (each
+    recorded as "<approver> via test"); yields the operation ids approved so far. A decision the workflow
+    refuses is raised when the block ends."""
+    request = _request(handle, approver, signing_key=signing_key, ttl=ttl)
     approved: list[str] = []
 
     async def loop() -> None:
-        async for request in approvals_as_they_come(handle):
-            await send_decision(handle, request, approve=True, decider=approver, key=signing_key, ttl_seconds=ttl)
-            approved.append(request.operation_id)
+        async for approval in request.approvals():
+            await request.decide(approval, approve=True)
+            approved.append(approval.operation_id)
 
     task = asyncio.create_task(loop())
     try:

@@ -26,7 +26,7 @@ from temporalio.worker import Worker
 import toolloop
 from examples.common import leave, temporal_cli
 from examples.http_tools.tools import build, caller_keys
-from toolloop.testing import approve_all, call, generate_signing_key, say, script, start_request, verify_key_for
+from toolloop.testing import call, generate_signing_key, say, script, search_attributes, verify_key_for
 
 ACTOR = toolloop.Actor(user_id="ada", tenant_id="example")
 TASK_QUEUE = "notes-example"
@@ -52,28 +52,37 @@ def _wait_for(url: str, process: subprocess.Popen[bytes], within: float = 30.0) 
     raise SystemExit(f"error: the notes service did not answer at {url}")
 
 
+def approve(approval: toolloop.ApprovalRequest) -> bool:
+    """The person at the approval channel: shown the exact payload the signature will cover, says yes."""
+    print(f"approving {approval.tool} {approval.arguments} ({approval.digest[:19]}...)")
+    return True
+
+
 async def run(signing_key: str, db: Path) -> int:
     # The example scripts its model, so its worker allows scripted models (a deployment's worker does not).
     plugin = toolloop.ToolloopPlugin(
         build(), approval_verify_key=verify_key_for(signing_key), allow_scripted_models=True
     )
     async with (
-        await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_cli(), plugins=[plugin]) as temporal,
+        await WorkflowEnvironment.start_local(
+            dev_server_existing_path=temporal_cli(), plugins=[plugin], search_attributes=search_attributes()
+        ) as temporal,
         Worker(temporal.client, task_queue=TASK_QUEUE),
     ):
-        handle = await start_request(
-            temporal.client,
+        # toolloop's client: it starts the request and is the approval channel (it holds the signing key).
+        client = toolloop.ToolloopClient(
+            temporal.client, task_queue=TASK_QUEUE, signing_key=signing_key, channel="example"
+        )
+        result = await client.run(
             "Note that the supplier called, then show me the note.",
             actor=ACTOR,
-            task_queue=TASK_QUEUE,
             model=script(
                 [call("add_note", {"text": "The supplier called."}, "c1")],
                 [call("get_note", {"noteId": 1}, "c2")],
                 [say("Added note 1: The supplier called.")],
             ),
+            approver=approve,
         )
-        async with approve_all(handle, signing_key=signing_key, approver=ACTOR):
-            result = await toolloop.request_result(handle)
 
     print(f"answer: {result.final_text}")
     for record in result.calls:

@@ -22,10 +22,16 @@ from temporalio.worker import Worker
 import toolloop
 from examples.common import leave, temporal_cli
 from examples.mcp_tools.tools import build
-from toolloop.testing import approve_all, call, generate_signing_key, say, script, start_request, verify_key_for
+from toolloop.testing import call, generate_signing_key, say, script, search_attributes, verify_key_for
 
 ACTOR = toolloop.Actor(user_id="ada", tenant_id="example")
 TASK_QUEUE = "todos-example"
+
+
+def approve(approval: toolloop.ApprovalRequest) -> bool:
+    """The person at the approval channel: shown the exact payload the signature will cover, says yes."""
+    print(f"approving {approval.tool} {approval.arguments} ({approval.digest[:19]}...)")
+    return True
 
 
 async def run(todo_file: Path) -> toolloop.AgentResult:
@@ -36,22 +42,25 @@ async def run(todo_file: Path) -> toolloop.AgentResult:
         build(), approval_verify_key=verify_key_for(signing_key), allow_scripted_models=True
     )
     async with (
-        await WorkflowEnvironment.start_local(dev_server_existing_path=temporal_cli(), plugins=[plugin]) as temporal,
+        await WorkflowEnvironment.start_local(
+            dev_server_existing_path=temporal_cli(), plugins=[plugin], search_attributes=search_attributes()
+        ) as temporal,
         Worker(temporal.client, task_queue=TASK_QUEUE),
     ):
-        handle = await start_request(
-            temporal.client,
+        # toolloop's client: it starts the request and is the approval channel (it holds the signing key).
+        client = toolloop.ToolloopClient(
+            temporal.client, task_queue=TASK_QUEUE, signing_key=signing_key, channel="example"
+        )
+        return await client.run(
             "Remind me to water the plants, then show my to-dos.",
             actor=ACTOR,
-            task_queue=TASK_QUEUE,
             model=script(
                 [call("add_todo", {"text": "Water the plants."}, "c1")],
                 [call("list_todos", {}, "c2")],
                 [say("Added: Water the plants.")],
             ),
+            approver=approve,
         )
-        async with approve_all(handle, signing_key=signing_key, approver=ACTOR):
-            return await toolloop.request_result(handle)
 
 
 def report(result: toolloop.AgentResult, todo_file: Path) -> int:
