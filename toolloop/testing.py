@@ -24,7 +24,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import httpx
 from temporalio.client import Client, WorkflowHandle
@@ -58,8 +58,8 @@ from toolloop._models.adapter import ModelAdapter
 from toolloop._temporal.approval_channel import DEFAULT_APPROVAL_TTL_SECONDS
 from toolloop._temporal.client import ToolloopClient, ToolloopRequest
 from toolloop._temporal.plugin import ToolloopPlugin
-from toolloop._temporal.requests import OUTCOME_KEY, TENANT_KEY, UNSETTLED_KEY, USER_KEY, request_id_of
 from toolloop._temporal.results import request_result
+from toolloop._temporal.search_attributes import OUTCOME_KEY, TENANT_KEY, UNSETTLED_KEY, USER_KEY
 from toolloop._tools.http import default_actor_headers
 from toolloop._tools.toolset import AgentSpec, Toolset
 from toolloop.activities.conversation import recorded_turns
@@ -279,14 +279,10 @@ def _request(
     signing_key: str | None = None,
     ttl: float = DEFAULT_APPROVAL_TTL_SECONDS,
 ) -> ToolloopRequest:
-    """toolloop's client's view of the run a test holds `handle` of, deciding as the test's channel. A
-    ToolloopRequest reaches its run through its handle and asks its client only for the channel (key, name,
-    lifetime of a decision); a handle does not name its Temporal client (only the SDK's private attribute
-    does), so the client here has none, and nothing here starts or looks up a request by id."""
-    channel = ToolloopClient(
-        cast(Client, None), signing_key=signing_key, channel=TEST_CHANNEL, approval_ttl_seconds=ttl
+    """toolloop's client's view of the run a test holds `handle` of, deciding as the test's channel."""
+    return ToolloopRequest.of_handle(
+        handle, actor=actor, signing_key=signing_key, channel=TEST_CHANNEL, approval_ttl_seconds=ttl
     )
-    return ToolloopRequest(channel, handle, actor, request_id_of(actor, handle.id))
 
 
 # Whom a request acts for, where a helper decides nothing (the client's request needs one).

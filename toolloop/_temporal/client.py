@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from temporalio.client import (
@@ -56,6 +57,7 @@ from toolloop._temporal.following import NO_WORKER_YET, RunFollower, approvals_a
 from toolloop._temporal.requests import (
     acts_for,
     readable_request_id,
+    request_id_of,
     request_memo,
     request_search_attributes,
     request_summary,
@@ -93,18 +95,42 @@ def submission_digest(inp: AgentInput) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(submitted).encode("utf-8")).hexdigest()
 
 
+@dataclass(frozen=True)
+class _Channel:
+    """The approval channel a request decides through: its signing key, its name, a decision's lifetime."""
+
+    signing_key: str | None
+    name: str
+    ttl_seconds: float
+
+
 class ToolloopRequest:
     """One request (one AgentWorkflow run) as its client sees it. `attached` is True when `start` found the
     request already started with the same submission (a retry), False when this call started it."""
 
     def __init__(
-        self, owner: ToolloopClient, handle: WorkflowHandle[Any, AgentResult], actor: Actor, request_id: str
+        self, channel: _Channel, handle: WorkflowHandle[Any, AgentResult], actor: Actor, request_id: str
     ) -> None:
-        self._owner = owner
+        self._channel = channel
         self.handle = handle
         self.actor = actor
         self.request_id = request_id
         self.attached = False
+
+    @classmethod
+    def of_handle(
+        cls,
+        handle: WorkflowHandle[Any, Any],
+        *,
+        actor: Actor,
+        signing_key: str | None = None,
+        channel: str = "client",
+        approval_ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
+    ) -> ToolloopRequest:
+        """The request a Temporal handle you already hold names (a test's, a parent's), acting for `actor`
+        (whose it is was decided where the handle came from), deciding through `channel` with `signing_key`."""
+        request_id = request_id_of(actor, handle.id)
+        return cls(_Channel(signing_key, channel, approval_ttl_seconds), handle, actor, request_id)
 
     @property
     def workflow_id(self) -> str:
@@ -173,7 +199,7 @@ class ToolloopRequest:
     def check_signable(self, approval: ApprovalRequest) -> None:
         """ApprovalRefused if this client would not sign a decision on `approval` (no key, a payload that does
         not match its digest): checked before a person is asked, so nobody decides what cannot be sent."""
-        if self._owner.signing_key is None:
+        if self._channel.signing_key is None:
             raise ApprovalRefused("this client holds no approval signing key: it cannot decide")
         check_shown_payload(approval)
 
@@ -190,9 +216,9 @@ class ToolloopRequest:
             approval,
             approve=approve,
             decider=decider or self.actor,
-            key=self._owner.signing_key,
-            channel=self._owner.channel,
-            ttl_seconds=self._owner.approval_ttl_seconds,
+            key=self._channel.signing_key,
+            channel=self._channel.name,
+            ttl_seconds=self._channel.ttl_seconds,
         )
 
     async def decide_each(self, approver: Approver, *, decider: Actor | None = None) -> list[DecisionReceipt]:
@@ -201,7 +227,7 @@ class ToolloopRequest:
         meanwhile (decided elsewhere, expired) is passed over: its state says what happened. Any other refusal
         (a payload that does not match its digest, a token the workers do not accept) is raised: the
         operation still waits, and only a person or a fixed configuration can settle it."""
-        if self._owner.signing_key is None:
+        if self._channel.signing_key is None:
             raise ApprovalRefused("this client holds no approval signing key: it cannot decide")
         receipts: list[DecisionReceipt] = []
         async for approval in self.approvals():
@@ -256,6 +282,7 @@ class ToolloopClient:
         self.signing_key = signing_key
         self.channel = channel
         self.approval_ttl_seconds = approval_ttl_seconds
+        self._channel = _Channel(signing_key, channel, approval_ttl_seconds)
 
     @classmethod
     async def connect(
@@ -328,13 +355,13 @@ class ToolloopClient:
                 raise RequestIdReused(f"request id {request_id} was already used for another request") from None
             found.attached = True
             return found
-        return ToolloopRequest(self, handle, actor, request_id)
+        return ToolloopRequest(self._channel, handle, actor, request_id)
 
     def request(self, request_id: str, *, actor: Actor) -> ToolloopRequest:
         """`actor`'s request `request_id` (request ids are scoped to their actor: another user's id names
         another workflow). Nothing is asked of the server until it is used."""
         handle = self.temporal.get_workflow_handle(request_workflow_id(actor, request_id), result_type=AgentResult)
-        return ToolloopRequest(self, handle, actor, request_id)
+        return ToolloopRequest(self._channel, handle, actor, request_id)
 
     async def request_of_workflow(self, workflow_id: str, *, actor: Actor) -> ToolloopRequest:
         """The request a workflow id names, if it acts for `actor` (read from the run's own start event);
@@ -344,7 +371,7 @@ class ToolloopClient:
             raise RequestNotFound(f"no request {workflow_id}")
         description = await handle.describe()
         request_id = await description.memo_value("request_id", default=workflow_id, type_hint=str)
-        return ToolloopRequest(self, handle, actor, request_id)
+        return ToolloopRequest(self._channel, handle, actor, request_id)
 
     async def run(
         self,
