@@ -26,14 +26,17 @@ _ONE_EACH = frozenset(
 _LOCAL_ACTIVITY_MARKER = "core_local_activity"
 
 
+def actions_of(event: HistoryEvent) -> int:
+    """The billable actions one history event stands for."""
+    kind = event.event_type
+    if kind in _ONE_EACH:
+        return 1
+    if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+        return max(event.activity_task_started_event_attributes.attempt, 1)
+    if kind == EventType.EVENT_TYPE_MARKER_RECORDED:
+        return int(event.marker_recorded_event_attributes.marker_name == _LOCAL_ACTIVITY_MARKER)
+    return 0
+
+
 def billable_actions(events: Iterable[HistoryEvent]) -> int:
-    count = 0
-    for event in events:
-        kind = event.event_type
-        if kind in _ONE_EACH:
-            count += 1
-        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            count += max(event.activity_task_started_event_attributes.attempt, 1)
-        elif kind == EventType.EVENT_TYPE_MARKER_RECORDED:
-            count += event.marker_recorded_event_attributes.marker_name == _LOCAL_ACTIVITY_MARKER
-    return count
+    return sum(actions_of(event) for event in events)

@@ -19,6 +19,7 @@ import httpx
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
+from bench.actions import actions_of
 from bench.floor_types import operation_key
 from bench.floor_workflow import APPROVE_UPDATE, FLOOR_WORKFLOW
 from bench.scenarios import (
@@ -71,6 +72,9 @@ class History:
     completed_activities: Counter[str] = field(default_factory=Counter)
     # Unix time of the first TimerStarted event ((a)'s approval wait).
     first_timer_at: float | None = None
+    # Temporal Cloud's billable actions the history shows (bench/actions.py), and its timers started.
+    actions: int = 0
+    timers: int = 0
 
 
 class Stack(Protocol):
@@ -353,14 +357,17 @@ async def history_of(client: Client, workflow_id: str) -> History:
     async for event in handle.fetch_history_events():
         history.events += 1
         history.bytes += event.ByteSize()
+        history.actions += actions_of(event)
         kind = event.event_type
         if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             activity_types[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
         elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             scheduled = event.activity_task_completed_event_attributes.scheduled_event_id
             history.completed_activities[activity_types.get(scheduled, "?")] += 1
-        elif kind == EventType.EVENT_TYPE_TIMER_STARTED and history.first_timer_at is None:
-            history.first_timer_at = event.event_time.ToNanoseconds() / 1e9
+        elif kind == EventType.EVENT_TYPE_TIMER_STARTED:
+            history.timers += 1
+            if history.first_timer_at is None:
+                history.first_timer_at = event.event_time.ToNanoseconds() / 1e9
     return history
 
 
