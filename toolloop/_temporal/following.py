@@ -35,8 +35,9 @@ _CLOSED = frozenset(
 )
 
 
-# Events per history page a client asks for when it reads approvals (the server's own default).
-_PAGE_SIZE = 1000
+# Events per history page the approval follower asks for: the most the server gives (its GetHistoryMaxPageSize);
+# asking for more is cut to it, with a warning in the server's log for every page.
+_PAGE_SIZE = 256
 
 
 @dataclass(frozen=True)
