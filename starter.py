@@ -32,8 +32,6 @@ from temporalio.exceptions import TimeoutError as WorkflowTimeoutError
 from temporalio.service import RPCError
 
 # typer carries its own copy of click; its usage errors are these (pyproject pins the typer range).
-from typer._click.exceptions import UsageError
-
 from devstack.processes import StackError
 from devstack.stack import LocalStack, StackStatus, demo_model_names, demo_tool_names
 from toolloop._api.tokens import TokenMap, TokensFileError
@@ -1117,10 +1115,11 @@ def main() -> None:
     try:
         result = app(standalone_mode=False)
         code = result if isinstance(result, int) else 0
-    except UsageError as exc:
-        # Usage mistakes get one line too, not a framed help screen.
+    except typer.TyperException as exc:
+        # Usage mistakes (typer's public base of them: a usage error's exit code is 2) get one line too, not a
+        # framed help screen.
         err_console.print(Text.assemble(("error: ", "bold red"), exc.format_message(), " (see --help)"))
-        code = EXIT_USAGE
+        code = exc.exit_code
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:

@@ -103,3 +103,15 @@ def test_nothing_imports_the_workflow_or_activities_folders_by_their_top_level_n
         if module.split(".")[0] in UNDER_TOOLLOOP
     ]
     assert by_folder == [] and tests == []
+
+
+def test_the_product_imports_no_private_module_of_another_package() -> None:
+    # Public APIs only: `typer._click...` or `temporalio.worker._workflow_instance` is another package's inside,
+    # free to change under us in any release.
+    private = [
+        (importer, imported)
+        for importer, imported in imports()
+        if imported.split(".")[0] not in ("toolloop", "__future__")
+        and any(part.startswith("_") for part in imported.split("."))
+    ]
+    assert private == []
