@@ -103,6 +103,11 @@ class _Channel:
     name: str
     ttl_seconds: float
 
+    def require_key(self) -> str:
+        if self.signing_key is None:
+            raise ApprovalRefused("this client holds no approval signing key: it cannot decide")
+        return self.signing_key
+
 
 class ToolloopRequest:
     """One request (one AgentWorkflow run) as its client sees it. `attached` is True when `start` found the
@@ -199,8 +204,7 @@ class ToolloopRequest:
     def check_signable(self, approval: ApprovalRequest) -> None:
         """ApprovalRefused if this client would not sign a decision on `approval` (no key, a payload that does
         not match its digest): checked before a person is asked, so nobody decides what cannot be sent."""
-        if self._channel.signing_key is None:
-            raise ApprovalRefused("this client holds no approval signing key: it cannot decide")
+        self._channel.require_key()
         check_shown_payload(approval)
 
     async def decide(
@@ -227,8 +231,7 @@ class ToolloopRequest:
         meanwhile (decided elsewhere, expired) is passed over: its state says what happened. Any other refusal
         (a payload that does not match its digest, a token the workers do not accept) is raised: the
         operation still waits, and only a person or a fixed configuration can settle it."""
-        if self._channel.signing_key is None:
-            raise ApprovalRefused("this client holds no approval signing key: it cannot decide")
+        self._channel.require_key()  # before waiting for anything
         receipts: list[DecisionReceipt] = []
         async for approval in self.approvals():
             self.check_signable(approval)  # never show an approver what cannot be signed
@@ -279,10 +282,15 @@ class ToolloopClient:
     ) -> None:
         self.temporal = temporal
         self.task_queue = task_queue
-        self.signing_key = signing_key
-        self.channel = channel
-        self.approval_ttl_seconds = approval_ttl_seconds
         self._channel = _Channel(signing_key, channel, approval_ttl_seconds)
+
+    @property
+    def signing_key(self) -> str | None:
+        return self._channel.signing_key
+
+    @property
+    def channel(self) -> str:
+        return self._channel.name
 
     @classmethod
     async def connect(
@@ -349,12 +357,13 @@ class ToolloopClient:
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             )
         except WorkflowAlreadyStartedError:
-            found = await self.request_of_workflow(workflow_id, actor=actor)
-            description = await found.handle.describe()
+            handle = await self._owned(workflow_id, actor)
+            description = await handle.describe()
             if await description.memo_value("submission", default=None, type_hint=str) != digest:
                 raise RequestIdReused(f"request id {request_id} was already used for another request") from None
-            found.attached = True
-            return found
+            attached = ToolloopRequest(self._channel, handle, actor, request_id)
+            attached.attached = True
+            return attached
         return ToolloopRequest(self._channel, handle, actor, request_id)
 
     def request(self, request_id: str, *, actor: Actor) -> ToolloopRequest:
@@ -366,12 +375,17 @@ class ToolloopClient:
     async def request_of_workflow(self, workflow_id: str, *, actor: Actor) -> ToolloopRequest:
         """The request a workflow id names, if it acts for `actor` (read from the run's own start event);
         RequestNotFound otherwise, the same for another user's request as for none."""
-        handle = self.temporal.get_workflow_handle(workflow_id, result_type=AgentResult)
-        if await acts_for(self.temporal, handle) != actor:
-            raise RequestNotFound(f"no request {workflow_id}")
+        handle = await self._owned(workflow_id, actor)
         description = await handle.describe()
         request_id = await description.memo_value("request_id", default=workflow_id, type_hint=str)
         return ToolloopRequest(self._channel, handle, actor, request_id)
+
+    async def _owned(self, workflow_id: str, actor: Actor) -> WorkflowHandle[Any, AgentResult]:
+        """The workflow's handle if it acts for `actor` (its start event says so); RequestNotFound otherwise."""
+        handle = self.temporal.get_workflow_handle(workflow_id, result_type=AgentResult)
+        if await acts_for(self.temporal, handle) != actor:
+            raise RequestNotFound(f"no request {workflow_id}")
+        return handle
 
     async def run(
         self,
@@ -385,8 +399,8 @@ class ToolloopClient:
         """One call: start the request (see `start`), show `approver` each operation that waits for approval
         and send its verdict, and return the report once the request finished. Without an approver the
         request's writes wait for a decision from elsewhere (the web page, the CLI), or expire."""
-        if approver is not None and self.signing_key is None:
-            raise ApprovalRefused("this client holds no approval signing key: it cannot decide")
+        if approver is not None:
+            self._channel.require_key()  # before anything starts
         request = await self.start(question, actor=actor, **start_options)
         if approver is None:
             return await request.result()
