@@ -65,6 +65,7 @@ if _typing.TYPE_CHECKING:
         WriteOutcomeUnknown,
     )
     from toolloop._models.adapter import ModelAdapter, ModelRequest
+    from toolloop._models.chat import ChatCompletionsClient, ChatCompletionsModel
     from toolloop._models.errors import ModelCallError
     from toolloop._models.responses import ResponsesClient, ResponsesModel
     from toolloop._models.script import ScriptModel
@@ -139,6 +140,8 @@ __all__ = [
     "ModelCallError",
     "ResponsesClient",
     "ResponsesModel",
+    "ChatCompletionsClient",
+    "ChatCompletionsModel",
     "ScriptModel",
     "ConversationItem",
     "FunctionCallItem",
@@ -181,6 +184,8 @@ _HOMES: dict[str, str] = {
     "ModelAdapter": "toolloop._models.adapter",
     "ModelRequest": "toolloop._models.adapter",
     "ModelCallError": "toolloop._models.errors",
+    "ChatCompletionsClient": "toolloop._models.chat",
+    "ChatCompletionsModel": "toolloop._models.chat",
     "ResponsesClient": "toolloop._models.responses",
     "ResponsesModel": "toolloop._models.responses",
     "ScriptModel": "toolloop._models.script",

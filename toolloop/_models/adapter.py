@@ -3,7 +3,7 @@ the tools, answered with Responses-shaped output items (or a ModelCallError sayi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -28,6 +28,25 @@ class ModelRequest:
     # Which request this call serves: its workflow id, and the labels its starter gave (AgentInput.metadata).
     request_id: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    """The tokens one model call used, as the provider counted them."""
+
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class ModelAnswer(list[ConversationItem]):
+    """What an adapter that learns the call's token usage returns: the output items, a plain list to every
+    caller, with `usage` beside them (None when the provider sent none). `respond` keeps its signature, so
+    the activity and other adapters need not know of it."""
+
+    def __init__(self, items: Iterable[ConversationItem] = (), usage: TokenUsage | None = None) -> None:
+        super().__init__(items)
+        self.usage = usage
 
 
 @runtime_checkable

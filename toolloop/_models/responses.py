@@ -1,30 +1,30 @@
-"""I/O: the OpenAI Responses API adapter over httpx (any compatible base URL); it classifies every failure.
+"""I/O: the OpenAI Responses API adapter on the official SDK (`client.responses.create`), for OpenAI or any
+compatible base URL.
 
-It sends the whole conversation as `input` and returns the response's `output` items as our models,
-keeping every field so they can go back unchanged next round. It never retries: Temporal owns retries,
-so each failure becomes a ModelCallError whose `kind` says whether retrying can help.
+It sends the whole conversation as `input` and returns the response's `output` items as our models, keeping
+every field so they go back unchanged next round. It never retries: Temporal owns retries, so each failure
+becomes a ModelCallError whose `kind` says whether retrying can help (toolloop._models.openai_sdk). Reading an
+answer is the pure `responses_answer`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-import httpx
+from openai import AsyncOpenAI
 from pydantic import TypeAdapter, ValidationError
 
 from toolloop._core.contracts import ConversationItem, item_to_wire
-from toolloop._models.adapter import ModelRequest
+from toolloop._models.adapter import ModelAnswer, ModelRequest
 from toolloop._models.errors import ModelCallError, json_type, truncate
+from toolloop._models.openai_sdk import DEFAULT_BASE_URL, OpenAIEndpoint, token_usage
+
+if TYPE_CHECKING:
+    from openai.types.responses import ResponseInputParam, ToolParam
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 _ITEM: TypeAdapter[ConversationItem] = TypeAdapter(ConversationItem)
 
@@ -32,48 +32,86 @@ _ITEM: TypeAdapter[ConversationItem] = TypeAdapter(ConversationItem)
 _RESERVED = frozenset({"model", "instructions", "input", "tools", "parallel_tool_calls"})
 
 
-class ResponsesClient:
-    """One model endpoint. Holds the API key; nothing it raises or logs contains that key."""
+# --- pure: reading an answer ---------------------------------------------------------------------------------
+
+
+def responses_answer(data: object) -> ModelAnswer:
+    """A Responses API answer (the decoded body) as our items and its usage, or a malformed ModelCallError:
+    the answer must be `completed` and every output item well formed (a function call's name, arguments and
+    call id strings)."""
+    if not isinstance(data, dict):
+        raise ModelCallError("malformed", f"response body is a JSON {json_type(data)}, not an object")
+    state = data.get("status")
+    if state != "completed":
+        raise ModelCallError("malformed", f"response status is {state!r}{_why_not_completed(data)}, not 'completed'")
+    output = data.get("output")
+    if not isinstance(output, list):
+        raise ModelCallError("malformed", f"response 'output' is a JSON {json_type(output)}, not a list")
+    items = [_item(index, raw) for index, raw in enumerate(output, start=1)]
+    return ModelAnswer(items, usage=token_usage(data.get("usage"), "input_tokens", "output_tokens"))
+
+
+def _item(index: int, raw: Any) -> ConversationItem:
+    where = f"output item {index}"
+    if not isinstance(raw, dict):
+        raise ModelCallError("malformed", f"{where} is a JSON {json_type(raw)}, not an object")
+    kind = raw.get("type")
+    if not isinstance(kind, str) or not kind:
+        raise ModelCallError("malformed", f"{where} has no 'type'")
+    if kind == "function_call":
+        for field in ("name", "arguments", "call_id"):
+            if not isinstance(raw.get(field), str):
+                got = "missing" if field not in raw else f"a JSON {json_type(raw[field])}"
+                raise ModelCallError("malformed", f"{where}: function_call '{field}' must be a string, got {got}")
+    try:
+        return _ITEM.validate_python(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"][1:]) or "item"
+        raise ModelCallError("malformed", f"{where} ({kind}): {loc}: {first['msg']}") from None
+
+
+def _why_not_completed(data: dict[str, Any]) -> str:
+    details = data.get("incomplete_details")
+    reason = details.get("reason") if isinstance(details, dict) else None
+    if isinstance(reason, str):
+        return f" ({truncate(reason, 80)})"
+    error = data.get("error")
+    message = error.get("message") if isinstance(error, dict) else None
+    return f" ({truncate(message, 120)})" if isinstance(message, str) else ""
+
+
+# --- I/O: the endpoint ----------------------------------------------------------------------------------------
+
+
+class ResponsesClient(OpenAIEndpoint):
+    """One Responses API endpoint (`POST {base_url}/responses`) through the official SDK. Holds the API key;
+    nothing it raises or logs contains that key."""
 
     def __init__(
         self,
         *,
-        api_key: str,
         model: str,
+        api_key: str | None = None,
         base_url: str = DEFAULT_BASE_URL,
-        timeout_seconds: float = 120.0,
-        http: httpx.AsyncClient | None = None,
+        timeout_seconds: float | None = None,
+        extra_headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        openai_client: AsyncOpenAI | None = None,
     ) -> None:
-        if not api_key:
-            raise ValueError("api_key is empty")
         clash = _RESERVED.intersection(extra_body or {})
         if clash:
             raise ValueError(f"extra_body may not set {sorted(clash)}")
-        self._api_key = api_key
-        self.model = model
-        self.base_url = base_url.rstrip("/")
-        self._timeout = httpx.Timeout(timeout_seconds)
+        super().__init__(
+            model=model,
+            api_key=api_key,
+            base_url=base_url,
+            timeout_seconds=timeout_seconds,
+            extra_headers=extra_headers,
+            openai_client=openai_client,
+        )
         # e.g. {"store": False, "include": ["reasoning.encrypted_content"]}; provider-specific, so opt-in.
         self._extra_body = dict(extra_body or {})
-        self._owns_http = http is None
-        # retries=0: a transport retry under Temporal's retry would multiply attempts and hide failures.
-        self._http = http or httpx.AsyncClient(
-            timeout=self._timeout, transport=httpx.AsyncHTTPTransport(retries=0), follow_redirects=False
-        )
-
-    def __repr__(self) -> str:
-        return f"ResponsesClient(base_url={self.base_url!r}, model={self.model!r}, api_key=set)"
-
-    async def aclose(self) -> None:
-        if self._owns_http:
-            await self._http.aclose()
-
-    async def __aenter__(self) -> ResponsesClient:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     async def respond(
         self,
@@ -82,139 +120,23 @@ class ResponsesClient:
         conversation: Sequence[ConversationItem],
         tools: list[dict[str, Any]],
         model: str | None = None,
-    ) -> list[ConversationItem]:
-        """One model call: the response's output items, or a ModelCallError. `model` overrides the
-        client's default model for this call (a run may name its own)."""
+    ) -> ModelAnswer:
+        """One model call: the response's output items (and its usage), or a ModelCallError. `model`
+        overrides the client's default model for this call (a run may name its own)."""
         model_name = model or self.model
-        body: dict[str, Any] = {
-            **self._extra_body,
-            "model": model_name,
-            "instructions": instructions,
-            "input": [item_to_wire(item) for item in conversation],
-            "tools": tools,
-            "parallel_tool_calls": True,
-        }
-        url = f"{self.base_url}/responses"
-        logger.debug("model request", extra={"url": url, "model": model_name, "input_items": len(conversation)})
-        try:
-            response = await self._http.post(
-                url,
-                json=body,
-                headers={"Authorization": f"Bearer {self._api_key}"},
-                timeout=self._timeout,
+        logger.debug("model request", extra={"api": "responses", "model": model_name, "input_items": len(conversation)})
+        body = await self._answer_body(
+            self.client.responses.with_raw_response.create(
+                model=model_name,
+                instructions=instructions,
+                # Our items are the wire format already, every field the provider sent included.
+                input=cast("ResponseInputParam", [item_to_wire(item) for item in conversation]),
+                tools=cast("list[ToolParam]", tools),
+                parallel_tool_calls=True,
+                extra_body=self._extra_body or None,
             )
-        except httpx.UnsupportedProtocol as exc:
-            # A base URL without http(s):// is a configuration error; retrying cannot fix it.
-            raise ModelCallError("rejected", f"bad model base URL: {self._redact(str(exc))}") from None
-        except httpx.TransportError as exc:
-            # Connect refused, timeouts, resets: the request may not have arrived; a retry is safe
-            # because a model call has no side effect.
-            detail = self._redact(str(exc)) or "no detail"
-            raise ModelCallError(
-                "temporary", f"could not reach the model endpoint ({type(exc).__name__}: {detail})"
-            ) from None
-        except httpx.RequestError as exc:
-            raise ModelCallError("malformed", f"could not read the model response ({type(exc).__name__})") from None
-        return self._parse(response)
-
-    # --- classification ---------------------------------------------------------------------------
-
-    def _parse(self, response: httpx.Response) -> list[ConversationItem]:
-        status = response.status_code
-        if status in (408, 429) or status >= 500:
-            # 408 is a timeout in HTTP terms: as transient as a 503.
-            raise ModelCallError(
-                "temporary",
-                f"model endpoint answered HTTP {status}{self._error_suffix(response)}",
-                retry_after_seconds=_retry_after(response.headers.get("retry-after")),
-            )
-        if not 200 <= status < 300:
-            raise ModelCallError(
-                "rejected", f"model endpoint rejected the request: HTTP {status}{self._error_suffix(response)}"
-            )
-
-        try:
-            data = response.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ModelCallError(
-                "malformed", f"response body is not JSON: {self._redact(truncate(response.text, 80))!r}"
-            ) from None
-        if not isinstance(data, dict):
-            raise ModelCallError("malformed", f"response body is a JSON {json_type(data)}, not an object")
-        state = data.get("status")
-        if state != "completed":
-            raise ModelCallError(
-                "malformed", f"response status is {state!r}{self._why_not_completed(data)}, not 'completed'"
-            )
-        output = data.get("output")
-        if not isinstance(output, list):
-            raise ModelCallError("malformed", f"response 'output' is a JSON {json_type(output)}, not a list")
-        return [self._item(index, raw) for index, raw in enumerate(output, start=1)]
-
-    def _item(self, index: int, raw: Any) -> ConversationItem:
-        where = f"output item {index}"
-        if not isinstance(raw, dict):
-            raise ModelCallError("malformed", f"{where} is a JSON {json_type(raw)}, not an object")
-        kind = raw.get("type")
-        if not isinstance(kind, str) or not kind:
-            raise ModelCallError("malformed", f"{where} has no 'type'")
-        if kind == "function_call":
-            for field in ("name", "arguments", "call_id"):
-                if not isinstance(raw.get(field), str):
-                    got = "missing" if field not in raw else f"a JSON {json_type(raw[field])}"
-                    raise ModelCallError("malformed", f"{where}: function_call '{field}' must be a string, got {got}")
-        try:
-            return _ITEM.validate_python(raw)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"][1:]) or "item"
-            raise ModelCallError("malformed", f"{where} ({kind}): {loc}: {first['msg']}") from None
-
-    def _error_suffix(self, response: httpx.Response) -> str:
-        """The provider's `error.message`, else a short slice of the body, for a human reading logs."""
-        try:
-            data = response.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            text = response.text.strip()
-            return f": {self._redact(truncate(text))}" if text else ""
-        error = data.get("error") if isinstance(data, dict) else None
-        message = error.get("message") if isinstance(error, dict) else None
-        if isinstance(message, str) and message:
-            return f": {self._redact(truncate(message))}"
-        return f": {self._redact(truncate(json.dumps(data)))}"
-
-    @staticmethod
-    def _why_not_completed(data: dict[str, Any]) -> str:
-        details = data.get("incomplete_details")
-        reason = details.get("reason") if isinstance(details, dict) else None
-        if isinstance(reason, str):
-            return f" ({truncate(reason, 80)})"
-        error = data.get("error")
-        message = error.get("message") if isinstance(error, dict) else None
-        return f" ({truncate(message, 120)})" if isinstance(message, str) else ""
-
-    def _redact(self, text: str) -> str:
-        # Providers sometimes echo a (partial) key in their error text; never pass it on.
-        return text.replace(self._api_key, "[redacted]")
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Retry-After as seconds: either a number of seconds or an HTTP date."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        seconds = (when - datetime.now(UTC)).total_seconds()
-    if not math.isfinite(seconds):
-        return None
-    return max(0.0, seconds)
+        )
+        return responses_answer(body)
 
 
 class ResponsesModel:

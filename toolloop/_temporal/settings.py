@@ -4,10 +4,12 @@ and the API's no verify key: what decides trust is the configuration of the proc
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class TemporalSettings(BaseSettings):
@@ -40,9 +42,19 @@ class WorkerSettings(TemporalSettings):
     idempotency_retention_seconds: float | None = Field(
         default=None, gt=0, validation_alias="TOOLLOOP_IDEMPOTENCY_RETENTION_SECONDS"
     )
+    # The `openai` model (docs/MODELS.md): served when the key is set, through the official SDK.
     openai_api_key: SecretStr | None = Field(default=None, validation_alias="OPENAI_API_KEY")
     openai_base_url: str = Field(default="https://api.openai.com/v1", validation_alias="OPENAI_BASE_URL")
     openai_model: str = Field(default="gpt-4.1-mini", validation_alias="OPENAI_MODEL")
+    # Which API the endpoint speaks: the Responses API, or Chat Completions (vLLM, llama.cpp, Ollama, ...).
+    openai_api: Literal["responses", "chat"] = Field(default="responses", validation_alias="OPENAI_API")
+    # Headers sent with every model call, a JSON object ({"api-key": "...", "X-Title": "toolloop"}); the
+    # values are kept secret, as a gateway's key may be one of them.
+    openai_extra_headers: Annotated[dict[str, SecretStr], NoDecode] = Field(
+        default_factory=dict, validation_alias="OPENAI_EXTRA_HEADERS"
+    )
+    # How long one model call may take before it counts as a temporary failure (retried by the activity).
+    openai_timeout_seconds: float = Field(default=120.0, gt=0, validation_alias="OPENAI_TIMEOUT_SECONDS")
     # A Prometheus endpoint ("127.0.0.1:9464"; unset: none).
     metrics_address: str | None = Field(default=None, validation_alias="TOOLLOOP_METRICS_ADDRESS")
     # Runs a worker keeps in memory between their tasks (Temporal's default is 1,000). Above it, a task of
@@ -50,6 +62,28 @@ class WorkerSettings(TemporalSettings):
     # model, a tool or an approval) that replay is most of the worker's CPU. A cached run holds well under
     # 0.1 MiB (measured by `python -m bench`).
     max_cached_workflows: int = Field(default=10_000, ge=0, validation_alias="TOOLLOOP_MAX_CACHED_WORKFLOWS")
+
+    @field_validator("openai_extra_headers", mode="before")
+    @classmethod
+    def _a_json_object(cls, value: object) -> object:
+        # Read here, not by pydantic-settings, so a bad value is one line naming the variable (settings_error).
+        if not isinstance(value, str):
+            return value
+        try:
+            headers = json.loads(value) if value.strip() else {}
+        except ValueError:
+            raise ValueError("must be a JSON object of header names and values") from None
+        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+            raise ValueError("must be a JSON object of header names and values (strings)")
+        return headers
+
+    @field_validator("openai_base_url")
+    @classmethod
+    def _an_http_url(cls, value: str) -> str:
+        # Refused at start: a base URL the SDK cannot use would fail every model call instead.
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value
 
 
 class ApiSettings(TemporalSettings):
@@ -87,8 +121,14 @@ class Settings(WorkerSettings, ApiSettings):
         return f"{base}/namespaces/{self.temporal_namespace}/workflows/{workflow_id}"
 
 
+# Variables whose values are never repeated in a message, even a wrong one.
+_SECRET_VARIABLES = frozenset({"OPENAI_API_KEY", "OPENAI_EXTRA_HEADERS", "TOOLLOOP_APPROVAL_KEY"})
+
+
 def settings_error(exc: ValidationError) -> str:
     """A bad value in the environment, in one line that names the variable."""
     first = exc.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or "settings"
+    if first["loc"] and first["loc"][0] in _SECRET_VARIABLES:
+        return f"{where}: {first['msg']} (value not shown)"
     return f"{where}: {first['msg']} (got {first.get('input')!r})"

@@ -1,6 +1,6 @@
 """Wiring: a running worker for worker.py and the tests - the plugin around a user's tools, plus the models
-the worker's settings configure (the Responses adapter when OPENAI_API_KEY is set) - and the loading of a
-user's `package.module:function` that builds the tools."""
+the worker's settings configure (`openai` when OPENAI_API_KEY is set, on the Responses or the Chat Completions
+API) - and the loading of a user's `package.module:function` that builds the tools."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
 from toolloop._models.adapter import ModelAdapter
+from toolloop._models.chat import ChatCompletionsClient, ChatCompletionsModel
 from toolloop._models.responses import ResponsesClient, ResponsesModel
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.plugin import ToolloopPlugin, workflow_runner
@@ -92,14 +93,20 @@ async def settings_models(settings: WorkerSettings) -> AsyncIterator[dict[str, M
     async with AsyncExitStack() as stack:
         models: dict[str, ModelAdapter] = {}
         if settings.openai_api_key is not None:
-            client = await stack.enter_async_context(
-                ResponsesClient(
-                    api_key=settings.openai_api_key.get_secret_value(),
-                    base_url=settings.openai_base_url,
-                    model=settings.openai_model,
+            endpoint: dict[str, Any] = {
+                "api_key": settings.openai_api_key.get_secret_value(),
+                "base_url": settings.openai_base_url,
+                "model": settings.openai_model,
+                "timeout_seconds": settings.openai_timeout_seconds,
+                "extra_headers": {name: v.get_secret_value() for name, v in settings.openai_extra_headers.items()},
+            }
+            # One name, `openai`, whichever API the endpoint speaks: requests need not know.
+            if settings.openai_api == "chat":
+                models["openai"] = ChatCompletionsModel(
+                    await stack.enter_async_context(ChatCompletionsClient(**endpoint))
                 )
-            )
-            models["openai"] = ResponsesModel(client)
+            else:
+                models["openai"] = ResponsesModel(await stack.enter_async_context(ResponsesClient(**endpoint)))
         yield models
 
 

@@ -1,0 +1,276 @@
+"""I/O (test support): a real loopback HTTP server speaking both OpenAI wire formats - `POST .../responses` and
+`POST .../chat/completions` - answering from a queue, with answers built from the official SDK's own types.
+
+    with FakeOpenAIServer() as server:
+        server.reply(chat_completion(calls=[("get_ticket", {"ticketId": "T1"}, "call_1")]))
+        server.reply(error_body("slow down"), status=429, headers={"Retry-After": "2"})
+        server.hold_next()                     # the next request gets no answer until the server stops
+        client = ChatCompletionsClient(api_key="sk-test", base_url=server.url, model="fake-model")
+        ...
+        assert server.requests[0].body["messages"][0] == {...}
+
+Any path that ends in /responses or /chat/completions is served (Azure's deployment paths included). With an
+empty queue a call gets a plain text answer in the format it asked in, DEFAULT_TEXT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from openai.types import CompletionUsage
+from openai.types.chat import ChatCompletion, ChatCompletionMessage, ChatCompletionMessageFunctionToolCall
+from openai.types.chat.chat_completion import Choice
+from openai.types.chat.chat_completion_message_function_tool_call import Function
+from openai.types.responses import (
+    Response as ResponsesResponse,
+)
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputItem,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponseReasoningItem,
+    ResponseUsage,
+)
+from openai.types.responses.response import IncompleteDetails
+from openai.types.responses.response_reasoning_item import Summary
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
+from openai.types.shared import ErrorObject
+
+DEFAULT_TEXT = "fake final answer"
+_ids = itertools.count(1)
+
+
+# --- answers, built from the SDK's types -------------------------------------------------------------------
+
+
+def chat_completion(
+    text: str | None = None,
+    calls: Sequence[tuple[str, dict[str, Any] | str, str]] = (),
+    *,
+    finish_reason: str | None = None,
+    usage: tuple[int, int] | None = (11, 7),
+) -> dict[str, Any]:
+    """A Chat Completions answer: `text`, and a tool call per (name, arguments, call id)."""
+    n = next(_ids)
+    tool_calls = [
+        ChatCompletionMessageFunctionToolCall(
+            id=call_id,
+            type="function",
+            function=Function(name=name, arguments=args if isinstance(args, str) else json.dumps(args)),
+        )
+        for name, args, call_id in calls
+    ]
+    completion = ChatCompletion(
+        id=f"chatcmpl-fake-{n}",
+        object="chat.completion",
+        created=1_700_000_000 + n,
+        model="fake-model",
+        choices=[
+            Choice.model_validate(
+                {
+                    "index": 0,
+                    "finish_reason": finish_reason or ("tool_calls" if calls else "stop"),
+                    "message": ChatCompletionMessage(role="assistant", content=text, tool_calls=tool_calls or None),
+                }
+            )
+        ],
+        usage=None
+        if usage is None
+        else CompletionUsage(prompt_tokens=usage[0], completion_tokens=usage[1], total_tokens=sum(usage)),
+    )
+    return completion.to_dict()
+
+
+def output_message(text: str, *, item_id: str = "msg_fake") -> ResponseOutputMessage:
+    return ResponseOutputMessage(
+        id=item_id,
+        type="message",
+        role="assistant",
+        status="completed",
+        content=[ResponseOutputText(type="output_text", text=text, annotations=[])],
+    )
+
+
+def function_call(name: str, arguments: dict[str, Any] | str, call_id: str) -> ResponseFunctionToolCall:
+    encoded = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return ResponseFunctionToolCall(
+        type="function_call", id=f"fc_{call_id}", status="completed", name=name, arguments=encoded, call_id=call_id
+    )
+
+
+def reasoning(item_id: str = "rs_fake", encrypted_content: str = "gAAAA-opaque==") -> ResponseReasoningItem:
+    return ResponseReasoningItem(
+        type="reasoning",
+        id=item_id,
+        summary=[Summary(type="summary_text", text="thinking about it")],
+        encrypted_content=encrypted_content,
+    )
+
+
+def responses_response(
+    *output: ResponseOutputItem,
+    status: str = "completed",
+    incomplete_reason: str | None = None,
+    usage: tuple[int, int] | None = (11, 7),
+) -> dict[str, Any]:
+    """A Responses API answer with these output items."""
+    n = next(_ids)
+    response = ResponsesResponse.model_validate(
+        {
+            "id": f"resp_fake_{n}",
+            "object": "response",
+            "created_at": 1_700_000_000 + n,
+            "model": "fake-model",
+            "status": status,
+            "output": list(output),
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "incomplete_details": None
+            if incomplete_reason is None
+            else IncompleteDetails.model_validate({"reason": incomplete_reason}),
+            "usage": None
+            if usage is None
+            else ResponseUsage(
+                input_tokens=usage[0],
+                output_tokens=usage[1],
+                total_tokens=sum(usage),
+                input_tokens_details=InputTokensDetails(cached_tokens=0, cache_write_tokens=0),
+                output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
+            ),
+        }
+    )
+    return response.to_dict()
+
+
+def error_body(message: str, *, code: str | None = None, kind: str = "invalid_request_error") -> dict[str, Any]:
+    """An error answer's body, as OpenAI writes it: {"error": {"message", "type", "param", "code"}}."""
+    return {"error": ErrorObject(message=message, type=kind, param=None, code=code).to_dict()}
+
+
+# --- the server ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    # A dict or list is sent as JSON; a str as it is (a broken body, say).
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    hold: bool = False
+
+
+@dataclass(frozen=True)
+class Received:
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: Any
+
+
+class FakeOpenAIServer:
+    """The server in a background thread of this process; `url` is the base URL for a client (".../v1")."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: deque[Reply] = deque()
+        self._received: list[Received] = []
+        self._released = threading.Event()
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # Bound now (not inside uvicorn), so the port is known and reserved before the thread starts.
+        self._socket.bind(("127.0.0.1", 0))
+        self.root_url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        self.url = f"{self.root_url}/v1"
+        config = uvicorn.Config(self._app(), log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    def reply(self, body: Any = None, *, status: int = 200, headers: dict[str, str] | None = None) -> None:
+        """Script the next answer; answers are used in order, one per request, whatever its path."""
+        with self._lock:
+            self._queue.append(Reply(status, body, dict(headers or {})))
+
+    def hold_next(self) -> None:
+        """The next request gets no answer until the server stops (a client's timeout gives up first)."""
+        with self._lock:
+            self._queue.append(Reply(hold=True))
+
+    @property
+    def requests(self) -> list[Received]:
+        with self._lock:
+            return list(self._received)
+
+    def _app(self) -> FastAPI:
+        app = FastAPI(title="fake OpenAI API")
+
+        @app.post("/{path:path}")
+        async def answer(path: str, request: Request) -> Response:
+            raw = await request.body()
+            try:
+                body: Any = json.loads(raw)
+            except ValueError:
+                body = raw.decode("utf-8", "replace")
+            received = Received("/" + path, request.url.query, {k.lower(): v for k, v in request.headers.items()}, body)
+            chat = path.endswith("chat/completions")
+            if not chat and not path.endswith("responses"):
+                return Response(status_code=404)
+            with self._lock:
+                self._received.append(received)
+                scripted = self._queue.popleft() if self._queue else Reply()
+            if scripted.hold:
+                await asyncio.to_thread(self._released.wait)
+                return Response(status_code=503)
+            if scripted.body is None:
+                scripted.body = (
+                    chat_completion(DEFAULT_TEXT) if chat else responses_response(output_message(DEFAULT_TEXT))
+                )
+            content = scripted.body if isinstance(scripted.body, str) else json.dumps(scripted.body)
+            headers = {"content-type": "application/json", **{k.lower(): v for k, v in scripted.headers.items()}}
+            return Response(content=content, status_code=scripted.status, headers=headers)
+
+        return app
+
+    def start(self) -> FakeOpenAIServer:
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, name="fake-openai", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the fake OpenAI server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._released.set()  # a held request answers, so the server can shut down
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        self._socket.close()
+
+    def __enter__(self) -> FakeOpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> FakeOpenAIServer:
+        return await asyncio.to_thread(self.start)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await asyncio.to_thread(self.stop)

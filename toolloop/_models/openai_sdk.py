@@ -1,0 +1,260 @@
+"""I/O: one OpenAI-compatible endpoint through the official `openai` SDK, as both model adapters (Responses and
+Chat Completions) use it: a client with the SDK's retries off, and every failed call classified as a
+ModelCallError whose `kind` says whether retrying can help.
+
+The classification is pure (`status_failure`, `retry_after_seconds`, `is_context_length_error`, `decode_body`);
+`call_failure` reads the SDK's public exceptions into it. Temporal owns retries: an SDK retry under the
+activity's retry policy would multiply attempts and hide failures, so `max_retries=0` always.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Awaitable, Mapping, Sequence
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, Self, cast
+
+import openai
+from openai import AsyncOpenAI
+
+from toolloop._models.adapter import TokenUsage
+from toolloop._models.errors import ModelCallError, truncate
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_TIMEOUT_SECONDS = 120.0
+
+# --- pure: what a failed call means -------------------------------------------------------------------------
+
+# How providers say the conversation no longer fits the model: OpenAI's error code, llama.cpp's error type,
+# and the wording of OpenAI, vLLM, llama.cpp and Anthropic-compatible servers.
+_CONTEXT_LENGTH_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+_CONTEXT_LENGTH_TEXT = re.compile(
+    r"maximum context length|maximum model length|context[ _]length[ _](?:is )?exceeded"
+    r"|exceeds? the (?:\w+ )?context (?:size|length|window)|prompt is too long",
+    re.IGNORECASE,
+)
+
+
+def redact(text: str, secrets: Sequence[str]) -> str:
+    """`text` without any of `secrets` (providers sometimes echo a key in their error text)."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[redacted]")
+    return text
+
+
+def error_detail(body: object, secrets: Sequence[str] = ()) -> str:
+    """The provider's error message, else a short slice of the body: enough to diagnose, never a whole body.
+
+    `body` is what the SDK keeps of an error answer (APIStatusError.body): the `error` object of a JSON body,
+    the whole JSON without one, or the text of a body that is not JSON."""
+    if body is None:
+        return ""
+    if isinstance(body, dict):
+        message = body.get("message")
+        text = message if isinstance(message, str) and message else json.dumps(body)
+    elif isinstance(body, str):
+        text = body
+    else:
+        text = json.dumps(body)
+    # Redacted before it is cut, so a cut cannot leave half a key behind.
+    return truncate(redact(text, secrets))
+
+
+def is_context_length_error(body: object) -> bool:
+    """Whether an error answer says the conversation is longer than the model's context window."""
+    if isinstance(body, dict):
+        for field in ("code", "type"):
+            if isinstance(body.get(field), str) and body[field] in _CONTEXT_LENGTH_CODES:
+                return True
+        message = body.get("message")
+        return isinstance(message, str) and _CONTEXT_LENGTH_TEXT.search(message) is not None
+    return isinstance(body, str) and _CONTEXT_LENGTH_TEXT.search(body) is not None
+
+
+def retry_after_seconds(headers: Mapping[str, str], now: datetime | None = None) -> float | None:
+    """How long the server asked us to wait: OpenAI's `retry-after-ms`, else `Retry-After` as a number of
+    seconds or an HTTP date. None when it asked nothing readable. (`headers` is case-insensitive when it is
+    the SDK's; a plain dict must use lower-case names.)"""
+    milliseconds = _number(headers.get("retry-after-ms"))
+    if milliseconds is not None:
+        return milliseconds / 1000
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    seconds = _number(value)
+    if seconds is not None:
+        return seconds
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+def _number(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return max(0.0, number) if math.isfinite(number) else None
+
+
+def status_failure(
+    status: int, headers: Mapping[str, str], body: object, secrets: Sequence[str] = ()
+) -> ModelCallError:
+    """An HTTP error answer as a ModelCallError: 408, 429 and 5xx are temporary (with the server's
+    Retry-After), a context window exceeded and every other 4xx are rejected (retrying sends the same
+    request)."""
+    detail = error_detail(body, secrets)
+    suffix = f": {detail}" if detail else ""
+    if status in (408, 429) or status >= 500:
+        # 408 is a timeout in HTTP terms: as transient as a 503.
+        return ModelCallError(
+            "temporary",
+            f"model endpoint answered HTTP {status}{suffix}",
+            retry_after_seconds=retry_after_seconds(headers),
+        )
+    if is_context_length_error(body):
+        return ModelCallError(
+            "rejected",
+            f"the conversation no longer fits the model's context window (HTTP {status}{suffix})",
+        )
+    return ModelCallError("rejected", f"model endpoint rejected the request: HTTP {status}{suffix}")
+
+
+def decode_body(content: bytes, secrets: Sequence[str] = ()) -> object:
+    """A successful answer's body as JSON, or a malformed ModelCallError quoting its start."""
+    try:
+        return json.loads(content)
+    except (ValueError, UnicodeDecodeError):
+        start = redact(content.decode("utf-8", "replace"), secrets)
+        raise ModelCallError("malformed", f"response body is not JSON: {truncate(start, 80)!r}") from None
+
+
+def token_usage(usage: object, input_field: str, output_field: str) -> TokenUsage | None:
+    """An answer's `usage` object read by its two field names (Responses: input_tokens/output_tokens, Chat
+    Completions: prompt_tokens/completion_tokens); None if absent or unreadable: usage is information, never
+    a reason to fail a call."""
+    if not isinstance(usage, dict):
+        return None
+    counts = [usage.get(input_field), usage.get(output_field), usage.get("total_tokens")]
+    if not all(_count(n) for n in counts[:2]):
+        return None
+    input_tokens, output_tokens, total = cast(list[int], counts)
+    if not _count(total):
+        total = input_tokens + output_tokens
+    return TokenUsage(input_tokens=input_tokens, output_tokens=output_tokens, total_tokens=total)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# --- I/O: the SDK's exceptions, and the client ---------------------------------------------------------------
+
+
+def call_failure(exc: openai.OpenAIError, secrets: Sequence[str], timeout_seconds: float | None) -> ModelCallError:
+    """What a failed SDK call means for the activity (the SDK keeps the transport's own error as __cause__)."""
+    cause = exc.__cause__
+    cause_name = type(cause).__name__ if cause is not None else type(exc).__name__
+    if isinstance(exc, openai.APIStatusError):
+        return status_failure(exc.status_code, exc.response.headers, exc.body, secrets)
+    if isinstance(exc, openai.APITimeoutError):
+        within = f" within {timeout_seconds:g} s" if timeout_seconds else ""
+        return ModelCallError("temporary", f"the model endpoint did not answer{within} ({cause_name})")
+    if isinstance(exc, openai.APIConnectionError):
+        # Connect refused, resets, DNS: the request may not have arrived; a retry is safe because a model
+        # call has no side effect.
+        detail = truncate(redact(str(cause or exc), secrets)) or "no detail"
+        return ModelCallError("temporary", f"could not reach the model endpoint ({cause_name}: {detail})")
+    detail = truncate(redact(str(exc), secrets)) or "no detail"
+    return ModelCallError("malformed", f"the model call failed ({type(exc).__name__}: {detail})")
+
+
+def check_base_url(base_url: str) -> None:
+    """A base URL the SDK cannot use is a configuration error: say so at start, not at every model call."""
+    if not base_url.startswith(("http://", "https://")):
+        raise ValueError(f"the model base URL must start with http:// or https:// (got {base_url!r})")
+
+
+class OpenAIEndpoint:
+    """One model endpoint and the SDK client that reaches it. Holds the API key; nothing it raises or logs
+    contains that key or an extra header's value.
+
+    Give `api_key` (and `base_url`, `extra_headers`) and it builds an `openai.AsyncOpenAI`, or give your own
+    client (`openai.AsyncAzureOpenAI`, one with a custom `http_client`) as `openai_client`: it is used
+    through `with_options(max_retries=0)` and left open on exit, as its owner's."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        api_key: str | None = None,
+        base_url: str = DEFAULT_BASE_URL,
+        timeout_seconds: float | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        openai_client: AsyncOpenAI | None = None,
+    ) -> None:
+        headers = dict(extra_headers or {})
+        if openai_client is None:
+            if not api_key:
+                raise ValueError("api_key is empty")
+            check_base_url(base_url)
+            self.timeout_seconds: float | None = timeout_seconds or DEFAULT_TIMEOUT_SECONDS
+            self.client = AsyncOpenAI(
+                api_key=api_key,
+                base_url=base_url,
+                timeout=self.timeout_seconds,
+                max_retries=0,
+                default_headers=headers,
+            )
+        else:
+            self.timeout_seconds = timeout_seconds
+            options: dict[str, Any] = {"max_retries": 0}
+            if timeout_seconds is not None:
+                options["timeout"] = timeout_seconds
+            if headers:
+                options["default_headers"] = headers
+            self.client = openai_client.with_options(**options)
+        self._owns_client = openai_client is None
+        self.model = model
+        # Short header values ("toolloop", "1") are no secret, and redacting them would garble messages.
+        self._secrets = tuple(
+            s for s in (api_key, self.client.api_key, *headers.values()) if isinstance(s, str) and len(s) >= 12
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(base_url={str(self.client.base_url)!r}, model={self.model!r}, api_key=set)"
+
+    @property
+    def base_url(self) -> str:
+        return str(self.client.base_url).rstrip("/")
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self.client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def _answer_body(self, call: Awaitable[Any]) -> object:
+        """Await one `with_raw_response` call: the answer's body as decoded JSON, or a ModelCallError.
+
+        The raw body, not the SDK's parsed model: the SDK builds its models without validating them, so the
+        checking is ours either way, and every field of an output item must go back to the model unchanged."""
+        try:
+            raw = await call
+        except openai.OpenAIError as exc:
+            raise call_failure(exc, self._secrets, self.timeout_seconds) from None
+        return decode_body(raw.http_response.content, self._secrets)
