@@ -20,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
         AgentResult,
         ApprovalDecision,
         ApprovalRequest,
+        ApprovalWait,
         CallRecord,
         CheckedCall,
         ConversationItem,
@@ -29,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         FunctionCallOutputItem,
         ModelTurnInput,
         ModelTurnResult,
+        NextApproval,
         OperationRecord,
         StopReason,
         ToolCallInput,
@@ -48,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         GET_PENDING_APPROVALS_QUERY,
         GET_PROGRESS_QUERY,
         MODEL_TURN_ACTIVITY,
+        NEXT_APPROVAL_UPDATE,
         OPERATIONS_METRIC,
         REQUEST_ENDED_ACTIVITY,
         REQUESTS_FINISHED_METRIC,
@@ -128,6 +131,24 @@ class AgentWorkflow:
     def get_pending_approvals(self) -> list[ApprovalRequest]:
         """Every operation waiting for approval, with its whole payload (one query for a waiting channel)."""
         return self._writes.pending_approvals()
+
+    @workflow.update(name=NEXT_APPROVAL_UPDATE)
+    async def next_approval(self, wait: ApprovalWait) -> NextApproval:
+        """The first operation waiting for approval that the caller has not been given, as soon as one waits;
+        None once the request has finished. An approver's way to learn what to decide without following the
+        run's history: the answer comes in the workflow task that starts the wait."""
+        await workflow.wait_condition(lambda: self._progress.done or self._unseen_approval(wait) is not None)
+        return NextApproval(approval=self._unseen_approval(wait))
+
+    @next_approval.validator
+    def _check_next_approval(self, wait: ApprovalWait) -> None:
+        # Refused, not accepted: a finished request has nothing more to decide, and a refusal stays out of
+        # its history.
+        if self._progress.done:
+            raise ApplicationError("the request has finished", type=ErrorType.REQUEST_FINISHED)
+
+    def _unseen_approval(self, wait: ApprovalWait) -> ApprovalRequest | None:
+        return next((r for r in self._writes.pending_approvals() if r.operation_id not in wait.seen), None)
 
     @workflow.update(name=APPROVE_OPERATION_UPDATE)
     def approve_operation(self, decision: ApprovalDecision) -> DecisionAnswer:
@@ -267,6 +288,8 @@ class AgentWorkflow:
             status=status, stop_reason=stop, final_text=final_text, error=error, outcome=report.outcome
         )
         self._progress.done = True
+        # Approvers waiting in next_approval are answered (None) before the run ends.
+        await workflow.wait_condition(workflow.all_handlers_finished)
         # Patched: a run whose turn came from a worker with a hook but whose workflow code had none (a rolling
         # deploy) ended without this step, and replays without it. Called only with a hook, so runs without
         # one record no marker.

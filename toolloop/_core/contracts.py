@@ -389,6 +389,20 @@ class ApprovalRequest(BaseModel):
         return self.target or self.tool
 
 
+class ApprovalWait(BaseModel):
+    """The `next_approval` Update's input: the operations the caller has already been given, so each waiting
+    operation reaches it once."""
+
+    seen: list[str] = Field(default_factory=list)
+
+
+class NextApproval(BaseModel):
+    """The `next_approval` Update's answer: an operation waiting for approval, or None once the request has
+    finished."""
+
+    approval: ApprovalRequest | None = None
+
+
 class ApprovalDecision(BaseModel):
     """The trusted channel's answer for one operation (Temporal Update `approve_operation`): the operation,
     digest and verdict as the channel sent them, and the signed token the validator checks them against."""
