@@ -280,9 +280,9 @@ async def test_approvals_as_they_come_yields_each_operation_once_and_ends_with_t
     assert [a.approval.by if a.approval else None for a in answers] == ["u1 via cli"] * 2
     assert [a.approval.decision if a.approval else None for a in answers] == ["approved", "rejected"]
     stored = await update_answers(handle, APPROVE_OPERATION_UPDATE)
-    assert [(answer["state"], sorted(answer)) for answer in stored] == [
-        ("approved", ["at", "state"]),
-        ("denied", ["at", "state"]),
+    assert [(answer["state"], sorted(answer), answer["next"]) for answer in stored] == [
+        ("approved", ["at", "next", "state"], None),
+        ("denied", ["at", "next", "state"], None),
     ]
     ledger = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
     assert [op.approval for op in ledger] == [a.approval for a in answers]

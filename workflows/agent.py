@@ -137,8 +137,7 @@ class AgentWorkflow:
         """The first operation waiting for approval that the caller has not been given, as soon as one waits;
         None once the request has finished. An approver's way to learn what to decide without following the
         run's history: the answer comes in the workflow task that starts the wait."""
-        await workflow.wait_condition(lambda: self._progress.done or self._unseen_approval(wait) is not None)
-        return NextApproval(approval=self._unseen_approval(wait))
+        return await self._next_unseen_approval(wait)
 
     @next_approval.validator
     def _check_next_approval(self, wait: ApprovalWait) -> None:
@@ -150,9 +149,18 @@ class AgentWorkflow:
     def _unseen_approval(self, wait: ApprovalWait) -> ApprovalRequest | None:
         return next((r for r in self._writes.pending_approvals() if r.operation_id not in wait.seen), None)
 
+    async def _next_unseen_approval(self, wait: ApprovalWait) -> NextApproval:
+        await workflow.wait_condition(lambda: self._progress.done or self._unseen_approval(wait) is not None)
+        return NextApproval(approval=self._unseen_approval(wait))
+
     @workflow.update(name=APPROVE_OPERATION_UPDATE)
-    def approve_operation(self, decision: ApprovalDecision) -> DecisionAnswer:
-        return self._writes.record_decision(decision).decision_answer()
+    async def approve_operation(self, decision: ApprovalDecision) -> DecisionAnswer:
+        # Recorded before anything awaits: in the workflow task that accepts the decision, as when this handler
+        # was synchronous (a decision without then_wait answers in that same task).
+        answer = self._writes.record_decision(decision).decision_answer()
+        if decision.then_wait is None:
+            return answer
+        return answer.model_copy(update={"next": await self._next_unseen_approval(decision.then_wait)})
 
     @approve_operation.validator
     def _check_approval(self, decision: ApprovalDecision) -> None:

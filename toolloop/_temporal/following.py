@@ -22,6 +22,7 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowUpdateFailedError,
+    WorkflowUpdateHandle,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.exceptions import ApplicationError
@@ -81,40 +82,53 @@ async def pending_approvals(handle: WorkflowHandle[Any, Any]) -> list[ApprovalRe
 
 async def approvals_as_they_come(handle: WorkflowHandle[Any, Any]) -> AsyncIterator[ApprovalRequest]:
     """Each operation once, as soon as it starts waiting for approval (an operation already waiting comes
-    first); ends when the run closes. Each is the answer of the workflow's `next_approval` Update, which waits
-    in the workflow for an operation this follower has not been given and answers in the workflow task that
-    starts the wait, with the whole payload its digest covers: no history to follow and no query. While no
-    worker runs, the Update waits on the server until one does. An operation another approver decided before
-    this follower asked is not yielded: it no longer waits."""
+    first); ends when the run closes. Each comes from `next_approval` (below): no history to follow and no
+    query. An operation another approver decided before this follower asked is not yielded: it no longer
+    waits."""
     seen: list[str] = []
-    while True:
-        try:
-            answer: NextApproval = await handle.execute_update(
-                NEXT_APPROVAL_UPDATE, ApprovalWait(seen=seen), result_type=NextApproval
-            )
-        except WorkflowUpdateRPCTimeoutOrCancelledError:
-            # temporalio raises this when the waiting call is cancelled: cancelled it stays, for the caller.
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise asyncio.CancelledError from None
-            raise
-        except WorkflowUpdateFailedError as err:
-            cause = err.cause
-            if isinstance(cause, ApplicationError) and cause.type == ErrorType.REQUEST_FINISHED:
-                return
-            if await _still_running(handle):
-                raise
-            return
-        except RPCError:
-            # The run closed under the waiting Update (terminated, timed out): nothing more will wait.
-            if await _still_running(handle):
-                raise
-            return
-        request = answer.approval
-        if request is None:
-            return
+    while (request := await next_approval(handle, seen)) is not None:
         seen.append(request.operation_id)
         yield request
+
+
+async def next_approval(
+    handle: WorkflowHandle[Any, Any], seen: list[str], *, sent: WorkflowUpdateHandle[NextApproval] | None = None
+) -> ApprovalRequest | None:
+    """The first operation waiting for approval that is not in `seen`, as soon as one waits; None once the run
+    has finished. It is the answer of the workflow's `next_approval` Update, which waits in the workflow and
+    answers in the workflow task that starts the wait, with the whole payload its digest covers. While no
+    worker runs, the Update waits on the server until one does. `sent`: that Update, already sent (with the
+    start) for this `seen`."""
+    try:
+        if sent is not None:
+            answer = await sent.result()
+        else:
+            answer = await handle.execute_update(
+                NEXT_APPROVAL_UPDATE, ApprovalWait(seen=seen), result_type=NextApproval
+            )
+    except WorkflowUpdateRPCTimeoutOrCancelledError:
+        raise_if_cancelling()
+        raise
+    except WorkflowUpdateFailedError as err:
+        cause = err.cause
+        finished = isinstance(cause, ApplicationError) and cause.type == ErrorType.REQUEST_FINISHED
+        if finished or not await _still_running(handle):
+            return None
+        raise
+    except RPCError:
+        # The run closed under the waiting Update (terminated, timed out), or before it: nothing waits.
+        if await _still_running(handle):
+            raise
+        return None
+    return answer.approval
+
+
+def raise_if_cancelling() -> None:
+    """temporalio turns the cancellation of a call that waits for an Update into
+    WorkflowUpdateRPCTimeoutOrCancelledError; a cancelled task stays cancelled for its caller."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 async def _still_running(handle: WorkflowHandle[Any, Any]) -> bool:
