@@ -157,12 +157,27 @@ class OursStack:
         timers: list[float] = []
         helpers: list[asyncio.Task[Any]] = []
         try:
-            request = await self.begin(scenario, request_id)
-            if scenario.write:
-                helpers.append(asyncio.create_task(request.decide_each(_approve_at_once(approvals))))
-                if trace:
+            if not trace:
+                # One call, as a client application runs a request with writes (its first approval wait
+                # starts with the request).
+                approver = _approve_at_once(approvals) if scenario.write else None
+                result = await asyncio.wait_for(
+                    self.requests.run(
+                        scenario.request_text(),
+                        actor=ACTOR,
+                        request_id=request_id,
+                        model=ModelSpec(provider="bench"),
+                        limits=limits_for(scenario),
+                        approver=approver,
+                    ),
+                    REQUEST_TIMEOUT_S,
+                )
+            else:
+                request = await self.begin(scenario, request_id)
+                if scenario.write:
+                    helpers.append(asyncio.create_task(request.decide_each(_approve_at_once(approvals))))
                     helpers.append(asyncio.create_task(_first_timer(request.handle, timers)))
-            result = await asyncio.wait_for(request.result(), REQUEST_TIMEOUT_S)
+                result = await asyncio.wait_for(request.result(), REQUEST_TIMEOUT_S)
         except Exception as exc:
             return _failed(self.name, request_id, started, exc, request.workflow_id if request else None)
         finally:

@@ -201,8 +201,8 @@ class Handoff:
 
     spaced: Latency | None
     loaded: Latency | None = None
-    # The part of `spaced` until the long poll delivered the TimerStarted event (the rest: reading the
-    # request from the events it delivered).
+    # When a second client, following the run's history with a long poll, had the TimerStarted event itself
+    # (for comparison: the approver's Update answers without it).
     event_delivered: Latency | None = None
 
 
@@ -560,7 +560,8 @@ def render_markdown(results: Results, plots: Sequence[str] = ()) -> str:
             "system of each process: the worker (for (c) the loop's own process), the Temporal server, the "
             "benchmark's client and the business service. Other load: the cores that processes outside the "
             "benchmark kept busy meanwhile (the machine may be shared; well above 0 means perturbed figures). "
-            "(a)'s client approves each write as soon as the workflow asks (a long poll on the run's history); "
+            "(a)'s client approves each write as soon as the workflow asks (`ToolloopClient.run` with an approver: "
+            "the workflow's next_approval Update, sent with the start, answers when the write waits); "
             "(b)'s client sends its approval Update right after the start."
         )
         lines.append("")
@@ -753,15 +754,15 @@ def render_markdown(results: Results, plots: Sequence[str] = ()) -> str:
             "## Approval hand-off",
             "",
             "From the TimerStarted event of an operation's approval wait (server time) to the moment a client "
-            "following the run (`approvals_as_they_come`: a long poll on the history, the request read from the "
-            "events it delivers) has the approval request in hand (same clock).",
+            "deciding each write (`decide_each`: the workflow's next_approval Update answers in the workflow task "
+            "that starts the wait) has the approval request in hand (same clock).",
             "",
         ]
         rows = []
         handoff = results.handoff
         for label, lat in (
             ("spaced", handoff.spaced),
-            ("spaced: until the long poll delivers the TimerStarted event", handoff.event_delivered),
+            ("spaced: a history long poll's TimerStarted event, for comparison", handoff.event_delivered),
             (f"under load ({meta.get('sizes', {}).get('in_flight', '?')} in flight)", handoff.loaded),
         ):
             if lat is not None:

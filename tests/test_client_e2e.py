@@ -7,11 +7,13 @@ them."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RetryConfig, RPCError, RPCStatusCode
 from temporalio.worker import Worker
@@ -21,6 +23,7 @@ from devstack.processes import free_port, start_temporal_dev_server
 from tests.agent_helpers import U1, call, effects, say, script_spec, service_requests, ticket_version
 from tests.conftest import APPROVAL_KEY
 from toolloop._core.approvals import generate_signing_key, payload_digest
+from toolloop._core.names import APPROVE_OPERATION_UPDATE, NEXT_APPROVAL_UPDATE
 from toolloop._temporal.settings import Settings
 
 pytestmark = pytest.mark.e2e
@@ -241,3 +244,67 @@ async def test_an_approver_that_fails_fails_run(client: Client, settings: Settin
     request = tl.request("broken", actor=U1)
     await request.cancel()
     assert (await asyncio.wait_for(request.result(), 60)).stop_reason == "cancelled"
+
+
+async def test_run_learns_each_approval_from_the_start_and_from_the_decision_before_it(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    # Two writes in turn. The first wait rides the start (update-with-start, accepted in the run's first
+    # workflow task), and each decision's Update also waits for the next operation: three Updates in all, no
+    # query, no history followed.
+    version = await ticket_version(settings.service_url)
+    first = {"ticketId": "T1001", "text": "first", "expectedVersion": version}
+    second = {"ticketId": "T1001", "text": "second", "expectedVersion": version + 1}
+    model = script_spec(
+        [call("append_ticket_note", first, "w1")], [call("append_ticket_note", second, "w2")], [say("both")]
+    )
+    shown: list[str] = []
+    result = await asyncio.wait_for(
+        _client(client, settings).run(
+            "two notes", actor=U1, model=model, approver=lambda a: bool(shown.append(a.arguments["text"])) or True
+        ),
+        120,
+    )
+    assert shown == ["first", "second"] and [op.state for op in result.operations] == ["verified", "verified"]
+    for op in result.operations:
+        assert len(await effects(admin, op.operation_id)) == 1
+    handle = client.get_workflow_handle(result.workflow_id)
+    updates: list[tuple[str, Any]] = []
+    names: dict[str, str] = {}
+    first_task_done = False
+    async for event in handle.fetch_history_events():
+        kind = event.event_type
+        if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            accepted = event.workflow_execution_update_accepted_event_attributes.accepted_request
+            names[accepted.meta.update_id] = accepted.input.name
+            if accepted.input.name == NEXT_APPROVAL_UPDATE:
+                # The start's wait was accepted by the first workflow task, before any activity.
+                assert not first_task_done
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            first_task_done = True
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED:
+            completed = event.workflow_execution_update_completed_event_attributes
+            answer = json.loads(completed.outcome.success.payloads[0].data)
+            updates.append((names[completed.meta.update_id], answer))
+    [wait, decided_first, decided_second] = updates
+    assert wait[0] == NEXT_APPROVAL_UPDATE and wait[1]["approval"]["arguments"] == first
+    assert decided_first[0] == decided_second[0] == APPROVE_OPERATION_UPDATE
+    assert decided_first[1]["state"] == "approved" and decided_first[1]["next"]["approval"]["arguments"] == second
+    # The last decision waited until the request finished: nothing more to decide.
+    assert decided_second[1]["next"] == {"approval": None}
+
+
+async def test_run_with_an_approver_on_a_request_id_already_started_attaches_and_decides_it(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    note = await _note(settings, "attached run")
+    tl = _client(client, settings)
+    started = await tl.start("add a note", actor=U1, request_id="run-twice", model=_note_script(note))
+    # Not the first call for this id: the update-with-start finds the run, and run() attaches and decides it.
+    result = await asyncio.wait_for(
+        tl.run("add a note", actor=U1, request_id="run-twice", model=_note_script(note), approver=lambda _: True),
+        120,
+    )
+    assert result.workflow_id == started.workflow_id
+    [op] = result.operations
+    assert op.state == "verified" and len(await effects(admin, op.operation_id)) == 1

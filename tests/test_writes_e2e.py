@@ -66,7 +66,9 @@ from toolloop._core.contracts import (
     AgentResult,
     ApprovalDecision,
     ApprovalRequest,
+    ApprovalWait,
     Limits,
+    NextApproval,
     OperationRecord,
     WriteInput,
 )
@@ -76,6 +78,7 @@ from toolloop._core.names import (
     GET_LEDGER_QUERY,
     GET_PROGRESS_QUERY,
     MODEL_TURN_ACTIVITY,
+    NEXT_APPROVAL_UPDATE,
     READ_BACK_ACTIVITY,
     RUN_TOOL_ACTIVITY,
 )
@@ -276,27 +279,17 @@ async def test_approvals_as_they_come_yields_each_operation_once_and_ends_with_t
     assert [op.approval for op in result.operations] == [a.approval for a in answers]
     assert [a.approval.by if a.approval else None for a in answers] == ["u1 via cli"] * 2
     assert [a.approval.decision if a.approval else None for a in answers] == ["approved", "rejected"]
-    stored = [
-        json.loads(event.workflow_execution_update_completed_event_attributes.outcome.success.payloads[0].data)
-        async for event in handle.fetch_history_events()
-        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED
-    ]
-    assert [(answer["state"], sorted(answer)) for answer in stored] == [
-        ("approved", ["at", "state"]),
-        ("denied", ["at", "state"]),
+    stored = await update_answers(handle, APPROVE_OPERATION_UPDATE)
+    assert [(answer["state"], sorted(answer), answer["next"]) for answer in stored] == [
+        ("approved", ["at", "next", "state"], None),
+        ("denied", ["at", "next", "state"], None),
     ]
     ledger = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
     assert [op.approval for op in ledger] == [a.approval for a in answers]
 
 
-@pytest.mark.parametrize("page_size", [1000, 1], ids=["one-page", "a-page-per-batch"])
 async def test_a_client_that_joins_late_is_given_only_the_operation_still_waiting(
-    client: Client,
-    settings: Settings,
-    worker: Worker,
-    admin: httpx.AsyncClient,
-    business_service: BusinessService,
-    page_size: int,
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
 ) -> None:
     handle = await start_two_notes(client, settings, business_service, "one", "two", "ok")
     following = approvals_as_they_come(handle)
@@ -304,9 +297,8 @@ async def test_a_client_that_joins_late_is_given_only_the_operation_still_waitin
     await following.aclose()
     await send_decision(handle, first, approve=True, decider=U1, key=APPROVAL_KEY)
     await assert_eventually(lambda: _second_waits(handle, first.operation_id))
-    # A new client reads the whole history at once: the first wait started and ended in it.
-    # A page per batch of events: a page ends between the first wait's start and its end.
-    late = approvals_as_they_come(handle, page_size=page_size)
+    # A new client has been given nothing: the workflow hands it the one operation still waiting.
+    late = approvals_as_they_come(handle)
     second = await anext(late)
     assert second.operation_id != first.operation_id and second.arguments["text"] == "two"
     assert [second] == await pending_approvals(handle)
@@ -315,6 +307,46 @@ async def test_a_client_that_joins_late_is_given_only_the_operation_still_waitin
     result = await request_result(handle)
     assert [op.state for op in result.operations] == ["verified", "denied"]
     assert len(await effects(admin, first.operation_id)) == 1 and await effects(admin, second.operation_id) == []
+
+
+async def test_approvals_come_from_the_workflows_next_approval_update_and_a_finished_request_refuses_it(
+    client: Client, settings: Settings, worker: Worker, business_service: BusinessService
+) -> None:
+    handle = await start_two_notes(client, settings, business_service, "one", "two", "ok")
+    given = []
+    async for request in approvals_as_they_come(handle):
+        given.append(request.operation_id)
+        await send_decision(handle, request, approve=True, decider=U1, key=APPROVAL_KEY)
+    result = await request_result(handle)
+    assert [op.operation_id for op in result.operations] == given and len(set(given)) == 2
+    # One Update per operation, each answered with that operation's whole payload, and a last one answered
+    # with nothing when the run finished: the follower read no history and asked no query.
+    answers = await update_answers(handle, NEXT_APPROVAL_UPDATE)
+    assert [a["approval"]["operation_id"] if a["approval"] else None for a in answers] == [*given, None]
+    assert [a["approval"]["arguments"]["text"] for a in answers[:2]] == ["one", "two"]
+    accepted_before = len(await update_answers(handle, None))
+    # Asked again once the run has closed: the server refuses it (nothing recorded), and a follower that joins
+    # now ends at once.
+    with pytest.raises(RPCError) as refused:
+        await handle.execute_update(NEXT_APPROVAL_UPDATE, ApprovalWait(), result_type=NextApproval)
+    assert refused.value.status == RPCStatusCode.NOT_FOUND
+    assert [r async for r in approvals_as_they_come(handle)] == []
+    assert len(await update_answers(handle, None)) == accepted_before
+
+
+async def update_answers(handle: WorkflowHandle[Any, Any], name: str | None) -> list[Any]:
+    """The answers (decoded JSON) of the run's completed Updates named `name` (None: all), in order."""
+    names: dict[str, str] = {}
+    answers = []
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            accepted = event.workflow_execution_update_accepted_event_attributes.accepted_request
+            names[accepted.meta.update_id] = accepted.input.name
+        elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED:
+            completed = event.workflow_execution_update_completed_event_attributes
+            if name is None or names[completed.meta.update_id] == name:
+                answers.append(json.loads(completed.outcome.success.payloads[0].data))
+    return answers
 
 
 async def test_an_approval_waiting_while_no_worker_runs_is_shown_once_one_answers(
@@ -1141,8 +1173,14 @@ async def test_every_write_attempt_carries_the_approvals_token_in_its_input(
     assert op.state == "verified" and len(await effects(admin, op.operation_id)) == 1
 
     events = [event async for event in handle.fetch_history_events()]
-    [accepted] = [e for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED]
-    request = accepted.workflow_execution_update_accepted_event_attributes.accepted_request
+    # The decision, among the Updates the approver's follower sent (next_approval).
+    [request] = [
+        e.workflow_execution_update_accepted_event_attributes.accepted_request
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+        and e.workflow_execution_update_accepted_event_attributes.accepted_request.input.name
+        == APPROVE_OPERATION_UPDATE
+    ]
     [decision] = await client.data_converter.decode(request.input.args.payloads, [ApprovalDecision])
     # The attempt needs nothing but its input: no read of the run's history from the activity.
     [scheduled] = [

@@ -20,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
         AgentResult,
         ApprovalDecision,
         ApprovalRequest,
+        ApprovalWait,
         CallRecord,
         CheckedCall,
         ConversationItem,
@@ -29,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         FunctionCallOutputItem,
         ModelTurnInput,
         ModelTurnResult,
+        NextApproval,
         OperationRecord,
         StopReason,
         ToolCallInput,
@@ -48,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         GET_PENDING_APPROVALS_QUERY,
         GET_PROGRESS_QUERY,
         MODEL_TURN_ACTIVITY,
+        NEXT_APPROVAL_UPDATE,
         OPERATIONS_METRIC,
         REQUEST_ENDED_ACTIVITY,
         REQUESTS_FINISHED_METRIC,
@@ -129,9 +132,35 @@ class AgentWorkflow:
         """Every operation waiting for approval, with its whole payload (one query for a waiting channel)."""
         return self._writes.pending_approvals()
 
+    @workflow.update(name=NEXT_APPROVAL_UPDATE)
+    async def next_approval(self, wait: ApprovalWait) -> NextApproval:
+        """The first operation waiting for approval that the caller has not been given, as soon as one waits;
+        None once the request has finished. An approver's way to learn what to decide without following the
+        run's history: the answer comes in the workflow task that starts the wait."""
+        return await self._next_unseen_approval(wait)
+
+    @next_approval.validator
+    def _check_next_approval(self, wait: ApprovalWait) -> None:
+        # Refused, not accepted: a finished request has nothing more to decide, and a refusal stays out of
+        # its history.
+        if self._progress.done:
+            raise ApplicationError("the request has finished", type=ErrorType.REQUEST_FINISHED)
+
+    def _unseen_approval(self, wait: ApprovalWait) -> ApprovalRequest | None:
+        return next((r for r in self._writes.pending_approvals() if r.operation_id not in wait.seen), None)
+
+    async def _next_unseen_approval(self, wait: ApprovalWait) -> NextApproval:
+        await workflow.wait_condition(lambda: self._progress.done or self._unseen_approval(wait) is not None)
+        return NextApproval(approval=self._unseen_approval(wait))
+
     @workflow.update(name=APPROVE_OPERATION_UPDATE)
-    def approve_operation(self, decision: ApprovalDecision) -> DecisionAnswer:
-        return self._writes.record_decision(decision).decision_answer()
+    async def approve_operation(self, decision: ApprovalDecision) -> DecisionAnswer:
+        # Recorded before anything awaits: in the workflow task that accepts the decision, as when this handler
+        # was synchronous (a decision without then_wait answers in that same task).
+        answer = self._writes.record_decision(decision).decision_answer()
+        if decision.then_wait is None:
+            return answer
+        return answer.model_copy(update={"next": await self._next_unseen_approval(decision.then_wait)})
 
     @approve_operation.validator
     def _check_approval(self, decision: ApprovalDecision) -> None:
@@ -267,6 +296,8 @@ class AgentWorkflow:
             status=status, stop_reason=stop, final_text=final_text, error=error, outcome=report.outcome
         )
         self._progress.done = True
+        # Approvers waiting in next_approval are answered (None) before the run ends.
+        await workflow.wait_condition(workflow.all_handlers_finished)
         # Patched: a run whose turn came from a worker with a hook but whose workflow code had none (a rolling
         # deploy) ended without this step, and replays without it. Called only with a hook, so runs without
         # one record no marker.

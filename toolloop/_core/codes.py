@@ -62,6 +62,8 @@ class ErrorType(StrEnum):
     # The request's input tried to bring what only the worker's configuration may (an approval verify key):
     # the run fails at its start and takes no decision.
     UNTRUSTED_INPUT = "UntrustedInput"
+    # A `next_approval` Update sent to a request that has finished: nothing more waits for a decision.
+    REQUEST_FINISHED = "RequestFinished"
     # A write attempt that ended without a definite answer: the attempt fails (visibly, in the UI) with the
     # WriteOutcome as its details, and the workflow asks the operation's status.
     WRITE_OUTCOME_UNKNOWN = "WriteOutcomeUnknown"

@@ -337,15 +337,6 @@ class OperationRecord(BaseModel):
         return DecisionAnswer(state=self.state, at=self.approval.at if self.approval else None)
 
 
-class DecisionAnswer(BaseModel):
-    """The `approve_operation` Update's answer: the operation's state right after the decision, and when the
-    workflow recorded it. The rest of the approval is in the decision's signed token (approval_record); the
-    channel makes the DecisionReceipt from both."""
-
-    state: OperationState
-    at: datetime | None = None
-
-
 class DecisionReceipt(BaseModel):
     """The answer to a decision (toolloop.send_decision, the CLI's and the API's decision call): the
     operation's state right after it, not its whole record."""
@@ -389,6 +380,32 @@ class ApprovalRequest(BaseModel):
         return self.target or self.tool
 
 
+class ApprovalWait(BaseModel):
+    """The `next_approval` Update's input: the operations the caller has already been given, so each waiting
+    operation reaches it once."""
+
+    seen: list[str] = Field(default_factory=list)
+
+
+class NextApproval(BaseModel):
+    """The `next_approval` Update's answer: an operation waiting for approval, or None once the request has
+    finished."""
+
+    approval: ApprovalRequest | None = None
+
+
+class DecisionAnswer(BaseModel):
+    """The `approve_operation` Update's answer: the operation's state right after the decision, and when the
+    workflow recorded it. The rest of the approval is in the decision's signed token (approval_record); the
+    channel makes the DecisionReceipt from both."""
+
+    state: OperationState
+    at: datetime | None = None
+    # Only for a decision sent with `then_wait`: the next operation waiting for approval that the channel has
+    # not been given, or an empty NextApproval once the request finished.
+    next: NextApproval | None = None
+
+
 class ApprovalDecision(BaseModel):
     """The trusted channel's answer for one operation (Temporal Update `approve_operation`): the operation,
     digest and verdict as the channel sent them, and the signed token the validator checks them against."""
@@ -400,6 +417,10 @@ class ApprovalDecision(BaseModel):
     # decided is read from its verified claims, never from `by`.
     token: str | None = None
     by: str = Field(default="", max_length=128)  # informational only
+    # An approver that decides each operation in turn: after recording this decision, the Update waits for the
+    # next operation it has not been given and answers with it (DecisionAnswer.next), so no second Update
+    # (and no workflow task of its own) is needed to learn what waits next.
+    then_wait: ApprovalWait | None = None
 
 
 class WriteInput(BaseModel):

@@ -14,6 +14,7 @@ GET_LEDGER_QUERY = "get_ledger"
 GET_APPROVAL_REQUEST_QUERY = "get_approval_request"
 GET_EVENTS_QUERY = "get_events"
 GET_PENDING_APPROVALS_QUERY = "get_pending_approvals"
+NEXT_APPROVAL_UPDATE = "next_approval"
 # Search attributes (registered on the server: the dev server of the local stack and the tests registers them
 # at start, docker-compose by a job). The starter sets user and tenant; the workflow sets outcome and unsettled.
 TENANT_SEARCH_ATTRIBUTE = "ToolloopTenant"

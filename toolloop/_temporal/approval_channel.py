@@ -16,11 +16,13 @@ from toolloop._core.contracts import (
     Actor,
     ApprovalDecision,
     ApprovalRequest,
+    ApprovalWait,
     DecisionAnswer,
     DecisionReceipt,
     approval_record,
 )
 from toolloop._core.names import APPROVE_OPERATION_UPDATE, GET_APPROVAL_REQUEST_QUERY
+from toolloop._temporal.following import raise_if_cancelling
 
 DEFAULT_APPROVAL_TTL_SECONDS = 600.0
 
@@ -113,6 +115,39 @@ async def send_decision(
 ) -> DecisionReceipt:
     """Approve or reject; the operation's state right after. Raises temporalio's WorkflowUpdateFailedError
     if the workflow refuses it, and RequestFinished if the request ended before the decision reached it."""
+    receipt, _ = await _send(handle, request, approve, decider, key, channel, ttl_seconds, then_wait=None)
+    return receipt
+
+
+async def send_decision_then_wait(
+    handle: WorkflowHandle[Any, Any],
+    request: ApprovalRequest,
+    *,
+    approve: bool,
+    decider: Actor,
+    key: str | None,
+    seen: list[str],
+    channel: str = "cli",
+    ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
+) -> tuple[DecisionReceipt, ApprovalRequest | None]:
+    """`send_decision`, and then the next operation waiting for approval that is not in `seen` once one waits
+    (None once the request finished), from the same Update: for an approver that decides each in turn."""
+    receipt, answer = await _send(
+        handle, request, approve, decider, key, channel, ttl_seconds, then_wait=ApprovalWait(seen=seen)
+    )
+    return receipt, answer.next.approval if answer.next is not None else None
+
+
+async def _send(
+    handle: WorkflowHandle[Any, Any],
+    request: ApprovalRequest,
+    approve: bool,
+    decider: Actor,
+    key: str | None,
+    channel: str,
+    ttl_seconds: float,
+    then_wait: ApprovalWait | None,
+) -> tuple[DecisionReceipt, DecisionAnswer]:
     if key is None:
         raise ApprovalRefused("no approval key: set TOOLLOOP_APPROVAL_KEY or use the local stack")
     token = sign_decision(request, decider, key, approve=approve, channel=channel, ttl_seconds=ttl_seconds)
@@ -122,19 +157,22 @@ async def send_decision(
         approve=approve,
         token=token,
         by=f"{decider.user_id} via {channel}",
+        then_wait=then_wait,
     )
     try:
         answer: DecisionAnswer = await handle.execute_update(
             APPROVE_OPERATION_UPDATE, decision, result_type=DecisionAnswer
         )
     except (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError):
+        raise_if_cancelling()
         # An Update that raced the end of the run is aborted by the server: say that, not "try again".
         await raise_if_finished(handle)
         raise
     # The workflow answers with the state and when it recorded the decision; the rest is in the token.
-    return DecisionReceipt(
+    receipt = DecisionReceipt(
         operation_id=request.operation_id,
         tool=request.tool,
         state=answer.state,
         approval=approval_record(token, answer.at) if answer.at is not None else None,
     )
+    return receipt, answer

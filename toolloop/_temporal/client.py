@@ -21,9 +21,12 @@ from typing import Any
 
 from temporalio.client import (
     Client,
+    WithStartWorkflowOperation,
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowUpdateFailedError,
+    WorkflowUpdateHandle,
+    WorkflowUpdateStage,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -36,13 +39,21 @@ from toolloop._core.contracts import (
     AgentProgress,
     AgentResult,
     ApprovalRequest,
+    ApprovalWait,
     DecisionReceipt,
     EventsPage,
     Limits,
     ModelSpec,
+    NextApproval,
     OperationRecord,
 )
-from toolloop._core.names import AGENT_WORKFLOW, GET_EVENTS_QUERY, GET_LEDGER_QUERY, GET_PROGRESS_QUERY
+from toolloop._core.names import (
+    AGENT_WORKFLOW,
+    GET_EVENTS_QUERY,
+    GET_LEDGER_QUERY,
+    GET_PROGRESS_QUERY,
+    NEXT_APPROVAL_UPDATE,
+)
 from toolloop._temporal.approval_channel import (
     DEFAULT_APPROVAL_TTL_SECONDS,
     ApprovalRefused,
@@ -51,9 +62,16 @@ from toolloop._temporal.approval_channel import (
     fetch_approval_request,
     raise_if_finished,
     send_decision,
+    send_decision_then_wait,
 )
 from toolloop._temporal.converter import data_converter
-from toolloop._temporal.following import NO_WORKER_YET, RunFollower, approvals_as_they_come, pending_once_answered
+from toolloop._temporal.following import (
+    NO_WORKER_YET,
+    RunFollower,
+    approvals_as_they_come,
+    next_approval,
+    pending_once_answered,
+)
 from toolloop._temporal.requests import (
     acts_for,
     readable_request_id,
@@ -121,6 +139,9 @@ class ToolloopRequest:
         self.actor = actor
         self.request_id = request_id
         self.attached = False
+        # The first next_approval wait, when it was sent with the start (ToolloopClient.run): it rides the
+        # run's first workflow task instead of needing one of its own.
+        self._first_wait: WorkflowUpdateHandle[NextApproval] | None = None
 
     @classmethod
     def of_handle(
@@ -233,21 +254,39 @@ class ToolloopRequest:
         operation still waits, and only a person or a fixed configuration can settle it."""
         self._channel.require_key()  # before waiting for anything
         receipts: list[DecisionReceipt] = []
-        async for approval in self.approvals():
+        seen: list[str] = []
+        first_wait, self._first_wait = self._first_wait, None
+        approval = await next_approval(self.handle, seen, sent=first_wait)
+        while approval is not None:
+            seen.append(approval.operation_id)
             self.check_signable(approval)  # never show an approver what cannot be signed
             verdict = approver(approval)
             if inspect.isawaitable(verdict):
                 verdict = await verdict
             if verdict is None:
+                approval = await next_approval(self.handle, seen)
                 continue
             try:
-                receipts.append(await self.decide(approval, approve=bool(verdict), decider=decider))
+                # The decision's Update also waits for the next operation: one Update per decision.
+                receipt, approval = await send_decision_then_wait(
+                    self.handle,
+                    approval,
+                    approve=bool(verdict),
+                    decider=decider or self.actor,
+                    key=self._channel.signing_key,
+                    seen=seen,
+                    channel=self._channel.name,
+                    ttl_seconds=self._channel.ttl_seconds,
+                )
             except RequestFinished:
                 break
             except (WorkflowUpdateFailedError, ApprovalRefused):
-                now = await self.approval(approval.operation_id)
+                now = await self.approval(seen[-1])
                 if now is not None and now.state == "awaiting_approval":
                     raise
+                approval = await next_approval(self.handle, seen)
+                continue
+            receipts.append(receipt)
         return receipts
 
     # --- the end -------------------------------------------------------------------------------------------
@@ -331,6 +370,33 @@ class ToolloopClient:
         answer) gives back the same run (`attached` True), never a second one. The same id with another
         question, model, limits, instructions, tools or metadata raises RequestIdReused. Without an id, a new
         one that starts with the question's first words (the Temporal UI lists workflow ids)."""
+        return await self._start(
+            question,
+            actor=actor,
+            request_id=request_id,
+            model=model,
+            limits=limits,
+            instructions=instructions,
+            tools=tools,
+            metadata=metadata,
+            wait_for_approval=False,
+        )
+
+    async def _start(
+        self,
+        question: str,
+        *,
+        actor: Actor,
+        wait_for_approval: bool,
+        request_id: str | None = None,
+        model: ModelSpec | None = None,
+        limits: Limits | None = None,
+        instructions: str | None = None,
+        tools: Sequence[str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> ToolloopRequest:
+        """`start`; with `wait_for_approval`, the run starts with an approver's first next_approval wait in the
+        same call (update-with-start), which its first workflow task accepts."""
         inp = AgentInput(
             request=question,
             actor=actor,
@@ -343,19 +409,33 @@ class ToolloopClient:
         request_id = request_id or readable_request_id(question)
         workflow_id = request_workflow_id(actor, request_id)
         digest = submission_digest(inp)
+        options: dict[str, Any] = {
+            "id": workflow_id,
+            "task_queue": self.task_queue,
+            "result_type": AgentResult,
+            "search_attributes": request_search_attributes(actor),
+            "memo": request_memo(request_id, question, submission=digest),
+            "static_summary": request_summary(actor, question),
+            "id_conflict_policy": WorkflowIDConflictPolicy.FAIL,
+            "id_reuse_policy": WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        }
+        first_wait: WorkflowUpdateHandle[NextApproval] | None = None
+        handle: WorkflowHandle[Any, AgentResult]
         try:
-            handle: WorkflowHandle[Any, AgentResult] = await self.temporal.start_workflow(
-                AGENT_WORKFLOW,
-                inp,
-                id=workflow_id,
-                task_queue=self.task_queue,
-                result_type=AgentResult,
-                search_attributes=request_search_attributes(actor),
-                memo=request_memo(request_id, question, submission=digest),
-                static_summary=request_summary(actor, question),
-                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            )
+            if wait_for_approval:
+                start: WithStartWorkflowOperation[Any, AgentResult] = WithStartWorkflowOperation(
+                    AGENT_WORKFLOW, inp, **options
+                )
+                first_wait = await self.temporal.start_update_with_start_workflow(
+                    NEXT_APPROVAL_UPDATE,
+                    ApprovalWait(),
+                    start_workflow_operation=start,
+                    wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+                    result_type=NextApproval,
+                )
+                handle = await start.workflow_handle()
+            else:
+                handle = await self.temporal.start_workflow(AGENT_WORKFLOW, inp, **options)
         except WorkflowAlreadyStartedError:
             handle = await self._owned(workflow_id, actor)
             description = await handle.describe()
@@ -364,7 +444,9 @@ class ToolloopClient:
             attached = ToolloopRequest(self._channel, handle, actor, request_id)
             attached.attached = True
             return attached
-        return ToolloopRequest(self._channel, handle, actor, request_id)
+        started = ToolloopRequest(self._channel, handle, actor, request_id)
+        started._first_wait = first_wait
+        return started
 
     def request(self, request_id: str, *, actor: Actor) -> ToolloopRequest:
         """`actor`'s request `request_id` (request ids are scoped to their actor: another user's id names
@@ -401,7 +483,7 @@ class ToolloopClient:
         request's writes wait for a decision from elsewhere (the web page, the CLI), or expire."""
         if approver is not None:
             self._channel.require_key()  # before anything starts
-        request = await self.start(question, actor=actor, **start_options)
+        request = await self._start(question, actor=actor, wait_for_approval=approver is not None, **start_options)
         if approver is None:
             return await request.result()
         deciding = asyncio.create_task(request.decide_each(approver, decider=decider))

@@ -1,5 +1,6 @@
 """I/O: following one request as it runs, without a polling loop - a long poll on the run's own history
-(the server answers as soon as an event is appended), and the queries that read what changed.
+(the server answers as soon as an event is appended) and the queries that read what changed; and, for an
+approver, the workflow's `next_approval` Update, which answers when an operation starts waiting.
 
 The workflow's queryable state changes only in a workflow task, and every workflow task ends with an event,
 so a client that reads its queries after each `WorkflowTaskCompleted` (and after the run closes) misses
@@ -17,11 +18,19 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import (
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateHandle,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from toolloop._core.contracts import ApprovalRequest
-from toolloop._core.names import GET_PENDING_APPROVALS_QUERY
+from toolloop._core.codes import ErrorType
+from toolloop._core.contracts import ApprovalRequest, ApprovalWait, NextApproval
+from toolloop._core.names import GET_PENDING_APPROVALS_QUERY, NEXT_APPROVAL_UPDATE
 
 _CLOSED = frozenset(
     {
@@ -33,11 +42,6 @@ _CLOSED = frozenset(
         EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
     }
 )
-
-
-# Events per history page the approval follower asks for: the most the server gives (its GetHistoryMaxPageSize);
-# asking for more is cut to it, with a warning in the server's log for every page.
-_PAGE_SIZE = 256
 
 
 @dataclass(frozen=True)
@@ -76,32 +80,59 @@ async def pending_approvals(handle: WorkflowHandle[Any, Any]) -> list[ApprovalRe
     return found
 
 
-async def approvals_as_they_come(
-    handle: WorkflowHandle[Any, Any], *, page_size: int = _PAGE_SIZE
-) -> AsyncIterator[ApprovalRequest]:
+async def approvals_as_they_come(handle: WorkflowHandle[Any, Any]) -> AsyncIterator[ApprovalRequest]:
     """Each operation once, as soon as it starts waiting for approval (an operation already waiting comes
-    first); ends when the run closes. A long poll on the run's history says when to look (every approval
-    wait starts a timer); the workflow's query says what waits, with the whole payload its digest covers. An
-    operation another approver decided before this follower asked is not yielded: it no longer waits."""
-    seen: set[str] = set()
-    events = handle.fetch_history_events(wait_new_event=True, page_size=page_size)
-    # An operation may be waiting already when the client joins.
-    timer_started = True
-    event: HistoryEvent
-    async for event in events:
-        if event.event_type in _CLOSED:
-            return
-        timer_started |= event.event_type == EventType.EVENT_TYPE_TIMER_STARTED
-        # Ask once at the end of what the server has handed over, before the long poll waits for more: a
-        # client that joins late reads the past in pages, not one query per past timer.
-        page = events.current_page
-        if not timer_started or (page is not None and events.current_page_index < len(page)):
-            continue
-        timer_started = False
-        for request in await pending_once_answered(handle):
-            if request.operation_id not in seen:
-                seen.add(request.operation_id)
-                yield request
+    first); ends when the run closes. Each comes from `next_approval` (below): no history to follow and no
+    query. An operation another approver decided before this follower asked is not yielded: it no longer
+    waits."""
+    seen: list[str] = []
+    while (request := await next_approval(handle, seen)) is not None:
+        seen.append(request.operation_id)
+        yield request
+
+
+async def next_approval(
+    handle: WorkflowHandle[Any, Any], seen: list[str], *, sent: WorkflowUpdateHandle[NextApproval] | None = None
+) -> ApprovalRequest | None:
+    """The first operation waiting for approval that is not in `seen`, as soon as one waits; None once the run
+    has finished. It is the answer of the workflow's `next_approval` Update, which waits in the workflow and
+    answers in the workflow task that starts the wait, with the whole payload its digest covers. While no
+    worker runs, the Update waits on the server until one does. `sent`: that Update, already sent (with the
+    start) for this `seen`."""
+    try:
+        if sent is not None:
+            answer = await sent.result()
+        else:
+            answer = await handle.execute_update(
+                NEXT_APPROVAL_UPDATE, ApprovalWait(seen=seen), result_type=NextApproval
+            )
+    except WorkflowUpdateRPCTimeoutOrCancelledError:
+        raise_if_cancelling()
+        raise
+    except WorkflowUpdateFailedError as err:
+        cause = err.cause
+        finished = isinstance(cause, ApplicationError) and cause.type == ErrorType.REQUEST_FINISHED
+        if finished or not await _still_running(handle):
+            return None
+        raise
+    except RPCError:
+        # The run closed under the waiting Update (terminated, timed out), or before it: nothing waits.
+        if await _still_running(handle):
+            raise
+        return None
+    return answer.approval
+
+
+def raise_if_cancelling() -> None:
+    """temporalio turns the cancellation of a call that waits for an Update into
+    WorkflowUpdateRPCTimeoutOrCancelledError; a cancelled task stays cancelled for its caller."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+async def _still_running(handle: WorkflowHandle[Any, Any]) -> bool:
+    return (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
 
 
 # What a query answers while no worker polls the run's task queue (a restart, a deploy): "no poller seen for
