@@ -31,6 +31,7 @@ from demo.agent import build as build_demo
 from devstack.processes import free_port, start_business_service, start_temporal_dev_server
 from tests.agent_helpers import (
     REMOTE_SCRIPT,
+    U1,
     RemoteScriptModel,
     approving,
     call,
@@ -42,9 +43,9 @@ from tests.agent_helpers import (
     ticket_version,
     waiting_operation,
 )
-from tests.conftest import APPROVAL_VERIFY_KEY, REPO_ROOT
-from toolloop import AgentSpec, request_result
-from toolloop._core.contracts import AgentResult, Limits, ModelSpec, OperationRecord
+from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, REPO_ROOT
+from toolloop import AgentSpec, ToolloopClient, request_result
+from toolloop._core.contracts import AgentResult, ApprovalRequest, Limits, ModelSpec, OperationRecord
 from toolloop._core.names import GET_LEDGER_QUERY
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.settings import Settings
@@ -242,6 +243,45 @@ async def calendar_event_write(
         return await _finished(handle)
 
 
+async def approver_run(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> WorkflowHandle[Any, AgentResult]:
+    """Two notes decided through toolloop's client: `run(approver=...)` starts the request with its first
+    next_approval wait (update-with-start), each decision waits for the next operation (then_wait), and a
+    second client only watches (`approvals()`), its last wait answered with nothing when the run ends."""
+    version = await ticket_version(settings.service_url)
+    first = call("append_ticket_note", {"ticketId": "T1001", "text": "first", "expectedVersion": version}, "w1")
+    second = call("append_ticket_note", {"ticketId": "T1001", "text": "second", "expectedVersion": version + 1}, "w2")
+    requests = ToolloopClient(client, task_queue=settings.task_queue, signing_key=APPROVAL_KEY, channel="test")
+    watched: list[str] = []
+    watcher: asyncio.Task[None] | None = None
+
+    def approve(approval: ApprovalRequest) -> bool:
+        nonlocal watcher
+        if watcher is None:
+
+            async def watch() -> None:
+                async for seen in requests.request("approver-run", actor=U1).approvals():
+                    watched.append(seen.operation_id)
+
+            watcher = asyncio.ensure_future(watch())
+        return True
+
+    result = await asyncio.wait_for(
+        requests.run(
+            "two notes",
+            actor=U1,
+            request_id="approver-run",
+            model=script_spec([first], [second], [say("ok")]),
+            approver=approve,
+        ),
+        timeout=120,
+    )
+    if watcher is not None:
+        await asyncio.wait_for(watcher, timeout=60)
+    return client.get_workflow_handle(result.workflow_id, result_type=AgentResult)
+
+
 async def _first_verified(handle: WorkflowHandle[Any, AgentResult]) -> None:
     while True:
         ledger = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
@@ -264,6 +304,7 @@ SCENARIOS: dict[str, Scenario] = {
     "in_process_model": in_process_model,
     "remote_model_write": remote_model_write,
     "calendar_event_write": calendar_event_write,
+    "approver_run": approver_run,
 }
 
 

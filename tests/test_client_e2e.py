@@ -14,13 +14,13 @@ from typing import Any
 import httpx
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import Client, Interceptor, OutboundInterceptor, WorkflowUpdateFailedError
 from temporalio.service import RetryConfig, RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 import toolloop
 from devstack.processes import free_port, start_temporal_dev_server
-from tests.agent_helpers import U1, call, effects, say, script_spec, service_requests, ticket_version
+from tests.agent_helpers import U1, assert_eventually, call, effects, say, script_spec, service_requests, ticket_version
 from tests.conftest import APPROVAL_KEY
 from toolloop._core.approvals import generate_signing_key, payload_digest
 from toolloop._core.names import APPROVE_OPERATION_UPDATE, NEXT_APPROVAL_UPDATE
@@ -29,6 +29,37 @@ from toolloop._temporal.settings import Settings
 pytestmark = pytest.mark.e2e
 
 U2 = toolloop.Actor(user_id="u2", tenant_id="acme")
+
+
+class _CallCounter(Interceptor):
+    """Counts the client's starts and Updates (temporalio's public client interceptor)."""
+
+    def __init__(self) -> None:
+        self.made: dict[str, int] = {}
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        return _Counting(next, self.made)
+
+
+class _Counting(OutboundInterceptor):
+    def __init__(self, next: OutboundInterceptor, made: dict[str, int]) -> None:
+        super().__init__(next)
+        self._made = made
+
+    def _count(self, what: str) -> None:
+        self._made[what] = self._made.get(what, 0) + 1
+
+    async def start_workflow(self, input: Any) -> Any:
+        self._count("start")
+        return await super().start_workflow(input)
+
+    async def start_workflow_update(self, input: Any) -> Any:
+        self._count("update")
+        return await super().start_workflow_update(input)
+
+    async def start_update_with_start_workflow(self, input: Any) -> Any:
+        self._count("update_with_start")
+        return await super().start_update_with_start_workflow(input)
 
 
 def _client(client: Client, settings: Settings, *, key: str | None = APPROVAL_KEY) -> toolloop.ToolloopClient:
@@ -259,13 +290,17 @@ async def test_run_learns_each_approval_from_the_start_and_from_the_decision_bef
         [call("append_ticket_note", first, "w1")], [call("append_ticket_note", second, "w2")], [say("both")]
     )
     shown: list[str] = []
+    calls = _CallCounter()
+    counted = Client(**{**client.config(), "interceptors": [calls]})
     result = await asyncio.wait_for(
-        _client(client, settings).run(
+        _client(counted, settings).run(
             "two notes", actor=U1, model=model, approver=lambda a: bool(shown.append(a.arguments["text"])) or True
         ),
         120,
     )
     assert shown == ["first", "second"] and [op.state for op in result.operations] == ["verified", "verified"]
+    # One call started the run with its first wait; each decision was the only other Update sent.
+    assert calls.made == {"update_with_start": 1, "update": 2}
     for op in result.operations:
         assert len(await effects(admin, op.operation_id)) == 1
     handle = client.get_workflow_handle(result.workflow_id)
@@ -308,3 +343,27 @@ async def test_run_with_an_approver_on_a_request_id_already_started_attaches_and
     assert result.workflow_id == started.workflow_id
     [op] = result.operations
     assert op.state == "verified" and len(await effects(admin, op.operation_id)) == 1
+
+
+async def test_cancelling_an_approver_that_waits_for_the_next_operation_leaves_it_cancelled(
+    client: Client, settings: Settings, worker: Worker
+) -> None:
+    note = await _note(settings, "left for later")
+    tl = _client(client, settings)
+    request = await tl.start("add a note", actor=U1, model=_note_script(note))
+    left: list[str] = []
+    # The approver leaves the operation to someone else, so the loop waits in the workflow for the next one.
+    deciding = asyncio.ensure_future(request.decide_each(lambda a: left.append(a.operation_id)))
+
+    async def shown() -> bool:
+        return bool(left)
+
+    await assert_eventually(shown, within=60, what="the operation was shown")
+    deciding.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await deciding
+    # The request is untouched: the operation still waits, and a decision from elsewhere settles it.
+    [waiting] = await request.pending_approvals()
+    assert waiting.operation_id == left[0]
+    await request.decide(waiting, approve=False)
+    assert (await asyncio.wait_for(request.result(), 60)).operations[0].state == "denied"

@@ -10,14 +10,18 @@ from contextlib import asynccontextmanager
 
 import httpx
 import pytest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer, Worker
 
 import toolloop
 from demo.agent import build as build_demo
 from tests.agent_helpers import U1, activity_steps, call, marker_count, say, script_spec, ticket_version
 from tests.conftest import APPROVAL_VERIFY_KEY
-from toolloop._core.names import REQUEST_ENDED_ACTIVITY
+from toolloop._core.codes import ErrorType
+from toolloop._core.contracts import ApprovalWait, NextApproval
+from toolloop._core.names import NEXT_APPROVAL_UPDATE, REQUEST_ENDED_ACTIVITY
 from toolloop._temporal.settings import Settings
 
 pytestmark = pytest.mark.e2e
@@ -128,3 +132,33 @@ async def test_a_worker_without_a_hook_adds_no_step(client: Client, settings: Se
         await asyncio.wait_for(request.result(), 60)
     assert REQUEST_ENDED_ACTIVITY not in await activity_steps(request.handle)
     assert await marker_count(request.handle) == 0
+
+
+async def test_a_request_that_finished_refuses_an_approver_while_its_hook_still_runs(
+    client: Client, settings: Settings
+) -> None:
+    # The report is final and the hook runs, so the run is still open: the workflow's validator refuses a
+    # next_approval (nothing more will wait), which leaves no trace in its history, and a follower ends.
+    hook_running = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hook(_: toolloop.FinishedRequest) -> None:
+        hook_running.set()
+        await release.wait()
+
+    tl = toolloop.ToolloopClient(client, task_queue=settings.task_queue)
+    async with _worker(client, settings, hook):
+        request = await tl.start("hello", actor=U1, model=script_spec([say("hi")]))
+        await asyncio.wait_for(hook_running.wait(), 60)
+        assert (await request.handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await request.handle.execute_update(NEXT_APPROVAL_UPDATE, ApprovalWait(), result_type=NextApproval)
+        assert isinstance(refused.value.cause, ApplicationError)
+        assert refused.value.cause.type == ErrorType.REQUEST_FINISHED
+        assert [a async for a in request.approvals()] == []
+        release.set()
+        result = await asyncio.wait_for(request.result(), 60)
+    assert result.final_text == "hi"
+    kinds = [event.event_type async for event in request.handle.fetch_history_events()]
+    assert EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED not in kinds
+    await _replays(request.handle, settings)

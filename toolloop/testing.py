@@ -290,8 +290,8 @@ _NOBODY = Actor(user_id="nobody", tenant_id="nobody")
 
 
 async def waiting_operation(handle: WorkflowHandle[Any, Any], within: float = 30.0) -> OperationRecord:
-    """The first operation waiting for approval, as soon as the workflow has one (the client's approvals,
-    followed on the run's history, no polling), with its ledger record. An operation decided elsewhere before
+    """The first operation waiting for approval, as soon as the workflow has one (the client's approvals:
+    the workflow's next_approval Update, no polling), with its ledger record. An operation decided elsewhere before
     its record was read is not returned: the next one that waits is. Raises RequestEnded if the request ends
     first, TimeoutError after `within` s."""
     request = _request(handle, _NOBODY)

@@ -296,8 +296,13 @@ class AgentWorkflow:
             status=status, stop_reason=stop, final_text=final_text, error=error, outcome=report.outcome
         )
         self._progress.done = True
-        # Approvers waiting in next_approval are answered (None) before the run ends.
-        await workflow.wait_condition(workflow.all_handlers_finished)
+        # Approvers waiting in next_approval (or in a decision's then_wait) are answered (nothing more) before
+        # the run ends. Awaited only when one waits: a run without one takes no new step here.
+        if not workflow.all_handlers_finished():
+            try:
+                await workflow.wait_condition(workflow.all_handlers_finished)
+            except asyncio.CancelledError as cancelled:
+                self._writes.absorb_cancel(cancelled)
         # Patched: a run whose turn came from a worker with a hook but whose workflow code had none (a rolling
         # deploy) ended without this step, and replays without it. Called only with a hook, so runs without
         # one record no marker.

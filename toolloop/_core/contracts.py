@@ -359,7 +359,9 @@ def approval_record(token: str, at: datetime) -> ApprovalRecord:
 
 class ApprovalRequest(BaseModel):
     """What the approval channel shows a human and signs: the whole payload the digest covers (unredacted;
-    redaction is for logs and history, never for the approver). Answer of the `get_approval_request` query."""
+    redaction is for logs, ledgers and receipts, never for the approver). Answer of the `get_approval_request`
+    query and of the `next_approval` Update (whose answer history keeps, as it keeps the model's turn that
+    proposed these arguments)."""
 
     operation_id: str
     tool: str

@@ -22,7 +22,7 @@ from toolloop._core.contracts import (
     approval_record,
 )
 from toolloop._core.names import APPROVE_OPERATION_UPDATE, GET_APPROVAL_REQUEST_QUERY
-from toolloop._temporal.following import raise_if_cancelling
+from toolloop._temporal.following import next_approval, raise_if_cancelling
 
 DEFAULT_APPROVAL_TTL_SECONDS = 600.0
 
@@ -135,7 +135,10 @@ async def send_decision_then_wait(
     receipt, answer = await _send(
         handle, request, approve, decider, key, channel, ttl_seconds, then_wait=ApprovalWait(seen=seen)
     )
-    return receipt, answer.next.approval if answer.next is not None else None
+    if answer.next is None:
+        # A worker older than then_wait answered at once, without waiting: wait with an Update of its own.
+        return receipt, await next_approval(handle, seen)
+    return receipt, answer.next.approval
 
 
 async def _send(

@@ -26,6 +26,7 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowUpdateFailedError,
     WorkflowUpdateHandle,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
     WorkflowUpdateStage,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
@@ -71,6 +72,7 @@ from toolloop._temporal.following import (
     approvals_as_they_come,
     next_approval,
     pending_once_answered,
+    raise_if_cancelling,
 )
 from toolloop._temporal.requests import (
     acts_for,
@@ -421,11 +423,10 @@ class ToolloopClient:
         }
         first_wait: WorkflowUpdateHandle[NextApproval] | None = None
         handle: WorkflowHandle[Any, AgentResult]
+        start: WithStartWorkflowOperation[Any, AgentResult] | None = None
         try:
             if wait_for_approval:
-                start: WithStartWorkflowOperation[Any, AgentResult] = WithStartWorkflowOperation(
-                    AGENT_WORKFLOW, inp, **options
-                )
+                start = WithStartWorkflowOperation(AGENT_WORKFLOW, inp, **options)
                 first_wait = await self.temporal.start_update_with_start_workflow(
                     NEXT_APPROVAL_UPDATE,
                     ApprovalWait(),
@@ -436,7 +437,14 @@ class ToolloopClient:
                 handle = await start.workflow_handle()
             else:
                 handle = await self.temporal.start_workflow(AGENT_WORKFLOW, inp, **options)
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            raise_if_cancelling()
+            raise
         except WorkflowAlreadyStartedError:
+            if start is not None:
+                # The start operation holds the same error; read it, so asyncio does not log it as unread.
+                with contextlib.suppress(WorkflowAlreadyStartedError):
+                    await start.workflow_handle()
             handle = await self._owned(workflow_id, actor)
             description = await handle.describe()
             if await description.memo_value("submission", default=None, type_hint=str) != digest:

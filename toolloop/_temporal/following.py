@@ -98,29 +98,44 @@ async def next_approval(
     has finished. It is the answer of the workflow's `next_approval` Update, which waits in the workflow and
     answers in the workflow task that starts the wait, with the whole payload its digest covers. While no
     worker runs, the Update waits on the server until one does. `sent`: that Update, already sent (with the
-    start) for this `seen`."""
-    try:
-        if sent is not None:
-            answer = await sent.result()
-        else:
-            answer = await handle.execute_update(
-                NEXT_APPROVAL_UPDATE, ApprovalWait(seen=seen), result_type=NextApproval
-            )
-    except WorkflowUpdateRPCTimeoutOrCancelledError:
-        raise_if_cancelling()
-        raise
-    except WorkflowUpdateFailedError as err:
-        cause = err.cause
-        finished = isinstance(cause, ApplicationError) and cause.type == ErrorType.REQUEST_FINISHED
-        if finished or not await _still_running(handle):
+    start) for this `seen`. The server holds a bounded number of Updates in flight per run (10 by default,
+    decisions and waits alike); while it refuses one for that, it is sent again after a growing pause, as
+    long as the run is open."""
+    pause = 0.5
+    while True:
+        try:
+            if sent is not None:
+                answer = await sent.result()
+            else:
+                answer = await handle.execute_update(
+                    NEXT_APPROVAL_UPDATE, ApprovalWait(seen=seen), result_type=NextApproval
+                )
+        except RPCError as err:
+            if err.status == RPCStatusCode.RESOURCE_EXHAUSTED and await _still_running(handle):
+                sent = None
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
+                continue
+            await _raise_unless_ended(handle, err)
             return None
-        raise
-    except RPCError:
-        # The run closed under the waiting Update (terminated, timed out), or before it: nothing waits.
-        if await _still_running(handle):
-            raise
-        return None
-    return answer.approval
+        except (WorkflowUpdateRPCTimeoutOrCancelledError, WorkflowUpdateFailedError) as err:
+            await _raise_unless_ended(handle, err)
+            return None
+        return answer.approval
+
+
+async def _raise_unless_ended(handle: WorkflowHandle[Any, Any], err: Exception) -> None:
+    """Returns when the Update failed because the request finished, or its run closed under it (terminated,
+    timed out) or before it; raises `err` otherwise. A cancelled caller stays cancelled."""
+    if isinstance(err, WorkflowUpdateRPCTimeoutOrCancelledError):
+        raise_if_cancelling()
+        raise err
+    if isinstance(err, WorkflowUpdateFailedError):
+        cause = err.cause
+        if isinstance(cause, ApplicationError) and cause.type == ErrorType.REQUEST_FINISHED:
+            return
+    if await _still_running(handle):
+        raise err
 
 
 def raise_if_cancelling() -> None:
