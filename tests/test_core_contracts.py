@@ -10,7 +10,15 @@ from datetime import UTC, datetime
 import pytest
 
 from toolloop._core import contracts
-from toolloop._core.contracts import Actor, AgentInput, ApprovalDecision, ApprovalRecord, Limits, OperationRecord
+from toolloop._core.contracts import (
+    Actor,
+    AgentInput,
+    ApprovalDecision,
+    ApprovalRecord,
+    ApprovalWait,
+    Limits,
+    OperationRecord,
+)
 from toolloop._temporal.converter import data_converter
 
 
@@ -57,7 +65,17 @@ def test_a_decision_is_written_whole_beside_its_token() -> None:
     decision = ApprovalDecision(operation_id="op_1", digest="sha256:ab", approve=False, token="t", by="u1 via cli")
     stored, back = round_trip(decision)
     assert back == decision
-    assert stored == {"operation_id": "op_1", "digest": "sha256:ab", "approve": False, "token": "t", "by": "u1 via cli"}
+    assert stored == {
+        "operation_id": "op_1",
+        "digest": "sha256:ab",
+        "approve": False,
+        "token": "t",
+        "by": "u1 via cli",
+        "then_wait": None,
+    }
+    waiting = decision.model_copy(update={"then_wait": ApprovalWait(seen=["op_0"])})
+    stored, back = round_trip(waiting)
+    assert back == waiting and stored["then_wait"] == {"seen": ["op_0"]}
 
 
 def op_in(state: str) -> OperationRecord:
