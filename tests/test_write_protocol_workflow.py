@@ -471,7 +471,8 @@ async def test_the_same_approval_twice_is_recorded_once(harness: Harness) -> Non
     first = await handle.execute_update(APPROVE_OPERATION_UPDATE, decision, result_type=dict)
     again = await handle.execute_update(APPROVE_OPERATION_UPDATE, decision, result_type=dict)
     # The answer is the state and when the decision was recorded: the second names the first's time.
-    assert first["state"] == "approved" and again["at"] == first["at"] and set(first) == {"state", "at"}
+    assert first["state"] == "approved" and again["at"] == first["at"] and set(first) == {"state", "at", "next"}
+    assert first["next"] is None  # a decision sent without then_wait answers at once
     result = await asyncio.wait_for(request_result(handle), timeout=30)
     [done] = result.operations
     assert done.transitions.count("approved") == 1 and done.state == "verified"
