@@ -52,6 +52,7 @@ from toolloop._core.contracts import (
     RunStatus,
     outcome_of,
 )
+from toolloop._core.usage import usage_line
 from toolloop._models.errors import ScriptError
 from toolloop._models.script import load_script
 from toolloop._temporal.approval_channel import ApprovalRefused
@@ -475,6 +476,9 @@ def _progress_view(progress: AgentProgress | None, workflow_id: str) -> Table:
         table.add_row(Text("phase", style="dim"), Text("starting"))
         return table
     table.add_row(Text("phase", style="dim"), Text(progress.phase, style="bold cyan"))
+    tokens = usage_line(progress.usage)
+    if tokens is not None:
+        table.add_row(Text("model", style="dim"), Text(tokens))
     for call in progress.calls:
         mark = Text("ok", style="green") if call.ok else Text(call.code or "failed", style="yellow")
         table.add_row(
@@ -607,6 +611,9 @@ def _print_result(result: AgentResult, settings: Settings) -> None:
             style="dim",
         )
     )
+    tokens = usage_line(result.usage)  # None when the model reported no usage (the offline and script models)
+    if tokens is not None:
+        err_console.print(Text(tokens, style="dim"))
     if result.operations:
         _print_receipt(result.operations)
     err_console.print(f"Temporal UI: {settings.ui_url(result.workflow_id)}")
@@ -658,6 +665,8 @@ _LIMIT_OPTIONS = {
     "max_total_calls": "--max-total-calls",
     "deadline_seconds": "--deadline-seconds",
     "approval_ttl_seconds": "--approval-ttl-seconds",
+    "max_total_tokens": "--max-total-tokens",
+    "max_cost": "--max-cost",
 }
 
 
@@ -691,6 +700,14 @@ def ask(
     approval_ttl_seconds: Annotated[
         float | None, typer.Option(help="How long a side effect waits for approval (default 300).")
     ] = None,
+    max_total_tokens: Annotated[
+        int | None,
+        typer.Option(help="Token budget: no model turn once the turns so far used this many (default: none)."),
+    ] = None,
+    max_cost: Annotated[
+        float | None,
+        typer.Option(help="Cost budget, in the unit of the worker's TOOLLOOP_MODEL_PRICES (default: none)."),
+    ] = None,
     auto_approve: Annotated[
         bool, typer.Option(help="Approve every side effect without asking. For demos and tests only.")
     ] = False,
@@ -711,6 +728,8 @@ def ask(
         "max_total_calls": max_total_calls,
         "deadline_seconds": deadline_seconds,
         "approval_ttl_seconds": approval_ttl_seconds,
+        "max_total_tokens": max_total_tokens,
+        "max_cost": max_cost,
     }
     try:
         limits = Limits(**{k: v for k, v in overrides.items() if v is not None})

@@ -25,9 +25,11 @@ from toolloop._core.contracts import (
 )
 from toolloop._core.names import MODEL_TURN_ACTIVITY
 from toolloop._core.registry import ToolRegistry
+from toolloop._core.usage import PriceTable, TokenUsage
 from toolloop._core.validation import MAX_ARGUMENT_BYTES, check_turn
 from toolloop._models.adapter import ModelAdapter, ModelRequest
 from toolloop._models.errors import ModelCallError
+from toolloop._temporal.telemetry import MODEL_TOKENS
 from toolloop.activities.conversation import (
     Conversation,
     ConversationState,
@@ -61,6 +63,7 @@ class ModelActivities:
         conversations: ConversationState | None = None,
         disabled: Iterable[str] = (),
         end_hook: bool = False,
+        prices: PriceTable | None = None,
     ) -> None:
         self._registry = registry
         self._models = dict(models)
@@ -68,6 +71,8 @@ class ModelActivities:
         self._instructions = instructions or DEFAULT_INSTRUCTIONS
         self._conversations = conversations or ConversationState(TemporalTurnHistory(temporal))
         self._end_hook = end_hook
+        # The worker's price per model name (TOOLLOOP_MODEL_PRICES): what a turn's tokens cost.
+        self._prices = dict(prices or {})
 
     def _adapter(self, name: str) -> ModelAdapter:
         adapter = self._models.get(name)
@@ -122,12 +127,35 @@ class ModelActivities:
             raise _application_error(err) from None
         if adapter.needs_conversation:
             self._conversations.after(run, inp.turn, conversation.extended(items))
-        checked = checked_turn(self._registry, items, adapter.label(inp.model_name), inp.turn)
+        label = adapter.label(inp.model_name)
+        # Only an answer that knows its usage has it (ModelAnswer); the script and offline models' have none.
+        usage = getattr(items, "usage", None)
+        usage = usage if isinstance(usage, TokenUsage) else None
+        checked = checked_turn(self._registry, items, label, inp.turn, usage)
         checked.end_hook = self._end_hook
+        if usage is not None:
+            price = self._prices.get(getattr(items, "model", None) or inp.model_name or "")
+            checked.usage = usage
+            checked.cost = price.cost(usage) if price is not None else None
+            _count_tokens(usage, label)
         return checked
 
 
-def checked_turn(registry: ToolRegistry, items: list[ConversationItem], label: str, turn: int) -> ModelTurnResult:
+def _count_tokens(usage: TokenUsage, model: str) -> None:
+    """The turn's tokens on the worker's metrics, by kind (`cached`: the part of `input` served from the
+    provider's cache)."""
+    counter = activity.metric_meter().create_counter(MODEL_TOKENS, "model tokens by kind, as providers report them")
+    for kind, tokens in (
+        ("input", usage.input_tokens),
+        ("output", usage.output_tokens),
+        ("cached", usage.cached_input_tokens),
+    ):
+        counter.add(tokens, {"kind": kind, "model": model})
+
+
+def checked_turn(
+    registry: ToolRegistry, items: list[ConversationItem], label: str, turn: int, usage: TokenUsage | None = None
+) -> ModelTurnResult:
     """The turn's items with every proposed call checked against the registry."""
     calls = [item for item in items if isinstance(item, FunctionCallItem)]
     checked, protocol_error = check_turn(registry, calls)
@@ -140,6 +168,7 @@ def checked_turn(registry: ToolRegistry, items: list[ConversationItem], label: s
             "rejected": sum(1 for c in checked if c.rejection is not None),
             "model": label,
             "has_text": answer_text(items) is not None,
+            **(usage.model_dump() if usage is not None else {}),
         },
     )
     return ModelTurnResult(items=_stored(items), calls=checked, model_label=label, protocol_error=protocol_error)

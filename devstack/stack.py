@@ -388,6 +388,10 @@ class LocalStack:
         # Settings may come from more than the environment; the worker must see the same model config.
         if s.openai_api_key is not None:
             env["OPENAI_API_KEY"] = s.openai_api_key.get_secret_value()
+        # Only when set: a stack started without prices keeps its worker's configuration digest.
+        if s.model_prices:
+            prices = {name: price.model_dump(exclude_none=True) for name, price in s.model_prices.items()}
+            env["TOOLLOOP_MODEL_PRICES"] = json.dumps(prices, sort_keys=True)
         return env
 
     def _api_env(self, token: StackSecrets) -> dict[str, str]:

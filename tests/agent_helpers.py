@@ -18,12 +18,15 @@ from toolloop._core.contracts import (
     Actor,
     AgentInput,
     AgentResult,
+    ConversationItem,
     DecisionReceipt,
     Limits,
     ModelSpec,
     OperationRecord,
 )
 from toolloop._core.names import AGENT_WORKFLOW
+from toolloop._core.usage import TokenUsage
+from toolloop._models.adapter import ModelAnswer, ModelRequest
 from toolloop._temporal.settings import Settings
 
 U1 = Actor(user_id="u1", tenant_id="acme")
@@ -33,6 +36,18 @@ REMOTE_SCRIPT = "remote_script"
 
 class RemoteScriptModel(ScriptModel):
     """The script model under a name of its own, for a test that gives a worker its own instance of it."""
+
+
+# The name a test worker registers MeteredScriptModel under, and the usage it reports for every turn.
+METERED_SCRIPT = "metered_script"
+METERED_TURN = TokenUsage(input_tokens=100, output_tokens=10, total_tokens=110, cached_input_tokens=40)
+
+
+class MeteredScriptModel(ScriptModel):
+    """The script model as if its provider reported usage: every turn used METERED_TURN."""
+
+    async def respond(self, request: ModelRequest) -> list[ConversationItem]:
+        return ModelAnswer(await super().respond(request), usage=METERED_TURN, model="metered")
 
 
 async def waiting_operation(handle: WorkflowHandle[Any, Any]) -> OperationRecord:

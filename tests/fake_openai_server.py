@@ -32,6 +32,7 @@ from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionMessage, ChatCompletionMessageFunctionToolCall
 from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message_function_tool_call import Function
+from openai.types.completion_usage import PromptTokensDetails
 from openai.types.responses import (
     Response as ResponsesResponse,
 )
@@ -61,8 +62,10 @@ def chat_completion(
     *,
     finish_reason: str | None = None,
     usage: tuple[int, int] | None = (11, 7),
+    cached: int | None = None,
 ) -> dict[str, Any]:
-    """A Chat Completions answer: `text`, and a tool call per (name, arguments, call id)."""
+    """A Chat Completions answer: `text`, and a tool call per (name, arguments, call id); `usage` is (prompt,
+    completion) tokens, `cached` the prompt tokens the server says it served from its cache."""
     n = next(_ids)
     tool_calls = [
         ChatCompletionMessageFunctionToolCall(
@@ -88,7 +91,12 @@ def chat_completion(
         ],
         usage=None
         if usage is None
-        else CompletionUsage(prompt_tokens=usage[0], completion_tokens=usage[1], total_tokens=sum(usage)),
+        else CompletionUsage(
+            prompt_tokens=usage[0],
+            completion_tokens=usage[1],
+            total_tokens=sum(usage),
+            prompt_tokens_details=None if cached is None else PromptTokensDetails(cached_tokens=cached),
+        ),
     )
     return completion.to_dict()
 
@@ -124,8 +132,10 @@ def responses_response(
     status: str = "completed",
     incomplete_reason: str | None = None,
     usage: tuple[int, int] | None = (11, 7),
+    cached: int = 0,
 ) -> dict[str, Any]:
-    """A Responses API answer with these output items."""
+    """A Responses API answer with these output items; `usage` is (input, output) tokens, `cached` the input
+    tokens served from the cache."""
     n = next(_ids)
     response = ResponsesResponse.model_validate(
         {
@@ -147,7 +157,7 @@ def responses_response(
                 input_tokens=usage[0],
                 output_tokens=usage[1],
                 total_tokens=sum(usage),
-                input_tokens_details=InputTokensDetails(cached_tokens=0, cache_write_tokens=0),
+                input_tokens_details=InputTokensDetails(cached_tokens=cached, cache_write_tokens=0),
                 output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
             ),
         }

@@ -30,8 +30,10 @@ from temporalio.client import Client, WorkflowHandle
 from demo.agent import build as build_demo
 from devstack.processes import free_port, start_business_service, start_temporal_dev_server
 from tests.agent_helpers import (
+    METERED_SCRIPT,
     REMOTE_SCRIPT,
     U1,
+    MeteredScriptModel,
     RemoteScriptModel,
     approving,
     call,
@@ -282,6 +284,15 @@ async def approver_run(
     return client.get_workflow_handle(result.workflow_id, result_type=AgentResult)
 
 
+async def budget_stop(client: Client, settings: Settings, admin: httpx.AsyncClient) -> WorkflowHandle[Any, AgentResult]:
+    """A model that reports its usage (110 tokens a turn) reads twice; its 200-token budget is reached after the
+    second turn, so the loop stops with `budget` before a third (the read of turn 2 still answered)."""
+    turns = [call("get_order_status", {"orderId": "A100"}, "r1")], [call("get_ticket", {"ticketId": "T1001"}, "r2")]
+    model = script_spec(*turns, [say("never asked for")]).model_copy(update={"provider": METERED_SCRIPT})
+    handle = await start_agent(client, settings, "w", model=model, limits=Limits(max_total_tokens=200))
+    return await _finished(handle)
+
+
 async def _first_verified(handle: WorkflowHandle[Any, AgentResult]) -> None:
     while True:
         ledger = await handle.query(GET_LEDGER_QUERY, result_type=list[OperationRecord])
@@ -305,13 +316,17 @@ SCENARIOS: dict[str, Scenario] = {
     "remote_model_write": remote_model_write,
     "calendar_event_write": calendar_event_write,
     "approver_run": approver_run,
+    "budget_stop": budget_stop,
 }
 
 
 def _recording_spec(service_url: str) -> AgentSpec:
-    """The demo agent, plus the script model as if it were behind a network call."""
+    """The demo agent, plus the script model as if it were behind a network call, and as if its provider
+    reported usage."""
     spec = build_demo(service_url)
-    return replace(spec, models={**spec.models, REMOTE_SCRIPT: RemoteScriptModel()})
+    return replace(
+        spec, models={**spec.models, REMOTE_SCRIPT: RemoteScriptModel(), METERED_SCRIPT: MeteredScriptModel()}
+    )
 
 
 async def record(directory: Path, only: set[str]) -> None:

@@ -530,6 +530,8 @@ def test_a_request_id_is_scoped_by_tenant_and_user_and_never_runs_twice(
         (["ask", "--user", "", "hi"], "--user: must not be empty"),
         (["ask", "--user", "u1", "--max-rounds", "0", "hi"], "--max-rounds"),
         (["ask", "--user", "u1", "--deadline-seconds", "-5", "hi"], "--deadline-seconds"),
+        (["ask", "--user", "u1", "--max-total-tokens", "0", "hi"], "--max-total-tokens"),
+        (["ask", "--user", "u1", "--max-cost", "-1", "hi"], "--max-cost"),
         (["ask", "--user", "ghost", "hi"], "unknown user 'ghost' in tenant 'acme'"),
         (["ask", "--user", "u2", "--tenant", "globex", "hi"], "unknown user 'u2' in tenant 'globex'"),
         (["ask", "--user", "u\u0131", "hi"], "--user"),

@@ -32,7 +32,11 @@ def test_a_worker_never_reads_the_signing_key_and_the_api_never_reads_a_workers_
 
 @pytest.mark.parametrize(
     ("entry", "variable"),
-    [(["starter.py", "status"], "TOOLLOOP_API_PORT"), (["worker.py", "--tools", "demo.agent:build"], "TOOLLOOP_OTEL")],
+    [
+        (["starter.py", "status"], "TOOLLOOP_API_PORT"),
+        (["worker.py", "--tools", "demo.agent:build"], "TOOLLOOP_OTEL"),
+        (["worker.py", "--tools", "demo.agent:build"], "TOOLLOOP_MODEL_PRICES"),
+    ],
 )
 def test_a_bad_value_in_the_environment_is_one_line_and_exit_2(entry: list[str], variable: str) -> None:
     env = {**os.environ, variable: "not-a-value"}

@@ -64,7 +64,8 @@ if _typing.TYPE_CHECKING:
         WriteNotSent,
         WriteOutcomeUnknown,
     )
-    from toolloop._models.adapter import ModelAdapter, ModelRequest
+    from toolloop._core.usage import ModelPrice, RequestUsage, TokenUsage
+    from toolloop._models.adapter import ModelAdapter, ModelAnswer, ModelRequest
     from toolloop._models.chat import ChatCompletionsClient, ChatCompletionsModel
     from toolloop._models.errors import ModelCallError
     from toolloop._models.responses import ResponsesClient, ResponsesModel
@@ -137,6 +138,10 @@ __all__ = [
     # models
     "ModelAdapter",
     "ModelRequest",
+    "ModelAnswer",
+    "TokenUsage",
+    "RequestUsage",
+    "ModelPrice",
     "ModelCallError",
     "ResponsesClient",
     "ResponsesModel",
@@ -183,6 +188,10 @@ _HOMES: dict[str, str] = {
     "WriteOutcomeUnknown": "toolloop._core.registry",
     "ModelAdapter": "toolloop._models.adapter",
     "ModelRequest": "toolloop._models.adapter",
+    "ModelAnswer": "toolloop._models.adapter",
+    "TokenUsage": "toolloop._core.usage",
+    "RequestUsage": "toolloop._core.usage",
+    "ModelPrice": "toolloop._core.usage",
     "ModelCallError": "toolloop._models.errors",
     "ChatCompletionsClient": "toolloop._models.chat",
     "ChatCompletionsModel": "toolloop._models.chat",

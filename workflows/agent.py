@@ -200,6 +200,11 @@ class AgentWorkflow:
             if rounds >= limits.max_rounds:
                 stop = "max_rounds"
                 break
+            # Like max_rounds, checked before a turn: the turn that reached the budget had its calls run and
+            # answered. Without a budget (stored inputs) this decides nothing.
+            if self._progress.usage.reached(limits.max_total_tokens, limits.max_cost):
+                stop = "budget"
+                break
             if workflow.now() >= deadline:
                 stop = "deadline"
                 break
@@ -221,6 +226,8 @@ class AgentWorkflow:
                 break
             model_label = turn.model_label or model_label
             self._end_hook |= turn.end_hook
+            self._progress.usage = self._progress.usage.plus(turn.usage, turn.cost)
+            self._narrator.usage = self._progress.usage
 
             if not turn.calls:
                 answer = answer_text(turn.items)
@@ -288,12 +295,18 @@ class AgentWorkflow:
             model_label=model_label,
             error=error,
             operations=self._writes.snapshot(),
+            usage=self._progress.usage,
         )
         self._mark_outcome(report)
         self._count(report)
         self._set_phase(f"finished: {stop}")
         self._narrator.final(
-            status=status, stop_reason=stop, final_text=final_text, error=error, outcome=report.outcome
+            status=status,
+            stop_reason=stop,
+            final_text=final_text,
+            error=error,
+            outcome=report.outcome,
+            usage=report.usage.model_dump(mode="json"),
         )
         self._progress.done = True
         # Approvers waiting in next_approval (or in a decision's then_wait) are answered (nothing more) before

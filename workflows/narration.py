@@ -1,7 +1,8 @@
 """Workflow (deterministic): what a request tells the people watching it - the numbered event log a client
 follows (phase changes, tools started and finished with their result codes, approvals needed, operations'
-states, the final answer) and the current details the Temporal UI shows: the phase, each call with its
-result code (calls rejected before they ran included), and each operation's state."""
+states, the final answer with the token totals) and the current details the Temporal UI shows: the phase,
+the model's token totals, each call with its result code (calls rejected before they ran included), and each
+operation's state."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
         RequestEventKind,
     )
     from toolloop._core.text import markdown_literal
+    from toolloop._core.usage import RequestUsage, usage_line
 
 # The UI's details stay readable: the last calls only.
 _DETAIL_CALLS = 30
@@ -33,6 +35,8 @@ class Narrator:
         self.calls: list[CallRecord] = []
         self.rejected: set[str] = set()
         self._operations = operations
+        # The request's token totals so far (shown from the next change on).
+        self.usage = RequestUsage()
 
     def emit(self, kind: RequestEventKind, **data: Any) -> None:
         self.events.append(RequestEvent(seq=len(self.events) + 1, at=workflow.now(), kind=kind, data=data))
@@ -83,6 +87,9 @@ class Narrator:
         """The Temporal UI's current details (markdown): readable without opening any JSON."""
         # Everything here may come from the model (a made-up tool name, a call id): shown literally, never as markup.
         lines = [f"**{markdown_literal(self.phase)}**"]
+        tokens = usage_line(self.usage)
+        if tokens is not None:
+            lines += ["", markdown_literal(tokens)]
         if self.calls:
             lines += ["", "| round | call | result |", "|---|---|---|"]
             for record in self.calls[-_DETAIL_CALLS:]:

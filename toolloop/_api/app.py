@@ -61,6 +61,7 @@ from toolloop._core.contracts import (
     Outcome,
 )
 from toolloop._core.registry import TOOL_NAME
+from toolloop._core.usage import RequestUsage
 from toolloop._temporal.approval_channel import ApprovalRefused, RequestFinished
 from toolloop._temporal.client import RequestIdReused, RequestNotFound, ToolloopClient, ToolloopRequest
 from toolloop._temporal.following import RunFollower
@@ -98,6 +99,9 @@ class LimitsBody(BaseModel):
     max_total_calls: int | None = Field(default=None, ge=1, le=1000)
     deadline_seconds: float | None = Field(default=None, gt=0, le=86_400)
     approval_ttl_seconds: float | None = Field(default=None, gt=0, le=86_400)
+    # The request's budget: no model turn once the turns so far reached it (Limits).
+    max_total_tokens: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
+    max_cost: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class RequestBody(BaseModel):
@@ -149,6 +153,8 @@ class RequestView(BaseModel):
     events: int = 0
     # A finished request's outcome (AgentResult.outcome: the rule of the CLI's exit code and the UI's list).
     outcome: Outcome | None = None
+    # The model's token totals and their cost so far (AgentResult.usage); zeros when the model reports none.
+    usage: RequestUsage = Field(default_factory=RequestUsage)
 
 
 class Me(BaseModel):
@@ -581,6 +587,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                 calls=progress.calls,
                 operations=progress.operations,
                 events=progress.events,
+                usage=progress.usage,
             )
         try:
             result = await request.result()
@@ -726,6 +733,7 @@ def _finished_view(request_id: str, result: AgentResult) -> RequestView:
         stop_reason=result.stop_reason,
         error=result.error,
         outcome=result.outcome,
+        usage=result.usage,
     )
 
 

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from toolloop._core.approvals import read_approval_claims
+from toolloop._core.usage import RequestUsage, TokenUsage
 
 # --- Conversation items (OpenAI Responses shape) -------------------------------------------------
 # Output items keep every field the provider sent (extra="allow"), so reasoning and other items go back
@@ -140,6 +141,12 @@ class Limits(BaseModel):
     # After the deadline nothing is sent; a write already in flight is still settled (status queries,
     # read-back) for at most this long before the run reports.
     settle_seconds: float = Field(default=30.0, gt=0, le=600)
+    # The request's budget (None: none), checked before each model turn against the totals the provider
+    # reported so far (toolloop._core.usage): once reached, the loop stops with `budget`. A turn whose provider
+    # reports no usage counts 0 tokens, and a model without a price in the worker's table costs nothing, so a
+    # budget holds only with a model that reports usage (and, for max_cost, has a price).
+    max_total_tokens: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
+    max_cost: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 # The name a worker registered a model adapter under ("script", "openai", the demo's "offline", ...). It was
@@ -257,6 +264,10 @@ class ModelTurnResult(BaseModel):
     # the workflow runs the request_ended activity once it has its report. Told by the turn's result, so a
     # request on workers without a hook has no such step, and a replay decides as the run did.
     end_hook: bool = False
+    # The tokens the turn used as the provider reported them (None: it reported none, as the script and
+    # offline models), and their cost by the worker's price table (None: no price for this model).
+    usage: TokenUsage | None = None
+    cost: float | None = None
 
 
 # --- Tool call activity -------------------------------------------------------------------------
@@ -478,6 +489,8 @@ StopReason = Literal[
     "deadline",
     "model_error",
     "no_answer",
+    # The request's token or cost budget (Limits.max_total_tokens, max_cost) was reached before a model turn.
+    "budget",
     # The request was cancelled: nothing more was sent; the operations say what had been done.
     "cancelled",
 ]
@@ -556,6 +569,9 @@ class AgentResult(BaseModel):
     model_label: str = ""
     error: str | None = None
     operations: list[OperationRecord] = Field(default_factory=list)
+    # The model's token totals and their cost (toolloop._core.usage); zeros for a request whose model reported
+    # no usage, and for a report stored before usage was recorded.
+    usage: RequestUsage = Field(default_factory=RequestUsage)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -574,6 +590,8 @@ class AgentProgress(BaseModel):
     operations: list[OperationRecord] = Field(default_factory=list)
     # How many events the request has emitted so far (RequestEvent.seq of the last one).
     events: int = 0
+    # The model's token totals so far, and their cost.
+    usage: RequestUsage = Field(default_factory=RequestUsage)
 
 
 RequestEventKind = Literal["phase", "tool_started", "tool_finished", "approval_needed", "operation", "final"]

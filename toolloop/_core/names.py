@@ -32,5 +32,7 @@ TOOL_RESULTS_METRIC = "toolloop_tool_results"
 WRITE_ATTEMPTS_METRIC = "toolloop_write_attempts"
 OPERATIONS_METRIC = "toolloop_operations"
 REQUESTS_FINISHED_METRIC = "toolloop_requests_finished"
+# Counted by the model-turn activity, `kind` input | output | cached (the part of input served from the cache).
+MODEL_TOKENS_METRIC = "toolloop_model_tokens"
 API_RESPONSES_METRIC = "toolloop_api_responses"
 API_DECISIONS_METRIC = "toolloop_api_decisions"

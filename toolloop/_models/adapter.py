@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from toolloop._core.contracts import Actor, ConversationItem
+from toolloop._core.usage import TokenUsage
+
+__all__ = ["ModelAdapter", "ModelAnswer", "ModelRequest", "TokenUsage"]
 
 
 @dataclass(frozen=True)
@@ -30,23 +33,19 @@ class ModelRequest:
     metadata: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class TokenUsage:
-    """The tokens one model call used, as the provider counted them."""
-
-    input_tokens: int
-    output_tokens: int
-    total_tokens: int
-
-
 class ModelAnswer(list[ConversationItem]):
     """What an adapter that learns the call's token usage returns: the output items, a plain list to every
-    caller, with `usage` beside them (None when the provider sent none). `respond` keeps its signature, so
-    the activity and other adapters need not know of it."""
+    caller, with `usage` beside them (None when the provider sent none) and `model`, the model the call asked
+    for (the request's, else the adapter's default; the worker's price table is keyed by it). `respond` keeps
+    its signature, so other adapters need not know of it; the model activity records the usage of a turn
+    whose answer is one."""
 
-    def __init__(self, items: Iterable[ConversationItem] = (), usage: TokenUsage | None = None) -> None:
+    def __init__(
+        self, items: Iterable[ConversationItem] = (), usage: TokenUsage | None = None, model: str | None = None
+    ) -> None:
         super().__init__(items)
         self.usage = usage
+        self.model = model
 
 
 @runtime_checkable

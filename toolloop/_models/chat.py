@@ -228,7 +228,9 @@ class ChatCompletionsClient(OpenAIEndpoint):
                 extra_body=self._extra_body or None,
             )
         )
-        return chat_answer(body)
+        answer = chat_answer(body)
+        answer.model = model_name  # the name the worker's price table knows it by
+        return answer
 
 
 class ChatCompletionsModel:

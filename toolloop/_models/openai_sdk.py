@@ -141,8 +141,9 @@ def decode_body(content: bytes, secrets: Sequence[str] = ()) -> object:
 
 def token_usage(usage: object, input_field: str, output_field: str) -> TokenUsage | None:
     """An answer's `usage` object read by its two field names (Responses: input_tokens/output_tokens, Chat
-    Completions: prompt_tokens/completion_tokens); None if absent or unreadable: usage is information, never
-    a reason to fail a call."""
+    Completions: prompt_tokens/completion_tokens), with the cached part of the input from `<input
+    field>_details.cached_tokens` (0 when absent or unreadable); None if the counts are absent or unreadable:
+    usage is information, never a reason to fail a call."""
     if not isinstance(usage, dict):
         return None
     counts = [usage.get(input_field), usage.get(output_field), usage.get("total_tokens")]
@@ -151,7 +152,16 @@ def token_usage(usage: object, input_field: str, output_field: str) -> TokenUsag
     input_tokens, output_tokens, total = cast(list[int], counts)
     if not _count(total):
         total = input_tokens + output_tokens
-    return TokenUsage(input_tokens=input_tokens, output_tokens=output_tokens, total_tokens=total)
+    details = usage.get(f"{input_field}_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    # A cached count above the input's is not the provider's arithmetic: read as nothing cached.
+    cached_tokens = cached if _count(cached) and cast(int, cached) <= input_tokens else 0
+    return TokenUsage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        total_tokens=total,
+        cached_input_tokens=cached_tokens,
+    )
 
 
 def _count(value: object) -> bool:

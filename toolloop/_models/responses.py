@@ -136,7 +136,9 @@ class ResponsesClient(OpenAIEndpoint):
                 extra_body=self._extra_body or None,
             )
         )
-        return responses_answer(body)
+        answer = responses_answer(body)
+        answer.model = model_name  # the name the worker's price table knows it by
+        return answer
 
 
 class ResponsesModel:

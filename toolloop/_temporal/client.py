@@ -105,7 +105,8 @@ def submission_digest(inp: AgentInput) -> str:
         "question": inp.request,
         "model": inp.model.model_dump(mode="json"),
         "instructions": inp.instructions,
-        "limits": inp.limits.model_dump(mode="json"),
+        # Unset budgets (None) left out, as the other optional parts below: the same digest as before they existed.
+        "limits": inp.limits.model_dump(mode="json", exclude_none=True),
     }
     # Only when given: a request started before these existed is bound to the same digest as it always was.
     if inp.allowed_tools is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack
+from typing import Any
 
 import httpx
 from temporalio.contrib.pydantic import PydanticPayloadConverter
@@ -17,6 +18,7 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from toolloop._core.usage import ModelPrice, price_table
 from toolloop._models.adapter import ModelAdapter
 from toolloop._models.script import ScriptModel
 from toolloop._temporal.converter import data_converter
@@ -67,7 +69,11 @@ class ToolloopPlugin(SimplePlugin):
     `on_request_end` is called once per request, on one worker, after its report is final (a
     toolloop.FinishedRequest: ids, actor, metadata, how it ended), to free what the worker keeps per request;
     a request whose model never answered a turn (its first model turn failed) has no end step.
-    AgentWorkflow runs in Temporal's workflow sandbox (workflow_runner), as the SDK runs it."""
+    `model_prices` is the price per million tokens of the models it knows by name (`{"gpt-4.1-mini": {"input":
+    0.40, "cached_input": 0.10, "output": 1.60}}`, TOOLLOOP_MODEL_PRICES): a turn whose provider reports its
+    usage is recorded with its cost, and a request's `max_cost` counts it (a ValueError at construction says
+    what is wrong with the table). AgentWorkflow runs in Temporal's workflow sandbox (workflow_runner), as the
+    SDK runs it."""
 
     def __init__(
         self,
@@ -81,6 +87,7 @@ class ToolloopPlugin(SimplePlugin):
         approval_verify_key: str | Iterable[str] | None = None,
         allow_scripted_models: bool = False,
         on_request_end: RequestEndHook | None = None,
+        model_prices: Mapping[str, ModelPrice | Mapping[str, Any]] | None = None,
     ) -> None:
         spec = tools if isinstance(tools, AgentSpec) else AgentSpec(tools=tools)
         self.toolset = spec.tools
@@ -95,6 +102,7 @@ class ToolloopPlugin(SimplePlugin):
         self._http = http
         self._owns_http = http is None
         self.on_request_end = on_request_end
+        self.model_prices = price_table(model_prices or {})
         super().__init__(
             PLUGIN_NAME,
             data_converter=data_converter(),
@@ -128,6 +136,7 @@ class ToolloopPlugin(SimplePlugin):
                 conversations,
                 self.disabled_models,
                 end_hook=self.on_request_end is not None,
+                prices=self.model_prices,
             ).model_turn,
             RequestEndActivities(self.on_request_end).request_ended,
             ToolActivities(registry, http, outputs).run_tool,

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from toolloop._core.usage import PRICE_TABLE_SHAPE, ModelPrice
+
 
 class TemporalSettings(BaseSettings):
     """Where Temporal is, for every process."""
@@ -62,6 +64,12 @@ class WorkerSettings(TemporalSettings):
     # model, a tool or an approval) that replay is most of the worker's CPU. A cached run holds well under
     # 0.1 MiB (measured by `python -m bench`).
     max_cached_workflows: int = Field(default=10_000, ge=0, validation_alias="TOOLLOOP_MAX_CACHED_WORKFLOWS")
+    # The price per million tokens of each model by the name it is asked for, a JSON object
+    # ({"gpt-4.1-mini": {"input": 0.40, "cached_input": 0.10, "output": 1.60}}; docs/MODELS.md): a turn of a
+    # model in it is recorded with its cost, which a request's max_cost counts. Unset: costs are unknown.
+    model_prices: Annotated[dict[str, ModelPrice], NoDecode] = Field(
+        default_factory=dict, validation_alias="TOOLLOOP_MODEL_PRICES"
+    )
 
     @field_validator("openai_extra_headers", mode="before")
     @classmethod
@@ -76,6 +84,18 @@ class WorkerSettings(TemporalSettings):
         if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
             raise ValueError("must be a JSON object of header names and values (strings)")
         return headers
+
+    @field_validator("model_prices", mode="before")
+    @classmethod
+    def _a_price_table(cls, value: object) -> object:
+        # Parsed here (not by pydantic-settings) so a bad value is one line naming the variable; the prices
+        # themselves are checked as the field's type (ModelPrice).
+        if isinstance(value, str):
+            try:
+                return json.loads(value) if value.strip() else {}
+            except ValueError:
+                raise ValueError(f"must be a JSON object: {PRICE_TABLE_SHAPE}") from None
+        return value
 
     @field_validator("openai_base_url")
     @classmethod

@@ -1,8 +1,8 @@
 """Wiring (entry points): metrics and tracing. A Prometheus endpoint serves Temporal's runtime metrics (the
 SDK's own: workflow and activity tasks, RPCs, latencies) together with toolloop's counts - tool results by
-tool and code, write attempts by outcome, operations by final state, API responses - all recorded through
-Temporal's metric meter, so one endpoint per process has everything. Tracing is OpenTelemetry through
-Temporal's interceptor, off unless asked for."""
+tool and code, write attempts by outcome, operations by final state, model tokens by kind, API responses -
+all recorded through Temporal's metric meter, so one endpoint per process has everything. Tracing is
+OpenTelemetry through Temporal's interceptor, off unless asked for."""
 
 from __future__ import annotations
 
@@ -13,10 +13,19 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from toolloop._core.names import API_DECISIONS_METRIC as API_DECISIONS
 from toolloop._core.names import API_RESPONSES_METRIC as API_RESPONSES
+from toolloop._core.names import MODEL_TOKENS_METRIC as MODEL_TOKENS
 from toolloop._core.names import TOOL_RESULTS_METRIC as TOOL_RESULTS
 from toolloop._core.names import WRITE_ATTEMPTS_METRIC as WRITE_ATTEMPTS
 
-__all__ = ["API_DECISIONS", "API_RESPONSES", "TOOL_RESULTS", "WRITE_ATTEMPTS", "count", "metrics_runtime"]
+__all__ = [
+    "API_DECISIONS",
+    "API_RESPONSES",
+    "MODEL_TOKENS",
+    "TOOL_RESULTS",
+    "WRITE_ATTEMPTS",
+    "count",
+    "metrics_runtime",
+]
 
 
 def metrics_runtime(address: str | None) -> Runtime | None:

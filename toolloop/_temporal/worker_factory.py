@@ -129,6 +129,7 @@ async def running_worker(
             tracing=settings.otel,
             approval_verify_key=settings.approval_verify_key,
             allow_scripted_models=settings.allow_scripted_models,
+            model_prices=settings.model_prices,
         )
         # Opened before the worker starts, so a source that cannot open (an MCP server that does not start)
         # is reported at once and no worker is left half-started; the plugin's own opening nests in this one.

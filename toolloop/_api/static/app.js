@@ -258,6 +258,7 @@
       this.finalText = null;
       this.stopReason = null;
       this.outcome = null;
+      this.usage = null; // the model's token totals (RequestUsage), from a view or the final event
       this.error = null;
       this.done = this.status !== "running";
       this.lastEventId = null;
@@ -299,6 +300,7 @@
     req.stopReason = view.stop_reason;
     req.error = view.error;
     req.outcome = view.outcome || null;
+    if (view.usage) req.usage = view.usage;
     if (view.status !== "running") req.done = true;
     // The view counts the events it already reflects: a stream continues right after them.
     else if (view.events) req.lastEventId = String(Math.max(Number(req.lastEventId) || 0, view.events));
@@ -334,6 +336,7 @@
       req.finalText = data.final_text === undefined ? req.finalText : data.final_text;
       req.error = data.error || null;
       req.outcome = data.outcome || null;
+      if (data.usage) req.usage = data.usage;
       req.done = true;
     }
   }
@@ -389,6 +392,17 @@
     }
   }
 
+  // The model's token totals in words, as the CLI prints them; "" when no turn reported usage.
+  function usageWords(usage) {
+    if (!usage || !usage.turns) return "";
+    const n = (value) => Number(value || 0).toLocaleString("en-US");
+    let words = `${n(usage.input_tokens)} in (${n(usage.cached_input_tokens)} cached), ${n(usage.output_tokens)} out, ${n(usage.total_tokens)} total`;
+    if (usage.cost !== null && usage.cost !== undefined) {
+      words += `; cost ${Number(usage.cost).toLocaleString("en-US", { maximumFractionDigits: 6 })}`;
+    }
+    return words;
+  }
+
   // --- Rendering -------------------------------------------------------------------------------------------
 
   function buildRequestCard(req) {
@@ -416,6 +430,12 @@
           el("button", { type: "button", className: "link", "data-action": "reconnect", hidden: true, text: "Reconnect" }),
         ),
         el("p", { className: "phase" }, el("span", { className: "label", text: "Phase: " }), el("span", { "data-field": "phase" })),
+        el(
+          "p",
+          { className: "usage", "data-field": "usage-line", hidden: true },
+          el("span", { className: "label", text: "Tokens: " }),
+          el("span", { "data-field": "usage" }),
+        ),
         el(
           "section",
           { className: "operations", "data-field": "operations-section", hidden: true },
@@ -465,6 +485,9 @@
     setText(field(card, "status"), req.status);
     setText(field(card, "started"), req.startedAt ? `, started ${formatTime(req.startedAt)}` : "");
     setText(field(card, "phase"), req.phase || (req.done ? "finished" : "starting"));
+    const usage = usageWords(req.usage);
+    setText(field(card, "usage"), usage);
+    field(card, "usage-line").hidden = !usage;
     const live = field(card, "live");
     const liveWords = { live: "live", reconnecting: "reconnecting…", lost: "live updates stopped", polling: "updating every few seconds" };
     setText(live, req.done ? "" : liveWords[req.live] || "");
