@@ -2,7 +2,7 @@
 documents (docs.temporal.io/cloud/actions): the workflow's start, each timer started, each search-attribute
 upsert, each signal, each update the worker accepted, each activity attempt (the started event's attempt number
 counts the retries before it), and each local activity's marker. Queries reach the worker without entering
-history: a stack's client counts its own (`Outcome.queries`) and the report adds them."""
+history; neither stack's client asks one while a request runs."""
 
 from __future__ import annotations
 

@@ -219,9 +219,9 @@ async def _measure_stack(bench: Bench, name: str, key: str, scenario: Scenario) 
         ),
         history_events=_mean([h.events for h in loaded_histories]),
         history_bytes=_mean([h.bytes for h in loaded_histories]),
-        # Queries are actions that never enter history: (a)'s approver asks one (its pending approvals) per
-        # approval wait, which starts a timer; (b)'s client asks none.
-        actions=_mean([h.actions + (h.timers if name == OURS else 0) for h in loaded_histories]),
+        # Every action of both stacks is in history: neither client asks a query ((a)'s approver learns what
+        # waits from the workflow's next_approval Update, an action history records).
+        actions=_mean([h.actions for h in loaded_histories]),
         worker_peak_rss_mib=peak / MIB if peak else None,
         other_load_cores=window.other_load_cores,
     )

@@ -130,7 +130,7 @@ class StackRun:
     history_events: float | None
     history_bytes: float | None
     worker_peak_rss_mib: float | None
-    # Temporal Cloud's billable actions per request (bench/actions.py, plus the queries its client asks).
+    # Temporal Cloud's billable actions per request, counted from history (bench/actions.py).
     actions: float | None = None
     # Cores kept busy by processes outside the benchmark during the throughput run (a shared machine).
     other_load_cores: float | None = None
