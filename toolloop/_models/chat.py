@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from openai import AsyncOpenAI, omit
+from openai import omit
 
 from toolloop._core.contracts import (
     ConversationItem,
@@ -24,7 +24,7 @@ from toolloop._core.contracts import (
 )
 from toolloop._models.adapter import ModelAnswer, ModelRequest
 from toolloop._models.errors import ModelCallError, json_type
-from toolloop._models.openai_sdk import DEFAULT_BASE_URL, OpenAIEndpoint, token_usage
+from toolloop._models.openai_sdk import OpenAIEndpoint, token_usage
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolUnionParam
@@ -179,30 +179,8 @@ class ChatCompletionsClient(OpenAIEndpoint):
     """One Chat Completions endpoint (`POST {base_url}/chat/completions`) through the official SDK. Holds the
     API key; nothing it raises or logs contains that key."""
 
-    def __init__(
-        self,
-        *,
-        model: str,
-        api_key: str | None = None,
-        base_url: str = DEFAULT_BASE_URL,
-        timeout_seconds: float | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        openai_client: AsyncOpenAI | None = None,
-    ) -> None:
-        clash = _RESERVED.intersection(extra_body or {})
-        if clash:
-            raise ValueError(f"extra_body may not set {sorted(clash)}")
-        super().__init__(
-            model=model,
-            api_key=api_key,
-            base_url=base_url,
-            timeout_seconds=timeout_seconds,
-            extra_headers=extra_headers,
-            openai_client=openai_client,
-        )
-        # Server-specific options ({"temperature": 0}, vLLM's {"top_k": 20}, ...): opt-in.
-        self._extra_body = dict(extra_body or {})
+    # extra_body holds server-specific options ({"temperature": 0}, vLLM's {"top_k": 20}, ...): opt-in.
+    reserved_body_fields = _RESERVED
 
     async def respond(
         self,

@@ -201,7 +201,11 @@ class OpenAIEndpoint:
 
     Give `api_key` (and `base_url`, `extra_headers`) and it builds an `openai.AsyncOpenAI`, or give your own
     client (`openai.AsyncAzureOpenAI`, one with a custom `http_client`) as `openai_client`: it is used
-    through `with_options(max_retries=0)` and left open on exit, as its owner's."""
+    through `with_options(max_retries=0)` and left open on exit, as its owner's. `extra_body` adds
+    provider-specific fields to every call (opt-in); it may not set the fields the endpoint itself sends
+    (`reserved_body_fields`)."""
+
+    reserved_body_fields: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -211,8 +215,13 @@ class OpenAIEndpoint:
         base_url: str = DEFAULT_BASE_URL,
         timeout_seconds: float | None = None,
         extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
         openai_client: AsyncOpenAI | None = None,
     ) -> None:
+        clash = self.reserved_body_fields.intersection(extra_body or {})
+        if clash:
+            raise ValueError(f"extra_body may not set {sorted(clash)}")
+        self._extra_body = dict(extra_body or {})
         headers = dict(extra_headers or {})
         if openai_client is None:
             if not api_key:

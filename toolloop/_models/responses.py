@@ -10,16 +10,15 @@ answer is the pure `responses_answer`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from openai import AsyncOpenAI
 from pydantic import TypeAdapter, ValidationError
 
 from toolloop._core.contracts import ConversationItem, item_to_wire
 from toolloop._models.adapter import ModelAnswer, ModelRequest
 from toolloop._models.errors import ModelCallError, json_type, truncate
-from toolloop._models.openai_sdk import DEFAULT_BASE_URL, OpenAIEndpoint, token_usage
+from toolloop._models.openai_sdk import OpenAIEndpoint, token_usage
 
 if TYPE_CHECKING:
     from openai.types.responses import ResponseInputParam, ToolParam
@@ -88,30 +87,8 @@ class ResponsesClient(OpenAIEndpoint):
     """One Responses API endpoint (`POST {base_url}/responses`) through the official SDK. Holds the API key;
     nothing it raises or logs contains that key."""
 
-    def __init__(
-        self,
-        *,
-        model: str,
-        api_key: str | None = None,
-        base_url: str = DEFAULT_BASE_URL,
-        timeout_seconds: float | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        openai_client: AsyncOpenAI | None = None,
-    ) -> None:
-        clash = _RESERVED.intersection(extra_body or {})
-        if clash:
-            raise ValueError(f"extra_body may not set {sorted(clash)}")
-        super().__init__(
-            model=model,
-            api_key=api_key,
-            base_url=base_url,
-            timeout_seconds=timeout_seconds,
-            extra_headers=extra_headers,
-            openai_client=openai_client,
-        )
-        # e.g. {"store": False, "include": ["reasoning.encrypted_content"]}; provider-specific, so opt-in.
-        self._extra_body = dict(extra_body or {})
+    # extra_body holds e.g. {"store": False, "include": ["reasoning.encrypted_content"]}; provider-specific, so opt-in.
+    reserved_body_fields = _RESERVED
 
     async def respond(
         self,
