@@ -22,9 +22,9 @@ from toolloop._core.contracts import (
     FunctionCallOutputItem,
     MessageItem,
 )
-from toolloop._models.adapter import ModelAnswer, ModelRequest
+from toolloop._models.adapter import ModelAnswer
 from toolloop._models.errors import ModelCallError, json_type
-from toolloop._models.openai_sdk import OpenAIEndpoint, token_usage
+from toolloop._models.openai_sdk import OpenAIEndpoint, OpenAIModel, token_usage
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolUnionParam
@@ -211,23 +211,10 @@ class ChatCompletionsClient(OpenAIEndpoint):
         return answer
 
 
-class ChatCompletionsModel:
+class ChatCompletionsModel(OpenAIModel):
     """The model adapter for the Chat Completions API (OpenAI or an OpenAI-compatible server): the whole
     conversation as messages each turn, answers read back as Responses-shaped items, so the workflow, the
     history and the other adapters see the same items whichever API a worker uses."""
 
-    needs_conversation = True
-
     def __init__(self, client: ChatCompletionsClient) -> None:
-        self.client = client
-
-    def label(self, model_name: str | None) -> str:
-        return f"openai:{model_name or 'default'}"
-
-    async def respond(self, request: ModelRequest) -> list[ConversationItem]:
-        return await self.client.respond(
-            instructions=request.instructions,
-            conversation=request.conversation,
-            tools=request.tools,
-            model=request.model_name,
-        )
+        super().__init__(client)

@@ -20,7 +20,8 @@ from typing import Any, Self, cast
 import openai
 from openai import AsyncOpenAI
 
-from toolloop._models.adapter import TokenUsage
+from toolloop._core.contracts import ConversationItem
+from toolloop._models.adapter import ModelAnswer, ModelRequest, TokenUsage
 from toolloop._models.errors import ModelCallError, truncate
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -257,6 +258,18 @@ class OpenAIEndpoint:
     def base_url(self) -> str:
         return str(self.client.base_url).rstrip("/")
 
+    async def respond(
+        self,
+        *,
+        instructions: str,
+        conversation: Sequence[ConversationItem],
+        tools: list[dict[str, Any]],
+        model: str | None = None,
+    ) -> ModelAnswer:
+        """One model call: the answer as Responses-shaped items (and its usage), or a ModelCallError. `model`
+        overrides the client's default model for this call (a run may name its own)."""
+        raise NotImplementedError
+
     async def aclose(self) -> None:
         if self._owns_client:
             await self.client.close()
@@ -277,3 +290,25 @@ class OpenAIEndpoint:
         except openai.OpenAIError as exc:
             raise call_failure(exc, self._secrets, self.timeout_seconds) from None
         return decode_body(raw.http_response.content, self._secrets)
+
+
+class OpenAIModel:
+    """A model adapter over one OpenAI endpoint (Responses or Chat Completions): the whole conversation each
+    turn, the answer as Responses-shaped items, so the workflow and its history see the same items whichever
+    API a worker uses."""
+
+    needs_conversation = True
+
+    def __init__(self, client: OpenAIEndpoint) -> None:
+        self.client = client
+
+    def label(self, model_name: str | None) -> str:
+        return f"openai:{model_name or 'default'}"
+
+    async def respond(self, request: ModelRequest) -> list[ConversationItem]:
+        return await self.client.respond(
+            instructions=request.instructions,
+            conversation=request.conversation,
+            tools=request.tools,
+            model=request.model_name,
+        )

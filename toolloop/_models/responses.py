@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, cast
 from pydantic import TypeAdapter, ValidationError
 
 from toolloop._core.contracts import ConversationItem, item_to_wire
-from toolloop._models.adapter import ModelAnswer, ModelRequest
+from toolloop._models.adapter import ModelAnswer
 from toolloop._models.errors import ModelCallError, json_type, truncate
-from toolloop._models.openai_sdk import OpenAIEndpoint, token_usage
+from toolloop._models.openai_sdk import OpenAIEndpoint, OpenAIModel, token_usage
 
 if TYPE_CHECKING:
     from openai.types.responses import ResponseInputParam, ToolParam
@@ -118,7 +118,7 @@ class ResponsesClient(OpenAIEndpoint):
         return answer
 
 
-class ResponsesModel:
+class ResponsesModel(OpenAIModel):
     """The model adapter for the OpenAI Responses API (or any compatible base URL): the whole conversation
     as `input`, the tools in strict mode, every output item kept so it goes back unchanged next round.
 
@@ -127,18 +127,5 @@ class ResponsesModel:
     when a request moves to another model or provider; the workflow's history already holds each item
     once and the worker's cache makes rebuilding the conversation rare."""
 
-    needs_conversation = True
-
     def __init__(self, client: ResponsesClient) -> None:
-        self.client = client
-
-    def label(self, model_name: str | None) -> str:
-        return f"openai:{model_name or 'default'}"
-
-    async def respond(self, request: ModelRequest) -> list[ConversationItem]:
-        return await self.client.respond(
-            instructions=request.instructions,
-            conversation=request.conversation,
-            tools=request.tools,
-            model=request.model_name,
-        )
+        super().__init__(client)
