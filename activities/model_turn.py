@@ -27,9 +27,9 @@ from toolloop._core.names import MODEL_TURN_ACTIVITY
 from toolloop._core.registry import ToolRegistry
 from toolloop._core.usage import PriceTable, TokenUsage
 from toolloop._core.validation import MAX_ARGUMENT_BYTES, check_turn
-from toolloop._models.adapter import ModelAdapter, ModelRequest
+from toolloop._models.adapter import ModelAdapter, ModelAnswer, ModelRequest
 from toolloop._models.errors import ModelCallError
-from toolloop._temporal.telemetry import MODEL_TOKENS
+from toolloop._temporal.telemetry import MODEL_TOKENS, count
 from toolloop.activities.conversation import (
     Conversation,
     ConversationState,
@@ -129,12 +129,12 @@ class ModelActivities:
             self._conversations.after(run, inp.turn, conversation.extended(items))
         label = adapter.label(inp.model_name)
         # Only an answer that knows its usage has it (ModelAnswer); the script and offline models' have none.
-        usage = getattr(items, "usage", None)
-        usage = usage if isinstance(usage, TokenUsage) else None
+        answer = items if isinstance(items, ModelAnswer) else None
+        usage = answer.usage if answer is not None else None
         checked = checked_turn(self._registry, items, label, inp.turn, usage)
         checked.end_hook = self._end_hook
         if usage is not None:
-            price = self._prices.get(getattr(items, "model", None) or inp.model_name or "")
+            price = self._prices.get((answer.model if answer is not None else None) or inp.model_name or "")
             checked.usage = usage
             checked.cost = price.cost(usage) if price is not None else None
             _count_tokens(usage, label)
@@ -144,13 +144,19 @@ class ModelActivities:
 def _count_tokens(usage: TokenUsage, model: str) -> None:
     """The turn's tokens on the worker's metrics, by kind (`cached`: the part of `input` served from the
     provider's cache)."""
-    counter = activity.metric_meter().create_counter(MODEL_TOKENS, "model tokens by kind, as providers report them")
     for kind, tokens in (
         ("input", usage.input_tokens),
         ("output", usage.output_tokens),
         ("cached", usage.cached_input_tokens),
     ):
-        counter.add(tokens, {"kind": kind, "model": model})
+        count(
+            activity.metric_meter(),
+            MODEL_TOKENS,
+            "model tokens by kind, as providers report them",
+            tokens,
+            kind=kind,
+            model=model,
+        )
 
 
 def checked_turn(

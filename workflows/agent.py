@@ -96,7 +96,7 @@ class AgentWorkflow:
         self._progress = AgentProgress(phase="starting", round=0, actor=inp.actor)
         self._deadline = workflow.now() + timedelta(seconds=inp.limits.deadline_seconds)
         # The live ledger, read (never copied) each time the UI's details are drawn.
-        self._narrator = Narrator(lambda: self._writes.ledger.values())
+        self._narrator = Narrator(lambda: self._writes.ledger.values(), lambda: self._progress.usage)
         # Built here, not in run(): an approval update may arrive before run() has started.
         self._writes = OperationStateMachine(
             inp.actor, inp.limits, self._deadline, self._set_phase, self._narrator, _untrusted_input(inp)
@@ -146,12 +146,13 @@ class AgentWorkflow:
         if self._progress.done:
             raise ApplicationError("the request has finished", type=ErrorType.REQUEST_FINISHED)
 
-    def _unseen_approval(self, wait: ApprovalWait) -> ApprovalRequest | None:
-        return next((r for r in self._writes.pending_approvals() if r.operation_id not in wait.seen), None)
+    def _unseen_approval(self, wait: ApprovalWait) -> str | None:
+        return next((op_id for op_id in self._writes.awaiting_approval() if op_id not in wait.seen), None)
 
     async def _next_unseen_approval(self, wait: ApprovalWait) -> NextApproval:
         await workflow.wait_condition(lambda: self._progress.done or self._unseen_approval(wait) is not None)
-        return NextApproval(approval=self._unseen_approval(wait))
+        unseen = self._unseen_approval(wait)
+        return NextApproval(approval=self._writes.approval_request(unseen) if unseen is not None else None)
 
     @workflow.update(name=APPROVE_OPERATION_UPDATE)
     async def approve_operation(self, decision: ApprovalDecision) -> DecisionAnswer:
@@ -227,7 +228,6 @@ class AgentWorkflow:
             model_label = turn.model_label or model_label
             self._end_hook |= turn.end_hook
             self._progress.usage = self._progress.usage.plus(turn.usage, turn.cost)
-            self._narrator.usage = self._progress.usage
 
             if not turn.calls:
                 answer = answer_text(turn.items)

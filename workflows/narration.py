@@ -29,14 +29,16 @@ _MARK = {"verified": "✅", "completed": "⚠️ not verified", "unknown": "❗ 
 
 
 class Narrator:
-    def __init__(self, operations: Callable[[], Iterable[OperationRecord]]) -> None:
+    def __init__(
+        self, operations: Callable[[], Iterable[OperationRecord]], usage: Callable[[], RequestUsage] = RequestUsage
+    ) -> None:
         self.events: list[RequestEvent] = []
         self.phase = "starting"
         self.calls: list[CallRecord] = []
         self.rejected: set[str] = set()
         self._operations = operations
-        # The request's token totals so far (shown from the next change on).
-        self.usage = RequestUsage()
+        # The request's token totals so far, read each time the details are drawn.
+        self._usage = usage
 
     def emit(self, kind: RequestEventKind, **data: Any) -> None:
         self.events.append(RequestEvent(seq=len(self.events) + 1, at=workflow.now(), kind=kind, data=data))
@@ -87,7 +89,7 @@ class Narrator:
         """The Temporal UI's current details (markdown): readable without opening any JSON."""
         # Everything here may come from the model (a made-up tool name, a call id): shown literally, never as markup.
         lines = [f"**{markdown_literal(self.phase)}**"]
-        tokens = usage_line(self.usage)
+        tokens = usage_line(self._usage())
         if tokens is not None:
             lines += ["", markdown_literal(tokens)]
         if self.calls:

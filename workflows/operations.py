@@ -154,10 +154,12 @@ class OperationStateMachine:
         self._signature = (token, refusal)
 
     def pending_approvals(self) -> list[ApprovalRequest]:
-        requests = (
-            self.approval_request(op_id) for op_id, op in self.ledger.items() if op.state == "awaiting_approval"
-        )
+        requests = (self.approval_request(op_id) for op_id in self.awaiting_approval())
         return [r for r in requests if r is not None]
+
+    def awaiting_approval(self) -> list[str]:
+        """The operations waiting for approval, in the order they were proposed."""
+        return [op_id for op_id, op in self.ledger.items() if op.state == "awaiting_approval"]
 
     def validate_decision(self, decision: ApprovalDecision) -> None:
         """Runs before the update is accepted; raising rejects it and nothing is recorded. An approval and

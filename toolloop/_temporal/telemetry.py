@@ -35,8 +35,8 @@ def metrics_runtime(address: str | None) -> Runtime | None:
     return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=address)))
 
 
-def count(meter: MetricMeter, name: str, description: str, **attributes: str) -> None:
-    meter.create_counter(name, description).add(1, attributes)
+def count(meter: MetricMeter, name: str, description: str, amount: int = 1, **attributes: str) -> None:
+    meter.create_counter(name, description).add(amount, attributes)
 
 
 def tracing_interceptor() -> Any:
