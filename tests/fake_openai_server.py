@@ -5,12 +5,19 @@
         server.reply(chat_completion(calls=[("get_ticket", {"ticketId": "T1"}, "call_1")]))
         server.reply(error_body("slow down"), status=429, headers={"Retry-After": "2"})
         server.hold_next()                     # the next request gets no answer until the server stops
+        server.reply(responses_response(...), fault="cut", fault_after=3)   # streamed: cut after 3 events
         client = ChatCompletionsClient(api_key="sk-test", base_url=server.url, model="fake-model")
         ...
         assert server.requests[0].body["messages"][0] == {...}
 
 Any path that ends in /responses or /chat/completions is served (Azure's deployment paths included). With an
-empty queue a call gets a plain text answer in the format it asked in, DEFAULT_TEXT.
+empty queue a call gets a plain text answer in the format it asked in, DEFAULT_TEXT. A request that asks to stream
+(`"stream": true`) gets its answer as the server-sent events that API sends, built from the SDK's own event and
+chunk types: the text in pieces of STREAM_PIECE characters, each call's arguments likewise, then the whole answer
+(Responses: `response.completed`; Chat Completions: the finish reason, then a usage chunk and `[DONE]`). A
+reply's `fault` breaks its stream after `fault_after` events: "cut" (the connection drops), "garbage" (a chunk
+that is not JSON), "stall" (nothing more until the server stops) or "end" (the body ends cleanly, the answer
+unfinished).
 """
 
 from __future__ import annotations
@@ -22,14 +29,20 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import StreamingResponse
 from openai.types import CompletionUsage
-from openai.types.chat import ChatCompletion, ChatCompletionMessage, ChatCompletionMessageFunctionToolCall
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionMessage,
+    ChatCompletionMessageFunctionToolCall,
+)
 from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message_function_tool_call import Function
 from openai.types.completion_usage import PromptTokensDetails
@@ -37,11 +50,18 @@ from openai.types.responses import (
     Response as ResponsesResponse,
 )
 from openai.types.responses import (
+    ResponseCompletedEvent,
+    ResponseCreatedEvent,
+    ResponseFailedEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
     ResponseFunctionToolCall,
+    ResponseIncompleteEvent,
     ResponseOutputItem,
+    ResponseOutputItemAddedEvent,
     ResponseOutputMessage,
     ResponseOutputText,
     ResponseReasoningItem,
+    ResponseTextDeltaEvent,
     ResponseUsage,
 )
 from openai.types.responses.response import IncompleteDetails
@@ -50,6 +70,8 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from openai.types.shared import ErrorObject
 
 DEFAULT_TEXT = "fake final answer"
+# How many characters of text (or of a call's arguments) one streamed event carries.
+STREAM_PIECE = 4
 _ids = itertools.count(1)
 
 
@@ -170,6 +192,123 @@ def error_body(message: str, *, code: str | None = None, kind: str = "invalid_re
     return {"error": ErrorObject(message=message, type=kind, param=None, code=code).to_dict()}
 
 
+def _pieces(text: str) -> list[str]:
+    return [text[i : i + STREAM_PIECE] for i in range(0, len(text), STREAM_PIECE)] or [""]
+
+
+def responses_events(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Responses API answer as the events a streamed call gets: `response.created`, each output item added
+    and its text or arguments in pieces, then the terminal event with the whole response."""
+    seq = itertools.count()
+    shell = ResponsesResponse.model_validate({**response, "status": "in_progress", "output": [], "usage": None})
+    events: list[Any] = [ResponseCreatedEvent(type="response.created", response=shell, sequence_number=next(seq))]
+    for index, item in enumerate(response.get("output", [])):
+        events.append(
+            ResponseOutputItemAddedEvent.model_validate(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": index,
+                    "item": item,
+                    "sequence_number": next(seq),
+                }
+            )
+        )
+        if item.get("type") == "message":
+            for part_index, part in enumerate(item.get("content", [])):
+                for piece in _pieces(part.get("text", "")) if part.get("type") == "output_text" else []:
+                    events.append(
+                        ResponseTextDeltaEvent(
+                            type="response.output_text.delta",
+                            item_id=item.get("id", ""),
+                            output_index=index,
+                            content_index=part_index,
+                            delta=piece,
+                            logprobs=[],
+                            sequence_number=next(seq),
+                        )
+                    )
+        elif item.get("type") == "function_call":
+            for piece in _pieces(item.get("arguments", "")):
+                events.append(
+                    ResponseFunctionCallArgumentsDeltaEvent(
+                        type="response.function_call_arguments.delta",
+                        item_id=item.get("id", ""),
+                        output_index=index,
+                        delta=piece,
+                        sequence_number=next(seq),
+                    )
+                )
+    whole = ResponsesResponse.model_validate(response)
+    terminal = {"completed": ResponseCompletedEvent, "incomplete": ResponseIncompleteEvent}.get(
+        response.get("status", ""), ResponseFailedEvent
+    )
+    events.append(
+        terminal.model_validate(
+            {"type": f"response.{response.get('status')}", "response": whole, "sequence_number": next(seq)}
+        )
+    )
+    return [event.to_dict() for event in events]
+
+
+def chat_chunks(completion: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Chat Completions answer as the chunks a streamed call gets: the role, the text in pieces, each tool
+    call's id and name and then its arguments in pieces, the finish reason, and (when the answer has usage)
+    a last chunk with no choice and the usage, as `stream_options.include_usage` asks."""
+    message = completion["choices"][0]["message"]
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    deltas += [{"content": piece} for piece in _pieces(message["content"])] if message.get("content") else []
+    for index, call in enumerate(message.get("tool_calls") or []):
+        function = call["function"]
+        deltas.append(
+            {
+                "tool_calls": [
+                    {
+                        "index": index,
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": function["name"], "arguments": ""},
+                    }
+                ]
+            }
+        )
+        deltas += [
+            {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+            for piece in _pieces(function["arguments"])
+        ]
+    last = len(deltas) - 1
+    chunks: list[dict[str, Any]] = [
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": delta,
+                    "finish_reason": completion["choices"][0]["finish_reason"] if n == last else None,
+                }
+            ],
+            "usage": None,
+        }
+        for n, delta in enumerate(deltas)
+    ]
+    if completion.get("usage") is not None:
+        chunks.append({"choices": [], "usage": completion["usage"]})
+    common = {
+        "id": completion["id"],
+        "object": "chat.completion.chunk",
+        "created": completion["created"],
+        "model": completion["model"],
+    }
+    return [ChatCompletionChunk.model_validate({**common, **chunk}).to_dict() for chunk in chunks]
+
+
+def _as_events(body: Any, chat: bool) -> list[dict[str, Any]] | None:
+    """A scripted answer as stream events, or None for a body that is not an answer (sent as it is, as a
+    misconfigured server or a proxy would)."""
+    try:
+        return chat_chunks(body) if chat else responses_events(body)
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+        return None
+
+
 # --- the server ----------------------------------------------------------------------------------------------
 
 
@@ -180,6 +319,9 @@ class Reply:
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     hold: bool = False
+    # Streamed answers only: "cut", "garbage" or "stall" after this many events.
+    fault: str | None = None
+    fault_after: int = 0
 
 
 @dataclass(frozen=True)
@@ -207,10 +349,21 @@ class FakeOpenAIServer:
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
-    def reply(self, body: Any = None, *, status: int = 200, headers: dict[str, str] | None = None) -> None:
-        """Script the next answer; answers are used in order, one per request, whatever its path."""
+    def reply(
+        self,
+        body: Any = None,
+        *,
+        status: int = 200,
+        headers: dict[str, str] | None = None,
+        fault: str | None = None,
+        fault_after: int = 0,
+    ) -> None:
+        """Script the next answer; answers are used in order, one per request, whatever its path. `fault`
+        breaks a streamed answer after `fault_after` events ("cut", "garbage", "stall", "end")."""
+        if fault not in (None, "cut", "garbage", "stall", "end"):
+            raise ValueError(f"unknown stream fault {fault!r}")
         with self._lock:
-            self._queue.append(Reply(status, body, dict(headers or {})))
+            self._queue.append(Reply(status, body, dict(headers or {}), fault=fault, fault_after=fault_after))
 
     def hold_next(self) -> None:
         """The next request gets no answer until the server stops (a client's timeout gives up first)."""
@@ -246,11 +399,34 @@ class FakeOpenAIServer:
                 scripted.body = (
                     chat_completion(DEFAULT_TEXT) if chat else responses_response(output_message(DEFAULT_TEXT))
                 )
+            headers = {k.lower(): v for k, v in scripted.headers.items()}
+            streamed = isinstance(body, dict) and body.get("stream") is True
+            events = _as_events(scripted.body, chat) if streamed and scripted.status == 200 else None
+            if events is not None:
+                return StreamingResponse(
+                    self._sse(events, scripted, chat), media_type="text/event-stream", headers=headers
+                )
             content = scripted.body if isinstance(scripted.body, str) else json.dumps(scripted.body)
-            headers = {"content-type": "application/json", **{k.lower(): v for k, v in scripted.headers.items()}}
+            headers = {"content-type": "application/json", **headers}
             return Response(content=content, status_code=scripted.status, headers=headers)
 
         return app
+
+    async def _sse(self, events: list[dict[str, Any]], scripted: Reply, chat: bool) -> AsyncIterator[bytes]:
+        for sent, event in enumerate(events):
+            if scripted.fault is not None and sent == scripted.fault_after:
+                if scripted.fault == "end":
+                    return  # a clean end of the body, before the answer's last event
+                if scripted.fault == "garbage":
+                    yield b'data: {"choices": [{"delta": \n\n'
+                elif scripted.fault == "stall":
+                    await asyncio.to_thread(self._released.wait)
+                # "cut", and after the others: the response ends with an error, so the connection drops mid-body.
+                raise ConnectionAbortedError(f"stream fault {scripted.fault} after {sent} events")
+            name = "" if chat else f"event: {event['type']}\n"
+            yield f"{name}data: {json.dumps(event)}\n\n".encode()
+        if chat:
+            yield b"data: [DONE]\n\n"
 
     def start(self) -> FakeOpenAIServer:
         self._thread = threading.Thread(

@@ -4,6 +4,7 @@ and each failure as the activity will see it - one request per call, the SDK's o
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -60,9 +61,13 @@ def endpoint(api: Api, base_url: str, **options: Any) -> ResponsesClient | ChatC
     return kind(**{"api_key": API_KEY, "base_url": base_url, "model": "fake-model", "timeout_seconds": 5, **options})
 
 
-@pytest.fixture(params=["responses", "chat"])
+@pytest.fixture(
+    params=[("responses", True), ("chat", True), ("responses", False), ("chat", False)],
+    ids=["responses-streamed", "chat-streamed", "responses-plain", "chat-plain"],
+)
 async def client(request: pytest.FixtureRequest, server: FakeOpenAIServer) -> AsyncIterator[OpenAIEndpoint]:
-    async with endpoint(request.param, server.url) as opened:
+    api, stream = request.param
+    async with endpoint(api, server.url, stream=stream) as opened:
         yield opened
 
 
@@ -246,7 +251,11 @@ async def test_a_garbage_body_is_malformed(server: FakeOpenAIServer, client: Ope
     error = await failure(client, server)
 
     assert error.kind == "malformed"
-    assert error.message.startswith("response body is not JSON")
+    if client.stream:
+        assert error.message.startswith("a streamed call was answered with application/json, not an event stream")
+        assert error.message.endswith("an endpoint that cannot stream needs streaming off (OPENAI_STREAM=0)")
+    else:
+        assert error.message.startswith("response body is not JSON")
 
 
 async def test_a_well_formed_body_of_the_wrong_shape_is_malformed(
@@ -257,6 +266,10 @@ async def test_a_well_formed_body_of_the_wrong_shape_is_malformed(
     error = await failure(client, server)
 
     assert error.kind == "malformed"
+    if client.stream:
+        # A streamed call answered with a plain JSON body: the endpoint does not stream.
+        assert "not an event stream" in error.message
+        return
     assert (
         error.message
         == {
@@ -369,3 +382,99 @@ async def test_without_a_key_the_worker_has_no_openai_model_and_a_bad_api_is_ref
     with pytest.raises(ValidationError) as caught:
         WorkerSettings.model_validate({"OPENAI_API": "completions"})
     assert settings_error(caught.value).startswith("OPENAI_API: Input should be 'responses' or 'chat'")
+
+
+# --- streamed answers -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["responses", "chat"])
+async def streamed(request: pytest.FixtureRequest, server: FakeOpenAIServer) -> AsyncIterator[OpenAIEndpoint]:
+    async with endpoint(request.param, server.url, timeout_seconds=2) as opened:
+        yield opened
+
+
+async def ask_streamed(client: OpenAIEndpoint) -> tuple[ModelAnswer, list[str]]:
+    pieces: list[str] = []
+
+    async def on_text(piece: str) -> None:
+        pieces.append(piece)
+
+    assert isinstance(client, ResponsesClient | ChatCompletionsClient)
+    answer = await client.respond(
+        instructions="You are a test.", conversation=[user_message("Look up a")], tools=TOOLS, on_text=on_text
+    )
+    return answer, pieces
+
+
+async def test_a_streamed_text_arrives_in_pieces_and_the_answer_is_the_whole(
+    server: FakeOpenAIServer, streamed: OpenAIEndpoint
+) -> None:
+    text = "The order A100 shipped on Monday and arrives on Thursday."
+    server.reply(text_answer(api_of(streamed), text, usage=(120, 9)))
+
+    answer, pieces = await ask_streamed(streamed)
+
+    sent = server.requests[-1].body
+    assert sent["stream"] is True
+    if api_of(streamed) == "chat":
+        assert sent["stream_options"] == {"include_usage": True}
+    assert len(pieces) == len(text) // 4 + 1 and "".join(pieces) == text
+    assert [item.model_dump(exclude_none=True)["content"][0]["text"] for item in answer] == [text]
+    # The usage the stream's last event (or chunk) carries.
+    assert answer.usage == TokenUsage(input_tokens=120, output_tokens=9, total_tokens=129)
+
+
+async def test_streamed_call_arguments_are_taken_whole_from_the_finished_answer(
+    server: FakeOpenAIServer, streamed: OpenAIEndpoint
+) -> None:
+    arguments = {"id": "a-rather-long-identifier-" + "x" * 40}
+    server.reply(calls_answer(api_of(streamed), ("lookup", arguments, "call_1"), ("lookup", {"id": "b"}, "call_2")))
+
+    answer, pieces = await ask_streamed(streamed)
+
+    # Arguments in many chunks never reach the text sink, and each call has them whole.
+    assert pieces == []
+    calls = [item for item in answer if isinstance(item, FunctionCallItem)]
+    assert [(c.call_id, c.name, c.arguments) for c in calls] == [
+        ("call_1", "lookup", json.dumps(arguments)),
+        ("call_2", "lookup", json.dumps({"id": "b"})),
+    ]
+
+
+@pytest.mark.parametrize("fault", ["cut", "garbage", "stall"])
+async def test_a_stream_broken_in_the_middle_of_a_calls_arguments_is_temporary(
+    server: FakeOpenAIServer, streamed: OpenAIEndpoint, fault: str
+) -> None:
+    # Text first, then a call whose arguments are cut after a few pieces.
+    if api_of(streamed) == "responses":
+        answer = responses_response(output_message("Looking it up."), function_call("lookup", {"id": "abcdefgh"}, "c1"))
+        fault_after = 2 + 4 + 1 + 2  # created, the message and its 4 pieces, the call, 2 pieces of its arguments
+    else:
+        answer = chat_completion("Looking it up.", [("lookup", {"id": "abcdefgh"}, "c1")])
+        fault_after = 1 + 4 + 1 + 2  # the role, 4 pieces of text, the call's name, 2 pieces of its arguments
+    server.reply(answer, fault=fault, fault_after=fault_after)
+
+    with pytest.raises(ModelCallError) as caught:
+        await ask_streamed(streamed)
+
+    assert caught.value.kind == "temporary"
+    expected = {
+        "cut": "could not reach the model endpoint",
+        "garbage": "the model endpoint's stream carried a chunk that is not JSON",
+        "stall": "the model endpoint did not answer within 2 s",
+    }[fault]
+    assert caught.value.message.startswith(expected)
+
+
+async def test_a_stream_that_ends_early_without_its_last_event_is_temporary(
+    server: FakeOpenAIServer, streamed: OpenAIEndpoint
+) -> None:
+    # The server closes the stream cleanly (no cut) after a few events: the answer never completed.
+    server.reply(text_answer(api_of(streamed), "a long enough text"), fault="end", fault_after=3)
+    with pytest.raises(ModelCallError) as caught:
+        await ask_streamed(streamed)
+    assert caught.value.kind == "temporary"
+    assert caught.value.message in (
+        "the model endpoint's stream ended before the response was complete",
+        "the model endpoint's stream ended before the answer was complete",
+    )

@@ -3,14 +3,18 @@ the tools, answered with Responses-shaped output items (or a ModelCallError sayi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from toolloop._core.contracts import Actor, ConversationItem
 from toolloop._core.usage import TokenUsage
 
-__all__ = ["ModelAdapter", "ModelAnswer", "ModelRequest", "TokenUsage"]
+__all__ = ["ModelAdapter", "ModelAnswer", "ModelRequest", "TextSink", "TokenUsage"]
+
+# Where an adapter that streams sends the text of its answer as it is written, a piece at a time. For display
+# only: what the turn decides (its text, its tool calls) is the answer `respond` returns once it is complete.
+TextSink = Callable[[str], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,9 @@ class ModelRequest:
     # Which request this call serves: its workflow id, and the labels its starter gave (AgentInput.metadata).
     request_id: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
+    # Set by the model activity: an adapter that streams awaits it with each piece of text (never with a tool
+    # call's arguments); one that does not leaves it alone, and the activity sends the whole text at the end.
+    on_text: TextSink | None = None
 
 
 class ModelAnswer(list[ConversationItem]):

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from openai import omit
+from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from toolloop._core.contracts import (
     ConversationItem,
@@ -22,7 +23,7 @@ from toolloop._core.contracts import (
     FunctionCallOutputItem,
     MessageItem,
 )
-from toolloop._models.adapter import ModelAnswer
+from toolloop._models.adapter import ModelAnswer, TextSink
 from toolloop._models.errors import ModelCallError, json_type
 from toolloop._models.openai_sdk import OpenAIEndpoint, OpenAIModel, token_usage
 
@@ -189,26 +190,53 @@ class ChatCompletionsClient(OpenAIEndpoint):
         conversation: Sequence[ConversationItem],
         tools: list[dict[str, Any]],
         model: str | None = None,
+        on_text: TextSink | None = None,
     ) -> ModelAnswer:
         """One model call: the answer as Responses-shaped items (and its usage), or a ModelCallError. `model`
-        overrides the client's default model for this call."""
+        overrides the client's default model for this call; streamed, the text goes to `on_text` as it comes."""
         model_name = model or self.model
         messages = chat_messages(instructions, conversation)
         logger.debug("model request", extra={"api": "chat", "model": model_name, "messages": len(messages)})
         # No tools: neither `tools` nor `parallel_tool_calls` (OpenAI refuses the second without the first).
         offered = chat_tools(tools)
-        body = await self._answer_body(
-            self.client.chat.completions.with_raw_response.create(
-                model=model_name,
-                messages=cast("list[ChatCompletionMessageParam]", messages),
-                tools=cast("list[ChatCompletionToolUnionParam]", offered) if offered else omit,
-                parallel_tool_calls=True if offered else omit,
-                extra_body=self._extra_body or None,
-            )
-        )
+        call: dict[str, Any] = {
+            "model": model_name,
+            "messages": cast("list[ChatCompletionMessageParam]", messages),
+            "tools": cast("list[ChatCompletionToolUnionParam]", offered) if offered else omit,
+            "parallel_tool_calls": True if offered else omit,
+            "extra_body": self._extra_body or None,
+        }
+        if self.stream:
+            # Usage comes in a last chunk of its own, and only when asked for.
+            streamed = self.client.chat.completions.create(**call, stream=True, stream_options={"include_usage": True})
+            body = await self._streamed_completion(streamed, on_text)
+        else:
+            body = await self._answer_body(self.client.chat.completions.with_raw_response.create(**call))
         answer = chat_answer(body)
         answer.model = model_name  # the name the worker's price table knows it by
         return answer
+
+    async def _streamed_completion(self, call: Any, on_text: TextSink | None) -> object:
+        """Read a streamed completion: each piece of text to `on_text`, the chunks put together by the SDK's
+        own accumulator (ChatCompletionStreamState, given no tools, so it parses nothing) into the completion
+        `chat_answer` reads. A stream that ends before its choice has a finish reason was cut: temporary."""
+        state: ChatCompletionStreamState[None] = ChatCompletionStreamState()
+        chunks = 0
+        async for chunk in self._events(call):
+            chunks += 1
+            state.handle_chunk(chunk)
+            if on_text is not None:
+                for choice in chunk.choices:
+                    if choice.index == 0 and choice.delta.content:
+                        await on_text(choice.delta.content)
+        if chunks == 0:
+            raise ModelCallError("temporary", "the model endpoint's stream ended before its first chunk")
+        completion = state.current_completion_snapshot.to_dict(mode="json")
+        choices = completion.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        if not first.get("finish_reason"):
+            raise ModelCallError("temporary", "the model endpoint's stream ended before the answer was complete")
+        return completion
 
 
 class ChatCompletionsModel(OpenAIModel):

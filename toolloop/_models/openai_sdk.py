@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Self, cast
@@ -21,7 +21,7 @@ import openai
 from openai import AsyncOpenAI
 
 from toolloop._core.contracts import ConversationItem
-from toolloop._models.adapter import ModelAnswer, ModelRequest, TokenUsage
+from toolloop._models.adapter import ModelAnswer, ModelRequest, TextSink, TokenUsage
 from toolloop._models.errors import ModelCallError, truncate
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -204,7 +204,9 @@ class OpenAIEndpoint:
     client (`openai.AsyncAzureOpenAI`, one with a custom `http_client`) as `openai_client`: it is used
     through `with_options(max_retries=0)` and left open on exit, as its owner's. `extra_body` adds
     provider-specific fields to every call (opt-in); it may not set the fields the endpoint itself sends
-    (`reserved_body_fields`)."""
+    (`reserved_body_fields`). With `stream` (the default) each call asks for a streamed answer: its text goes
+    to the caller's `on_text` as it is written, and the answer is read from the completed stream only, so a
+    tool call is never taken from arguments still being written. `stream=False` for a server that cannot."""
 
     reserved_body_fields: frozenset[str] = frozenset()
 
@@ -218,7 +220,9 @@ class OpenAIEndpoint:
         extra_headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
         openai_client: AsyncOpenAI | None = None,
+        stream: bool = True,
     ) -> None:
+        self.stream = stream
         clash = self.reserved_body_fields.intersection(extra_body or {})
         if clash:
             raise ValueError(f"extra_body may not set {sorted(clash)}")
@@ -265,9 +269,11 @@ class OpenAIEndpoint:
         conversation: Sequence[ConversationItem],
         tools: list[dict[str, Any]],
         model: str | None = None,
+        on_text: TextSink | None = None,
     ) -> ModelAnswer:
         """One model call: the answer as Responses-shaped items (and its usage), or a ModelCallError. `model`
-        overrides the client's default model for this call (a run may name its own)."""
+        overrides the client's default model for this call (a run may name its own); a streamed answer's text
+        goes to `on_text` as it comes."""
         raise NotImplementedError
 
     async def aclose(self) -> None:
@@ -291,6 +297,30 @@ class OpenAIEndpoint:
             raise call_failure(exc, self._secrets, self.timeout_seconds) from None
         return decode_body(raw.http_response.content, self._secrets)
 
+    async def _events(self, call: Awaitable[Any]) -> AsyncIterator[Any]:
+        """The events of one streamed call (`create(..., stream=True)`), in order; every failure, before or
+        during the stream, as a ModelCallError. A stream cut, stalled past the timeout or carrying a chunk that is
+        not JSON is temporary: the activity retries the turn, which streams again from the start."""
+        try:
+            stream = await call
+            async with stream:
+                kind = stream.response.headers.get("content-type", "")
+                if not kind.startswith("text/event-stream"):
+                    start = redact((await stream.response.aread()).decode("utf-8", "replace"), self._secrets)
+                    raise ModelCallError(
+                        "malformed",
+                        f"a streamed call was answered with {kind or 'no content type'}, not an event stream "
+                        f"({truncate(start, 80)!r}); an endpoint that cannot stream needs streaming off "
+                        "(OPENAI_STREAM=0)",
+                    )
+                async for event in stream:
+                    yield event
+        except openai.OpenAIError as exc:
+            raise call_failure(exc, self._secrets, self.timeout_seconds) from None
+        except ValueError:
+            # The SDK decodes each chunk's JSON; a broken one ends the stream here.
+            raise ModelCallError("temporary", "the model endpoint's stream carried a chunk that is not JSON") from None
+
 
 class OpenAIModel:
     """A model adapter over one OpenAI endpoint (Responses or Chat Completions): the whole conversation each
@@ -311,4 +341,5 @@ class OpenAIModel:
             conversation=request.conversation,
             tools=request.tools,
             model=request.model_name,
+            on_text=request.on_text,
         )

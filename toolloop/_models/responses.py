@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, cast
 from pydantic import TypeAdapter, ValidationError
 
 from toolloop._core.contracts import ConversationItem, item_to_wire
-from toolloop._models.adapter import ModelAnswer
+from toolloop._models.adapter import ModelAnswer, TextSink
 from toolloop._models.errors import ModelCallError, json_type, truncate
-from toolloop._models.openai_sdk import OpenAIEndpoint, OpenAIModel, token_usage
+from toolloop._models.openai_sdk import OpenAIEndpoint, OpenAIModel, redact, token_usage
 
 if TYPE_CHECKING:
     from openai.types.responses import ResponseInputParam, ToolParam
@@ -28,7 +28,9 @@ logger = logging.getLogger(__name__)
 _ITEM: TypeAdapter[ConversationItem] = TypeAdapter(ConversationItem)
 
 # Fields our adapter owns; `extra_body` cannot override them.
-_RESERVED = frozenset({"model", "instructions", "input", "tools", "parallel_tool_calls"})
+_RESERVED = frozenset({"model", "instructions", "input", "tools", "parallel_tool_calls", "stream"})
+# The events that end a streamed response, each carrying the whole response.
+_TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 # --- pure: reading an answer ---------------------------------------------------------------------------------
@@ -97,25 +99,44 @@ class ResponsesClient(OpenAIEndpoint):
         conversation: Sequence[ConversationItem],
         tools: list[dict[str, Any]],
         model: str | None = None,
+        on_text: TextSink | None = None,
     ) -> ModelAnswer:
         """One model call: the response's output items (and its usage), or a ModelCallError. `model`
-        overrides the client's default model for this call (a run may name its own)."""
+        overrides the client's default model for this call (a run may name its own); streamed, the text goes to
+        `on_text` as it is written."""
         model_name = model or self.model
         logger.debug("model request", extra={"api": "responses", "model": model_name, "input_items": len(conversation)})
-        body = await self._answer_body(
-            self.client.responses.with_raw_response.create(
-                model=model_name,
-                instructions=instructions,
-                # Our items are the wire format already, every field the provider sent included.
-                input=cast("ResponseInputParam", [item_to_wire(item) for item in conversation]),
-                tools=cast("list[ToolParam]", tools),
-                parallel_tool_calls=True,
-                extra_body=self._extra_body or None,
-            )
-        )
+        call: dict[str, Any] = {
+            "model": model_name,
+            "instructions": instructions,
+            # Our items are the wire format already, every field the provider sent included.
+            "input": cast("ResponseInputParam", [item_to_wire(item) for item in conversation]),
+            "tools": cast("list[ToolParam]", tools),
+            "parallel_tool_calls": True,
+            "extra_body": self._extra_body or None,
+        }
+        if self.stream:
+            body = await self._streamed_response(self.client.responses.create(**call, stream=True), on_text)
+        else:
+            body = await self._answer_body(self.client.responses.with_raw_response.create(**call))
         answer = responses_answer(body)
         answer.model = model_name  # the name the worker's price table knows it by
         return answer
+
+    async def _streamed_response(self, call: Any, on_text: TextSink | None) -> object:
+        """Read a streamed response: each text delta to `on_text`, and the response as the terminal event
+        (`response.completed`, `.incomplete` or `.failed`) carries it whole - the only place the answer is
+        read from. A stream that ends without one was cut: temporary."""
+        async for event in self._events(call):
+            kind = getattr(event, "type", None)
+            if kind == "response.output_text.delta" and on_text is not None and event.delta:
+                await on_text(event.delta)
+            elif kind in _TERMINAL_EVENTS:
+                return event.response.to_dict(mode="json")
+            elif kind == "error":
+                detail = truncate(redact(str(getattr(event, "message", "") or "no detail"), self._secrets))
+                raise ModelCallError("temporary", f"the model endpoint's stream reported an error: {detail}")
+        raise ModelCallError("temporary", "the model endpoint's stream ended before the response was complete")
 
 
 class ResponsesModel(OpenAIModel):
