@@ -27,6 +27,7 @@ from toolloop._core.names import MODEL_TURN_ACTIVITY
 from toolloop._core.registry import ToolRegistry
 from toolloop._core.usage import PriceTable, TokenUsage
 from toolloop._core.validation import MAX_ARGUMENT_BYTES, check_turn
+from toolloop._live.store import LiveTextStore
 from toolloop._models.adapter import ModelAdapter, ModelAnswer, ModelRequest
 from toolloop._models.errors import ModelCallError
 from toolloop._temporal.telemetry import MODEL_TOKENS, count
@@ -64,8 +65,10 @@ class ModelActivities:
         disabled: Iterable[str] = (),
         end_hook: bool = False,
         prices: PriceTable | None = None,
+        live_text: LiveTextStore | None = None,
     ) -> None:
         self._registry = registry
+        self._live_text = live_text
         self._models = dict(models)
         self._disabled = frozenset(disabled)
         self._instructions = instructions or DEFAULT_INSTRUCTIONS
@@ -109,6 +112,10 @@ class ModelActivities:
                 conversation = Conversation(inp.instructions, await self._conversations.new_items(run, inp))
         except MissingTurn as exc:
             raise ApplicationError(str(exc), type=ErrorType.MODEL_RESPONSE_MALFORMED, non_retryable=True) from None
+        # This attempt's live text (display only); a retried turn writes again under its own attempt number.
+        live = self._live_text.writer(run.workflow_id, run.run_id, inp.turn, info.attempt) if self._live_text else None
+        if live is not None:
+            await live.start()
         request = ModelRequest(
             turn=inp.turn,
             conversation=conversation.items,
@@ -120,6 +127,7 @@ class ModelActivities:
             script_length=inp.script_length,
             request_id=info.workflow_id or "",
             metadata=dict(inp.metadata),
+            on_text=live.text if live is not None else None,
         )
         try:
             items = await adapter.respond(request)
@@ -138,6 +146,11 @@ class ModelActivities:
             checked.usage = usage
             checked.cost = price.cost(usage) if price is not None else None
             _count_tokens(usage, label)
+        if live is not None:
+            if not live.wrote_text:
+                # An adapter that does not stream: the same events, the whole text at once.
+                await live.text(answer_text(items) or "")
+            await live.end()
         return checked
 
 

@@ -21,6 +21,7 @@ from temporalio.worker import Worker
 from demo.agent import build as build_demo
 from demo.bizservice.writes import AUDIENCE as DEMO_AUDIENCE
 from devstack.processes import ManagedProcess, free_port, start_business_service, start_temporal_dev_server
+from tests.redis_server import live_text_url, redis_server  # noqa: F401 - fixtures for every test module
 from toolloop._core.approvals import ApprovalClaims, http_subject, mint_approval_token, payload_digest
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.settings import Settings

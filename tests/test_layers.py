@@ -15,6 +15,7 @@ LAYERS: dict[str, int] = {
     # adapters and tool sources, the service kit, and the Temporal basics the activities share
     "toolloop._models": 1,
     "toolloop._tools": 1,
+    "toolloop._live": 1,
     "toolloop.servicekit": 1,
     "toolloop._temporal.converter": 1,
     "toolloop._temporal.search_attributes": 1,

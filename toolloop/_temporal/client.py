@@ -48,6 +48,7 @@ from toolloop._core.contracts import (
     NextApproval,
     OperationRecord,
 )
+from toolloop._core.live_text import LiveTextView, Shown
 from toolloop._core.names import (
     AGENT_WORKFLOW,
     GET_EVENTS_QUERY,
@@ -55,6 +56,7 @@ from toolloop._core.names import (
     GET_PROGRESS_QUERY,
     NEXT_APPROVAL_UPDATE,
 )
+from toolloop._live.store import LiveTextStore
 from toolloop._temporal.approval_channel import (
     DEFAULT_APPROVAL_TTL_SECONDS,
     ApprovalRefused,
@@ -135,9 +137,15 @@ class ToolloopRequest:
     request already started with the same submission (a retry), False when this call started it."""
 
     def __init__(
-        self, channel: _Channel, handle: WorkflowHandle[Any, AgentResult], actor: Actor, request_id: str
+        self,
+        channel: _Channel,
+        handle: WorkflowHandle[Any, AgentResult],
+        actor: Actor,
+        request_id: str,
+        live_text: LiveTextStore | None = None,
     ) -> None:
         self._channel = channel
+        self._live_text = live_text
         self.handle = handle
         self.actor = actor
         self.request_id = request_id
@@ -155,11 +163,12 @@ class ToolloopRequest:
         signing_key: str | None = None,
         channel: str = "client",
         approval_ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
+        live_text: LiveTextStore | None = None,
     ) -> ToolloopRequest:
         """The request a Temporal handle you already hold names (a test's, a parent's), acting for `actor`
         (whose it is was decided where the handle came from), deciding through `channel` with `signing_key`."""
         request_id = request_id_of(actor, handle.id)
-        return cls(_Channel(signing_key, channel, approval_ttl_seconds), handle, actor, request_id)
+        return cls(_Channel(signing_key, channel, approval_ttl_seconds), handle, actor, request_id, live_text)
 
     @property
     def workflow_id(self) -> str:
@@ -205,6 +214,32 @@ class ToolloopRequest:
                 yield progress
                 if not running:
                     return
+
+    async def live_text(self, until: Callable[[], bool] | None = None) -> AsyncIterator[Shown]:
+        """The model's text as it is written, turn by turn (docs/DESIGN.md, "Live text"): `text` pieces of the
+        newest attempt of each turn, `restarted` when a retried turn starts again (what was shown of it is void),
+        `complete` when a turn's answer is whole. Until `until()` is true, by default until the run closes.
+        Display only: the request's answer is its result. Nothing without a live text store."""
+        if self._live_text is None:
+            return
+        run_id = self.handle.run_id or (await self.handle.describe()).run_id
+        closed = asyncio.Event()
+
+        async def watch_close() -> None:
+            # A long poll on the run's close; how it closed is for result() to say.
+            with contextlib.suppress(Exception):
+                await self.handle.result()
+            closed.set()
+
+        watcher = asyncio.create_task(watch_close()) if until is None else None
+        view = LiveTextView()
+        try:
+            async for entry in self._live_text.follow(self.workflow_id, run_id, until or closed.is_set):
+                for shown in view.add(entry):
+                    yield shown
+        finally:
+            if watcher is not None:
+                watcher.cancel()
 
     async def raise_if_finished(self) -> None:
         """RequestFinished if the request has ended: it takes no more decisions."""
@@ -321,10 +356,13 @@ class ToolloopClient:
         signing_key: str | None = None,
         channel: str = "client",
         approval_ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
+        live_text: LiveTextStore | None = None,
     ) -> None:
         self.temporal = temporal
         self.task_queue = task_queue
         self._channel = _Channel(signing_key, channel, approval_ttl_seconds)
+        # Where workers write the model's text as it streams (ToolloopRequest.live_text reads it).
+        self.live_text = live_text
 
     @property
     def signing_key(self) -> str | None:
@@ -344,6 +382,7 @@ class ToolloopClient:
         signing_key: str | None = None,
         channel: str = "client",
         approval_ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
+        live_text: LiveTextStore | None = None,
         **connect_options: Any,
     ) -> ToolloopClient:
         """A client of the Temporal service at `target`, with toolloop's data converter."""
@@ -354,6 +393,7 @@ class ToolloopClient:
             signing_key=signing_key,
             channel=channel,
             approval_ttl_seconds=approval_ttl_seconds,
+            live_text=live_text,
         )
 
     async def start(
@@ -450,10 +490,10 @@ class ToolloopClient:
             description = await handle.describe()
             if await description.memo_value("submission", default=None, type_hint=str) != digest:
                 raise RequestIdReused(f"request id {request_id} was already used for another request") from None
-            attached = ToolloopRequest(self._channel, handle, actor, request_id)
+            attached = ToolloopRequest(self._channel, handle, actor, request_id, self.live_text)
             attached.attached = True
             return attached
-        started = ToolloopRequest(self._channel, handle, actor, request_id)
+        started = ToolloopRequest(self._channel, handle, actor, request_id, self.live_text)
         started._first_wait = first_wait
         return started
 
@@ -461,7 +501,7 @@ class ToolloopClient:
         """`actor`'s request `request_id` (request ids are scoped to their actor: another user's id names
         another workflow). Nothing is asked of the server until it is used."""
         handle = self.temporal.get_workflow_handle(request_workflow_id(actor, request_id), result_type=AgentResult)
-        return ToolloopRequest(self._channel, handle, actor, request_id)
+        return ToolloopRequest(self._channel, handle, actor, request_id, self.live_text)
 
     async def request_of_workflow(self, workflow_id: str, *, actor: Actor) -> ToolloopRequest:
         """The request a workflow id names, if it acts for `actor` (read from the run's own start event);
@@ -469,7 +509,7 @@ class ToolloopClient:
         handle = await self._owned(workflow_id, actor)
         description = await handle.describe()
         request_id = await description.memo_value("request_id", default=workflow_id, type_hint=str)
-        return ToolloopRequest(self._channel, handle, actor, request_id)
+        return ToolloopRequest(self._channel, handle, actor, request_id, self.live_text)
 
     async def _owned(self, workflow_id: str, actor: Actor) -> WorkflowHandle[Any, AgentResult]:
         """The workflow's handle if it acts for `actor` (its start event says so); RequestNotFound otherwise."""

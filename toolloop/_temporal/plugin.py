@@ -19,6 +19,7 @@ from temporalio.worker import (
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from toolloop._core.usage import ModelPrice, price_table
+from toolloop._live.store import LiveTextStore
 from toolloop._models.adapter import ModelAdapter
 from toolloop._models.script import ScriptModel
 from toolloop._temporal.converter import data_converter
@@ -88,6 +89,7 @@ class ToolloopPlugin(SimplePlugin):
         allow_scripted_models: bool = False,
         on_request_end: RequestEndHook | None = None,
         model_prices: Mapping[str, ModelPrice | Mapping[str, Any]] | None = None,
+        live_text: LiveTextStore | str | None = None,
     ) -> None:
         spec = tools if isinstance(tools, AgentSpec) else AgentSpec(tools=tools)
         self.toolset = spec.tools
@@ -103,6 +105,9 @@ class ToolloopPlugin(SimplePlugin):
         self._owns_http = http is None
         self.on_request_end = on_request_end
         self.model_prices = price_table(model_prices or {})
+        # Where model turns write their text as it streams (a Redis URL or a store; None: nowhere).
+        self.live_text = LiveTextStore(live_text) if isinstance(live_text, str) else live_text
+        self._owns_live_text = isinstance(live_text, str)
         super().__init__(
             PLUGIN_NAME,
             data_converter=data_converter(),
@@ -137,6 +142,7 @@ class ToolloopPlugin(SimplePlugin):
                 self.disabled_models,
                 end_hook=self.on_request_end is not None,
                 prices=self.model_prices,
+                live_text=self.live_text,
             ).model_turn,
             RequestEndActivities(self.on_request_end).request_ended,
             ToolActivities(registry, http, outputs).run_tool,
@@ -159,6 +165,8 @@ class ToolloopPlugin(SimplePlugin):
         async with AsyncExitStack() as stack:
             if self._owns_http and self._http is not None:
                 stack.push_async_callback(self._close_shared_http)
+            if self._owns_live_text and self.live_text is not None:
+                stack.push_async_callback(self.live_text.aclose)
             try:
                 await stack.enter_async_context(self.toolset.opened())
             except BaseException:

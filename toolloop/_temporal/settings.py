@@ -25,6 +25,17 @@ class TemporalSettings(BaseSettings):
     task_queue: str = Field(default="toolloop", validation_alias="TOOLLOOP_TASK_QUEUE")
     # OpenTelemetry tracing exported over OTLP/HTTP (off).
     otel: bool = Field(default=False, validation_alias="TOOLLOOP_OTEL")
+    # The live text store, a Redis URL (redis://host:6379/0): workers write each model turn's text there as it
+    # streams, the CLI and the API read it (docs/DESIGN.md, "Live text"). Unset: answers appear per request.
+    live_text_url: str | None = Field(default=None, validation_alias="TOOLLOOP_LIVE_TEXT_URL")
+
+    @field_validator("live_text_url")
+    @classmethod
+    def _a_redis_url(cls, value: str | None) -> str | None:
+        # Refused at start: a store no write can reach would only log a warning per turn.
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a Redis URL (redis://host:6379/0, rediss:// for TLS)")
+        return value
 
 
 class WorkerSettings(TemporalSettings):
@@ -55,6 +66,9 @@ class WorkerSettings(TemporalSettings):
     openai_extra_headers: Annotated[dict[str, SecretStr], NoDecode] = Field(
         default_factory=dict, validation_alias="OPENAI_EXTRA_HEADERS"
     )
+    # Whether model calls ask for a streamed answer (its text shown as it is written: TOOLLOOP_LIVE_TEXT_URL).
+    # Off for an endpoint that cannot stream; the answer is the same either way.
+    openai_stream: bool = Field(default=True, validation_alias="OPENAI_STREAM")
     # How long one model call may take before it counts as a temporary failure (retried by the activity).
     openai_timeout_seconds: float = Field(default=120.0, gt=0, validation_alias="OPENAI_TIMEOUT_SECONDS")
     # A Prometheus endpoint ("127.0.0.1:9464"; unset: none).
@@ -142,7 +156,10 @@ class Settings(WorkerSettings, ApiSettings):
 
 
 # Variables whose values are never repeated in a message, even a wrong one.
-_SECRET_VARIABLES = frozenset({"OPENAI_API_KEY", "OPENAI_EXTRA_HEADERS", "TOOLLOOP_APPROVAL_KEY"})
+# (A Redis URL may hold a password.)
+_SECRET_VARIABLES = frozenset(
+    {"OPENAI_API_KEY", "OPENAI_EXTRA_HEADERS", "TOOLLOOP_APPROVAL_KEY", "TOOLLOOP_LIVE_TEXT_URL"}
+)
 
 
 def settings_error(exc: ValidationError) -> str:

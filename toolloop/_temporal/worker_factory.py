@@ -98,6 +98,7 @@ async def settings_models(settings: WorkerSettings) -> AsyncIterator[dict[str, M
                 "base_url": settings.openai_base_url,
                 "model": settings.openai_model,
                 "timeout_seconds": settings.openai_timeout_seconds,
+                "stream": settings.openai_stream,
                 "extra_headers": {name: v.get_secret_value() for name, v in settings.openai_extra_headers.items()},
             }
             # One name, `openai`, whichever API the endpoint speaks: requests need not know.
@@ -130,6 +131,7 @@ async def running_worker(
             approval_verify_key=settings.approval_verify_key,
             allow_scripted_models=settings.allow_scripted_models,
             model_prices=settings.model_prices,
+            live_text=settings.live_text_url,
         )
         # Opened before the worker starts, so a source that cannot open (an MCP server that does not start)
         # is reported at once and no worker is left half-started; the plugin's own opening nests in this one.

@@ -1,0 +1,1 @@
+"""I/O: the live text of model turns, outside history (docs/DESIGN.md, "Live text")."""
