@@ -52,7 +52,9 @@ from toolloop._core.contracts import (
     RunStatus,
     outcome_of,
 )
+from toolloop._core.live_text import Shown
 from toolloop._core.usage import usage_line
+from toolloop._live.store import LiveTextStore
 from toolloop._models.errors import ScriptError
 from toolloop._models.script import load_script
 from toolloop._temporal.approval_channel import ApprovalRefused
@@ -257,6 +259,8 @@ async def _connect(settings: Settings, signing_key: str | None = None) -> Toollo
         task_queue=settings.task_queue,
         signing_key=signing_key,
         channel="cli",
+        # The model's text as it is written, shown by `ask` on a terminal (TOOLLOOP_LIVE_TEXT_URL).
+        live_text=LiveTextStore(settings.live_text_url) if settings.live_text_url else None,
     )
 
 
@@ -387,18 +391,23 @@ async def _prompt_until_decided(request: ToolloopRequest, operation_id: str, std
 
 
 class _LiveView:
-    """The live progress lines under everything `ask` prints. Stopped while an approval is shown and asked,
-    so the prompt and what ended it stay on screen; started again as a new display below them (a stopped
-    rich Live started again first erases as many lines above it as it was tall: the prompt's outcome)."""
+    """The live progress lines under everything `ask` prints, and the model's text as it is written. Stopped
+    while an approval is shown and asked, so the prompt and what ended it stay on screen; started again as a
+    new display below them (a stopped rich Live started again first erases as many lines above it as it was
+    tall: the prompt's outcome). Transient: the answer is printed once, after it."""
 
-    def __init__(self, first: Table, show: bool) -> None:
-        self._view = first
+    def __init__(self, workflow_id: str, show: bool) -> None:
+        self._workflow_id = workflow_id
         self._show = show
         self._live: Live | None = None
+        self._progress: AgentProgress | None = None
+        # The text of the turn being written (the newest attempt's only), and a restart to say.
+        self._writing: tuple[int, list[str]] | None = None
+        self._note: str | None = None
 
     def start(self) -> None:
         if self._show and self._live is None:
-            self._live = Live(self._view, console=err_console, transient=True, refresh_per_second=8)
+            self._live = Live(self._render(), console=err_console, transient=True, refresh_per_second=8)
             self._live.start(refresh=True)
 
     def stop(self) -> None:
@@ -406,10 +415,38 @@ class _LiveView:
             self._live.stop()
             self._live = None
 
-    def update(self, view: Table) -> None:
-        self._view = view
+    def show_progress(self, progress: AgentProgress) -> None:
+        self._progress = progress
+        self._refresh()
+
+    def show_text(self, shown: Shown) -> None:
+        if shown.kind == "restarted":
+            self._writing = (shown.turn, [])
+            self._note = f"model turn {shown.turn} restarted (attempt {shown.attempt}): its text so far is void"
+        elif shown.kind == "text":
+            if self._writing is None or self._writing[0] != shown.turn:
+                self._writing, self._note = (shown.turn, []), None
+            self._writing[1].append(shown.text)
+        self._refresh()
+
+    def _refresh(self) -> None:
         if self._live is not None:
-            self._live.update(view)
+            self._live.update(self._render())
+
+    def _render(self) -> Table:
+        table = _progress_view(self._progress, self._workflow_id)
+        if self._note is not None:
+            table.add_row(Text("model", style="dim"), Text(self._note, style="yellow"))
+        if self._writing is not None and self._writing[1]:
+            # The end of what is written so far: the whole answer is printed once, when the request ends.
+            written = "".join(self._writing[1])
+            tail = written if len(written) <= _LIVE_TEXT_TAIL else "..." + written[-_LIVE_TEXT_TAIL:]
+            table.add_row(Text("writing", style="dim"), Text(tail))
+        return table
+
+
+# How much of a turn's text the live view shows while it is written.
+_LIVE_TEXT_TAIL = 600
 
 
 async def _answer_approval(
@@ -495,14 +532,22 @@ async def _show_progress(request: ToolloopRequest, view: _LiveView) -> None:
     a restart) is read again at the next change."""
     with contextlib.suppress(RPCError):  # a run its worker cannot read: ask's own result says so
         async for progress in request.follow():
-            view.update(_progress_view(progress, request.workflow_id))
+            view.show_progress(progress)
+
+
+async def _show_live_text(request: ToolloopRequest, view: _LiveView) -> None:
+    """The model's text in the live view as it is written, until cancelled (the answer is printed at the end
+    either way)."""
+    async for shown in request.live_text():
+        view.show_text(shown)
 
 
 async def _watch(request: ToolloopRequest, show: bool, mode: ApprovalMode, session: _Session) -> AgentResult:
     if mode.interactive and not mode.auto:
         mode.stdin = _StdinLines()
-    view = _LiveView(_progress_view(None, request.workflow_id), show)
+    view = _LiveView(request.workflow_id, show)
     following = asyncio.ensure_future(_show_progress(request, view)) if show else None
+    writing = asyncio.ensure_future(_show_live_text(request, view)) if show else None
     try:
         view.start()
         # Each operation once, the moment it starts waiting for approval, until the run closes.
@@ -511,8 +556,9 @@ async def _watch(request: ToolloopRequest, show: bool, mode: ApprovalMode, sessi
         return await request.result()
     finally:
         view.stop()
-        if following is not None:
-            following.cancel()
+        for task in (following, writing):
+            if task is not None:
+                task.cancel()
         if mode.stdin is not None:
             mode.stdin.close()
 
@@ -540,6 +586,28 @@ async def _ask(
     allowed_tools: list[str] | None = None,
 ) -> _Outcome:
     client = await _connect(settings, signing_key)
+    try:
+        return await _ask_with(
+            client, question, actor, spec, limits, settings, request_id, show, mode, session, allowed_tools
+        )
+    finally:
+        if client.live_text is not None:
+            await client.live_text.aclose()
+
+
+async def _ask_with(
+    client: ToolloopClient,
+    question: str,
+    actor: Actor,
+    spec: ModelSpec,
+    limits: Limits,
+    settings: Settings,
+    request_id: str | None,
+    show: bool,
+    mode: ApprovalMode,
+    session: _Session,
+    allowed_tools: list[str] | None,
+) -> _Outcome:
     register = await missing_search_attributes(client.temporal)
     if register is not None:
         _fail(
@@ -1031,6 +1099,7 @@ async def _serve_api(settings: ApiSettings, host: str, port: int, tokens: TokenM
         signing_key=signing_key,
         default_model=settings.api_default_model,
         meter=runtime.metric_meter if runtime is not None else None,
+        live_text=LiveTextStore(settings.live_text_url) if settings.live_text_url else None,
     )
     try:
         default_provider = ModelSpec.named(settings.api_default_model).provider
@@ -1051,7 +1120,11 @@ async def _serve_api(settings: ApiSettings, host: str, port: int, tokens: TokenM
         f"api on http://{host}:{port} (docs /docs, page /), temporal {settings.temporal_address}, "
         f"approval key {'set' if signing_key else 'unset: it cannot decide'}"
     )
-    await server.serve()
+    try:
+        await server.serve()
+    finally:
+        if config.live_text is not None:
+            await config.live_text.aclose()
 
 
 @app.command()

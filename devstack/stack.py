@@ -388,6 +388,12 @@ class LocalStack:
         # Settings may come from more than the environment; the worker must see the same model config.
         if s.openai_api_key is not None:
             env["OPENAI_API_KEY"] = s.openai_api_key.get_secret_value()
+        # Only when set (a stack started without them keeps its worker's configuration digest): where the
+        # model's text goes as it is written, and a model endpoint that cannot stream.
+        if s.live_text_url is not None:
+            env["TOOLLOOP_LIVE_TEXT_URL"] = s.live_text_url
+        if not s.openai_stream:
+            env["OPENAI_STREAM"] = "false"
         # Only when set: a stack started without prices keeps its worker's configuration digest.
         if s.model_prices:
             prices = {name: price.model_dump(exclude_none=True) for name, price in s.model_prices.items()}
@@ -411,6 +417,8 @@ class LocalStack:
             "TOOLLOOP_API_TOOLS": ",".join(demo_tool_names()),
             # And its models: a request naming another is refused at once.
             "TOOLLOOP_API_MODELS": ",".join(demo_model_names(s.openai_api_key is not None)),
+            # Where the worker writes the model's text as it is written: the event stream passes it on.
+            **({"TOOLLOOP_LIVE_TEXT_URL": s.live_text_url} if s.live_text_url is not None else {}),
         }
 
     def _ports(self, name: ComponentName | None = None) -> list[tuple[int, str, str]]:

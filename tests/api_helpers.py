@@ -68,14 +68,15 @@ def api_env(temporal_server: TemporalServer, task_queue: str, **overrides: str) 
     }
 
 
-def worker_settings(temporal_server: TemporalServer, task_queue: str) -> Settings:
-    """A worker's for the same queue, trusting the channel's public key."""
+def worker_settings(temporal_server: TemporalServer, task_queue: str, **overrides: Any) -> Settings:
+    """A worker's for the same queue, trusting the channel's public key (and `overrides`, by variable)."""
     return Settings.model_validate(
         {
             "TEMPORAL_ADDRESS": temporal_server.address,
             "TOOLLOOP_TASK_QUEUE": task_queue,
             "TOOLLOOP_APPROVAL_VERIFY_KEY": verify_key_for(APPROVAL_KEY),
             "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
+            **overrides,
         }
     )
 
@@ -87,17 +88,18 @@ async def running_api(
     client: Client,
     tmp_path_factory: pytest.TempPathFactory,
     env: Mapping[str, str] | None = None,
+    worker_env: Mapping[str, Any] | None = None,
     **worker_options: Any,
 ) -> AsyncIterator[Api]:
     """The API process with the demo's tokens and the offline model (and `env` laid over `api_env`), and a worker
-    with the demo's tools."""
+    with the demo's tools (and `worker_env` laid over `worker_settings`)."""
     task_queue = f"api-{uuid.uuid4().hex[:8]}"
     port = free_port()
     log = Path(tmp_path_factory.mktemp("api")) / "api.log"
     api_environment = api_env(temporal_server, task_queue, **(env or {}))
     process = await asyncio.to_thread(start_api, REPO_ROOT, api_environment, port, log)
     try:
-        settings = worker_settings(temporal_server, task_queue)
+        settings = worker_settings(temporal_server, task_queue, **(worker_env or {}))
         async with running_worker(client, settings, build_demo(business_service.url), **worker_options):
             yield Api(url=f"http://127.0.0.1:{port}", task_queue=task_queue, process=process)
     finally:

@@ -17,7 +17,7 @@ chunk types: the text in pieces of STREAM_PIECE characters, each call's argument
 (Responses: `response.completed`; Chat Completions: the finish reason, then a usage chunk and `[DONE]`). A
 reply's `fault` breaks its stream after `fault_after` events: "cut" (the connection drops), "garbage" (a chunk
 that is not JSON), "stall" (nothing more until the server stops) or "end" (the body ends cleanly, the answer
-unfinished).
+unfinished); "pause" holds the rest of the stream until `resume()`.
 """
 
 from __future__ import annotations
@@ -340,6 +340,7 @@ class FakeOpenAIServer:
         self._queue: deque[Reply] = deque()
         self._received: list[Received] = []
         self._released = threading.Event()
+        self._resumed = threading.Event()
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         # Bound now (not inside uvicorn), so the port is known and reserved before the thread starts.
         self._socket.bind(("127.0.0.1", 0))
@@ -359,8 +360,9 @@ class FakeOpenAIServer:
         fault_after: int = 0,
     ) -> None:
         """Script the next answer; answers are used in order, one per request, whatever its path. `fault`
-        breaks a streamed answer after `fault_after` events ("cut", "garbage", "stall", "end")."""
-        if fault not in (None, "cut", "garbage", "stall", "end"):
+        breaks a streamed answer after `fault_after` events ("cut", "garbage", "stall", "end"), or holds the rest
+        until resume() ("pause")."""
+        if fault not in (None, "cut", "garbage", "stall", "end", "pause"):
             raise ValueError(f"unknown stream fault {fault!r}")
         with self._lock:
             self._queue.append(Reply(status, body, dict(headers or {}), fault=fault, fault_after=fault_after))
@@ -369,6 +371,10 @@ class FakeOpenAIServer:
         """The next request gets no answer until the server stops (a client's timeout gives up first)."""
         with self._lock:
             self._queue.append(Reply(hold=True))
+
+    def resume(self) -> None:
+        """A stream paused by `fault="pause"` goes on (and later ones do not pause)."""
+        self._resumed.set()
 
     @property
     def requests(self) -> list[Received]:
@@ -414,7 +420,10 @@ class FakeOpenAIServer:
 
     async def _sse(self, events: list[dict[str, Any]], scripted: Reply, chat: bool) -> AsyncIterator[bytes]:
         for sent, event in enumerate(events):
-            if scripted.fault is not None and sent == scripted.fault_after:
+            if scripted.fault == "pause" and sent == scripted.fault_after:
+                # The rest of the answer waits for resume(): a test sees the text so far arrive first.
+                await asyncio.to_thread(self._resumed.wait)
+            elif scripted.fault is not None and sent == scripted.fault_after:
                 if scripted.fault == "end":
                     return  # a clean end of the body, before the answer's last event
                 if scripted.fault == "garbage":
@@ -443,6 +452,7 @@ class FakeOpenAIServer:
 
     def stop(self) -> None:
         self._released.set()  # a held request answers, so the server can shut down
+        self._resumed.set()
         self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)

@@ -26,6 +26,7 @@ from temporalio.client import Client
 
 from devstack.processes import free_port, pid_alive, port_accepts, run_coroutine_blocking, temporal_binary
 from tests.conftest import REPO_ROOT, TemporalServer
+from tests.fake_openai_server import FakeOpenAIServer, output_message, responses_response
 from toolloop._core.contracts import OperationRecord
 from toolloop._core.names import GET_LEDGER_QUERY
 from toolloop._temporal.converter import data_converter
@@ -846,3 +847,51 @@ def test_ask_against_a_namespace_without_toolloops_search_attributes_says_how_to
     )
     for name in ("ToolloopUser", "ToolloopTenant", "ToolloopOutcome", "ToolloopUnsettled"):
         assert name in listed.stdout
+
+
+STREAMED_ANSWER = "Your order A100 left the warehouse on Monday and should arrive on Thursday."
+
+
+@pytest.fixture
+def live_cli_env(
+    tmp_path_factory: pytest.TempPathFactory, live_text_url: str
+) -> Iterator[tuple[dict[str, str], FakeOpenAIServer]]:
+    """A stack of its own whose worker's model streams (a loopback OpenAI server) into a live text store."""
+    with FakeOpenAIServer() as model_server:
+        data_dir = tmp_path_factory.mktemp("cli-live-stack")
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("TOOLLOOP_", "TEMPORAL_", "OPENAI_"))},
+            "TOOLLOOP_DATA_DIR": str(data_dir),
+            "TOOLLOOP_TEMPORAL_PORT": str(free_port()),
+            "TOOLLOOP_UI_PORT": str(free_port()),
+            "TOOLLOOP_SERVICE_PORT": str(free_port()),
+            "TOOLLOOP_API_PORT": str(free_port()),
+            "TOOLLOOP_LIVE_TEXT_URL": live_text_url,
+            "OPENAI_API_KEY": "sk-test-cli-live-0123456789",
+            "OPENAI_BASE_URL": model_server.url,
+        }
+        try:
+            yield env, model_server
+        finally:
+            run_cli(env, "down", timeout=60)
+
+
+def test_ask_shows_the_answer_as_it_is_written_then_prints_it_once(
+    live_cli_env: tuple[dict[str, str], FakeOpenAIServer],
+) -> None:
+    env, model_server = live_cli_env
+    # created, the message added, then 4 pieces of 4 characters: the rest waits until the test saw them.
+    model_server.reply(responses_response(output_message(STREAMED_ANSWER)), fault="pause", fault_after=6)
+    child = spawn_ask(env, "--user", "u1", "--model", "openai", "Where is my order A100?")
+    try:
+        child.expect("Your order A100", timeout=120)
+        assert "Thursday" not in child.logfile_read.getvalue()  # written so far, not yet the whole answer
+        model_server.resume()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, child.before
+    screen = screen_of(child.logfile_read.getvalue())
+    # The live view is gone; the answer is on the screen once.
+    assert sum(line.count(STREAMED_ANSWER) for line in screen) == 1, "\n".join(screen)
+    assert not any("writing" in line for line in screen)

@@ -121,3 +121,24 @@ def test_a_store_is_a_redis_url_and_its_password_is_never_shown() -> None:
     with pytest.raises(ValueError, match="a live text store is a Redis URL"):
         LiveTextStore("postgresql://db/x")
     assert "hunter2" not in repr(LiveTextStore("redis://:hunter2@cache.internal:6379/0"))
+
+
+async def test_pieces_held_back_are_written_even_when_no_more_come(live_text_url: str) -> None:
+    # A model that pauses after a burst: what it wrote before the pause is shown without waiting for more.
+    async with LiveTextStore(live_text_url, wait_seconds=0.5) as store:
+        writer = store.writer("wf-6", "run-1", turn=1, attempt=1)
+        await writer.start()
+        await writer.text("Your")
+        await writer.text(" order")  # within the flush window: held back, then written by itself
+        found: list[str] = []
+        seen = asyncio.Event()
+
+        async def read() -> None:
+            async for entry in store.follow("wf-6", "run-1", until=seen.is_set):
+                found.append(entry.text)
+                if entry.text == " order":
+                    seen.set()
+
+        await asyncio.wait_for(read(), timeout=30)
+        await writer.end()
+    assert found == ["", "Your", " order"]

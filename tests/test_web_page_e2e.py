@@ -27,6 +27,7 @@ from devstack.processes import ManagedProcess, free_port, start_api
 from tests.agent_helpers import assert_eventually, effects
 from tests.api_helpers import api_env, worker_settings
 from tests.conftest import REPO_ROOT, BusinessService, TemporalServer
+from tests.fake_openai_server import FakeOpenAIServer, output_message, responses_response
 from toolloop._temporal.worker_factory import running_worker
 
 pytestmark = pytest.mark.e2e
@@ -267,3 +268,69 @@ async def test_a_write_rejected_on_the_page_after_a_dropped_stream_is_not_done(
         )
         assert await page.title() != "1"
     assert await effects(admin, payload["operation_id"]) == []
+
+
+# --- The model's text as it is written ---------------------------------------------------------------------
+
+STREAMED_ANSWER = "Your order A100 left the warehouse on Monday and should arrive on Thursday."
+
+
+@pytest.fixture
+async def live_api(
+    temporal_server: TemporalServer,
+    business_service: BusinessService,
+    client: Client,
+    tmp_path_factory: Any,
+    live_text_url: str,
+) -> AsyncIterator[tuple[Api, FakeOpenAIServer]]:
+    """An API process and a worker whose model streams (a loopback OpenAI server) into a live text store."""
+    async with FakeOpenAIServer() as model_server:
+        task_queue = f"web-live-{uuid.uuid4().hex[:8]}"
+        settings = worker_settings(
+            temporal_server,
+            task_queue,
+            TOOLLOOP_LIVE_TEXT_URL=live_text_url,
+            OPENAI_API_KEY="sk-test-web-live-0123456789",
+            OPENAI_BASE_URL=model_server.url,
+        )
+        port = free_port()
+        env = api_env(
+            temporal_server,
+            task_queue,
+            TOOLLOOP_LIVE_TEXT_URL=live_text_url,
+            TOOLLOOP_API_MODEL="openai",
+            TOOLLOOP_API_MODELS="offline,script,openai",
+        )
+        log = Path(tmp_path_factory.mktemp("web-live")) / "api.log"
+        process = await asyncio.to_thread(start_api, REPO_ROOT, env, port, log)
+        served = Api(url=f"http://127.0.0.1:{port}", port=port, env=env, log=log, process=process)
+        try:
+            async with running_worker(client, settings, build_demo(business_service.url)):
+                yield served, model_server
+        finally:
+            served.process.stop()
+
+
+async def test_the_page_shows_the_models_text_as_it_is_written_then_the_answer_once(
+    live_api: tuple[Api, FakeOpenAIServer],
+) -> None:
+    api, model_server = live_api
+    # The answer stops after its first pieces until the page has shown them.
+    model_server.reply(responses_response(output_message(STREAMED_ANSWER)), fault="pause", fault_after=4)
+    async with browse(api) as browsed:
+        page = browsed.page
+        await log_in(page)
+        request_id = await ask(page, "Where is my order A100?")
+        request = page.locator(f'[data-request-id="{request_id}"]')
+        writing = request.locator('[data-field="writing-text"]')
+
+        await expect(request.locator('[data-field="writing"]')).to_be_visible(timeout=WAIT_MS)
+        shown = await writing.text_content() or ""
+        assert shown and STREAMED_ANSWER.startswith(shown) and shown != STREAMED_ANSWER
+        await expect(request.locator('[data-field="answer"]')).to_be_hidden()
+
+        model_server.resume()
+        await expect(request).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
+        await expect(request.locator('[data-field="final-text"]')).to_have_text(STREAMED_ANSWER)
+        # The answer once: the text written so far gives way to it.
+        await expect(request.locator('[data-field="writing"]')).to_be_hidden()

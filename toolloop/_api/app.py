@@ -12,6 +12,7 @@ same 404 as a request that does not exist.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -62,6 +63,7 @@ from toolloop._core.contracts import (
 )
 from toolloop._core.registry import TOOL_NAME
 from toolloop._core.usage import RequestUsage
+from toolloop._live.store import LiveTextStore
 from toolloop._temporal.approval_channel import ApprovalRefused, RequestFinished
 from toolloop._temporal.client import RequestIdReused, RequestNotFound, ToolloopClient, ToolloopRequest
 from toolloop._temporal.following import RunFollower
@@ -178,6 +180,8 @@ class ApiConfig:
     # What one caller may hold and do. Read from the TOOLLOOP_API_* variables when the entry point builds this
     # configuration, unless it gives them.
     limits: ApiLimits = field(default_factory=limits_from_environment)
+    # Where workers write the model's text as it is written: the event stream passes it on (`model_text`).
+    live_text: LiveTextStore | None = None
 
 
 # --- Helpers --------------------------------------------------------------------------------------------------
@@ -365,7 +369,11 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
     )
     app.state.config = config
     toolloop_client = ToolloopClient(
-        client, task_queue=config.task_queue, signing_key=config.signing_key, channel=CHANNEL
+        client,
+        task_queue=config.task_queue,
+        signing_key=config.signing_key,
+        channel=CHANNEL,
+        live_text=config.live_text,
     )
     page_tokens = PageTokens(config.signing_key)
     streams = StreamSlots(config.limits.max_streams_per_caller, config.limits.max_streams)
@@ -607,7 +615,11 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                 "description": (
                     "Server-sent events, numbered by `id`: `phase`, `tool_started`, `tool_finished`, "
                     "`approval_needed`, `operation`, `final` (the last), and `error` (a problem's code and detail, "
-                    "then the stream ends; reconnect with Last-Event-ID). Each `data` is one JSON event."
+                    "then the stream ends; reconnect with Last-Event-ID). Each `data` is one JSON event. While the "
+                    "request runs, and when the API has a live text store, `model_text` events (no `id`) carry the "
+                    "model's text as it is written: `{kind, turn, attempt, text}`, kind `text` (a piece of the "
+                    "turn's newest attempt), `restarted` (a retried turn starts again: drop what was shown of it) "
+                    "or `complete`; a reconnected stream sends the run's text again from its start."
                 ),
                 "content": {"text/event-stream": {"schema": {"type": "string"}}},
             },
@@ -634,7 +646,9 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             streams.give_back(actor)
             raise
         return SlotHoldingStream(
-            _event_stream(followed, request, start, first), release=lambda: streams.give_back(actor), ping=15
+            _with_live_text(followed, _event_stream(followed, request, start, first), live=not first.done),
+            release=lambda: streams.give_back(actor),
+            ping=15,
         )
 
     @app.get(
@@ -770,6 +784,40 @@ async def _event_stream(
             if not page.events:
                 await follower.wait(at_most=min(_DISCONNECT_CHECK_SECONDS, max(0.0, ends - time.monotonic())))
             page = None
+
+
+async def _with_live_text(
+    followed: ToolloopRequest, events: AsyncIterator[dict[str, str]], live: bool
+) -> AsyncIterator[dict[str, str]]:
+    """The request's `events`, and while they last the model's text as it is written (`model_text`), in the order
+    each arrives. A request already done, or a client without a live text store, gets the events alone."""
+    if not live:
+        async for event in events:
+            yield event
+        return
+    merged: asyncio.Queue[dict[str, str] | None] = asyncio.Queue(maxsize=1000)
+    over = asyncio.Event()
+
+    async def pass_events() -> None:
+        try:
+            async for event in events:
+                await merged.put(event)
+        finally:
+            over.set()
+            await merged.put(None)
+
+    async def pass_text() -> None:
+        async for shown in followed.live_text(until=over.is_set):
+            data = {"kind": shown.kind, "turn": shown.turn, "attempt": shown.attempt, "text": shown.text}
+            await merged.put({"event": "model_text", "data": json.dumps(data)})
+
+    tasks = [asyncio.create_task(pass_events()), asyncio.create_task(pass_text())]
+    try:
+        while (item := await merged.get()) is not None:
+            yield item
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def _add_page(app: FastAPI) -> None:

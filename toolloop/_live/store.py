@@ -14,6 +14,7 @@ goes on without live text.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -33,6 +34,10 @@ FLUSH_SECONDS = 0.05
 
 # What XREAD answers: per stream, its entries as (id, fields).
 _XRead = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None
+
+
+class LiveTextUnavailable(Exception):
+    """The store did not answer a read (down, unreachable, refused)."""
 
 
 def stream_key(workflow_id: str, run_id: str) -> str:
@@ -86,10 +91,13 @@ class LiveTextStore:
 
     async def read(self, workflow_id: str, run_id: str, after: str = START, *, wait: bool = False) -> list[LiveText]:
         """The entries after position `after` (at most 1,000), waiting up to `wait_seconds` for the first
-        when there is none yet and `wait` says so."""
+        when there is none yet and `wait` says so. LiveTextUnavailable when the store does not answer."""
         key = stream_key(workflow_id, run_id)
         block = int(self.wait_seconds * 1000) if wait else None
-        answer = cast(_XRead, await self._redis.xread({key: after}, count=1000, block=block))
+        try:
+            answer = cast(_XRead, await self._redis.xread({key: after}, count=1000, block=block))
+        except (RedisError, OSError) as exc:
+            raise LiveTextUnavailable(f"the live text store did not answer ({type(exc).__name__})") from None
         return [_entry(position, fields) for _, entries in answer or [] for position, fields in entries]
 
     async def follow(
@@ -122,8 +130,9 @@ def _entry(position: bytes | str, fields: dict[bytes, bytes]) -> LiveText:
 
 class LiveTextWriter:
     """One attempt of one turn writing its live text: `start`, `text` for each piece, `end` once the answer is
-        complete. The first piece is written at once; the next are gathered until FLUSH_SECONDS after the last write,
-    so a fast stream makes few entries."""
+    complete. A piece is written at once when nothing was written for FLUSH_SECONDS; otherwise it waits with the
+    next ones, at most FLUSH_SECONDS (a fast stream makes few entries, and a pause shows what came before it).
+    Entries are written one at a time, in order."""
 
     def __init__(self, store: LiveTextStore, key: str, turn: int, attempt: int) -> None:
         self._store = store
@@ -133,6 +142,8 @@ class LiveTextWriter:
         self._pending: list[str] = []
         self._last_write = 0.0
         self._broken = False
+        self._order = asyncio.Lock()
+        self._later: asyncio.Task[None] | None = None
         self.wrote_text = False
 
     async def start(self) -> None:
@@ -143,29 +154,41 @@ class LiveTextWriter:
             return
         self._pending.append(piece)
         self.wrote_text = True
-        if time.monotonic() - self._last_write >= FLUSH_SECONDS:
+        waited = time.monotonic() - self._last_write
+        if waited >= FLUSH_SECONDS:
             await self._flush()
+        elif self._later is None:
+            self._later = asyncio.create_task(self._flush_after(FLUSH_SECONDS - waited))
 
     async def end(self) -> None:
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
         await self._flush()
         await self._write("end")
+
+    async def _flush_after(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        self._later = None
+        await self._flush()
 
     async def _flush(self) -> None:
         if self._pending:
             text, self._pending = "".join(self._pending), []
-            await self._write("text", text)
             self._last_write = time.monotonic()
+            await self._write("text", text)
 
     async def _write(self, kind: LiveTextKind, text: str = "", *, renew: bool = False) -> None:
-        if self._broken:
-            return
         fields = {"turn": self._turn, "attempt": self._attempt, "kind": kind, "text": text}
-        try:
-            await self._store.append(self._key, fields, renew=renew)
-        except (RedisError, OSError) as exc:
-            # Display only: the turn goes on, its answer in history as ever.
-            self._broken = True
-            logger.warning(
-                "live text store unavailable; this turn goes on without live text",
-                extra={"store": repr(self._store), "error": type(exc).__name__},
-            )
+        async with self._order:
+            if self._broken:
+                return
+            try:
+                await self._store.append(self._key, fields, renew=renew)
+            except (RedisError, OSError) as exc:
+                # Display only: the turn goes on, its answer in history as ever.
+                self._broken = True
+                logger.warning(
+                    "live text store unavailable; this turn goes on without live text",
+                    extra={"store": repr(self._store), "error": type(exc).__name__},
+                )

@@ -56,7 +56,7 @@ from toolloop._core.names import (
     GET_PROGRESS_QUERY,
     NEXT_APPROVAL_UPDATE,
 )
-from toolloop._live.store import LiveTextStore
+from toolloop._live.store import LiveTextStore, LiveTextUnavailable
 from toolloop._temporal.approval_channel import (
     DEFAULT_APPROVAL_TTL_SECONDS,
     ApprovalRefused,
@@ -219,7 +219,8 @@ class ToolloopRequest:
         """The model's text as it is written, turn by turn (docs/DESIGN.md, "Live text"): `text` pieces of the
         newest attempt of each turn, `restarted` when a retried turn starts again (what was shown of it is void),
         `complete` when a turn's answer is whole. Until `until()` is true, by default until the run closes.
-        Display only: the request's answer is its result. Nothing without a live text store."""
+        Display only: the request's answer is its result. Nothing without a live text store, and nothing more
+        once the store stops answering."""
         if self._live_text is None:
             return
         run_id = self.handle.run_id or (await self.handle.describe()).run_id
@@ -237,6 +238,8 @@ class ToolloopRequest:
             async for entry in self._live_text.follow(self.workflow_id, run_id, until or closed.is_set):
                 for shown in view.add(entry):
                     yield shown
+        except LiveTextUnavailable:
+            return
         finally:
             if watcher is not None:
                 watcher.cancel()

@@ -263,6 +263,8 @@
       this.done = this.status !== "running";
       this.lastEventId = null;
       this.live = "";
+      // The model's text as it is written (model_text events): the turn, its newest attempt's text, a restart.
+      this.writing = { turn: 0, text: "", note: "" };
       this.abort = null;
       this.pollTimer = null;
       this.queued = false;
@@ -313,6 +315,10 @@
     } catch {
       return;
     }
+    if (event.type === "model_text") {
+      applyText(req, parsed);
+      return;
+    }
     const kind = parsed.kind || event.type;
     const data = parsed.data || {};
     if (event.id) req.lastEventId = event.id;
@@ -338,6 +344,17 @@
       req.outcome = data.outcome || null;
       if (data.usage) req.usage = data.usage;
       req.done = true;
+    }
+  }
+
+  // The newest attempt of each turn only: a restarted turn's earlier text is dropped, never merged.
+  function applyText(req, data) {
+    const writing = req.writing;
+    if (data.kind === "restarted") {
+      req.writing = { turn: data.turn, text: "", note: `The model's turn ${data.turn} restarted; what it wrote before is void.` };
+    } else if (data.kind === "text" && typeof data.text === "string") {
+      if (writing.turn !== data.turn) req.writing = { turn: data.turn, text: "", note: "" };
+      req.writing.text += data.text;
     }
   }
 
@@ -462,6 +479,13 @@
         ),
         el(
           "section",
+          { className: "writing", "data-field": "writing", hidden: true, "aria-live": "off" },
+          el("h4", { text: "The model is writing" }),
+          el("p", { className: "writing-note", "data-field": "writing-note" }),
+          el("p", { className: "writing-text", "data-field": "writing-text" }),
+        ),
+        el(
+          "section",
           { className: "answer", "data-field": "answer", hidden: true },
           el("h4", { text: "Answer" }),
           el("p", { className: "final-text", "data-field": "final-text" }),
@@ -497,6 +521,10 @@
     renderCalls(req, card);
     renderOperations(req, card);
 
+    // The text as it is written, until the answer is final (then the answer, once).
+    field(card, "writing").hidden = req.done || !(req.writing.text || req.writing.note);
+    setText(field(card, "writing-note"), req.done ? "" : req.writing.note);
+    setText(field(card, "writing-text"), req.done ? "" : req.writing.text);
     const answer = field(card, "answer");
     answer.hidden = !req.done;
     const finalText = field(card, "final-text");
@@ -914,6 +942,8 @@
           }
           if (!response.ok || !response.body) throw new Error(`HTTP ${response.status}`);
           req.live = "live";
+          // A (re)opened stream sends the run's text again from its start.
+          req.writing = { turn: 0, text: "", note: "" };
           render(req);
           await readEventStream(
             response.body,
