@@ -1,6 +1,7 @@
 """Pure: the HTTP API's limits per caller (toolloop._api.limits) - stream slots, the creation rate, the caps on a
-request's own limits, the tool names, the models each caller may use, and reading them from the environment - and
-its OpenAPI error table, and the tokens file's model lists. No server; the same limits over real HTTP are in tests/test_api_limits_e2e.py."""
+request's own limits, the tool names, the models each caller may use, and reading them from the environment -
+its OpenAPI error table, and the tokens file's model lists. No server; the same limits over real HTTP are in
+tests/test_api_limits_e2e.py and tests/test_api_models_e2e.py."""
 
 from __future__ import annotations
 

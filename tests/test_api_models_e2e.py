@@ -46,7 +46,12 @@ async def api(
         json.dumps(
             {
                 "tokens": [
-                    {"token": SMALL_ONLY["Authorization"][7:], "tenant_id": "acme", "user_id": "u1", "models": ["small"]},
+                    {
+                        "token": SMALL_ONLY["Authorization"][7:],
+                        "tenant_id": "acme",
+                        "user_id": "u1",
+                        "models": ["small"],
+                    },
                     {"token": EVERY_MODEL["Authorization"][7:], "tenant_id": "acme", "user_id": "u2"},
                 ]
             }

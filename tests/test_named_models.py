@@ -9,17 +9,20 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from devstack.stack import LocalStack, StackSecrets, demo_model_names
 from tests.conftest import REPO_ROOT
 from tests.fake_openai_server import FakeOpenAIServer, chat_completion, output_message, responses_response
+from toolloop._core.approvals import generate_signing_key
 from toolloop._core.contracts import Actor, MessageItem, ModelSpec, user_message
 from toolloop._core.named_models import named_model_refusal, named_models
 from toolloop._models.adapter import ModelRequest
 from toolloop._models.errors import ModelCallError
-from toolloop._temporal.settings import WorkerSettings, settings_error
+from toolloop._temporal.settings import Settings, WorkerSettings, settings_error
 from toolloop._temporal.worker_factory import NamedModel, check_model_names_free, settings_models
 
 KEY = "sk-test-named-models-0123456789"
@@ -202,3 +205,24 @@ async def test_each_named_model_asks_its_own_endpoint_for_its_own_model(server: 
     assert refused.value.kind == "rejected" and "'large' serves 'large-model' only" in str(refused.value)
     sent = [(r.path, r.body["model"]) for r in server.requests]
     assert sent == [("/v1/responses", "small-model"), ("/v1/chat/completions", "large-model")]
+
+
+def test_the_local_stack_gives_its_worker_and_api_the_named_models_and_the_worker_their_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secrets = StackSecrets(admin_token="t", approval_key=generate_signing_key())
+    plain = Settings.model_validate({"TOOLLOOP_DATA_DIR": str(tmp_path)})
+    assert "TOOLLOOP_MODELS" not in LocalStack(plain, REPO_ROOT)._worker_env(secrets)
+    monkeypatch.setenv("LARGE_API_KEY", LARGE_KEY)
+    table = {"small": {"model": "m-small"}, "large": {"api_key_env": "LARGE_API_KEY"}}
+    named = Settings.model_validate(
+        {"TOOLLOOP_DATA_DIR": str(tmp_path), "OPENAI_API_KEY": KEY, "TOOLLOOP_MODELS": json.dumps(table)}
+    )
+    stack = LocalStack(named, REPO_ROOT)
+    worker, api = stack._worker_env(secrets), stack._api_env(secrets)
+    assert json.loads(worker["TOOLLOOP_MODELS"]) == table == json.loads(api["TOOLLOOP_MODELS"])
+    assert (worker["LARGE_API_KEY"], worker["OPENAI_API_KEY"]) == (LARGE_KEY, KEY)
+    # The API gets the names and settings, never a key; it knows the named models among the worker's.
+    assert "LARGE_API_KEY" not in api and "OPENAI_API_KEY" not in api
+    assert api["TOOLLOOP_API_MODELS"] == "large,offline,openai,script,small"
+    assert demo_model_names(False, ["small"]) == ["offline", "script", "small"]
