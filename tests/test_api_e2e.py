@@ -446,6 +446,7 @@ def test_the_api_will_not_start_with_the_published_demo_tokens_unless_told_it_is
     process = start_api(REPO_ROOT, {**base, "TOOLLOOP_API_TOKENS": str(own)}, port, tmp_path / "api.log")
     try:
         me = httpx.get(f"http://127.0.0.1:{port}/v1/me", headers={"Authorization": "Bearer a-token-of-our-own-0001"})
-        assert me.json() == {"user_id": "u1", "tenant_id": "acme"}
+        # Not told the workers' models, and the token lists none: any model, the default included.
+        assert me.json() == {"user_id": "u1", "tenant_id": "acme", "models": None, "default_model": "offline"}
     finally:
         process.stop()

@@ -5,6 +5,9 @@ server. A model a caller may not use is refused exactly as one that does not exi
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,9 +17,10 @@ import httpx
 import pytest
 from temporalio.client import Client
 
+from devstack.processes import free_port
 from tests.agent_helpers import assert_eventually
 from tests.api_helpers import Api, assert_problem, running_api
-from tests.conftest import BusinessService, TemporalServer
+from tests.conftest import APPROVAL_KEY, REPO_ROOT, BusinessService, TemporalServer
 from tests.fake_openai_server import FakeOpenAIServer, output_message, responses_response
 
 pytestmark = pytest.mark.e2e
@@ -133,3 +137,34 @@ async def test_me_lists_the_callers_models_and_the_default_only_when_it_is_their
     assert me == {"user_id": "u1", "tenant_id": "acme", "models": ["small"], "default_model": None}
     me = (await http.get("/v1/me", headers=EVERY_MODEL)).json()
     assert me["models"] == ["large", "offline", "script", "small"] and me["default_model"] == "offline"
+
+
+def test_the_api_will_not_start_with_a_token_listing_a_model_the_workers_do_not_serve(
+    temporal_server: TemporalServer, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens.json"
+    entry = {"token": "a-token-of-our-own-0001", "tenant_id": "acme", "user_id": "u1", "models": ["smal"]}
+    tokens.write_text(json.dumps({"tokens": [entry]}))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("TOOLLOOP_", "TEMPORAL_", "OPENAI_"))},
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "TOOLLOOP_APPROVAL_KEY": APPROVAL_KEY,
+        "TOOLLOOP_API_TOKENS": str(tokens),
+        "TOOLLOOP_API_MODELS": "offline",
+        "TOOLLOOP_API_MODEL": "offline",
+        "TOOLLOOP_MODELS": json.dumps(NAMED),
+    }
+    serve = [sys.executable, "starter.py", "serve", "--port", str(free_port())]
+    refused = subprocess.run(serve, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        "error: tokens file: the token of u1/acme names model 'smal', which is not among the worker's models "
+        "(large, offline, small)"
+    ]
+    # Nor with a default that is a named model given a model of its own.
+    env = {**env, "TOOLLOOP_API_TOKENS": str(REPO_ROOT / "config" / "api_tokens.json"), "TOOLLOOP_API_MODEL": "large:x"}
+    env["TOOLLOOP_API_ALLOW_DEMO_TOKENS"] = "true"
+    refused = subprocess.run(serve, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 2, refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith("error: TOOLLOOP_API_MODEL 'large:x': 'large' is a configured model"), line
