@@ -476,7 +476,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
     @app.get("/v1/me", response_model=Me, responses=problems("UNAUTHORIZED"))
     async def me(actor: Caller, granted: CallerGrant) -> Me:
         usable = config.limits.usable_models(granted.models)
-        default = ModelSpec.named(config.default_model).provider
+        default = config.default_model.partition(":")[0]
         return Me(
             user_id=actor.user_id,
             tenant_id=actor.tenant_id,
@@ -516,7 +516,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         request_id = idempotency_key or readable_request_id(body.question)
         model, limits = _model_spec(body.model, config.default_model), _limits(body.limits, config.limits)
         _check_tools(body.tools, config.limits)
-        _check_model(model, config.limits, granted.models, defaulted=body.model is None)
+        _check_model(model, config.limits, granted.models, defaulted=not body.model)
         refusal = await refusal_to_create(actor)
         if refusal is not None:
             # The same Idempotency-Key again is not a new request: it answers as it always did.
