@@ -53,6 +53,7 @@ from toolloop._core.contracts import (
     outcome_of,
 )
 from toolloop._core.live_text import Shown
+from toolloop._core.named_models import named_model_refusal
 from toolloop._core.usage import usage_line
 from toolloop._live.store import LiveTextStore
 from toolloop._models.errors import ScriptError
@@ -188,11 +189,16 @@ def _check_local_worker_has(spec: ModelSpec, allow_tool: list[str] | None, setti
             _fail(
                 f"--allow-tool {name!r}: the local stack's worker has no such tool; it has {', '.join(sorted(tools))}"
             )
-    models = set(demo_model_names(settings.openai_api_key is not None))
+    # The CLI acts for the local stack's operator, who may use every model of its worker (an API caller's
+    # token may list fewer).
+    models = set(demo_model_names(settings.openai_api_key is not None, settings.named_models))
     if spec.provider not in models:
         _fail(
             f"--model {spec.provider!r}: the local stack's worker has no such model; it has {', '.join(sorted(models))}"
         )
+    why = named_model_refusal(spec, settings.named_models)
+    if why is not None:
+        _fail(f"--model {spec.provider}:{spec.name}: {why}")
 
 
 def _up(settings: Settings, quiet: bool) -> StackStatus:
@@ -1102,15 +1108,27 @@ async def _serve_api(settings: ApiSettings, host: str, port: int, tokens: TokenM
         live_text=LiveTextStore(settings.live_text_url) if settings.live_text_url else None,
     )
     try:
-        default_provider = ModelSpec.named(settings.api_default_model).provider
+        default = ModelSpec.named(settings.api_default_model)
     except ValueError as exc:
         _fail(f"TOOLLOOP_API_MODEL: {exc}")
-    if config.limits.unknown_model(default_provider):
+    known = config.limits.known_models
+    if config.limits.unknown_model(default.provider):
         # Every request that names no model would fail: refuse to start instead.
         _fail(
             f"TOOLLOOP_API_MODEL {settings.api_default_model!r} is not among the worker's models "
-            f"(TOOLLOOP_API_MODELS: {', '.join(sorted(config.limits.models or ()))})"
+            f"(TOOLLOOP_API_MODELS: {', '.join(sorted(known or ()))})"
         )
+    refusal = config.limits.model_refusal(default, None)
+    if refusal is not None:
+        _fail(f"TOOLLOOP_API_MODEL {settings.api_default_model!r}: {refusal[0].removeprefix('model: ')}")
+    for grant in tokens.grants():
+        # A caller's list naming a model the workers do not serve is a typo that would only show as refusals.
+        unknown = sorted((grant.models or frozenset()) - known) if known is not None else []
+        if unknown:
+            _fail(
+                f"tokens file: the token of {grant.actor.user_id}/{grant.actor.tenant_id} names model "
+                f"{unknown[0]!r}, which is not among the worker's models ({', '.join(sorted(known or ()))})"
+            )
     # log_config=None: uvicorn's records go through the JSON logs; each request has its own line.
     uvicorn_config = uvicorn.Config(
         create_app(client, config), host=host, port=port, log_config=None, access_log=False, log_level="info"

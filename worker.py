@@ -19,7 +19,13 @@ from toolloop._core.approvals import check_verify_key, verify_key_set
 from toolloop._temporal.logs import configure_logging
 from toolloop._temporal.settings import WorkerSettings, settings_error
 from toolloop._temporal.telemetry import configure_otlp_tracing, metrics_runtime
-from toolloop._temporal.worker_factory import ToolsLoadError, connect, load_tools, running_worker
+from toolloop._temporal.worker_factory import (
+    ToolsLoadError,
+    check_model_names_free,
+    connect,
+    load_tools,
+    running_worker,
+)
 from toolloop._tools.toolset import AgentSpec
 
 TOOLS_ENV = "TOOLLOOP_TOOLS"
@@ -53,6 +59,7 @@ async def _run(settings: WorkerSettings, spec: AgentSpec, target: str) -> None:
         print(
             f"worker ready task_queue={settings.task_queue} temporal={settings.temporal_address} tools={target} "
             f"({len(spec.tools.registry)} tools) openai={'set' if settings.openai_api_key else 'unset'} "
+            f"named_models={','.join(sorted(settings.named_models)) or 'none'} "
             f"metrics={settings.metrics_address or 'off'} tracing={'on' if settings.otel else 'off'} "
             f"approval_verify_keys={len(verify_key_set(settings.approval_verify_key)) or 'unset'} "
             f"scripted_models={'on' if settings.allow_scripted_models else 'off'}",
@@ -91,6 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = load_tools(args.tools)
     except ToolsLoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        # A named model may not take the name of a model the tools module brings (the demo's offline model).
+        check_model_names_free(settings, spec.models)
+    except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:

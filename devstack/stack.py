@@ -10,7 +10,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -79,12 +79,17 @@ def demo_tool_names() -> list[str]:
     return sorted(load_tools(DEMO_TOOLS).tools.registry.names())
 
 
-def demo_model_names(openai: bool) -> list[str]:
-    """The models the local stack's worker serves: the script model, the demo's own (the offline model), and
-    the Responses model when it has an OpenAI key; sorted."""
+def demo_model_names(openai: bool, named: Iterable[str] = ()) -> list[str]:
+    """The models the local stack's worker serves: the script model, the demo's own (the offline model), the
+    `openai` model when it has an OpenAI key, and the named models of its TOOLLOOP_MODELS; sorted."""
     from toolloop._temporal.worker_factory import load_tools
 
-    return sorted({"script", *load_tools(DEMO_TOOLS).models, *(["openai"] if openai else [])})
+    return sorted({"script", *load_tools(DEMO_TOOLS).models, *(["openai"] if openai else []), *named})
+
+
+def _named_models_json(settings: Settings) -> str:
+    table = {name: config.model_dump(exclude_defaults=True) for name, config in settings.named_models.items()}
+    return json.dumps(table, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -394,6 +399,18 @@ class LocalStack:
             env["TOOLLOOP_LIVE_TEXT_URL"] = s.live_text_url
         if not s.openai_stream:
             env["OPENAI_STREAM"] = "false"
+        # Only when set (a stack started without them keeps its worker's configuration digest): the named models,
+        # and the keys and headers their variables hold (laid over the environment the worker inherits anyway,
+        # so a changed key restarts it).
+        if s.named_models:
+            env["TOOLLOOP_MODELS"] = _named_models_json(s)
+            for name, endpoint in s.model_endpoints().items():
+                config = s.named_models.get(name)
+                if config is not None and config.api_key_env != "OPENAI_API_KEY":
+                    env[config.api_key_env] = endpoint.api_key.get_secret_value()
+                if config is not None and config.extra_headers_env != "OPENAI_EXTRA_HEADERS":
+                    headers = {k: v.get_secret_value() for k, v in endpoint.extra_headers.items()}
+                    env[config.extra_headers_env] = json.dumps(headers, sort_keys=True)
         # Only when set: a stack started without prices keeps its worker's configuration digest.
         if s.model_prices:
             prices = {name: price.model_dump(exclude_none=True) for name, price in s.model_prices.items()}
@@ -416,7 +433,9 @@ class LocalStack:
             # The worker's tools, so the API refuses an unknown one in a request's "tools" before it starts.
             "TOOLLOOP_API_TOOLS": ",".join(demo_tool_names()),
             # And its models: a request naming another is refused at once.
-            "TOOLLOOP_API_MODELS": ",".join(demo_model_names(s.openai_api_key is not None)),
+            "TOOLLOOP_API_MODELS": ",".join(demo_model_names(s.openai_api_key is not None, s.named_models)),
+            # Its named models (names and settings, no key): a request giving one a ":MODEL" is refused too.
+            **({"TOOLLOOP_MODELS": _named_models_json(s)} if s.named_models else {}),
             # Where the worker writes the model's text as it is written: the event stream passes it on.
             **({"TOOLLOOP_LIVE_TEXT_URL": s.live_text_url} if s.live_text_url is not None else {}),
         }

@@ -80,8 +80,10 @@ async def test_a_missing_or_wrong_token_is_401_and_a_valid_one_says_who(http: ht
         await http.get("/v1/me", headers={"Authorization": "Bearer not-a-token-at-all"}), 401, "UNAUTHORIZED"
     )
     assert_problem(await http.get("/v1/requests", headers={"Authorization": "Basic dTE6eA=="}), 401, "UNAUTHORIZED")
-    assert (await http.get("/v1/me", headers=U1)).json() == {"user_id": "u1", "tenant_id": "acme"}
-    assert (await http.get("/v1/me", headers=U1_GLOBEX)).json() == {"user_id": "u1", "tenant_id": "globex"}
+    # The demo's tokens list no models: every model the API knows is theirs, and its default.
+    models = {"models": ["offline", "script"], "default_model": "offline"}
+    assert (await http.get("/v1/me", headers=U1)).json() == {"user_id": "u1", "tenant_id": "acme", **models}
+    assert (await http.get("/v1/me", headers=U1_GLOBEX)).json() == {"user_id": "u1", "tenant_id": "globex", **models}
 
 
 async def test_another_users_or_tenants_request_is_answered_like_a_missing_one(http: httpx.AsyncClient) -> None:
@@ -407,7 +409,7 @@ async def test_a_model_the_workers_do_not_serve_is_refused_before_anything_start
     answer = await http.post("/v1/requests", json=body, headers={**U1, "Idempotency-Key": request_id})
     problem = assert_problem(answer, 422, "UNKNOWN_MODEL")
     assert problem["known_models"] == ["offline", "script"]
-    assert problem["detail"] == "model: the worker has no model 'openai'; it has offline, script"
+    assert problem["detail"] == "model: the worker has no model 'openai' you may use; you may use offline, script"
     # Nothing was started under that id.
     workflow_id = request_workflow_id(Actor(user_id="u1", tenant_id="acme"), request_id)
     assert [w async for w in client.list_workflows(f'WorkflowId = "{workflow_id}"')] == []
@@ -444,6 +446,7 @@ def test_the_api_will_not_start_with_the_published_demo_tokens_unless_told_it_is
     process = start_api(REPO_ROOT, {**base, "TOOLLOOP_API_TOKENS": str(own)}, port, tmp_path / "api.log")
     try:
         me = httpx.get(f"http://127.0.0.1:{port}/v1/me", headers={"Authorization": "Bearer a-token-of-our-own-0001"})
-        assert me.json() == {"user_id": "u1", "tenant_id": "acme"}
+        # Not told the workers' models, and the token lists none: any model, the default included.
+        assert me.json() == {"user_id": "u1", "tenant_id": "acme", "models": None, "default_model": "offline"}
     finally:
         process.stop()

@@ -1,8 +1,12 @@
 """Pure: the HTTP API's limits per caller (toolloop._api.limits) - stream slots, the creation rate, the caps on a
-request's own limits, the tool names, and reading them from the environment - and its OpenAPI error table. No
-server; the same limits over real HTTP are in tests/test_api_limits_e2e.py."""
+request's own limits, the tool names, the models each caller may use, and reading them from the environment -
+its OpenAPI error table, and the tokens file's model lists. No server; the same limits over real HTTP are in
+tests/test_api_limits_e2e.py and tests/test_api_models_e2e.py."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -12,7 +16,8 @@ from tests.conftest import REPO_ROOT
 from toolloop import Actor
 from toolloop._api.limits import ApiLimits, CreationRate, StreamSlots, limits_from_environment
 from toolloop._api.openapi import PROBLEM_STATUS, problems
-from toolloop._core.contracts import Limits
+from toolloop._api.tokens import Grant, TokenMap, TokensFileError
+from toolloop._core.contracts import Limits, ModelSpec
 
 U1 = Actor(user_id="u1", tenant_id="acme")
 U2 = Actor(user_id="u2", tenant_id="acme")
@@ -116,3 +121,82 @@ def test_the_deployment_example_names_the_tools_its_worker_serves() -> None:
     # docker-compose runs the demo's worker; its API must know exactly those tools.
     compose = (REPO_ROOT / "docker-compose.yml").read_text()
     assert f"TOOLLOOP_API_TOOLS: ${{TOOLLOOP_API_TOOLS:-{demo_tool_names()}}}" in compose
+
+
+def _refusal(limits: ApiLimits, model: str, granted: frozenset[str] | None, defaulted: bool = False) -> object:
+    return limits.model_refusal(ModelSpec.named(model), granted, defaulted=defaulted)
+
+
+def test_named_models_are_known_to_the_api_and_take_no_model_of_their_own() -> None:
+    limits = ApiLimits(models="offline", named_models='{"small": {"model": "m"}, "large": {}}')
+    assert limits.known_models == frozenset({"offline", "small", "large"})
+    assert _refusal(limits, "small", None) is None and _refusal(limits, "openai:x", None) is not None
+    assert _refusal(limits, "large:other-model", None) == (
+        "model: 'large' is a configured model that serves one provider model; name it as 'large', without ':MODEL'",
+        ["large", "offline", "small"],
+    )
+    # Not told the workers' models: nothing is checked but a named model's ":MODEL".
+    open_api = ApiLimits(named_models='{"large": {}}')
+    assert open_api.known_models is None and _refusal(open_api, "anything:x", None) is None
+    assert _refusal(open_api, "large:x", None) == (
+        "model: 'large' is a configured model that serves one provider model; name it as 'large', without ':MODEL'",
+        None,
+    )
+    with pytest.raises(ValidationError, match="'openai' is already a model's name"):
+        ApiLimits(named_models='{"openai": {}}')
+
+
+def test_a_model_the_caller_may_not_use_is_refused_with_the_same_words_as_one_that_does_not_exist() -> None:
+    limits = ApiLimits(models="offline,script", named_models='{"small": {}, "large": {}}')
+    small_only = frozenset({"small"})
+    forbidden, unknown = _refusal(limits, "large", small_only), _refusal(limits, "nosuch", small_only)
+    assert forbidden == ("model: the worker has no model 'large' you may use; you may use small", ["small"])
+    assert unknown == ("model: the worker has no model 'nosuch' you may use; you may use small", ["small"])
+    # Even with a ":MODEL": that a name is a named model is not the caller's to learn.
+    assert _refusal(limits, "large:x", small_only) == (
+        "model: the worker has no model 'large' you may use; you may use small",
+        ["small"],
+    )
+    assert _refusal(limits, "small", small_only) is None
+    # Without a list: every model the API knows, and only those.
+    assert _refusal(limits, "large", None) is None
+    assert _refusal(limits, "nosuch", None) == (
+        "model: the worker has no model 'nosuch' you may use; you may use large, offline, script, small",
+        ["large", "offline", "script", "small"],
+    )
+    # An empty list: no model at all (a caller that only reads and decides).
+    assert _refusal(limits, "offline", frozenset()) == (
+        "model: the worker has no model 'offline' you may use; you may use none",
+        [],
+    )
+    # The API's default, when it is not the caller's: said so, without naming it.
+    assert _refusal(limits, "offline", small_only, defaulted=True) == (
+        "model: this API's default model is not one you may use; name one: you may use small",
+        ["small"],
+    )
+    # A list is the caller's even when the API is not told the workers' models.
+    assert _refusal(ApiLimits(), "offline", small_only) is not None
+    assert ApiLimits().usable_models(None) is None and ApiLimits().usable_models(small_only) == small_only
+
+
+def _tokens(tmp_path: Path, *entries: dict[str, object]) -> TokenMap:
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps({"tokens": list(entries)}))
+    return TokenMap.load(path)
+
+
+def test_a_tokens_file_entry_may_list_the_models_its_caller_may_use(tmp_path: Path) -> None:
+    tokens = _tokens(
+        tmp_path,
+        {"token": "a-token-limited-to-small-0001", "tenant_id": "acme", "user_id": "u1", "models": ["small"]},
+        {"token": "a-token-with-every-model-0002", "tenant_id": "acme", "user_id": "u2"},
+        {"token": "a-token-for-no-model-at-all-03", "tenant_id": "acme", "user_id": "u3", "models": []},
+    )
+    assert tokens.grant_for("a-token-limited-to-small-0001") == Grant(U1, frozenset({"small"}))
+    assert tokens.grant_for("a-token-with-every-model-0002") == Grant(U2, None)
+    found = tokens.grant_for("a-token-for-no-model-at-all-03")
+    assert found is not None and found.models == frozenset()
+    assert tokens.actor_for("a-token-limited-to-small-0001") == U1 and tokens.grant_for("nope") is None
+    assert [g.actor.user_id for g in tokens.grants()] == ["u1", "u2", "u3"]
+    with pytest.raises(TokensFileError, match=r"tokens\.0\.models\.0: String should match pattern"):
+        _tokens(tmp_path, {"token": "a-token-limited-to-small-0001", "tenant_id": "a", "user_id": "u", "models": ["A"]})

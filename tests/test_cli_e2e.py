@@ -560,6 +560,46 @@ def test_bad_input_is_one_line_and_exit_2(cli_env: dict[str, str], args: list[st
     assert "Traceback" not in done.stderr and "validation error" not in done.stderr and done.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (
+            "large:other-model",
+            "--model large:other-model: 'large' is a configured model that serves one provider model",
+        ),
+        (
+            "nosuch",
+            "--model 'nosuch': the local stack's worker has no such model; "
+            "it has large, offline, openai, script, small",
+        ),
+    ],
+)
+def test_a_named_models_other_model_or_an_unknown_one_is_one_line_and_exit_2(
+    cli_env: dict[str, str], model: str, message: str
+) -> None:
+    # The local stack's named models (TOOLLOOP_MODELS) are the CLI's to use, each as its one configured model.
+    env = {
+        **cli_env,
+        "OPENAI_API_KEY": "sk-test-cli-named-0123456789",
+        "LARGE_API_KEY": "sk-test-cli-large-0123456789",
+        "TOOLLOOP_MODELS": json.dumps({"small": {"model": "m-small"}, "large": {"api_key_env": "LARGE_API_KEY"}}),
+    }
+    done = run_cli(env, "ask", "--user", "u1", "--model", model, "hi", timeout=60)
+
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == "" and "sk-test" not in done.stderr
+
+
+def test_a_bad_named_model_table_stops_the_cli_in_one_line(cli_env: dict[str, str]) -> None:
+    env = {**cli_env, "TOOLLOOP_MODELS": json.dumps({"large": {"api_key_env": "NO_SUCH_KEY_VARIABLE_X"}})}
+    done = run_cli(env, "ask", "--user", "u1", "hi", timeout=60)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    [line] = [line for line in done.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: TOOLLOOP_MODELS: ") and "NO_SUCH_KEY_VARIABLE_X is not set" in line, line
+
+
 # --- The approval prompt on a terminal (a real pty) ------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from devstack.processes import temporal_binary
+from toolloop._api.limits import ApiLimits
 from toolloop._core import names
 from toolloop._temporal.settings import Settings
 
@@ -240,9 +241,11 @@ def test_values_that_may_be_empty_go_only_where_empty_means_unset() -> None:
                 assert "args.admin_token or None" in (REPO / "demo" / "bizservice" / "__main__.py").read_text()
                 continue
             if may_be_empty or value == "":
-                # Only the settings model ignores an empty variable (pydantic-settings would take "" as a value).
-                assert service == "worker" and Settings.model_config.get("env_ignore_empty") is True, (service, name)
-                assert name in {str(f.validation_alias) for f in Settings.model_fields.values()}, (service, name)
+                # Only the settings models ignore an empty variable (pydantic-settings would take "" as a value):
+                # the worker's, and the API's limits (TOOLLOOP_MODELS, which the workers get too).
+                model = {"worker": Settings, "api": ApiLimits}.get(service)
+                assert model is not None and model.model_config.get("env_ignore_empty") is True, (service, name)
+                assert name in {str(f.validation_alias) for f in model.model_fields.values()}, (service, name)
 
 
 def test_worker_and_api_reach_the_same_temporal_queue_and_the_service() -> None:
@@ -493,7 +496,12 @@ def test_start_up_order_is_enforced_by_healthchecks_and_completed_jobs() -> None
     assert _depends("temporal") == {SCHEMA_JOB: "service_completed_successfully"}
     assert _depends(SETUP_JOB) == {"temporal": "service_healthy"}
     for service in ("api", "worker"):
-        assert _depends(service) == {SETUP_JOB: "service_completed_successfully", "bizservice": "service_healthy"}
+        assert _depends(service) == {
+            SETUP_JOB: "service_completed_successfully",
+            "bizservice": "service_healthy",
+            # The live text store: workers write to it, the API reads it.
+            "redis": "service_healthy",
+        }
     assert _depends("temporal-ui") == {SETUP_JOB: "service_completed_successfully"}
     for service in SERVICES:
         for dependency, condition in _depends(service).items():

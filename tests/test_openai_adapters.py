@@ -253,7 +253,7 @@ async def test_a_garbage_body_is_malformed(server: FakeOpenAIServer, client: Ope
     assert error.kind == "malformed"
     if client.stream:
         assert error.message.startswith("a streamed call was answered with application/json, not an event stream")
-        assert error.message.endswith("an endpoint that cannot stream needs streaming off (OPENAI_STREAM=0)")
+        assert error.message.endswith("an endpoint that cannot stream needs streaming off (OPENAI_STREAM=false)")
     else:
         assert error.message.startswith("response body is not JSON")
 

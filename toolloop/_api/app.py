@@ -47,7 +47,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from toolloop._api.limits import ApiLimits, CreationRate, StreamSlots, limits_from_environment
 from toolloop._api.openapi import CALLER_CODES, problems, use_problem_schema
-from toolloop._api.tokens import TokenMap
+from toolloop._api.tokens import Grant, TokenMap
 from toolloop._core.contracts import (
     MODEL_NAME,
     Actor,
@@ -162,6 +162,11 @@ class RequestView(BaseModel):
 class Me(BaseModel):
     user_id: str
     tenant_id: str
+    # The models the caller may start requests on (its token's list, else every model the API knows); None when
+    # the API is not told the workers' models and the token has no list: any model the workers serve.
+    models: list[str] | None = None
+    # The model a request that names none gets, when the caller may use it (else it must name one).
+    default_model: str | None = None
 
 
 # --- Settings -------------------------------------------------------------------------------------------------
@@ -271,15 +276,13 @@ def _check_tools(names: list[str] | None, allowed: ApiLimits) -> None:
         )
 
 
-def _check_model(model: ModelSpec, allowed: ApiLimits) -> None:
-    if allowed.unknown_model(model.provider):
-        known = sorted(allowed.models or ())
-        raise Problem(
-            422,
-            "UNKNOWN_MODEL",
-            f"model: the worker has no model {model.provider!r}; it has {', '.join(known)}",
-            extra={"known_models": known},
-        )
+def _check_model(model: ModelSpec, allowed: ApiLimits, granted: frozenset[str] | None, *, defaulted: bool) -> None:
+    refusal = allowed.model_refusal(model, granted, defaulted=defaulted)
+    if refusal is not None:
+        detail, usable = refusal
+        # The same status, code and fields for a model that does not exist and one the caller may not use;
+        # "known_models" lists the caller's own.
+        raise Problem(422, "UNKNOWN_MODEL", detail, extra={"known_models": usable} if usable is not None else None)
 
 
 class PageTokens:
@@ -342,15 +345,26 @@ async def caller(
     """The actor of the bearer token; 401 for a missing or unknown token."""
     config: ApiConfig = request.app.state.config
     token = credentials.credentials.strip() if credentials is not None else ""
-    actor = config.tokens.actor_for(token) if token else None
-    if actor is None:
+    found = config.tokens.grant_for(token) if token else None
+    if found is None:
         challenge = {"WWW-Authenticate": "Bearer"}
         raise Problem(401, "UNAUTHORIZED", "a valid bearer token is required", headers=challenge)
-    request.state.actor = actor  # for the request's log line
-    return actor
+    request.state.actor = found.actor  # for the request's log line
+    request.state.grant = found
+    return found.actor
 
 
 Caller = Annotated[Actor, Depends(caller)]
+
+
+async def grant(request: Request, actor: Caller) -> Grant:
+    """What the caller's token grants besides who it is (the models it may use). After `caller`, which FastAPI
+    answers once per request however many dependencies ask for it, and which keeps the token's grant."""
+    found: Grant = request.state.grant
+    return found
+
+
+CallerGrant = Annotated[Grant, Depends(grant)]
 RequestId = Annotated[str, PathParam(pattern=REQUEST_ID.pattern, max_length=64)]
 OperationId = Annotated[str, PathParam(max_length=100)]
 
@@ -468,8 +482,15 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         return {"ok": True}
 
     @app.get("/v1/me", response_model=Me, responses=problems("UNAUTHORIZED"))
-    async def me(actor: Caller) -> Me:
-        return Me(user_id=actor.user_id, tenant_id=actor.tenant_id)
+    async def me(actor: Caller, granted: CallerGrant) -> Me:
+        usable = config.limits.usable_models(granted.models)
+        default = config.default_model.partition(":")[0]
+        return Me(
+            user_id=actor.user_id,
+            tenant_id=actor.tenant_id,
+            models=sorted(usable) if usable is not None else None,
+            default_model=config.default_model if usable is None or default in usable else None,
+        )
 
     @app.post(
         "/v1/requests",
@@ -491,6 +512,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
     async def start_request(
         body: RequestBody,
         actor: Caller,
+        granted: CallerGrant,
         response: Response,
         idempotency_key: Annotated[str | None, Header(max_length=64)] = None,
     ) -> RequestSummary:
@@ -502,7 +524,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         request_id = idempotency_key or readable_request_id(body.question)
         model, limits = _model_spec(body.model, config.default_model), _limits(body.limits, config.limits)
         _check_tools(body.tools, config.limits)
-        _check_model(model, config.limits)
+        _check_model(model, config.limits, granted.models, defaulted=not body.model)
         refusal = await refusal_to_create(actor)
         if refusal is not None:
             # The same Idempotency-Key again is not a new request: it answers as it always did.

@@ -1,6 +1,7 @@
 """Pure (plus the API's settings model, read by the entry point): what one caller may hold and do on the HTTP
 API - concurrent event streams (per caller and in all), how fast it creates requests, how many of its requests
-run at once, the longest deadline and approval wait it may ask for - and the tools the worker serves.
+run at once, the longest deadline and approval wait it may ask for - the tools and the models the workers serve,
+and which of those models each caller may use.
 
 Every limit is keyed by the actor of the bearer token, never by anything the request says. The stream slots
 and the creation rate are counted in this process (each API replica counts its own); active requests are
@@ -22,7 +23,8 @@ from limits.strategies import MovingWindowRateLimiter
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from toolloop._core.contracts import MODEL_NAME, Actor, Limits
+from toolloop._core.contracts import MODEL_NAME, Actor, Limits, ModelSpec
+from toolloop._core.named_models import NamedModels, check_model_names, named_model_refusal, read_named_models
 from toolloop._core.registry import TOOL_NAME
 
 # A day is the most a request's own limits allow (toolloop.Limits); the API's caps may only lower it.
@@ -69,6 +71,10 @@ class ApiLimits(BaseSettings):
     # comma-separated: a request naming another is refused before anything starts. Unset: not checked (a
     # worker refuses a model it does not have, or a scripted one it is not configured for, as a failed run).
     models: Annotated[frozenset[str] | None, NoDecode] = Field(default=None, validation_alias="TOOLLOOP_API_MODELS")
+    # The workers' named models (TOOLLOOP_MODELS, the same value the workers read; docs/MODELS.md): they are
+    # among the models above without being listed there, and each takes no ":MODEL". The API reads only
+    # their names and settings, never a key (the table holds none).
+    named_models: Annotated[NamedModels, NoDecode] = Field(default_factory=dict, validation_alias="TOOLLOOP_MODELS")
 
     @field_validator("create_rate")
     @classmethod
@@ -89,6 +95,17 @@ class ApiLimits(BaseSettings):
     def _model_names(cls, value: object) -> object:
         return _names(value, _MODEL, "model")
 
+    @field_validator("named_models", mode="before")
+    @classmethod
+    def _a_model_table(cls, value: object) -> object:
+        return read_named_models(value)
+
+    @field_validator("named_models")
+    @classmethod
+    def _free_names(cls, value: NamedModels) -> NamedModels:
+        check_model_names(value)
+        return value
+
     def limits_problem(self, deadline_seconds: float | None, approval_ttl_seconds: float | None) -> str | None:
         """Why a request's own limits ask for more than the API allows, or None."""
         if deadline_seconds is not None and deadline_seconds > self.max_deadline_seconds:
@@ -107,9 +124,43 @@ class ApiLimits(BaseSettings):
         }
         return Limits(**{**capped, **given})
 
+    @property
+    def known_models(self) -> frozenset[str] | None:
+        """The models the workers serve, as far as the API is told: TOOLLOOP_API_MODELS and the named models;
+        None when TOOLLOOP_API_MODELS is unset (then a model is not checked against the workers' list)."""
+        if self.models is None:
+            return None
+        return self.models | frozenset(self.named_models)
+
     def unknown_model(self, provider: str) -> bool:
         """Whether the worker does not serve this model (never, when the API is not told its models)."""
-        return self.models is not None and provider not in self.models
+        known = self.known_models
+        return known is not None and provider not in known
+
+    def usable_models(self, granted: frozenset[str] | None) -> frozenset[str] | None:
+        """The models a caller may use: its token's list ("models"), or without one every model the API knows;
+        None when neither says (any model the workers serve)."""
+        return granted if granted is not None else self.known_models
+
+    def model_refusal(
+        self, spec: ModelSpec, granted: frozenset[str] | None, *, defaulted: bool = False
+    ) -> tuple[str, list[str] | None] | None:
+        """Why a caller whose token grants `granted` may not start a request on `spec` (`defaulted`: the API's
+        default, the request named none), with the models it may use; or None.
+
+        A model the caller may not use gets the same words as one that does not exist, listing only the
+        caller's models: the answer says nothing of what other callers may use."""
+        usable = self.usable_models(granted)
+        listed = sorted(usable) if usable is not None else None
+        if usable is not None and spec.provider not in usable:
+            yours = ", ".join(listed or []) or "none"
+            if defaulted:
+                return f"model: this API's default model is not one you may use; name one: you may use {yours}", listed
+            return f"model: the worker has no model {spec.provider!r} you may use; you may use {yours}", listed
+        why = named_model_refusal(spec, self.named_models)
+        if why is not None:
+            return f"model: {why}", listed
+        return None
 
     def unknown_tools(self, names: list[str] | None) -> list[str]:
         """The names in a request's "tools" that the worker does not serve (none when the API is not told)."""

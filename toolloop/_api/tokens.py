@@ -3,18 +3,22 @@ comes from here and nowhere else.
 
 The tokens file is JSON: {"tokens": [{"token": "...", "tenant_id": "acme", "user_id": "u1"}, ...]}. An entry
 may give "token_sha256" (the hex SHA-256 of the token) instead of the token itself, so a deployment's file
-holds no usable secret. Tokens are compared by their digests in constant time."""
+holds no usable secret. An entry may give "models", the only models its caller may start requests on (absent:
+every model the API knows). Tokens are compared by their digests in constant time."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from toolloop._core.contracts import Actor
+from toolloop._core.contracts import MODEL_NAME, Actor
 
 
 class TokensFileError(ValueError):
@@ -28,6 +32,8 @@ class _Entry(BaseModel):
     token_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     tenant_id: str
     user_id: str
+    # The models this token's caller may use (an empty list: none, for a caller that only reads and decides).
+    models: list[Annotated[str, Field(pattern=MODEL_NAME)]] | None = Field(default=None, max_length=100)
 
     @model_validator(mode="after")
     def _one_secret(self) -> _Entry:
@@ -60,8 +66,16 @@ PUBLISHED_DEMO_TOKENS = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class Grant:
+    """What a token stands for: whom, and the models it may use (None: every model the API knows)."""
+
+    actor: Actor
+    models: frozenset[str] | None = None
+
+
 class TokenMap:
-    def __init__(self, entries: list[tuple[bytes, Actor]]) -> None:
+    def __init__(self, entries: list[tuple[bytes, Grant]]) -> None:
         self._entries = entries
 
     @classmethod
@@ -77,7 +91,7 @@ class TokenMap:
             first = exc.errors(include_input=False)[0]
             where = ".".join(str(p) for p in first["loc"])
             raise TokensFileError(f"tokens file {file}: {where}: {first['msg']}") from None
-        entries = []
+        entries: list[tuple[bytes, Grant]] = []
         for entry in data.tokens:
             try:
                 actor = Actor(user_id=entry.user_id, tenant_id=entry.tenant_id)
@@ -86,17 +100,26 @@ class TokenMap:
                     f"tokens file {file}: {entry.user_id!r}/{entry.tenant_id!r} is not an actor"
                 ) from None
             digest = bytes.fromhex(entry.token_sha256) if entry.token_sha256 else _digest(entry.token or "")
-            entries.append((digest, actor))
+            models = frozenset(entry.models) if entry.models is not None else None
+            entries.append((digest, Grant(actor, models)))
         return cls(entries)
+
+    def grants(self) -> Iterator[Grant]:
+        """Every entry's grant, in the file's order (for the checks at start)."""
+        return (grant for _, grant in self._entries)
 
     def holds_published_demo_tokens(self) -> bool:
         return any(digest in PUBLISHED_DEMO_TOKENS for digest, _ in self._entries)
 
     def actor_for(self, token: str) -> Actor | None:
+        grant = self.grant_for(token)
+        return grant.actor if grant is not None else None
+
+    def grant_for(self, token: str) -> Grant | None:
         digest = _digest(token)
         found = None
-        for known, actor in self._entries:
+        for known, grant in self._entries:
             # Every entry is compared, so the time taken says nothing about which one matched.
             if hmac.compare_digest(known, digest):
-                found = actor
+                found = grant
         return found

@@ -311,7 +311,7 @@ class OpenAIEndpoint:
                         "malformed",
                         f"a streamed call was answered with {kind or 'no content type'}, not an event stream "
                         f"({truncate(start, 80)!r}); an endpoint that cannot stream needs streaming off "
-                        "(OPENAI_STREAM=0)",
+                        "(OPENAI_STREAM=false)",
                     )
                 async for event in stream:
                     yield event

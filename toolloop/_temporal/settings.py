@@ -5,12 +5,21 @@ and the API's no verify key: what decides trust is the configuration of the proc
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from toolloop._core.named_models import (
+    DEFAULT_HEADERS_VARIABLE,
+    DEFAULT_KEY_VARIABLE,
+    NamedModels,
+    check_model_names,
+    read_named_models,
+)
 from toolloop._core.usage import PRICE_TABLE_SHAPE, ModelPrice
 
 
@@ -36,6 +45,33 @@ class TemporalSettings(BaseSettings):
         if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must be a Redis URL (redis://host:6379/0, rediss:// for TLS)")
         return value
+
+
+def _header_table(value: object) -> dict[str, str]:
+    """A JSON object of header names and values (strings), from a variable's text; a ValueError says not."""
+    if not isinstance(value, str):
+        raise ValueError("must be a JSON object of header names and values")
+    try:
+        headers = json.loads(value) if value.strip() else {}
+    except ValueError:
+        raise ValueError("must be a JSON object of header names and values") from None
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        raise ValueError("must be a JSON object of header names and values (strings)")
+    return headers
+
+
+@dataclass(frozen=True)
+class ModelEndpoint:
+    """One OpenAI-compatible model a worker serves, every setting resolved: the `openai` model of the OPENAI_*
+    settings, or a named one of TOOLLOOP_MODELS (its settings over those)."""
+
+    api: Literal["responses", "chat"]
+    base_url: str
+    model: str
+    api_key: SecretStr = field(repr=False)
+    timeout_seconds: float
+    extra_headers: dict[str, SecretStr] = field(default_factory=dict, repr=False)
+    stream: bool = True
 
 
 class WorkerSettings(TemporalSettings):
@@ -84,6 +120,15 @@ class WorkerSettings(TemporalSettings):
     model_prices: Annotated[dict[str, ModelPrice], NoDecode] = Field(
         default_factory=dict, validation_alias="TOOLLOOP_MODEL_PRICES"
     )
+    # Named models (docs/MODELS.md), a JSON object: {"small": {"model": "gpt-4.1-mini"}, "large": {"model":
+    # "gpt-4.1", "api": "chat", "base_url": "...", "api_key_env": "LARGE_API_KEY"}}. Each is served under its
+    # name, with the OPENAI_* settings it does not set; a key or header is never in it, only the name of the
+    # variable that holds it. After the OPENAI_* fields: its check reads them.
+    named_models: Annotated[NamedModels, NoDecode] = Field(default_factory=dict, validation_alias="TOOLLOOP_MODELS")
+    # The values of the variables the named models name other than OPENAI_API_KEY and OPENAI_EXTRA_HEADERS, read
+    # once with the rest of the settings (the worker's entry point), by variable name.
+    _model_secrets: dict[str, SecretStr] = PrivateAttr(default_factory=dict)
+    _model_headers: dict[str, dict[str, SecretStr]] = PrivateAttr(default_factory=dict)
 
     @field_validator("openai_extra_headers", mode="before")
     @classmethod
@@ -91,13 +136,79 @@ class WorkerSettings(TemporalSettings):
         # Read here, not by pydantic-settings, so a bad value is one line naming the variable (settings_error).
         if not isinstance(value, str):
             return value
-        try:
-            headers = json.loads(value) if value.strip() else {}
-        except ValueError:
-            raise ValueError("must be a JSON object of header names and values") from None
-        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
-            raise ValueError("must be a JSON object of header names and values (strings)")
-        return headers
+        return _header_table(value)
+
+    @field_validator("named_models", mode="before")
+    @classmethod
+    def _a_model_table(cls, value: object) -> object:
+        # Parsed here so a bad value is one line naming the variable; the entries are checked as the type.
+        return read_named_models(value)
+
+    @field_validator("named_models")
+    @classmethod
+    def _usable_models(cls, value: NamedModels, info: ValidationInfo) -> NamedModels:
+        # Refused at start, not at a request's first turn: a name another model has, or a key that is not there.
+        check_model_names(value)
+        for name, config in sorted(value.items()):
+            if config.api_key_env == DEFAULT_KEY_VARIABLE:
+                if info.data.get("openai_api_key") is None:
+                    raise ValueError(f"{name}: its key variable {DEFAULT_KEY_VARIABLE} is not set")
+            elif not os.environ.get(config.api_key_env, "").strip():
+                raise ValueError(f"{name}: its key variable {config.api_key_env} is not set")
+            if config.extra_headers_env != DEFAULT_HEADERS_VARIABLE:
+                try:
+                    _header_table(os.environ.get(config.extra_headers_env, ""))
+                except ValueError as exc:
+                    raise ValueError(f"{name}: {config.extra_headers_env} {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _read_model_secrets(self) -> WorkerSettings:
+        # Kept beside the table, never in it: a named model's key and headers by the variable that holds them.
+        for config in self.named_models.values():
+            if config.api_key_env != DEFAULT_KEY_VARIABLE:
+                self._model_secrets[config.api_key_env] = SecretStr(os.environ[config.api_key_env].strip())
+            if config.extra_headers_env != DEFAULT_HEADERS_VARIABLE:
+                headers = _header_table(os.environ.get(config.extra_headers_env, ""))
+                self._model_headers[config.extra_headers_env] = {k: SecretStr(v) for k, v in headers.items()}
+        return self
+
+    def model_endpoints(self) -> dict[str, ModelEndpoint]:
+        """The OpenAI-compatible models this worker serves by name: `openai` when OPENAI_API_KEY is set, and
+        every named model, each with the OPENAI_* settings it does not set itself."""
+        endpoints: dict[str, ModelEndpoint] = {}
+        default_headers = dict(self.openai_extra_headers)
+        if self.openai_api_key is not None:
+            endpoints["openai"] = ModelEndpoint(
+                api=self.openai_api,
+                base_url=self.openai_base_url,
+                model=self.openai_model,
+                api_key=self.openai_api_key,
+                timeout_seconds=self.openai_timeout_seconds,
+                extra_headers=default_headers,
+                stream=self.openai_stream,
+            )
+        for name, config in self.named_models.items():
+            if config.api_key_env == DEFAULT_KEY_VARIABLE:
+                key = self.openai_api_key
+            else:
+                key = self._model_secrets.get(config.api_key_env)
+            if key is None:  # a copy of the settings without the key its check saw
+                raise ValueError(f"TOOLLOOP_MODELS: {name}: its key variable {config.api_key_env} is not set")
+            if config.extra_headers_env == DEFAULT_HEADERS_VARIABLE:
+                headers = default_headers
+            else:
+                headers = self._model_headers.get(config.extra_headers_env, {})
+            endpoints[name] = ModelEndpoint(
+                api=config.api or self.openai_api,
+                base_url=config.base_url or self.openai_base_url,
+                model=config.model or self.openai_model,
+                api_key=key,
+                timeout_seconds=config.timeout_seconds or self.openai_timeout_seconds,
+                extra_headers=headers,
+                stream=self.openai_stream if config.stream is None else config.stream,
+            )
+        return endpoints
 
     @field_validator("model_prices", mode="before")
     @classmethod
@@ -156,9 +267,10 @@ class Settings(WorkerSettings, ApiSettings):
 
 
 # Variables whose values are never repeated in a message, even a wrong one.
-# (A Redis URL may hold a password.)
+# TOOLLOOP_MODELS holds no secret by design, but a key pasted into it by mistake must not be echoed either; a
+# Redis URL may hold a password.
 _SECRET_VARIABLES = frozenset(
-    {"OPENAI_API_KEY", "OPENAI_EXTRA_HEADERS", "TOOLLOOP_APPROVAL_KEY", "TOOLLOOP_LIVE_TEXT_URL"}
+    {"OPENAI_API_KEY", "OPENAI_EXTRA_HEADERS", "TOOLLOOP_APPROVAL_KEY", "TOOLLOOP_MODELS", "TOOLLOOP_LIVE_TEXT_URL"}
 )
 
 

@@ -1,6 +1,7 @@
 """Wiring: a running worker for worker.py and the tests - the plugin around a user's tools, plus the models
-the worker's settings configure (`openai` when OPENAI_API_KEY is set, on the Responses or the Chat Completions
-API) - and the loading of a user's `package.module:function` that builds the tools."""
+the worker's settings configure (`openai` when OPENAI_API_KEY is set, and the named models of TOOLLOOP_MODELS,
+each on the Responses or the Chat Completions API) - and the loading of a user's `package.module:function` that
+builds the tools."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import inspect
 import os
 import re
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -17,12 +18,16 @@ from temporalio.client import Client
 from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
-from toolloop._models.adapter import ModelAdapter
+from toolloop._core.contracts import ConversationItem
+from toolloop._core.named_models import RESERVED_MODEL_NAMES, check_model_names
+from toolloop._models.adapter import ModelAdapter, ModelRequest
 from toolloop._models.chat import ChatCompletionsClient, ChatCompletionsModel
+from toolloop._models.errors import ModelCallError
+from toolloop._models.openai_sdk import OpenAIEndpoint, OpenAIModel
 from toolloop._models.responses import ResponsesClient, ResponsesModel
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.plugin import ToolloopPlugin, workflow_runner
-from toolloop._temporal.settings import TemporalSettings, WorkerSettings
+from toolloop._temporal.settings import ModelEndpoint, TemporalSettings, WorkerSettings
 from toolloop._tools.toolset import AgentSpec, Toolset
 
 __all__ = ["ToolsLoadError", "connect", "load_tools", "running_worker", "workflow_runner"]
@@ -87,27 +92,73 @@ def load_tools(target: str) -> AgentSpec:
     )
 
 
+class NamedModel:
+    """A model of TOOLLOOP_MODELS: an `openai` adapter under a name of its own that serves its configured
+    provider model only. A request that names another (`large:other-model`, started by something that did not
+    check it first, as the CLI and the API do) is rejected at its first turn: the name decides which model,
+    endpoint and key a request gets, so it cannot be stretched to others."""
+
+    needs_conversation = True
+
+    def __init__(self, name: str, adapter: OpenAIModel) -> None:
+        self.name = name
+        self.adapter = adapter
+
+    @property
+    def model(self) -> str:
+        return self.adapter.client.model
+
+    def label(self, model_name: str | None) -> str:
+        # Not "large:gpt-4.1": that reads as a name a request could give, and a named model takes no :MODEL.
+        return f"{self.name} ({self.model})"
+
+    async def respond(self, request: ModelRequest) -> list[ConversationItem]:
+        if request.model_name is not None and request.model_name != self.model:
+            raise ModelCallError(
+                "rejected",
+                f"model {self.name!r} serves {self.model!r} only; this request asked for {request.model_name!r}",
+            )
+        return await self.adapter.respond(request)
+
+
+def check_model_names_free(settings: WorkerSettings, taken: Iterable[str]) -> None:
+    """A ValueError (one line, naming TOOLLOOP_MODELS) when a named model has the name of a model the tools
+    module brings."""
+    try:
+        check_model_names(settings.named_models, RESERVED_MODEL_NAMES | frozenset(taken))
+    except ValueError as exc:
+        raise ValueError(f"TOOLLOOP_MODELS: {exc}") from None
+
+
+def _endpoint_client(endpoint: ModelEndpoint) -> OpenAIEndpoint:
+    options: dict[str, Any] = {
+        "api_key": endpoint.api_key.get_secret_value(),
+        "base_url": endpoint.base_url,
+        "model": endpoint.model,
+        "timeout_seconds": endpoint.timeout_seconds,
+        "extra_headers": {name: v.get_secret_value() for name, v in endpoint.extra_headers.items()},
+        "stream": endpoint.stream,
+    }
+    return ChatCompletionsClient(**options) if endpoint.api == "chat" else ResponsesClient(**options)
+
+
+def _adapter(client: OpenAIEndpoint) -> OpenAIModel:
+    if isinstance(client, ChatCompletionsClient):
+        return ChatCompletionsModel(client)
+    assert isinstance(client, ResponsesClient)
+    return ResponsesModel(client)
+
+
 @asynccontextmanager
 async def settings_models(settings: WorkerSettings) -> AsyncIterator[dict[str, ModelAdapter]]:
-    """The models a worker's settings configure, open for the block."""
+    """The models a worker's settings configure, open for the block: `openai` and the named models, each on a
+    client of its own (its endpoint, key, headers, timeout and default model)."""
     async with AsyncExitStack() as stack:
         models: dict[str, ModelAdapter] = {}
-        if settings.openai_api_key is not None:
-            endpoint: dict[str, Any] = {
-                "api_key": settings.openai_api_key.get_secret_value(),
-                "base_url": settings.openai_base_url,
-                "model": settings.openai_model,
-                "timeout_seconds": settings.openai_timeout_seconds,
-                "stream": settings.openai_stream,
-                "extra_headers": {name: v.get_secret_value() for name, v in settings.openai_extra_headers.items()},
-            }
+        for name, endpoint in settings.model_endpoints().items():
+            adapter = _adapter(await stack.enter_async_context(_endpoint_client(endpoint)))
             # One name, `openai`, whichever API the endpoint speaks: requests need not know.
-            if settings.openai_api == "chat":
-                models["openai"] = ChatCompletionsModel(
-                    await stack.enter_async_context(ChatCompletionsClient(**endpoint))
-                )
-            else:
-                models["openai"] = ResponsesModel(await stack.enter_async_context(ResponsesClient(**endpoint)))
+            models[name] = adapter if name == "openai" else NamedModel(name, adapter)
         yield models
 
 
@@ -122,9 +173,11 @@ async def running_worker(
 ) -> AsyncIterator[Worker]:
     """A started worker, shut down explicitly on exit (an implicit shutdown at interpreter exit can
     abort the process in temporalio 1.35)."""
+    spec = tools if isinstance(tools, AgentSpec) else AgentSpec(tools=tools)
+    check_model_names_free(settings, spec.models)
     async with settings_models(settings) as models:
         plugin = ToolloopPlugin(
-            tools,
+            spec,
             models=models,
             retention_seconds=settings.idempotency_retention_seconds,
             tracing=settings.otel,
