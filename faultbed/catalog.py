@@ -75,11 +75,6 @@ ELSEWHERE: dict[str, CoveredByTest | Gap] = {
         "tests/test_cli_e2e.py::test_ask_exits_3_when_a_side_effect_is_unknown_or_unverified_whatever_the_model_says",
         "the receipt and exit code are CLI output, checked on the real CLI",
     ),
-    "M11": CoveredByTest(
-        "tests/test_durability_e2e.py::test_responses_adapter_definite_failures_stop_without_retry",
-        "needs the real Responses adapter against a fake server, not the scripted model",
-        missing="no call cut off mid-arguments (the adapter does not stream); an incomplete response only",
-    ),
     "M12": CoveredByTest(
         "tests/test_durability_e2e.py::test_responses_adapter_retries_429_and_sends_every_item_back",
         "checks the exact input sent to a fake Responses server; chaos model is scripted",

@@ -103,6 +103,11 @@ class RunFacts:
     # Every request the service received during the run, in the order it received them; None when the
     # target's service keeps no log the runner can read (then the checks on it are not made).
     received: list[Received] | None = None
+    # What the model endpoint (or script) said each call's arguments are, by call_id, and each function call
+    # the run recorded from a model turn, with its arguments (a call taken from a stream broken in the middle
+    # of its arguments would differ).
+    scripted_arguments: dict[str, str] = field(default_factory=dict)
+    recorded_arguments: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,7 @@ def judge(facts: RunFacts) -> list[Check]:
         _pairing(facts),
         _honest_report(facts),
         _limits(facts),
+        _whole_calls(facts),
     ]
     if facts.planted:
         checks.append(_planted_stays_data(facts))
@@ -141,6 +147,20 @@ def honesty_cell(facts: RunFacts, op: OperationFacts) -> tuple[Reported, Actual]
     if any(e.operation_id == op.operation_id for e in facts.effects):
         return reported(op.state), "done"
     return reported(op.state), "unknown" if op.operation_id in facts.in_doubt else "not_done"
+
+
+# A call taken from a model stream that broke in the middle of its arguments (never: the answer is read from the
+# finished stream only).
+PARTIAL_CALLS = "calls only from whole answers"
+
+
+def _whole_calls(facts: RunFacts) -> Check:
+    """Every call the run recorded is a call the model answered whole: its arguments are the ones the model
+    sent, never a part of them taken from a stream that broke."""
+    partial = [
+        call_id for call_id, arguments in facts.recorded_arguments if facts.scripted_arguments.get(call_id) != arguments
+    ]
+    return Check(PARTIAL_CALLS, not partial, f"calls not as the model sent them: {partial}" if partial else "")
 
 
 def _not_stuck(facts: RunFacts) -> Check:

@@ -5,7 +5,13 @@ talks to it over a real socket, and the plan's model endpoint faults happen on t
 - `status_429`: HTTP 429 with `Retry-After: 1`;
 - `status_500`: HTTP 500;
 - `timeout`: no answer until long after the model activity's timeout (the worker gives up first);
-- `reset`: the connection closes without a byte of reply.
+- `reset`: the connection closes without a byte of reply;
+- `stream_cut`, `stream_stall`, `stream_garbage`: a streamed answer (the worker asks for one unless
+  OPENAI_STREAM=false) breaks in the middle of its first call's arguments, or of its text without a call: the
+  connection drops, nothing more comes, or a chunk that is not JSON comes and then the connection drops.
+
+A call that asks to stream gets its answer as the Responses API's server-sent events: `response.created`, each
+output item added with its text or arguments in pieces, and `response.completed` with the whole response.
 
 Every POST /v1/responses is one model call, numbered from 1 for the run; a fault fires on its call number
 as faultbed.plan.fault_fires decides (the Nth call, or a seeded draw). Which turn a call gets is read from
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import socket
 import time
@@ -31,7 +38,7 @@ from typing import Any
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from faultbed.plan import ENDPOINT_FAULTS, ModelFaultSpec, fault_fires
+from faultbed.plan import ENDPOINT_FAULTS, STREAM_FAULTS, ModelFaultSpec, fault_fires
 
 
 @dataclass(frozen=True)
@@ -160,10 +167,39 @@ class ScriptedModelEndpoint:
             # No answer until the worker gives up on the call (or a long bound passes).
             await _first_of(_disconnected(receive), seconds=self._hold)
         try:
-            conversation = json.loads(body).get("input", [])
+            asked = json.loads(body)
+            conversation, streamed = asked.get("input", []), asked.get("stream") is True
         except (ValueError, AttributeError):
-            conversation = []
-        await _send_json(send, 200, _response(number, self._turn_for(conversation)))
+            conversation, streamed = [], False
+        response = _response(number, self._turn_for(conversation))
+        if streamed:
+            return await self._stream(send, receive, response, kind if kind in STREAM_FAULTS else None)
+        await _send_json(send, 200, response)
+        return None
+
+    async def _stream(self, send: Send, receive: Receive, response: dict[str, Any], fault: str | None) -> str | None:
+        events, middle = stream_events(response)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+            }
+        )
+        for index, event in enumerate(events):
+            if fault is not None and index == middle:
+                if fault == "stream_stall":
+                    # Nothing more until the worker gives up on the call (or a long bound passes).
+                    await _first_of(_disconnected(receive), seconds=self._hold)
+                elif fault == "stream_garbage":
+                    await send(
+                        {"type": "http.response.body", "body": b'data: {"type": "response.out\n\n', "more_body": True}
+                    )
+                # uvicorn drops the connection when the app returns in the middle of a body.
+                return f"fault injected: model stream {fault}"
+            chunk = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
         return None
 
     def _fault_for(self, number: int) -> EndpointFault | None:
@@ -222,6 +258,71 @@ def _response(number: int, turn: list[dict[str, Any]]) -> dict[str, Any]:
         "parallel_tool_calls": True,
         "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2},
     }
+
+
+# Characters of text or arguments per streamed event.
+_PIECE = 8
+
+
+def stream_events(response: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    """A Responses answer as the events of a streamed call, and where a stream fault breaks it: the middle of
+    the first call's arguments, else of the text."""
+    seq = itertools.count()
+    events: list[dict[str, Any]] = [
+        {
+            "type": "response.created",
+            "sequence_number": next(seq),
+            "response": {**response, "status": "in_progress", "output": [], "usage": None},
+        }
+    ]
+    middle = None
+    for index, item in enumerate(response["output"]):
+        if item.get("type") == "function_call":
+            events.append(_added(next(seq), index, {**item, "arguments": "", "status": "in_progress"}))
+            pieces = _pieces(item.get("arguments", ""))
+            for n, piece in enumerate(pieces):
+                if middle is None and n == len(pieces) // 2:
+                    middle = len(events)
+                events.append(
+                    {
+                        "type": "response.function_call_arguments.delta",
+                        "sequence_number": next(seq),
+                        "item_id": item["id"],
+                        "output_index": index,
+                        "delta": piece,
+                    }
+                )
+            continue
+        events.append(_added(next(seq), index, item))
+        for part_index, part in enumerate(item.get("content", []) if item.get("type") == "message" else []):
+            for piece in _pieces(part.get("text", "")):
+                events.append(
+                    {
+                        "type": "response.output_text.delta",
+                        "sequence_number": next(seq),
+                        "item_id": item["id"],
+                        "output_index": index,
+                        "content_index": part_index,
+                        "delta": piece,
+                        "logprobs": [],
+                    }
+                )
+    events.append({"type": "response.completed", "sequence_number": next(seq), "response": response})
+    # Without a call: halfway through, never the last event (the answer must not be complete).
+    return events, middle if middle is not None else max(1, min(len(events) // 2, len(events) - 1))
+
+
+def _added(sequence_number: int, index: int, item: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "response.output_item.added",
+        "sequence_number": sequence_number,
+        "output_index": index,
+        "item": item,
+    }
+
+
+def _pieces(text: str) -> list[str]:
+    return [text[i : i + _PIECE] for i in range(0, len(text), _PIECE)] or [""]
 
 
 async def _send_json(send: Send, status: int, data: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:

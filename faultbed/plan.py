@@ -46,9 +46,23 @@ ServiceFault = Literal[
     "latency",  # `latency_ms` before the call is handled
 ]
 WireFault = Literal["latency", "refused", "reset", "timeout", "cut_reply", "down", "plant"]
-ModelFault = Literal["status_429", "status_500", "timeout", "reset", "malformed_output", "injection"]
+ModelFault = Literal[
+    "status_429",
+    "status_500",
+    "timeout",
+    "reset",
+    "malformed_output",
+    "injection",
+    # A streamed answer broken in the middle of its first call's arguments (or of its text, without a call):
+    "stream_cut",  # the connection drops
+    "stream_stall",  # nothing more is sent (the model turn's timeout ends the attempt)
+    "stream_garbage",  # a chunk that is not JSON, then the connection drops
+]
 # Model faults the scripted model endpoint injects on the HTTP exchange; the others are in the script's turns.
-ENDPOINT_FAULTS = frozenset({"status_429", "status_500", "timeout", "reset"})
+ENDPOINT_FAULTS = frozenset(
+    {"status_429", "status_500", "timeout", "reset", "stream_cut", "stream_stall", "stream_garbage"}
+)
+STREAM_FAULTS = frozenset({"stream_cut", "stream_stall", "stream_garbage"})
 ProcessFault = Literal["kill_worker", "kill_service", "restart_temporal"]
 # Named points of a request where a process fault strikes (the runner waits for the point, then signals).
 ProcessPoint = Literal[

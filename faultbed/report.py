@@ -10,6 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from faultbed.catalog import CoveredByTest, coverage
+from faultbed.invariants import PARTIAL_CALLS
 from faultbed.runner import RunOutcome
 from faultbed.scenarios import Scenario
 
@@ -56,6 +57,7 @@ def headline(outcomes: Sequence[RunOutcome]) -> dict[str, int]:
         "blind resends": broken["status asked before every resend"],
         "verified without read-back": broken["verified means read back"],
         "pairing breaks": broken["every call_id answered once"],
+        "calls from partial arguments": broken[PARTIAL_CALLS],
         "stuck requests": broken["no stuck request"],
         "runs not judged": broken["the run could be judged"],
     }
@@ -243,6 +245,7 @@ BAD = frozenset(
         "blind resends",
         "verified without read-back",
         "pairing breaks",
+        "calls from partial arguments",
         "stuck requests",
         "runs not judged",
     }

@@ -318,7 +318,7 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
     if result is None:
         with contextlib.suppress(Exception):
             await request.handle.terminate("chaos run: no result once the faults cleared")
-    facts = await _facts(stack, scenario, seed, request, result, tag, limits, shown)
+    facts = await _facts(stack, scenario, seed, request, result, tag, limits, shown, turns)
     operations = result.operations if result else []
     write = next((op for op in operations if work.wanted(op.tool, op.arguments)), None)
     return RunOutcome(
@@ -445,6 +445,7 @@ async def _facts(
     tag: str,
     limits: Limits,
     shown: dict[str, str],
+    scripted: list[list[dict[str, Any]]],
 ) -> RunFacts:
     query = EffectQuery(
         tag=tag,
@@ -468,13 +469,16 @@ async def _facts(
         if any(_holds(item, text) for text in planted)
     ]
     calls: list[str] = []
+    recorded: list[tuple[str, str]] = []
     outputs_sent: list[tuple[list[str], list[str]]] = []
     previous: list[str] | None = None
     for turn_input, turn_result in turns:
         if previous is not None:
             sent = [i.call_id for i in turn_input.new_items if isinstance(i, FunctionCallOutputItem)]
             outputs_sent.append((sent, previous))
-        made = [i.call_id for i in (turn_result.items if turn_result else []) if isinstance(i, FunctionCallItem)]
+        made_items = [i for i in (turn_result.items if turn_result else []) if isinstance(i, FunctionCallItem)]
+        made = [i.call_id for i in made_items]
+        recorded += [(i.call_id, i.arguments) for i in made_items]
         calls += made
         previous = made
     return RunFacts(
@@ -505,6 +509,13 @@ async def _facts(
         approvals_shown=[(op_id, digest == ledger.get(op_id)) for op_id, digest in shown.items()],
         in_doubt=in_doubt,
         received=received,
+        scripted_arguments={
+            item["call_id"]: item["arguments"]
+            for turn in scripted
+            for item in turn
+            if item.get("type") == "function_call"
+        },
+        recorded_arguments=recorded,
     )
 
 

@@ -261,6 +261,18 @@ BUILT_IN = BUILT_IN + (
         "twice",
     ),
     _scenario(
+        "model-stream-faults",
+        "model",
+        ("M11", "M10"),
+        [
+            {"boundary": "model", "fault": "stream_cut", "when": {"nth": 1}},
+            {"boundary": "model", "fault": "stream_garbage", "when": {"nth": 3}},
+            {"boundary": "model", "fault": "stream_stall", "when": {"nth": 5}},
+        ],
+        description="the model's streamed answer breaks in the middle of a call's arguments (cut, then a garbage "
+        "chunk) and stalls in its text: each turn is asked again, and no call is taken from a part of its arguments",
+    ),
+    _scenario(
         "model-timeout",
         "model",
         ("M10",),

@@ -34,7 +34,7 @@ def chaos(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, Any] | None]:
 def test_the_quick_matrix_holds_every_invariant_with_every_fault_fired(tmp_path: Path) -> None:
     scenarios = (
         "svc-lost-reply,svc-status-down,wire-reset-write,wire-flaky-reads,model-injection,model-endpoint-errors,"
-        "proc-worker-after-commit,svc-429-after-commit,svc-503-after-commit,svc-429-before-commit"
+        "model-stream-faults,proc-worker-after-commit,svc-429-after-commit,svc-503-after-commit,svc-429-before-commit"
     )
     code, err, results = chaos(tmp_path, "--scenarios", scenarios, "--seeds", "2")
     assert code == 0, err
@@ -55,6 +55,7 @@ def test_the_quick_matrix_holds_every_invariant_with_every_fault_fired(tmp_path:
         ("wire-flaky-reads", "verified", 1),
         ("model-injection", "verified", 1),
         ("model-endpoint-errors", "verified", 1),
+        ("model-stream-faults", "verified", 1),
         ("proc-worker-after-commit", "verified", 1),
         ("svc-429-after-commit", "verified", 1),
         ("svc-503-after-commit", "verified", 1),
@@ -67,14 +68,19 @@ def test_the_quick_matrix_holds_every_invariant_with_every_fault_fired(tmp_path:
     # A run where a fault with a time fired has a recovery time (the first fault to the result); the script's
     # planted injection has none.
     timed = [r for r in runs if sum(r["fired"].values()) and r["scenario"] != "model-injection"]
-    assert len(timed) >= 17 and all(r["recovery_seconds"] > 0 for r in timed)  # 16 Nth-call runs, 1+ seeded
+    assert len(timed) >= 19 and all(r["recovery_seconds"] > 0 for r in timed)  # 18 Nth-call runs, 1+ seeded
     assert all(r["recovery_seconds"] is None for r in runs if r["scenario"] == "model-injection")
     # The refund the model was talked into was rejected at the approval channel and left no effect.
     assert all(
         r["honesty"] == [["done", "done"], ["not_done", "not_done"]] for r in runs if r["scenario"] == "model-injection"
     )
     headline = results["headline"]
-    assert headline["runs"] == 20 and headline["duplicate effects"] == headline["false done"] == 0
+    assert headline["runs"] == 22 and headline["duplicate effects"] == headline["false done"] == 0
+    # Streams broken in the middle of a call's arguments: every turn asked again, no call taken from a part.
+    assert headline["calls from partial arguments"] == 0
+    stream_runs = [r for r in runs if r["scenario"] == "model-stream-faults"]
+    assert all(sorted(r["fired"].values()) == [1, 1, 1] for r in stream_runs)
+    assert all({c["name"]: c["ok"] for c in r["checks"]}["calls only from whole answers"] for r in stream_runs)
     assert headline["false not-done"] == headline["stuck requests"] == headline["pairing breaks"] == 0
     assert headline["blind resends"] == headline["resends with a new key"] == 0
     assert headline["verified without read-back"] == headline["runs not judged"] == 0

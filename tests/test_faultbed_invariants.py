@@ -31,6 +31,8 @@ def good_facts() -> RunFacts:
         answered=["r0", "r1", "w1"],
         outputs_sent=[(["r0", "r1"], ["r0", "r1"]), (["w1"], ["w1"])],
         rounds=3,
+        scripted_arguments={"r0": '{"orderId": "A100"}', "r1": '{"orderId": "A102"}', "w1": '{"title": "t"}'},
+        recorded_arguments=[("r0", '{"orderId": "A100"}'), ("r1", '{"orderId": "A102"}'), ("w1", '{"title": "t"}')],
     )
 
 
@@ -40,13 +42,15 @@ def broken(facts: RunFacts) -> dict[str, str]:
 
 def test_a_clean_run_holds_every_invariant() -> None:
     checks = judge(good_facts())
-    assert all(c.ok for c in checks) and len(checks) == 8
+    assert all(c.ok for c in checks) and len(checks) == 9
 
 
 @pytest.mark.parametrize(
     ("change", "name"),
     [
         ({"finished": False}, "no stuck request"),
+        # A call recorded with a part of its arguments (a stream broken in their middle, taken as the answer).
+        ({"recorded_arguments": [("r0", '{"orderId": "A1')]}, "calls only from whole answers"),
         ({"effects": [Effect(OP, *ME), Effect(OP, *ME)]}, "at most one effect"),
         ({"effects": [Effect(OP, *ME), Effect("op_" + "b" * 32, *ME)]}, "no resend with a new key"),
         ({"operations": [OperationFacts(OP, "verified", approved=False)]}, "no effect without approval"),
@@ -124,7 +128,7 @@ def logged(*received: Received) -> RunFacts:
 
 def test_the_service_log_checks_hold_for_a_write_sent_once_and_read_back() -> None:
     checks = judge(logged(get("/orders/A100", 1), write(2), get(EVENT, 3)))
-    assert all(c.ok for c in checks) and len(checks) == 10
+    assert all(c.ok for c in checks) and len(checks) == 11
 
 
 def test_a_write_reported_verified_must_have_been_read_back_from_the_service() -> None:

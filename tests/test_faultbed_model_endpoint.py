@@ -123,3 +123,33 @@ async def test_a_paused_call_is_held_until_released(endpoint: ScriptedModelEndpo
     assert not held.done()
     endpoint.release()
     assert [i.call_id for i in await asyncio.wait_for(held, 5)] == ["r0", "r1"]
+
+
+async def test_a_streamed_answer_is_the_plain_one_and_each_stream_fault_breaks_it_mid_arguments(
+    endpoint: ScriptedModelEndpoint,
+) -> None:
+    endpoint.load(
+        TURNS,
+        model_faults(
+            {"fault": "stream_cut", "when": {"nth": 1}},
+            {"fault": "stream_garbage", "when": {"nth": 2}},
+            {"fault": "stream_stall", "when": {"nth": 3}},
+        ),
+        seed=0,
+    )
+    failures = []
+    for _ in range(3):
+        with pytest.raises(ModelCallError) as caught:
+            await ask(endpoint, [], client_timeout=1.0)
+        failures.append(caught.value)
+    # Each broken stream is a temporary failure: the turn is asked again, nothing taken from its half.
+    assert [f.kind for f in failures] == ["temporary"] * 3
+    assert failures[1].message == "the model endpoint's stream carried a chunk that is not JSON"
+    assert failures[2].message.startswith("the model endpoint did not answer within 1 s")
+    streamed = await ask(endpoint, [])
+    client = ResponsesClient(api_key="sk-test", base_url=endpoint.url, model="m", stream=False)
+    async with client:
+        plain = await client.respond(instructions="", conversation=[], tools=[])
+    assert [(i.call_id, i.arguments) for i in streamed] == [(i.call_id, i.arguments) for i in plain]
+    assert [i.arguments for i in streamed] == ['{"orderId": "A100"}', '{"orderId": "A102"}']
+    assert dict(endpoint.fired) == {0: 1, 1: 1, 2: 1}
