@@ -131,8 +131,13 @@ class ModelActivities:
         )
         try:
             items = await adapter.respond(request)
-        except ModelCallError as err:
-            raise _application_error(err) from None
+        except BaseException as exc:
+            # Failed or cancelled: nothing more of this attempt's text is written (pieces held back included).
+            if live is not None:
+                await live.abandon()
+            if isinstance(exc, ModelCallError):
+                raise _application_error(exc) from None
+            raise
         if adapter.needs_conversation:
             self._conversations.after(run, inp.turn, conversation.extended(items))
         label = adapter.label(inp.model_name)
@@ -147,10 +152,8 @@ class ModelActivities:
             checked.cost = price.cost(usage) if price is not None else None
             _count_tokens(usage, label)
         if live is not None:
-            if not live.wrote_text:
-                # An adapter that does not stream: the same events, the whole text at once.
-                await live.text(answer_text(items) or "")
-            await live.end()
+            # An adapter that does not stream gives its whole text here: the same events, at once.
+            await live.end(whole_text=answer_text(items))
         return checked
 
 

@@ -128,10 +128,21 @@ def _failed(stack: str, request_id: str, started: float, exc: BaseException, wor
 class OursStack:
     name = "ours"
 
-    def __init__(self, client: Client, task_queue: str, signing_key: str) -> None:
+    def __init__(
+        self,
+        client: Client,
+        task_queue: str,
+        signing_key: str,
+        model: ModelSpec | None = None,
+        answer: str = ANSWER,
+    ) -> None:
         self.client = client
         # toolloop's client: starts the requests and is their approval channel ("u1 via bench").
         self.requests = ToolloopClient(client, task_queue=task_queue, signing_key=signing_key, channel="bench")
+        # The benchmark's own model by default (bench.agent); the streaming phase's worker call one over HTTP.
+        self.model = model or ModelSpec(provider="bench")
+        # What a request's answer must be to count as answered.
+        self.answer = answer
 
     async def begin(self, scenario: Scenario, request_id: str) -> ToolloopRequest:
         """Start one request through toolloop's client: its workflow id scoped to the user, the search
@@ -140,7 +151,7 @@ class OursStack:
             scenario.request_text(),
             actor=ACTOR,
             request_id=request_id,
-            model=ModelSpec(provider="bench"),
+            model=self.model,
             limits=limits_for(scenario),
         )
 
@@ -166,7 +177,7 @@ class OursStack:
                         scenario.request_text(),
                         actor=ACTOR,
                         request_id=request_id,
-                        model=ModelSpec(provider="bench"),
+                        model=self.model,
                         limits=limits_for(scenario),
                         approver=approver,
                     ),
@@ -186,7 +197,7 @@ class OursStack:
                 with contextlib.suppress(asyncio.CancelledError):
                     await helper
         latency = time.perf_counter() - started
-        outcome = outcome_of_result(result, scenario, request_id, latency)
+        outcome = outcome_of_result(result, scenario, request_id, latency, self.answer)
         outcome.approval_known_at = approvals[0] if approvals else None
         outcome.timer_seen_at = timers[0] if timers else None
         return outcome
@@ -209,13 +220,15 @@ async def _first_timer(handle: WorkflowHandle[Any, AgentResult], seen_at: list[f
             return
 
 
-def outcome_of_result(result: AgentResult, scenario: Scenario, request_id: str, latency_s: float) -> Outcome:
+def outcome_of_result(
+    result: AgentResult, scenario: Scenario, request_id: str, latency_s: float, answer: str = ANSWER
+) -> Outcome:
     answered = len({c.call_id for c in result.calls if c.ok})
     op = result.operations[0] if result.operations else None
     ok = (
         result.status == "completed"
         and result.stop_reason == "final_answer"
-        and result.final_text == ANSWER
+        and result.final_text == answer
         and answered == scenario.calls
         and (not scenario.write or (op is not None and op.state == "verified"))
     )

@@ -206,6 +206,33 @@ class Handoff:
     event_delivered: Latency | None = None
 
 
+# The streaming phase's two modes (bench/streaming.py).
+STREAMED, PLAIN_ANSWERS = "streamed", "plain"
+
+
+@dataclass
+class StreamingRound:
+    """One round: per mode, worker CPU per request (ms) and history per request (bytes)."""
+
+    worker_ms: dict[str, float] = field(default_factory=dict)
+    history_bytes: dict[str, float] = field(default_factory=dict)
+    requests: dict[str, int] = field(default_factory=dict)
+
+    def ratio(self, what: str) -> float | None:
+        values = self.worker_ms if what == "worker_ms" else self.history_bytes
+        plain, streamed = values.get(PLAIN_ANSWERS), values.get(STREAMED)
+        return streamed / plain if plain and streamed is not None else None
+
+
+@dataclass
+class Streaming:
+    rounds: list[StreamingRound] = field(default_factory=list)
+
+    def median_ratio(self, what: str) -> float | None:
+        ratios = [r for r in (run.ratio(what) for run in self.rounds) if r is not None]
+        return _median(ratios)
+
+
 Comparison = Literal["max", "min", "eq"]
 
 
@@ -242,6 +269,7 @@ class Results:
     scale: list[ScaleRun] = field(default_factory=list)
     recovery: list[Recovery] = field(default_factory=list)
     handoff: Handoff | None = None
+    streaming: Streaming | None = None
     # Anything that broke (a request that failed outside the scale phase, a recovery with != 1 effect).
     problems: list[str] = field(default_factory=list)
 
@@ -394,6 +422,13 @@ def targets(results: Results) -> list[Target]:
     for rec in results.recovery:
         if rec.stack == OURS:
             out.append(Target("recovery", "effects after a SIGKILL mid-write", float(rec.effects), 1, "eq", ""))
+    if results.streaming is not None:
+        for what, name, limit in (
+            ("worker_ms", "worker CPU per request, streamed vs plain answers", 1.05),
+            ("history_bytes", "history per request, streamed vs plain answers", 1.1),
+        ):
+            measured = results.streaming.median_ratio(what)
+            out.append(Target("streaming", name, measured, limit, "max", "x"))
     if results.handoff is not None:
         spaced = results.handoff.spaced
         measured = spaced.p95_ms if spaced else None
@@ -768,6 +803,35 @@ def render_markdown(results: Results, plots: Sequence[str] = ()) -> str:
             if lat is not None:
                 rows.append([label, str(lat.samples), fmt(lat.median_ms), fmt(lat.p95_ms), fmt(lat.max_ms)])
         lines += _table(["requests", "samples", "median ms", "p95 ms", "max ms"], rows)
+        lines.append("")
+
+    if results.streaming is not None and results.streaming.rounds:
+        lines += [
+            "## Streaming",
+            "",
+            "Write requests (3 reads, the write, the answer of 800 characters) on two workers calling the `openai` "
+            "model over HTTP: streamed answers written to a live text store (Redis), against plain answers and no "
+            "store. Per round and mode: worker CPU per request (ms) and history per request (KiB); the ratios are "
+            "streamed / plain.",
+            "",
+        ]
+        rows = []
+        for number, streamed_round in enumerate(results.streaming.rounds, start=1):
+            rows.append(
+                [
+                    str(number),
+                    fmt(streamed_round.worker_ms.get(STREAMED)),
+                    fmt(streamed_round.worker_ms.get(PLAIN_ANSWERS)),
+                    fmt_ratio(streamed_round.ratio("worker_ms")),
+                    fmt(_kib(streamed_round.history_bytes.get(STREAMED)), 2),
+                    fmt(_kib(streamed_round.history_bytes.get(PLAIN_ANSWERS)), 2),
+                    fmt_ratio(streamed_round.ratio("history_bytes")),
+                ]
+            )
+        lines += _table(
+            ["round", "CPU streamed", "CPU plain", "ratio", "KiB streamed", "KiB plain", "ratio"],
+            rows,
+        )
         lines.append("")
 
     found = targets(results)

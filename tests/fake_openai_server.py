@@ -17,7 +17,8 @@ chunk types: the text in pieces of STREAM_PIECE characters, each call's argument
 (Responses: `response.completed`; Chat Completions: the finish reason, then a usage chunk and `[DONE]`). A
 reply's `fault` breaks its stream after `fault_after` events: "cut" (the connection drops), "garbage" (a chunk
 that is not JSON), "stall" (nothing more until the server stops) or "end" (the body ends cleanly, the answer
-unfinished); "pause" holds the rest of the stream until `resume()`.
+unfinished); "error" sends the API's own error event and ends; "pause" holds the rest of the stream until
+`resume()`.
 """
 
 from __future__ import annotations
@@ -330,6 +331,8 @@ class Received:
     query: str
     headers: dict[str, str]
     body: Any
+    # The client's side of the connection (host:port): the same for calls that reused a connection.
+    peer: str = ""
 
 
 class FakeOpenAIServer:
@@ -362,7 +365,7 @@ class FakeOpenAIServer:
         """Script the next answer; answers are used in order, one per request, whatever its path. `fault`
         breaks a streamed answer after `fault_after` events ("cut", "garbage", "stall", "end"), or holds the rest
         until resume() ("pause")."""
-        if fault not in (None, "cut", "garbage", "stall", "end", "pause"):
+        if fault not in (None, "cut", "garbage", "stall", "end", "pause", "error"):
             raise ValueError(f"unknown stream fault {fault!r}")
         with self._lock:
             self._queue.append(Reply(status, body, dict(headers or {}), fault=fault, fault_after=fault_after))
@@ -391,7 +394,9 @@ class FakeOpenAIServer:
                 body: Any = json.loads(raw)
             except ValueError:
                 body = raw.decode("utf-8", "replace")
-            received = Received("/" + path, request.url.query, {k.lower(): v for k, v in request.headers.items()}, body)
+            peer = f"{request.client.host}:{request.client.port}" if request.client else ""
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            received = Received("/" + path, request.url.query, headers, body, peer)
             chat = path.endswith("chat/completions")
             if not chat and not path.endswith("responses"):
                 return Response(status_code=404)
@@ -426,6 +431,18 @@ class FakeOpenAIServer:
             elif scripted.fault is not None and sent == scripted.fault_after:
                 if scripted.fault == "end":
                     return  # a clean end of the body, before the answer's last event
+                if scripted.fault == "error":
+                    # The provider gives up mid-answer, as each API says it.
+                    problem = {
+                        "message": "The server had an error while processing your request.",
+                        "type": "server_error",
+                    }
+                    if chat:
+                        yield f"data: {json.dumps({'error': problem})}\n\n".encode()
+                    else:
+                        event = {"type": "error", "code": "server_error", "message": problem["message"]}
+                        yield f"event: error\ndata: {json.dumps(event)}\n\n".encode()
+                    return
                 if scripted.fault == "garbage":
                     yield b'data: {"choices": [{"delta": \n\n'
                 elif scripted.fault == "stall":
@@ -436,6 +453,9 @@ class FakeOpenAIServer:
             yield f"{name}data: {json.dumps(event)}\n\n".encode()
         if chat:
             yield b"data: [DONE]\n\n"
+        # The body ends a moment after the last event, as a real server's does (a client that stops reading at
+        # the last event and closes the response loses its connection).
+        await asyncio.sleep(0.02)
 
     def start(self) -> FakeOpenAIServer:
         self._thread = threading.Thread(

@@ -234,6 +234,11 @@ def test_quick_benchmark_runs_every_phase_and_writes_its_results(tmp_path: Path)
     assert all(s["drain_s"] > 0 and s["mib_per_open_request"] is not None for s in doc["scale"])
     assert {(r["stack"], r["effects"], r["completed"]) for r in doc["recovery"]} == {(OURS, 1, True), (FLOOR, 1, True)}
     assert doc["handoff"]["spaced"]["samples"] == 3 and doc["handoff"]["spaced"]["median_ms"] > 0
+    # Streamed against plain answers, each round on both workers, every request answered.
+    streaming = doc["streaming"]["rounds"]
+    assert len(streaming) == 2
+    assert all(r["worker_ms"][m] > 0 and r["history_bytes"][m] > 0 for r in streaming for m in ("streamed", "plain"))
+    assert all(r["requests"] == {"streamed": 6, "plain": 6} for r in streaming)
     assert doc["targets"] and all(t["measured"] is not None and t["met"] in (True, False) for t in doc["targets"])
     assert _numbers(doc) and all(n == n for n in _numbers(doc))  # numbers, no NaN
     report = (tmp_path / "latest.md").read_text()

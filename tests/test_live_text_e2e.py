@@ -43,7 +43,8 @@ async def streaming_worker(
         update={
             "openai_api_key": SecretStr(API_KEY),
             "openai_base_url": model_server.url,
-            "openai_timeout_seconds": 10.0,
+            # A stalled stream gives up after this long (the turn's attempt fails and is retried).
+            "openai_timeout_seconds": 2.0,
             "live_text_url": live_text_url,
         }
     )
@@ -65,10 +66,16 @@ async def test_a_streamed_answer_reaches_the_client_in_pieces_that_make_the_answ
     streaming_worker: Worker, model_server: FakeOpenAIServer, toolloop_client: ToolloopClient
 ) -> None:
     answer = "Your order A100 left the warehouse on Monday; it should arrive on Thursday."
-    model_server.reply(responses_response(output_message(answer)))
+    # The rest of the answer waits until the client has the first pieces: they reach it while it is written.
+    model_server.reply(responses_response(output_message(answer)), fault="pause", fault_after=6)
 
     request = await toolloop_client.start("Where is A100?", actor=USER, model=ModelSpec(provider="openai"))
-    shown = await shown_until_done(request)
+    shown: list[Shown] = []
+    async for piece in request.live_text():
+        shown.append(piece)
+        if len(shown) == 1:
+            assert piece.kind == "text" and answer.startswith(piece.text) and piece.text != answer
+            model_server.resume()
     result = await request.result()
 
     assert result.final_text == answer
@@ -78,7 +85,7 @@ async def test_a_streamed_answer_reaches_the_client_in_pieces_that_make_the_answ
     assert {(s.turn, s.attempt) for s in shown} == {(1, 1)}
 
 
-async def test_a_stream_cut_mid_arguments_restarts_the_turn_and_the_call_runs_once(
+async def test_a_stream_broken_mid_arguments_restarts_the_turn_and_the_call_runs_once(
     streaming_worker: Worker,
     model_server: FakeOpenAIServer,
     toolloop_client: ToolloopClient,
@@ -87,8 +94,9 @@ async def test_a_stream_cut_mid_arguments_restarts_the_turn_and_the_call_runs_on
     turn_one = responses_response(
         output_message("Let me look that up."), function_call("get_order_status", {"orderId": "A100"}, "call_1")
     )
-    # created, the message and its 5 pieces, the call, then 2 pieces of its 5 and the connection drops.
-    model_server.reply(turn_one, fault="cut", fault_after=1 + 1 + 5 + 1 + 2)
+    # created, the message and its 5 pieces, the call, 2 pieces of its 5 arguments: then the stream stalls (its
+    # text so far shown), and the worker gives up on it after its timeout.
+    model_server.reply(turn_one, fault="stall", fault_after=1 + 1 + 5 + 1 + 2)
     model_server.reply(turn_one)
     model_server.reply(responses_response(output_message("A100 ships with DHL.")))
 
@@ -97,9 +105,9 @@ async def test_a_stream_cut_mid_arguments_restarts_the_turn_and_the_call_runs_on
     result = await request.result()
 
     assert result.final_text == "A100 ships with DHL."
-    # The cut attempt's text was shown, then the restart, then the retried attempt's text only.
+    # The broken attempt's text was shown, then the restart, then the retried attempt's text only.
     turn_one_shown = [(s.kind, s.attempt, s.text) for s in shown if s.turn == 1]
-    assert turn_one_shown[0][0] == "text" and turn_one_shown[0][1] == 1
+    assert turn_one_shown[0] == ("text", 1, "Let me look that up.")
     restart = turn_one_shown.index(("restarted", 2, ""))
     assert "".join(t for k, a, t in turn_one_shown[restart:] if k == "text") == "Let me look that up."
     assert turn_one_shown[-1] == ("complete", 2, "")

@@ -478,3 +478,35 @@ async def test_a_stream_that_ends_early_without_its_last_event_is_temporary(
         "the model endpoint's stream ended before the response was complete",
         "the model endpoint's stream ended before the answer was complete",
     )
+
+
+async def test_an_error_the_provider_sends_in_the_middle_of_a_stream_is_temporary(
+    server: FakeOpenAIServer, streamed: OpenAIEndpoint
+) -> None:
+    server.reply(text_answer(api_of(streamed), "an answer the server gives up on"), fault="error", fault_after=3)
+    with pytest.raises(ModelCallError) as caught:
+        await ask_streamed(streamed)
+    assert caught.value.kind == "temporary"
+    assert caught.value.message == (
+        "the model endpoint's stream reported an error: The server had an error while processing your request."
+    )
+
+
+async def test_a_streamed_response_that_failed_is_temporary(server: FakeOpenAIServer) -> None:
+    async with endpoint("responses", server.url) as client:
+        failed = responses_response(output_message("half"), status="failed")
+        server.reply(failed)
+        with pytest.raises(ModelCallError) as caught:
+            await ask_streamed(client)
+    assert caught.value.kind == "temporary"
+    assert caught.value.message.startswith("the model endpoint failed the response")
+
+
+async def test_streamed_calls_reuse_one_connection(server: FakeOpenAIServer, streamed: OpenAIEndpoint) -> None:
+    # Each answer is read to its end (or briefly drained): the connection goes back to the pool, not closed.
+    for text in ("first answer", "second answer", "third answer"):
+        server.reply(text_answer(api_of(streamed), text))
+        answer, _ = await ask_streamed(streamed)
+        assert answer[0].model_dump()["content"][0]["text"] == text
+    peers = {r.peer for r in server.requests[-3:]}
+    assert len(peers) == 1, peers

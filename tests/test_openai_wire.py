@@ -28,7 +28,7 @@ from toolloop._core.contracts import (
     user_message,
 )
 from toolloop._models.adapter import ModelAnswer, TokenUsage
-from toolloop._models.chat import chat_answer, chat_messages, chat_tools
+from toolloop._models.chat import ChatStream, chat_answer, chat_messages, chat_tools
 from toolloop._models.errors import ModelCallError
 from toolloop._models.openai_sdk import (
     decode_body,
@@ -334,3 +334,99 @@ def test_a_body_that_is_not_json_is_malformed_quoting_its_start() -> None:
     assert caught.value.message.startswith("response body is not JSON: '<html>Bad gateway [redacted]")
     assert len(caught.value.message) < 120
     assert decode_body(json.dumps({"a": 1}).encode()) == {"a": 1}
+
+
+# --- a streamed Chat Completions answer, put together ------------------------------------------------------
+
+
+def test_streamed_chunks_make_the_answer_a_call_without_streaming_gets() -> None:
+    # The shape OpenAI and vLLM stream: the role, text pieces, each call's id and name, then its arguments in
+    # pieces (two calls interleaved by index), the finish reason, and the usage alone in a last chunk.
+    chunks: list[dict[str, Any]] = [
+        {
+            "id": "c1",
+            "created": 1,
+            "model": "m",
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+        },
+        {"choices": [{"index": 0, "delta": {"content": "Looking "}}]},
+        {"choices": [{"index": 0, "delta": {"content": "up."}}]},
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "call_a",
+                                "type": "function",
+                                "function": {"name": "lookup", "arguments": ""},
+                            }
+                        ]
+                    },
+                }
+            ]
+        },
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {
+                                "index": 1,
+                                "id": "call_b",
+                                "type": "function",
+                                "function": {"name": "lookup", "arguments": '{"id"'},
+                            }
+                        ]
+                    },
+                }
+            ]
+        },
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"id": '}}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '"a"}'}}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 1, "function": {"arguments": ': "b"}'}}]}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        {"choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29}},
+    ]
+    stream = ChatStream()
+    texts = [stream.add(chunk) for chunk in chunks]
+    assert [t for t in texts if t] == ["Looking ", "up."]
+
+    answer = chat_answer(stream.completion())
+
+    assert [(type(i).__name__, getattr(i, "call_id", None), getattr(i, "arguments", None)) for i in answer] == [
+        ("MessageItem", None, None),
+        ("FunctionCallItem", "call_a", '{"id": "a"}'),
+        ("FunctionCallItem", "call_b", '{"id": "b"}'),
+    ]
+    assert answer.usage is not None and (answer.usage.input_tokens, answer.usage.output_tokens) == (20, 9)
+
+
+def test_a_stream_without_its_finish_reason_or_any_chunk_is_temporary_and_a_bad_chunk_malformed() -> None:
+    stream = ChatStream()
+    with pytest.raises(ModelCallError, match="before its first chunk") as nothing:
+        stream.completion()
+    stream.add(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "x", "arguments": '{"a'}}]},
+                }
+            ]
+        }
+    )
+    with pytest.raises(ModelCallError, match="before the answer was complete") as cut:
+        stream.completion()
+    assert nothing.value.kind == cut.value.kind == "temporary"
+    with pytest.raises(ModelCallError) as bad:
+        ChatStream().add(["not", "an", "object"])
+    assert bad.value.kind == "malformed"
+    # Cut short by length: put together, then refused as an answer like any other answer cut short.
+    short = ChatStream()
+    short.add({"choices": [{"index": 0, "delta": {"content": "half an ans"}, "finish_reason": "length"}]})
+    with pytest.raises(ModelCallError, match="finish_reason is 'length'"):
+        chat_answer(short.completion())

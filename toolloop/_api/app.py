@@ -20,7 +20,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -775,7 +775,7 @@ def _finished_view(request_id: str, result: AgentResult) -> RequestView:
 
 async def _event_stream(
     followed: ToolloopRequest, request: Request, after: int, first: EventsPage
-) -> AsyncIterator[dict[str, str]]:
+) -> AsyncGenerator[dict[str, str], None]:
     """The request's events after number `after`, as they happen, ending with the final one; `first` is the
     first page, already read. Not the client's `follow()`: that yields the progress as it is each time, and
     a stream gives every event once, numbered, so a client that reconnects misses none."""
@@ -809,7 +809,7 @@ async def _event_stream(
 
 
 async def _with_live_text(
-    followed: ToolloopRequest, events: AsyncIterator[dict[str, str]], live: bool
+    followed: ToolloopRequest, events: AsyncGenerator[dict[str, str], None], live: bool
 ) -> AsyncIterator[dict[str, str]]:
     """The request's `events`, and while they last the model's text as it is written (`model_text`), in the order
     each arrives. A request already done, or a client without a live text store, gets the events alone."""
@@ -817,7 +817,7 @@ async def _with_live_text(
         async for event in events:
             yield event
         return
-    merged: asyncio.Queue[dict[str, str] | None] = asyncio.Queue(maxsize=1000)
+    merged: asyncio.Queue[dict[str, str]] = asyncio.Queue(maxsize=1000)
     over = asyncio.Event()
 
     async def pass_events() -> None:
@@ -826,20 +826,42 @@ async def _with_live_text(
                 await merged.put(event)
         finally:
             over.set()
-            await merged.put(None)
 
     async def pass_text() -> None:
         async for shown in followed.live_text(until=over.is_set):
             data = {"kind": shown.kind, "turn": shown.turn, "attempt": shown.attempt, "text": shown.text}
             await merged.put({"event": "model_text", "data": json.dumps(data)})
 
-    tasks = [asyncio.create_task(pass_events()), asyncio.create_task(pass_text())]
+    request_events = asyncio.create_task(pass_events())
+    text = asyncio.create_task(pass_text())
+    ended = asyncio.create_task(over.wait())
+    last_given = False
     try:
-        while (item := await merged.get()) is not None:
-            yield item
+        while True:
+            item = asyncio.create_task(merged.get())
+            await asyncio.wait({item, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if item.done():
+                given = item.result()
+                if given["event"] == "model_text" and last_given:
+                    continue  # text read after the request's last event: the answer is in that event
+                last_given = last_given or given["event"] in ("final", "error")
+                yield given
+                continue
+            item.cancel()
+            # The request's events are over: what they put in before is still given, text after them is not.
+            while not merged.empty():
+                queued = merged.get_nowait()
+                if queued.get("event") != "model_text":
+                    yield queued
+            request_events.result()  # a failure of the events' own reader is raised, not swallowed
+            return
     finally:
-        for task in tasks:
+        # However the stream ends (the last event, the client gone): both readers stop, and the events'
+        # generator is closed, which ends its long poll on the run's history.
+        for task in (request_events, text, ended):
             task.cancel()
+        await asyncio.gather(request_events, text, ended, return_exceptions=True)
+        await events.aclose()
 
 
 def _add_page(app: FastAPI) -> None:

@@ -6,19 +6,21 @@ conversation (each piece as a signal or an Update would multiply it), while hear
 throttled. The store holds display text only; what the turn decides is its activity's result, in history.
 Several workers write to one store and any client reads it; a retried attempt writes again under its own
 attempt number (toolloop._core.live_text says what a reader shows). Entries expire with their stream
-(`ttl_seconds` after the last turn started) and a stream keeps its last `max_entries`.
+(`ttl_seconds` after an attempt's first write) and a stream keeps about its last `max_entries` (trimmed
+approximately, as Redis does cheaply).
 
-Writing never fails a turn: a store that does not answer within `timeout_seconds` is logged once and the turn
-goes on without live text.
+Writing never fails a turn: the first write of an attempt that fails (a store down, or not answering within
+`timeout_seconds`) is logged, and the attempt goes on without live text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Self, cast
+from urllib.parse import urlsplit
 
 import redis.asyncio as redis
 from redis.exceptions import RedisError
@@ -28,7 +30,9 @@ from toolloop._core.live_text import LiveText, LiveTextKind
 logger = logging.getLogger(__name__)
 
 START = "0-0"
-# A piece of text waits at most this long for the next before it is written (fewer, larger entries).
+# Entries a read gives at most.
+_PAGE = 1000
+# A piece of text waits at most this long, with the next ones, before it is written (fewer, larger entries).
 FLUSH_SECONDS = 0.05
 
 
@@ -55,20 +59,34 @@ class LiveTextStore:
         max_entries: int = 10_000,
         timeout_seconds: float = 2.0,
         wait_seconds: float = 1.0,
+        max_connections: int = 1000,
     ) -> None:
-        if not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"a live text store is a Redis URL (redis://host:port/0), got {url.split('://')[0]!r}")
+        scheme = urlsplit(url).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"a live text store is a Redis URL (redis://host:port/0), not a {scheme or 'bare'} one")
         self.url = url
         self.ttl_seconds = ttl_seconds
         self.max_entries = max_entries
         self.wait_seconds = wait_seconds
-        # A read waits up to wait_seconds on the server: the socket's own timeout must outlast it.
-        self._redis = redis.Redis.from_url(
-            url, socket_timeout=timeout_seconds + wait_seconds, socket_connect_timeout=timeout_seconds
+        # Each reader holds a connection while it waits (up to wait_seconds), so the pool must hold as many as
+        # the readers of a process (the API's event streams); past it, a reader waits for one rather than fail.
+        # A read's socket timeout outlasts its wait on the server. A piece of text that is not valid UTF-8
+        # (a lone surrogate) is written with a replacement character rather than failing the write.
+        pool = redis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=timeout_seconds,
+            socket_timeout=timeout_seconds + wait_seconds,
+            socket_connect_timeout=timeout_seconds,
+            encoding_errors="replace",
         )
+        self._redis = redis.Redis.from_pool(pool)
 
     def __repr__(self) -> str:
-        return f"LiveTextStore({self.url.split('@')[-1]!r})"  # never the password of redis://:pw@host
+        # Never a password: neither redis://user:pw@host nor ?password=.
+        parts = urlsplit(self.url)
+        port = f":{parts.port}" if parts.port else ""
+        return f"LiveTextStore({parts.scheme}://{parts.hostname or ''}{port}{parts.path})"
 
     async def aclose(self) -> None:
         await self._redis.aclose()
@@ -82,20 +100,23 @@ class LiveTextStore:
     def writer(self, workflow_id: str, run_id: str, turn: int, attempt: int) -> LiveTextWriter:
         return LiveTextWriter(self, stream_key(workflow_id, run_id), turn, attempt)
 
-    async def append(self, key: str, fields: dict[Any, Any], *, renew: bool = False) -> None:
+    async def append(self, key: str, entries: list[dict[Any, Any]], *, renew: bool = False) -> None:
+        """Add `entries` to the stream at `key` in one round trip (and with `renew`, start its time to live
+        again)."""
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(key, fields, maxlen=self.max_entries, approximate=True)
+            for fields in entries:
+                pipe.xadd(key, fields, maxlen=self.max_entries, approximate=True)
             if renew:
                 pipe.expire(key, self.ttl_seconds)
             await pipe.execute()
 
     async def read(self, workflow_id: str, run_id: str, after: str = START, *, wait: bool = False) -> list[LiveText]:
-        """The entries after position `after` (at most 1,000), waiting up to `wait_seconds` for the first
+        """The entries after position `after` (at most _PAGE), waiting up to `wait_seconds` for the first
         when there is none yet and `wait` says so. LiveTextUnavailable when the store does not answer."""
         key = stream_key(workflow_id, run_id)
         block = int(self.wait_seconds * 1000) if wait else None
         try:
-            answer = cast(_XRead, await self._redis.xread({key: after}, count=1000, block=block))
+            answer = cast(_XRead, await self._redis.xread({key: after}, count=_PAGE, block=block))
         except (RedisError, OSError) as exc:
             raise LiveTextUnavailable(f"the live text store did not answer ({type(exc).__name__})") from None
         return [_entry(position, fields) for _, entries in answer or [] for position, fields in entries]
@@ -107,10 +128,11 @@ class LiveTextStore:
         after each wait of at most `wait_seconds`; what was written before it became true is still given)."""
         while True:
             last = until()
-            for entry in await self.read(workflow_id, run_id, after, wait=not last):
+            page = await self.read(workflow_id, run_id, after, wait=not last)
+            for entry in page:
                 after = entry.position
                 yield entry
-            if last:
+            if last and len(page) < _PAGE:
                 return
 
 
@@ -130,9 +152,13 @@ def _entry(position: bytes | str, fields: dict[bytes, bytes]) -> LiveText:
 
 class LiveTextWriter:
     """One attempt of one turn writing its live text: `start`, `text` for each piece, `end` once the answer is
-    complete. A piece is written at once when nothing was written for FLUSH_SECONDS; otherwise it waits with the
-    next ones, at most FLUSH_SECONDS (a fast stream makes few entries, and a pause shows what came before it).
-    Entries are written one at a time, in order."""
+    complete (or `abandon` when the attempt failed). A piece waits with the next ones for at most FLUSH_SECONDS
+    (a fast stream makes few entries, an answer written faster than that one entry with its end, and a pause
+    shows what came before it). Entries are written in order, one round trip each time.
+
+    A turn's first attempt writes nothing until it has text (a reader opens the attempt with its first entry),
+    and nothing at all when it has none (a turn of tool calls only); a later attempt writes `start` at once, so
+    readers drop what the earlier one showed even when this one writes no text."""
 
     def __init__(self, store: LiveTextStore, key: str, turn: int, attempt: int) -> None:
         self._store = store
@@ -140,32 +166,48 @@ class LiveTextWriter:
         self._turn = turn
         self._attempt = attempt
         self._pending: list[str] = []
-        self._last_write = 0.0
         self._broken = False
+        self._renewed = False
         self._order = asyncio.Lock()
         self._later: asyncio.Task[None] | None = None
         self.wrote_text = False
 
     async def start(self) -> None:
-        await self._write("start", renew=True)
+        if self._attempt > 1:
+            await self._write([self._entry("start")])
 
     async def text(self, piece: str) -> None:
         if not piece:
             return
         self._pending.append(piece)
         self.wrote_text = True
-        waited = time.monotonic() - self._last_write
-        if waited >= FLUSH_SECONDS:
-            await self._flush()
-        elif self._later is None:
-            self._later = asyncio.create_task(self._flush_after(FLUSH_SECONDS - waited))
+        if self._later is None:
+            self._later = asyncio.create_task(self._flush_after(FLUSH_SECONDS))
 
-    async def end(self) -> None:
-        if self._later is not None:
-            self._later.cancel()
-            self._later = None
-        await self._flush()
-        await self._write("end")
+    async def end(self, whole_text: str | None = None) -> None:
+        """The answer is complete: what is held back, and `end`, in one write. `whole_text`: the answer's text,
+        written here when no piece came (a model that does not stream: the same events, at once)."""
+        await self._cancel_later()
+        if not self.wrote_text and whole_text:
+            self._pending, self.wrote_text = [whole_text], True
+        entries = self._taken()
+        if self.wrote_text or self._attempt > 1:
+            entries.append(self._entry("end"))
+        await self._write(entries)
+
+    async def abandon(self) -> None:
+        """The attempt failed: what is held back is dropped, and nothing more is written (the next attempt's
+        `start` tells readers the turn restarted)."""
+        await self._cancel_later()
+        self._pending = []
+        self._broken = True
+
+    async def _cancel_later(self) -> None:
+        later, self._later = self._later, None
+        if later is not None:
+            later.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await later
 
     async def _flush_after(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
@@ -173,20 +215,29 @@ class LiveTextWriter:
         await self._flush()
 
     async def _flush(self) -> None:
-        if self._pending:
-            text, self._pending = "".join(self._pending), []
-            self._last_write = time.monotonic()
-            await self._write("text", text)
+        await self._write(self._taken())
 
-    async def _write(self, kind: LiveTextKind, text: str = "", *, renew: bool = False) -> None:
-        fields = {"turn": self._turn, "attempt": self._attempt, "kind": kind, "text": text}
+    def _taken(self) -> list[dict[str, Any]]:
+        if not self._pending:
+            return []
+        text, self._pending = "".join(self._pending), []
+        return [self._entry("text", text)]
+
+    def _entry(self, kind: LiveTextKind, text: str = "") -> dict[str, Any]:
+        return {"turn": self._turn, "attempt": self._attempt, "kind": kind, "text": text}
+
+    async def _write(self, entries: list[dict[str, Any]]) -> None:
+        if not entries:
+            return
         async with self._order:
             if self._broken:
                 return
             try:
-                await self._store.append(self._key, fields, renew=renew)
-            except (RedisError, OSError) as exc:
-                # Display only: the turn goes on, its answer in history as ever.
+                # The stream's time to live starts again with each attempt's first write.
+                await self._store.append(self._key, entries, renew=not self._renewed)
+                self._renewed = True
+            except Exception as exc:
+                # Display only: whatever fails here, the turn goes on, its answer in history as ever.
                 self._broken = True
                 logger.warning(
                     "live text store unavailable; this turn goes on without live text",

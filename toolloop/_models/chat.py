@@ -10,12 +10,12 @@ Responses adapter (toolloop._models.openai_sdk).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from openai import omit
-from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from toolloop._core.contracts import (
     ConversationItem,
@@ -208,7 +208,9 @@ class ChatCompletionsClient(OpenAIEndpoint):
         }
         if self.stream:
             # Usage comes in a last chunk of its own, and only when asked for.
-            streamed = self.client.chat.completions.create(**call, stream=True, stream_options={"include_usage": True})
+            streamed = self.client.chat.completions.with_streaming_response.create(
+                **call, stream=True, stream_options={"include_usage": True}
+            )
             body = await self._streamed_completion(streamed, on_text)
         else:
             body = await self._answer_body(self.client.chat.completions.with_raw_response.create(**call))
@@ -217,26 +219,88 @@ class ChatCompletionsClient(OpenAIEndpoint):
         return answer
 
     async def _streamed_completion(self, call: Any, on_text: TextSink | None) -> object:
-        """Read a streamed completion: each piece of text to `on_text`, the chunks put together by the SDK's
-        own accumulator (ChatCompletionStreamState, given no tools, so it parses nothing) into the completion
-        `chat_answer` reads. A stream that ends before its choice has a finish reason was cut: temporary."""
-        state: ChatCompletionStreamState[None] = ChatCompletionStreamState()
-        chunks = 0
-        async for chunk in self._events(call):
-            chunks += 1
-            state.handle_chunk(chunk)
-            if on_text is not None:
-                for choice in chunk.choices:
-                    if choice.index == 0 and choice.delta.content:
-                        await on_text(choice.delta.content)
-        if chunks == 0:
+        """Read a streamed completion: each piece of text to `on_text`, the chunks put together (ChatStream)
+        into the completion `chat_answer` reads. A stream that ends before its choice has a finish reason was
+        cut: temporary."""
+        stream = ChatStream()
+        async with contextlib.aclosing(self._stream_data(call)) as chunks:
+            async for chunk in chunks:
+                text = stream.add(chunk)
+                if text and on_text is not None:
+                    await on_text(text)
+        return stream.completion()
+
+
+class ChatStream:
+    """Pure: the chunks of a streamed Chat Completions answer put together into the answer's JSON, as a call
+    without streaming gets it (the first choice only): its text and refusal, each tool call by its index (id,
+    name, and its arguments joined in order), the finish reason and the usage of the last chunk. A chunk that
+    is not an object, or a choice's delta that is not one, is malformed."""
+
+    def __init__(self) -> None:
+        self._head: dict[str, Any] = {}
+        self._text: list[str] = []
+        self._refusal: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._finish: str | None = None
+        self._usage: object = None
+        self._chunks = 0
+
+    def add(self, chunk: object) -> str | None:
+        """Take one chunk; the text it adds, if any."""
+        if not isinstance(chunk, dict):
+            raise ModelCallError("malformed", f"a stream chunk is a JSON {json_type(chunk)}, not an object")
+        self._chunks += 1
+        for key in ("id", "created", "model"):
+            self._head.setdefault(key, chunk.get(key))
+        if chunk.get("usage") is not None:
+            self._usage = chunk["usage"]
+        choices = chunk.get("choices") or []
+        first = next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
+        if first is None:
+            return None
+        if first.get("finish_reason"):
+            self._finish = first["finish_reason"]
+        delta = first.get("delta") or {}
+        if not isinstance(delta, dict):
+            raise ModelCallError("malformed", f"a stream chunk's delta is a JSON {json_type(delta)}, not an object")
+        for call in delta.get("tool_calls") or []:
+            if not isinstance(call, dict):
+                raise ModelCallError("malformed", f"a streamed tool call is a JSON {json_type(call)}, not an object")
+            self._add_call(call)
+        refusal = delta.get("refusal")
+        if isinstance(refusal, str):
+            self._refusal.append(refusal)
+        text = delta.get("content")
+        if isinstance(text, str) and text:
+            self._text.append(text)
+            return text
+        return None
+
+    def _add_call(self, call: dict[str, Any]) -> None:
+        index = call.get("index", len(self._calls))
+        known = self._calls.setdefault(index, {"type": "function", "function": {"arguments": ""}})
+        if call.get("id"):
+            known["id"] = call["id"]
+        function = call.get("function") or {}
+        if isinstance(function.get("name"), str) and function["name"]:
+            known["function"]["name"] = function["name"]
+        if isinstance(function.get("arguments"), str):
+            known["function"]["arguments"] += function["arguments"]
+
+    def completion(self) -> dict[str, Any]:
+        """The answer as a Chat Completions body; temporary when the stream ended before it was complete."""
+        if self._chunks == 0:
             raise ModelCallError("temporary", "the model endpoint's stream ended before its first chunk")
-        completion = state.current_completion_snapshot.to_dict(mode="json")
-        choices = completion.get("choices")
-        first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-        if not first.get("finish_reason"):
+        if self._finish is None:
             raise ModelCallError("temporary", "the model endpoint's stream ended before the answer was complete")
-        return completion
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._text) if self._text else None}
+        if self._refusal:
+            message["refusal"] = "".join(self._refusal)
+        if self._calls:
+            message["tool_calls"] = [self._calls[i] for i in sorted(self._calls)]
+        choice = {"index": 0, "finish_reason": self._finish, "message": message}
+        return {**self._head, "object": "chat.completion", "choices": [choice], "usage": self._usage}
 
 
 class ChatCompletionsModel(OpenAIModel):

@@ -9,14 +9,18 @@ activity's retry policy would multiply attempts and hide failures, so `max_retri
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import math
 import re
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Self, cast
 
+import httpx2
 import openai
 from openai import AsyncOpenAI
 
@@ -26,6 +30,8 @@ from toolloop._models.errors import ModelCallError, truncate
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_TIMEOUT_SECONDS = 120.0
+# How long the rest of a streamed body is read once the answer is whole (the SDK's own streams wait as long).
+_DRAIN_SECONDS = 0.1
 
 # --- pure: what a failed call means -------------------------------------------------------------------------
 
@@ -174,20 +180,26 @@ def _count(value: object) -> bool:
 
 def call_failure(exc: openai.OpenAIError, secrets: Sequence[str], timeout_seconds: float | None) -> ModelCallError:
     """What a failed SDK call means for the activity (the SDK keeps the transport's own error as __cause__)."""
-    cause = exc.__cause__
-    cause_name = type(cause).__name__ if cause is not None else type(exc).__name__
     if isinstance(exc, openai.APIStatusError):
         return status_failure(exc.status_code, exc.response.headers, exc.body, secrets)
     if isinstance(exc, openai.APITimeoutError):
-        within = f" within {timeout_seconds:g} s" if timeout_seconds else ""
-        return ModelCallError("temporary", f"the model endpoint did not answer{within} ({cause_name})")
+        return timeout_failure(exc.__cause__ or exc, timeout_seconds)
     if isinstance(exc, openai.APIConnectionError):
-        # Connect refused, resets, DNS: the request may not have arrived; a retry is safe because a model
-        # call has no side effect.
-        detail = truncate(redact(str(cause or exc), secrets)) or "no detail"
-        return ModelCallError("temporary", f"could not reach the model endpoint ({cause_name}: {detail})")
+        return connection_failure(exc.__cause__ or exc, secrets)
     detail = truncate(redact(str(exc), secrets)) or "no detail"
     return ModelCallError("malformed", f"the model call failed ({type(exc).__name__}: {detail})")
+
+
+def timeout_failure(cause: BaseException, timeout_seconds: float | None) -> ModelCallError:
+    within = f" within {timeout_seconds:g} s" if timeout_seconds else ""
+    return ModelCallError("temporary", f"the model endpoint did not answer{within} ({type(cause).__name__})")
+
+
+def connection_failure(cause: BaseException, secrets: Sequence[str]) -> ModelCallError:
+    # Connect refused, resets, DNS, a stream cut: the answer may not have come whole; a retry is safe because a
+    # model call has no side effect.
+    detail = truncate(redact(str(cause), secrets)) or "no detail"
+    return ModelCallError("temporary", f"could not reach the model endpoint ({type(cause).__name__}: {detail})")
 
 
 def check_base_url(base_url: str) -> None:
@@ -297,29 +309,68 @@ class OpenAIEndpoint:
             raise call_failure(exc, self._secrets, self.timeout_seconds) from None
         return decode_body(raw.http_response.content, self._secrets)
 
-    async def _events(self, call: Awaitable[Any]) -> AsyncIterator[Any]:
-        """The events of one streamed call (`create(..., stream=True)`), in order; every failure, before or
-        during the stream, as a ModelCallError. A stream cut, stalled past the timeout or carrying a chunk that is
-        not JSON is temporary: the activity retries the turn, which streams again from the start."""
+    async def _stream_data(self, call: AbstractAsyncContextManager[Any]) -> AsyncGenerator[Any, None]:
+        """The JSON data of each server-sent event of one streamed call, in order, until the stream ends (or its
+        `[DONE]`); every failure, before or during the stream, as a ModelCallError. A stream cut, stalled past
+        the timeout or carrying a chunk that is not JSON is temporary: the activity retries the turn, which
+        streams again from the start.
+
+        `call` is the SDK's `with_streaming_response.create(..., stream=True)`: the raw response, its events
+        read by the HTTP client's own decoder (httpx2.EventSource). The SDK's typed events are not built: each
+        is validated against a union of some fifty event types, several times the cost of the answer itself on a
+        worker, and the terminal event's JSON is the whole answer as the provider sent it."""
         try:
-            stream = await call
-            async with stream:
-                kind = stream.response.headers.get("content-type", "")
+            async with call as response:
+                http: httpx2.Response = response.http_response
+                kind = http.headers.get("content-type", "")
                 if not kind.startswith("text/event-stream"):
-                    start = redact((await stream.response.aread()).decode("utf-8", "replace"), self._secrets)
+                    start = redact((await http.aread()).decode("utf-8", "replace"), self._secrets)
                     raise ModelCallError(
                         "malformed",
                         f"a streamed call was answered with {kind or 'no content type'}, not an event stream "
                         f"({truncate(start, 80)!r}); an endpoint that cannot stream needs streaming off "
                         "(OPENAI_STREAM=false)",
                     )
-                async for event in stream:
-                    yield event
+                events = aiter(httpx2.EventSource(http))
+                try:
+                    async with contextlib.aclosing(_event_data(events, self._secrets)) as datas:
+                        async for data in datas:
+                            yield data
+                finally:
+                    # The answer is whole (the last event read, or its reader has what it needs): what is left of
+                    # the body is read for a moment, so the connection goes back to the pool instead of being
+                    # closed (a new connection per model turn otherwise), as the SDK's own streams do.
+                    with contextlib.suppress(Exception):
+                        async with asyncio.timeout(_DRAIN_SECONDS):
+                            async for _ in events:
+                                pass
         except openai.OpenAIError as exc:
             raise call_failure(exc, self._secrets, self.timeout_seconds) from None
+        except httpx2.TimeoutException as exc:
+            raise timeout_failure(exc, self.timeout_seconds) from None
+        except httpx2.TransportError as exc:
+            raise connection_failure(exc, self._secrets) from None
         except ValueError:
-            # The SDK decodes each chunk's JSON; a broken one ends the stream here.
             raise ModelCallError("temporary", "the model endpoint's stream carried a chunk that is not JSON") from None
+
+
+async def _event_data(
+    events: AsyncIterator[httpx2.ServerSentEvent], secrets: Sequence[str]
+) -> AsyncGenerator[Any, None]:
+    """Each event's JSON data until `[DONE]` (Chat Completions' end) or the end of the stream. An error the
+    provider sends in the middle (Chat Completions' {"error": {...}} chunk, the Responses API's `error` event)
+    means it gave up on this answer: temporary, another attempt may not."""
+    async for event in events:
+        if event.data == "[DONE]":
+            return
+        data = event.json()
+        if isinstance(data, dict):
+            error = data.get("error")
+            found = error if isinstance(error, dict) else data if data.get("type") == "error" else None
+            if found is not None:
+                detail = truncate(redact(str(found.get("message") or "no detail"), secrets))
+                raise ModelCallError("temporary", f"the model endpoint's stream reported an error: {detail}")
+        yield data
 
 
 class OpenAIModel:

@@ -9,6 +9,7 @@ answer is the pure `responses_answer`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -30,7 +31,7 @@ _ITEM: TypeAdapter[ConversationItem] = TypeAdapter(ConversationItem)
 # Fields our adapter owns; `extra_body` cannot override them.
 _RESERVED = frozenset({"model", "instructions", "input", "tools", "parallel_tool_calls", "stream"})
 # The events that end a streamed response, each carrying the whole response.
-_TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+_TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete"})
 
 
 # --- pure: reading an answer ---------------------------------------------------------------------------------
@@ -116,7 +117,8 @@ class ResponsesClient(OpenAIEndpoint):
             "extra_body": self._extra_body or None,
         }
         if self.stream:
-            body = await self._streamed_response(self.client.responses.create(**call, stream=True), on_text)
+            streamed = self.client.responses.with_streaming_response.create(**call, stream=True)
+            body = await self._streamed_response(streamed, on_text)
         else:
             body = await self._answer_body(self.client.responses.with_raw_response.create(**call))
         answer = responses_answer(body)
@@ -125,17 +127,25 @@ class ResponsesClient(OpenAIEndpoint):
 
     async def _streamed_response(self, call: Any, on_text: TextSink | None) -> object:
         """Read a streamed response: each text delta to `on_text`, and the response as the terminal event
-        (`response.completed`, `.incomplete` or `.failed`) carries it whole - the only place the answer is
-        read from. A stream that ends without one was cut: temporary."""
-        async for event in self._events(call):
-            kind = getattr(event, "type", None)
-            if kind == "response.output_text.delta" and on_text is not None and event.delta:
-                await on_text(event.delta)
-            elif kind in _TERMINAL_EVENTS:
-                return event.response.to_dict(mode="json")
-            elif kind == "error":
-                detail = truncate(redact(str(getattr(event, "message", "") or "no detail"), self._secrets))
-                raise ModelCallError("temporary", f"the model endpoint's stream reported an error: {detail}")
+        (`response.completed` or `.incomplete`) carries it whole - the only place the answer is read from. A
+        stream that ends without one was cut, and `response.failed` is the provider's own failure: temporary."""
+        # Closed at once however reading ends (the terminal event, a failure): the response is released.
+        async with contextlib.aclosing(self._stream_data(call)) as events:
+            async for event in events:
+                kind = event.get("type") if isinstance(event, dict) else None
+                if kind == "response.output_text.delta":
+                    delta = event.get("delta")
+                    if on_text is not None and isinstance(delta, str) and delta:
+                        await on_text(delta)
+                elif kind == "response.failed":
+                    # The provider failed to finish the answer (its error inside the response): ask again.
+                    response = event.get("response")
+                    error = response.get("error") if isinstance(response, dict) else None
+                    message = error.get("message") if isinstance(error, dict) else None
+                    detail = truncate(redact(str(message or "no detail"), self._secrets))
+                    raise ModelCallError("temporary", f"the model endpoint failed the response: {detail}")
+                elif kind in _TERMINAL_EVENTS:
+                    return event.get("response")
         raise ModelCallError("temporary", "the model endpoint's stream ended before the response was complete")
 
 

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import inspect
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
     WorkflowExecutionStatus,
+    WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateFailedError,
     WorkflowUpdateHandle,
@@ -56,7 +58,7 @@ from toolloop._core.names import (
     GET_PROGRESS_QUERY,
     NEXT_APPROVAL_UPDATE,
 )
-from toolloop._live.store import LiveTextStore, LiveTextUnavailable
+from toolloop._live.store import START, LiveTextStore, LiveTextUnavailable
 from toolloop._temporal.approval_channel import (
     DEFAULT_APPROVAL_TTL_SECONDS,
     ApprovalRefused,
@@ -86,6 +88,8 @@ from toolloop._temporal.requests import (
     request_workflow_id,
 )
 from toolloop._temporal.results import request_result
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_TASK_QUEUE = "toolloop"
 
@@ -219,30 +223,56 @@ class ToolloopRequest:
         """The model's text as it is written, turn by turn (docs/DESIGN.md, "Live text"): `text` pieces of the
         newest attempt of each turn, `restarted` when a retried turn starts again (what was shown of it is void),
         `complete` when a turn's answer is whole. Until `until()` is true, by default until the run closes.
-        Display only: the request's answer is its result. Nothing without a live text store, and nothing more
-        once the store stops answering."""
+        Display only: the request's answer is its result. Nothing without a live text store; a store or a
+        Temporal that does not answer for a while is asked again, with a growing pause, while the run is open."""
         if self._live_text is None:
             return
-        run_id = self.handle.run_id or (await self.handle.describe()).run_id
-        closed = asyncio.Event()
-
-        async def watch_close() -> None:
-            # A long poll on the run's close; how it closed is for result() to say.
-            with contextlib.suppress(Exception):
-                await self.handle.result()
-            closed.set()
-
-        watcher = asyncio.create_task(watch_close()) if until is None else None
-        view = LiveTextView()
         try:
-            async for entry in self._live_text.follow(self.workflow_id, run_id, until or closed.is_set):
-                for shown in view.add(entry):
-                    yield shown
-        except LiveTextUnavailable:
-            return
+            run_id = self.handle.run_id or (await self.handle.describe()).run_id
+        except RPCError:
+            return  # no run to follow: result() says why
+        closed = asyncio.Event()
+        watcher = asyncio.create_task(self._set_when_closed(closed)) if until is None else None
+        stop = until or closed.is_set
+        view = LiveTextView()
+        after, pause = START, 0.0
+        try:
+            while True:
+                try:
+                    async for entry in self._live_text.follow(self.workflow_id, run_id, stop, after):
+                        after, pause = entry.position, 0.0
+                        for shown in view.add(entry):
+                            yield shown
+                    return
+                except LiveTextUnavailable:
+                    if stop():
+                        return
+                    pause = min(pause * 2, 5.0) if pause else 0.5
+                    await asyncio.sleep(pause)
         finally:
             if watcher is not None:
                 watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+
+    async def _set_when_closed(self, closed: asyncio.Event) -> None:
+        """Set `closed` once the run has closed, however (a long poll on its result). A Temporal that does not
+        answer for a moment is asked again: the run may well be open."""
+        pause = 0.0
+        while True:
+            try:
+                await self.handle.result()
+            except RPCError:
+                pause = min(pause * 2, 5.0) if pause else 0.5
+                await asyncio.sleep(pause)
+                continue
+            except WorkflowFailureError:
+                pass  # closed otherwise than answered: failed, cancelled, terminated, timed out
+            except Exception as exc:
+                # A result this client cannot read: the run has closed all the same.
+                logger.debug("live text: the run's result is unreadable (%s)", type(exc).__name__)
+            closed.set()
+            return
 
     async def raise_if_finished(self) -> None:
         """RequestFinished if the request has ended: it takes no more decisions."""
