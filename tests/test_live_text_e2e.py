@@ -116,3 +116,19 @@ async def test_a_stream_broken_mid_arguments_restarts_the_turn_and_the_call_runs
     assert [(c.call_id, c.ok) for c in result.calls] == [("call_1", True)]
     assert [r["path"] for r in await service_requests(admin, "/orders")] == ["/orders/A100"]
     assert len(model_server.requests) == 3
+
+
+async def test_a_model_that_does_not_stream_gives_the_same_events_per_turn(
+    streaming_worker: Worker, toolloop_client: ToolloopClient
+) -> None:
+    # The demo's offline model answers whole: its text arrives as one piece per turn, then complete.
+    request = await toolloop_client.start("Where is my order A100?", actor=USER, model=ModelSpec(provider="offline"))
+    shown = await shown_until_done(request)
+    result = await request.result()
+
+    assert result.final_text and result.final_text.startswith("[offline model]")
+    final_turn = max(s.turn for s in shown)
+    assert [(s.kind, s.text) for s in shown if s.turn == final_turn] == [
+        ("text", result.final_text),
+        ("complete", ""),
+    ]
