@@ -20,7 +20,8 @@ the conversation it sends, not counted: the first turn with a function call not 
 same turn again, as a real model would be asked again.
 
 A process fault "during a model turn" uses `pause`: the Nth call is held (counted as arrived) until the
-runner has struck and releases it."""
+runner has struck and releases it; a streamed call is held in the middle of its stream (its text and part of
+its first call's arguments already sent), so a worker killed there dies with an answer half read."""
 
 from __future__ import annotations
 
@@ -148,10 +149,15 @@ class ScriptedModelEndpoint:
             return None
         self.calls += 1
         number = self.calls
-        pause = self._pause
-        if pause is not None and pause.call_number == number:
-            pause.arrived.set()
-            await _first_of(pause.released.wait(), _disconnected(receive), seconds=self._hold)
+        try:
+            asked = json.loads(body)
+            conversation, streamed = asked.get("input", []), asked.get("stream") is True
+        except (ValueError, AttributeError):
+            conversation, streamed = [], False
+        pause = self._pause if self._pause is not None and self._pause.call_number == number else None
+        if pause is not None and not streamed:
+            await self._hold_paused(pause, receive)
+            pause = None
         fault = self._fault_for(number)
         kind = None if fault is None else fault.spec.fault
         if kind == "status_429":
@@ -166,18 +172,19 @@ class ScriptedModelEndpoint:
         if kind == "timeout":
             # No answer until the worker gives up on the call (or a long bound passes).
             await _first_of(_disconnected(receive), seconds=self._hold)
-        try:
-            asked = json.loads(body)
-            conversation, streamed = asked.get("input", []), asked.get("stream") is True
-        except (ValueError, AttributeError):
-            conversation, streamed = [], False
         response = _response(number, self._turn_for(conversation))
         if streamed:
-            return await self._stream(send, receive, response, kind if kind in STREAM_FAULTS else None)
+            return await self._stream(send, receive, response, kind if kind in STREAM_FAULTS else None, pause)
         await _send_json(send, 200, response)
         return None
 
-    async def _stream(self, send: Send, receive: Receive, response: dict[str, Any], fault: str | None) -> str | None:
+    async def _hold_paused(self, pause: _Pause, receive: Receive) -> None:
+        pause.arrived.set()
+        await _first_of(pause.released.wait(), _disconnected(receive), seconds=self._hold)
+
+    async def _stream(
+        self, send: Send, receive: Receive, response: dict[str, Any], fault: str | None, pause: _Pause | None
+    ) -> str | None:
         events, middle = stream_events(response)
         await send(
             {
@@ -187,6 +194,10 @@ class ScriptedModelEndpoint:
             }
         )
         for index, event in enumerate(events):
+            if pause is not None and index == middle:
+                # A strike "during a model turn" lands with the answer half streamed: its text and part of its
+                # first call's arguments sent, the rest held until the runner has struck.
+                await self._hold_paused(pause, receive)
             if fault is not None and index == middle:
                 if fault == "stream_stall":
                     # Nothing more until the worker gives up on the call (or a long bound passes).

@@ -284,7 +284,8 @@ BUILT_IN = BUILT_IN + (
         "process",
         ("W3",),
         [_kill("kill_worker", "during_model_turn", nth=2)],
-        description="the worker is SIGKILLed while the model proposes the write; a new worker asks again",
+        description="the worker is SIGKILLed while the model proposes the write, its answer half streamed; a new "
+        "worker asks again",
     ),
     _scenario(
         "proc-worker-before-send",

@@ -3,8 +3,9 @@ real PID (the worker, the business service, or the Temporal dev server), and sta
 way the stack first started it (the same files, the same port).
 
 How each point is reached for real, never guessed from timing:
-- `during_model_turn`: the scripted model endpoint holds the Nth model call; the strike lands while the
-  worker's model activity waits for it.
+- `during_model_turn`: the scripted model endpoint holds the Nth model call (a streamed one halfway through
+  its answer: text and part of a call's arguments sent); the strike lands while the worker's model activity
+  waits for the rest.
 - `before_write_sent`: the fault proxy holds the Nth write request before it reaches the service (a
   `latency` wire fault; a client that dies meanwhile never had it sent).
 - `after_service_commit`: the service holds the reply of the Nth write it committed (an `after_commit` rule
