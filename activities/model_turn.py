@@ -27,7 +27,7 @@ from toolloop._core.names import MODEL_TURN_ACTIVITY
 from toolloop._core.registry import ToolRegistry
 from toolloop._core.usage import PriceTable, TokenUsage
 from toolloop._core.validation import MAX_ARGUMENT_BYTES, check_turn
-from toolloop._live.store import LiveTextStore
+from toolloop._live.store import LiveTextStore, LiveTextWriter
 from toolloop._models.adapter import ModelAdapter, ModelAnswer, ModelRequest
 from toolloop._models.errors import ModelCallError
 from toolloop._temporal.telemetry import MODEL_TOKENS, count
@@ -114,8 +114,29 @@ class ModelActivities:
             raise ApplicationError(str(exc), type=ErrorType.MODEL_RESPONSE_MALFORMED, non_retryable=True) from None
         # This attempt's live text (display only); a retried turn writes again under its own attempt number.
         live = self._live_text.writer(run.workflow_id, run.run_id, inp.turn, info.attempt) if self._live_text else None
-        if live is not None:
-            await live.start()
+        if live is None:
+            return await self._answer(adapter, inp, run, conversation, None)
+        await live.start()
+        try:
+            checked = await self._answer(adapter, inp, run, conversation, live)
+        except BaseException:
+            # Failed or cancelled: nothing more of this attempt's text is written (pieces held back included).
+            await live.abandon()
+            raise
+        # An adapter that does not stream gives its whole text here: the same events, at once.
+        await live.end(whole_text=answer_text(checked.items))
+        return checked
+
+    async def _answer(
+        self,
+        adapter: ModelAdapter,
+        inp: ModelTurnInput,
+        run: RunKey,
+        conversation: Conversation,
+        live: LiveTextWriter | None,
+    ) -> ModelTurnResult:
+        """One call of the adapter (its text to `live` as it streams) and the check of what it proposed."""
+        info = activity.info()
         request = ModelRequest(
             turn=inp.turn,
             conversation=conversation.items,
@@ -131,13 +152,8 @@ class ModelActivities:
         )
         try:
             items = await adapter.respond(request)
-        except BaseException as exc:
-            # Failed or cancelled: nothing more of this attempt's text is written (pieces held back included).
-            if live is not None:
-                await live.abandon()
-            if isinstance(exc, ModelCallError):
-                raise _application_error(exc) from None
-            raise
+        except ModelCallError as exc:
+            raise _application_error(exc) from None
         if adapter.needs_conversation:
             self._conversations.after(run, inp.turn, conversation.extended(items))
         label = adapter.label(inp.model_name)
@@ -151,9 +167,6 @@ class ModelActivities:
             checked.usage = usage
             checked.cost = price.cost(usage) if price is not None else None
             _count_tokens(usage, label)
-        if live is not None:
-            # An adapter that does not stream gives its whole text here: the same events, at once.
-            await live.end(whole_text=answer_text(items))
         return checked
 
 

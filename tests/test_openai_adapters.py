@@ -27,7 +27,7 @@ from toolloop._core.contracts import Actor, FunctionCallItem, FunctionCallOutput
 from toolloop._models.adapter import ModelAnswer, ModelRequest, TokenUsage
 from toolloop._models.chat import ChatCompletionsClient, ChatCompletionsModel
 from toolloop._models.errors import ModelCallError
-from toolloop._models.openai_sdk import OpenAIEndpoint
+from toolloop._models.openai_sdk import OpenAIEndpoint, stream_error
 from toolloop._models.responses import ResponsesClient, ResponsesModel
 from toolloop._temporal.settings import WorkerSettings, settings_error
 from toolloop._temporal.worker_factory import settings_models
@@ -459,7 +459,7 @@ async def test_a_stream_broken_in_the_middle_of_a_calls_arguments_is_temporary(
 
     assert caught.value.kind == "temporary"
     expected = {
-        "cut": "could not reach the model endpoint",
+        "cut": "the model endpoint's stream broke off",
         "garbage": "the model endpoint's stream carried a chunk that is not JSON",
         "stall": "the model endpoint did not answer within 2 s",
     }[fault]
@@ -510,3 +510,19 @@ async def test_streamed_calls_reuse_one_connection(server: FakeOpenAIServer, str
         assert answer[0].model_dump()["content"][0]["text"] == text
     peers = {r.peer for r in server.requests[-3:]}
     assert len(peers) == 1, peers
+
+
+@pytest.mark.parametrize(
+    ("error", "kind", "words"),
+    [
+        ({"message": "The server had an error.", "type": "server_error"}, "temporary", "stream reported an error"),
+        ({"message": "overloaded", "code": 503}, "temporary", "stream reported an error"),
+        ({"message": "This model's maximum context length is 8192 tokens.", "code": 400}, "rejected", "context window"),
+        ({"message": "bad tool schema", "type": "BadRequestError", "code": 400}, "rejected", "rejected the request"),
+        ({"message": "slow down", "code": "429"}, "temporary", "stream reported an error"),
+        ("upstream went away", "temporary", "upstream went away"),
+    ],
+)
+def test_an_error_inside_a_stream_is_judged_as_it_would_be_before_one(error: object, kind: str, words: str) -> None:
+    found = stream_error(error)
+    assert found.kind == kind and words in found.message

@@ -430,3 +430,26 @@ def test_a_stream_without_its_finish_reason_or_any_chunk_is_temporary_and_a_bad_
     short.add({"choices": [{"index": 0, "delta": {"content": "half an ans"}, "finish_reason": "length"}]})
     with pytest.raises(ModelCallError, match="finish_reason is 'length'"):
         chat_answer(short.completion())
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        ({"index": None, "id": "c", "function": {"name": "x", "arguments": "{}"}}, "index is None"),
+        ({"index": "1", "id": "c", "function": {"name": "x"}}, "index is '1'"),
+        ({"index": 0, "id": "c", "function": "x"}, "function is a JSON string"),
+    ],
+)
+def test_a_streamed_tool_call_that_cannot_be_put_together_is_malformed(call: dict[str, Any], words: str) -> None:
+    with pytest.raises(ModelCallError, match=words) as caught:
+        ChatStream().add({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]})
+    assert caught.value.kind == "malformed"
+
+
+def test_two_streamed_tool_calls_under_one_index_are_malformed_not_joined() -> None:
+    stream = ChatStream()
+    first = {"index": 0, "id": "call_a", "function": {"name": "lookup", "arguments": ""}}
+    stream.add({"choices": [{"index": 0, "delta": {"tool_calls": [first]}}]})
+    second = {"index": 0, "id": "call_b", "function": {"name": "lookup", "arguments": '{"id": "b"}'}}
+    with pytest.raises(ModelCallError, match="two streamed tool calls have index 0"):
+        stream.add({"choices": [{"index": 0, "delta": {"tool_calls": [second]}}]})

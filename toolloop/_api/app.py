@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import anyio
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
@@ -836,6 +837,7 @@ async def _with_live_text(
     text = asyncio.create_task(pass_text())
     ended = asyncio.create_task(over.wait())
     last_given = False
+    item: asyncio.Task[dict[str, str]] | None = None
     try:
         while True:
             item = asyncio.create_task(merged.get())
@@ -857,11 +859,14 @@ async def _with_live_text(
             return
     finally:
         # However the stream ends (the last event, the client gone): both readers stop, and the events'
-        # generator is closed, which ends its long poll on the run's history.
-        for task in (request_events, text, ended):
+        # generator is closed, which ends its long poll on the run's history. Shielded: the server cancels a
+        # stream whose client left through a scope that would cut this cleanup short.
+        tasks = [t for t in (request_events, text, ended, item) if t is not None]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(request_events, text, ended, return_exceptions=True)
-        await events.aclose()
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await events.aclose()
 
 
 def _add_page(app: FastAPI) -> None:

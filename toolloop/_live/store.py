@@ -9,14 +9,13 @@ attempt number (toolloop._core.live_text says what a reader shows). Entries expi
 (`ttl_seconds` after an attempt's first write) and a stream keeps about its last `max_entries` (trimmed
 approximately, as Redis does cheaply).
 
-Writing never fails a turn: the first write of an attempt that fails (a store down, or not answering within
-`timeout_seconds`) is logged, and the attempt goes on without live text.
+Writing never fails a turn: the first write of an attempt that fails (a store down, or not answering within its
+socket and pool timeouts, a few seconds) is logged, and the attempt goes on without live text.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Self, cast
@@ -169,7 +168,9 @@ class LiveTextWriter:
         self._broken = False
         self._renewed = False
         self._order = asyncio.Lock()
+        # The flush waiting for its moment (at most one), and every flush not finished (abandon stops them).
         self._later: asyncio.Task[None] | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
         self.wrote_text = False
 
     async def start(self) -> None:
@@ -177,17 +178,21 @@ class LiveTextWriter:
             await self._write([self._entry("start")])
 
     async def text(self, piece: str) -> None:
-        if not piece:
+        if not piece or self._broken:
             return
         self._pending.append(piece)
         self.wrote_text = True
         if self._later is None:
             self._later = asyncio.create_task(self._flush_after(FLUSH_SECONDS))
+            self._flushes.add(self._later)
+            self._later.add_done_callback(self._flushes.discard)
 
     async def end(self, whole_text: str | None = None) -> None:
         """The answer is complete: what is held back, and `end`, in one write. `whole_text`: the answer's text,
         written here when no piece came (a model that does not stream: the same events, at once)."""
-        await self._cancel_later()
+        later, self._later = self._later, None
+        if later is not None:
+            later.cancel()
         if not self.wrote_text and whole_text:
             self._pending, self.wrote_text = [whole_text], True
         entries = self._taken()
@@ -196,25 +201,19 @@ class LiveTextWriter:
         await self._write(entries)
 
     async def abandon(self) -> None:
-        """The attempt failed: what is held back is dropped, and nothing more is written (the next attempt's
-        `start` tells readers the turn restarted)."""
-        await self._cancel_later()
-        self._pending = []
+        """The attempt failed or was cancelled: nothing more of it is written - what is held back is dropped and
+        a write under way is stopped (the next attempt's `start` tells readers the turn restarted)."""
         self._broken = True
-
-    async def _cancel_later(self) -> None:
-        later, self._later = self._later, None
-        if later is not None:
-            later.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await later
+        self._pending = []
+        self._later = None
+        flushes = list(self._flushes)
+        for flush in flushes:
+            flush.cancel()
+        await asyncio.gather(*flushes, return_exceptions=True)
 
     async def _flush_after(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
         self._later = None
-        await self._flush()
-
-    async def _flush(self) -> None:
         await self._write(self._taken())
 
     def _taken(self) -> list[dict[str, Any]]:

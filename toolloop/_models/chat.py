@@ -279,10 +279,18 @@ class ChatStream:
 
     def _add_call(self, call: dict[str, Any]) -> None:
         index = call.get("index", len(self._calls))
-        known = self._calls.setdefault(index, {"type": "function", "function": {"arguments": ""}})
-        if call.get("id"):
-            known["id"] = call["id"]
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise ModelCallError("malformed", f"a streamed tool call's index is {index!r}, not a number from 0")
         function = call.get("function") or {}
+        if not isinstance(function, dict):
+            raise ModelCallError("malformed", f"a streamed tool call's function is a JSON {json_type(function)}")
+        known = self._calls.setdefault(index, {"type": "function", "function": {"arguments": ""}})
+        call_id = call.get("id")
+        if call_id:
+            if known.get("id") not in (None, call_id):
+                # Two calls under one index: joined, one of them would be lost without a word.
+                raise ModelCallError("malformed", f"two streamed tool calls have index {index}")
+            known["id"] = call_id
         if isinstance(function.get("name"), str) and function["name"]:
             known["function"]["name"] = function["name"]
         if isinstance(function.get("arguments"), str):

@@ -331,7 +331,8 @@ class OpenAIEndpoint:
                         f"({truncate(start, 80)!r}); an endpoint that cannot stream needs streaming off "
                         "(OPENAI_STREAM=false)",
                     )
-                events = aiter(httpx2.EventSource(http))
+                # No size limit on one event: the last one carries the whole answer, as a plain call's body does.
+                events = aiter(httpx2.EventSource(http, max_event_size=None))
                 try:
                     async with contextlib.aclosing(_event_data(events, self._secrets)) as datas:
                         async for data in datas:
@@ -348,8 +349,12 @@ class OpenAIEndpoint:
             raise call_failure(exc, self._secrets, self.timeout_seconds) from None
         except httpx2.TimeoutException as exc:
             raise timeout_failure(exc, self.timeout_seconds) from None
-        except httpx2.TransportError as exc:
-            raise connection_failure(exc, self._secrets) from None
+        except httpx2.RequestError as exc:
+            # Only while the answer streams (a failure to connect comes as the SDK's own error, above).
+            detail = truncate(redact(str(exc), self._secrets)) or "no detail"
+            raise ModelCallError(
+                "temporary", f"the model endpoint's stream broke off ({type(exc).__name__}: {detail})"
+            ) from None
         except ValueError:
             raise ModelCallError("temporary", "the model endpoint's stream carried a chunk that is not JSON") from None
 
@@ -366,11 +371,27 @@ async def _event_data(
         data = event.json()
         if isinstance(data, dict):
             error = data.get("error")
-            found = error if isinstance(error, dict) else data if data.get("type") == "error" else None
-            if found is not None:
-                detail = truncate(redact(str(found.get("message") or "no detail"), secrets))
-                raise ModelCallError("temporary", f"the model endpoint's stream reported an error: {detail}")
+            if error:
+                raise stream_error(error, secrets)
+            if data.get("type") == "error":
+                raise stream_error(data, secrets)
         yield data
+
+
+def stream_error(error: object, secrets: Sequence[str] = ()) -> ModelCallError:
+    """An error a provider sends in the middle of a stream, by what it says: a context window exceeded, or an
+    HTTP 4xx code other than 408 and 429, is rejected as the same error before the stream would be; anything
+    else (a server error, an overload, no code) is temporary: the provider gave up on this answer, another
+    attempt may not."""
+    message = error.get("message") if isinstance(error, dict) else error
+    detail = truncate(redact(str(message or "no detail"), secrets))
+    code = error.get("code") if isinstance(error, dict) else None
+    status = int(code) if isinstance(code, int | str) and str(code).isdigit() else None
+    if is_context_length_error(error):
+        return ModelCallError("rejected", f"the conversation no longer fits the model's context window ({detail})")
+    if status is not None and 400 <= status < 500 and status not in (408, 429):
+        return ModelCallError("rejected", f"the model endpoint rejected the request in its stream: {detail}")
+    return ModelCallError("temporary", f"the model endpoint's stream reported an error: {detail}")
 
 
 class OpenAIModel:

@@ -19,7 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 from toolloop._core.contracts import ConversationItem, item_to_wire
 from toolloop._models.adapter import ModelAnswer, TextSink
 from toolloop._models.errors import ModelCallError, json_type, truncate
-from toolloop._models.openai_sdk import OpenAIEndpoint, OpenAIModel, redact, token_usage
+from toolloop._models.openai_sdk import OpenAIEndpoint, OpenAIModel, token_usage
 
 if TYPE_CHECKING:
     from openai.types.responses import ResponseInputParam, ToolParam
@@ -31,7 +31,7 @@ _ITEM: TypeAdapter[ConversationItem] = TypeAdapter(ConversationItem)
 # Fields our adapter owns; `extra_body` cannot override them.
 _RESERVED = frozenset({"model", "instructions", "input", "tools", "parallel_tool_calls", "stream"})
 # The events that end a streamed response, each carrying the whole response.
-_TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete"})
+_TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 # --- pure: reading an answer ---------------------------------------------------------------------------------
@@ -44,6 +44,9 @@ def responses_answer(data: object) -> ModelAnswer:
     if not isinstance(data, dict):
         raise ModelCallError("malformed", f"response body is a JSON {json_type(data)}, not an object")
     state = data.get("status")
+    if state == "failed":
+        # The provider's own failure to finish the answer (a streamed call says so in its last event): ask again.
+        raise ModelCallError("temporary", f"the model endpoint failed the response{_why_not_completed(data)}")
     if state != "completed":
         raise ModelCallError("malformed", f"response status is {state!r}{_why_not_completed(data)}, not 'completed'")
     output = data.get("output")
@@ -127,8 +130,8 @@ class ResponsesClient(OpenAIEndpoint):
 
     async def _streamed_response(self, call: Any, on_text: TextSink | None) -> object:
         """Read a streamed response: each text delta to `on_text`, and the response as the terminal event
-        (`response.completed` or `.incomplete`) carries it whole - the only place the answer is read from. A
-        stream that ends without one was cut, and `response.failed` is the provider's own failure: temporary."""
+        (`response.completed`, `.incomplete` or `.failed`) carries it whole - the only place the answer is read
+        from, by `responses_answer` as a plain call's body. A stream that ends without one was cut: temporary."""
         # Closed at once however reading ends (the terminal event, a failure): the response is released.
         async with contextlib.aclosing(self._stream_data(call)) as events:
             async for event in events:
@@ -137,13 +140,6 @@ class ResponsesClient(OpenAIEndpoint):
                     delta = event.get("delta")
                     if on_text is not None and isinstance(delta, str) and delta:
                         await on_text(delta)
-                elif kind == "response.failed":
-                    # The provider failed to finish the answer (its error inside the response): ask again.
-                    response = event.get("response")
-                    error = response.get("error") if isinstance(response, dict) else None
-                    message = error.get("message") if isinstance(error, dict) else None
-                    detail = truncate(redact(str(message or "no detail"), self._secrets))
-                    raise ModelCallError("temporary", f"the model endpoint failed the response: {detail}")
                 elif kind in _TERMINAL_EVENTS:
                     return event.get("response")
         raise ModelCallError("temporary", "the model endpoint's stream ended before the response was complete")

@@ -33,7 +33,7 @@ from temporalio.client import (
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from toolloop._core.approvals import canonical_json
 from toolloop._core.contracts import (
@@ -90,6 +90,8 @@ from toolloop._temporal.requests import (
 from toolloop._temporal.results import request_result
 
 logger = logging.getLogger(__name__)
+# RPC failures that pass: Temporal restarting or overloaded.
+_TRANSIENT = frozenset({RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.RESOURCE_EXHAUSTED})
 
 DEFAULT_TASK_QUEUE = "toolloop"
 
@@ -262,7 +264,10 @@ class ToolloopRequest:
         while True:
             try:
                 await self.handle.result()
-            except RPCError:
+            except RPCError as err:
+                if err.status not in _TRANSIENT:
+                    closed.set()  # not found (the run is gone), not allowed, ...: nothing more to follow
+                    return
                 pause = min(pause * 2, 5.0) if pause else 0.5
                 await asyncio.sleep(pause)
                 continue
