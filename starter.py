@@ -257,7 +257,9 @@ def _not_found(workflow_id: str, actor: Actor) -> NoReturn:
     _fail(f"no request {workflow_id} for user {actor.user_id!r} in tenant {actor.tenant_id!r}")
 
 
-async def _connect(settings: Settings, signing_key: str | None = None) -> ToolloopClient:
+async def _connect(
+    settings: Settings, signing_key: str | None = None, live_text: LiveTextStore | None = None
+) -> ToolloopClient:
     """toolloop's client, as the approval channel "cli": its decisions are recorded as "<user> via cli"."""
     return await ToolloopClient.connect(
         settings.temporal_address,
@@ -265,8 +267,7 @@ async def _connect(settings: Settings, signing_key: str | None = None) -> Toollo
         task_queue=settings.task_queue,
         signing_key=signing_key,
         channel="cli",
-        # The model's text as it is written, shown by `ask` on a terminal (TOOLLOOP_LIVE_TEXT_URL).
-        live_text=LiveTextStore(settings.live_text_url) if settings.live_text_url else None,
+        live_text=live_text,
     )
 
 
@@ -591,71 +592,54 @@ async def _ask(
     signing_key: str | None,
     allowed_tools: list[str] | None = None,
 ) -> _Outcome:
-    client = await _connect(settings, signing_key)
-    try:
-        return await _ask_with(
-            client, question, actor, spec, limits, settings, request_id, show, mode, session, allowed_tools
-        )
-    finally:
-        if client.live_text is not None:
-            await client.live_text.aclose()
-
-
-async def _ask_with(
-    client: ToolloopClient,
-    question: str,
-    actor: Actor,
-    spec: ModelSpec,
-    limits: Limits,
-    settings: Settings,
-    request_id: str | None,
-    show: bool,
-    mode: ApprovalMode,
-    session: _Session,
-    allowed_tools: list[str] | None,
-) -> _Outcome:
-    register = await missing_search_attributes(client.temporal)
-    if register is not None:
-        _fail(
-            f"Temporal at {settings.temporal_address} has no toolloop search attributes in namespace "
-            f"{settings.temporal_namespace}; register them once with: {register}"
-        )
-    # Without an id of the user's, the new one starts with the question's first words: the UI's default list
-    # shows the workflow id, so each request there says what it asked. Chosen here, before anything is sent,
-    # so that a Ctrl-C during the start can still name the request.
-    request_id = request_id or readable_request_id(question)
-    session.workflow_id = client.request(request_id, actor=actor).workflow_id
-    outcome = _Outcome(session.workflow_id)
-    try:
-        # A request id is never used twice: while its history is kept, the same id gives back its run.
-        request = await client.start(
-            question, actor=actor, request_id=request_id, model=spec, limits=limits, tools=allowed_tools
-        )
-        attached = request.attached
-    except RequestNotFound:
-        _not_found(session.workflow_id, actor)
-    except RequestIdReused:
-        # The same id with another question (or model, limits, tools): never the earlier run shown as this
-        # one's answer, nor its waiting writes decided as if they were this question's.
-        tail = f"{session.workflow_id} --user {actor.user_id} --tenant {actor.tenant_id}"
-        _fail(
-            f"request {request_id} was started with another question; ask this one with another --request-id, "
-            f"or see that one with `{' '.join([_cli_command(), 'result', tail, *_PRINTED_FLAGS])}`"
-        )
-    if attached:
-        err_console.print(
-            Text(f"request {request_id} exists already: showing its run (the same question, not asked again)")
-        )
-    try:
-        outcome.result = await _watch(request, show, mode, session)
-    except WorkflowFailureError as exc:
-        # A run that failed without a report (terminated, say); a failed request's report is its result.
-        outcome.failure = _why_failed(exc)
+    async with contextlib.AsyncExitStack() as opened:
+        # The model's text as it is written, shown in the live view on a terminal (TOOLLOOP_LIVE_TEXT_URL).
+        live = None
+        if show and settings.live_text_url:
+            live = await opened.enter_async_context(LiveTextStore(settings.live_text_url))
+        client = await _connect(settings, signing_key, live_text=live)
+        register = await missing_search_attributes(client.temporal)
+        if register is not None:
+            _fail(
+                f"Temporal at {settings.temporal_address} has no toolloop search attributes in namespace "
+                f"{settings.temporal_namespace}; register them once with: {register}"
+            )
+        # Without an id of the user's, the new one starts with the question's first words: the UI's default list
+        # shows the workflow id, so each request there says what it asked. Chosen here, before anything is sent,
+        # so that a Ctrl-C during the start can still name the request.
+        request_id = request_id or readable_request_id(question)
+        session.workflow_id = client.request(request_id, actor=actor).workflow_id
+        outcome = _Outcome(session.workflow_id)
         try:
-            outcome.operations = await request.operations()
-        except RPCError:
-            outcome.operations = []
-    return outcome
+            # A request id is never used twice: while its history is kept, the same id gives back its run.
+            request = await client.start(
+                question, actor=actor, request_id=request_id, model=spec, limits=limits, tools=allowed_tools
+            )
+            attached = request.attached
+        except RequestNotFound:
+            _not_found(session.workflow_id, actor)
+        except RequestIdReused:
+            # The same id with another question (or model, limits, tools): never the earlier run shown as this
+            # one's answer, nor its waiting writes decided as if they were this question's.
+            tail = f"{session.workflow_id} --user {actor.user_id} --tenant {actor.tenant_id}"
+            _fail(
+                f"request {request_id} was started with another question; ask this one with another --request-id, "
+                f"or see that one with `{' '.join([_cli_command(), 'result', tail, *_PRINTED_FLAGS])}`"
+            )
+        if attached:
+            err_console.print(
+                Text(f"request {request_id} exists already: showing its run (the same question, not asked again)")
+            )
+        try:
+            outcome.result = await _watch(request, show, mode, session)
+        except WorkflowFailureError as exc:
+            # A run that failed without a report (terminated, say); a failed request's report is its result.
+            outcome.failure = _why_failed(exc)
+            try:
+                outcome.operations = await request.operations()
+            except RPCError:
+                outcome.operations = []
+        return outcome
 
 
 def _exit_code(status: RunStatus, operations: list[OperationRecord], calls: Sequence[CallRecord] = ()) -> int:

@@ -15,7 +15,6 @@ import contextlib
 import json
 import socket
 import statistics
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +26,7 @@ from bench.report import PLAIN_ANSWERS, STREAMED, Streaming, StreamingRound
 from bench.scenarios import Scenario, calls_for_turn, scenario_of
 from bench.stack import OURS_TOOLS, REPO_ROOT, BenchStack, reset_service
 from devstack.processes import ManagedProcess, free_port, start_worker, wait_for_log_line
-from faultbed.model_endpoint import stream_events
+from faultbed.model_endpoint import response_body, send_events, stream_events
 from toolloop._core.contracts import ModelSpec
 
 if TYPE_CHECKING:
@@ -83,16 +82,7 @@ def bench_response(conversation: list[dict[str, Any]]) -> dict[str, Any]:
             }
             for c in calls
         ]
-    return {
-        "id": f"resp_bench_{turn}",
-        "object": "response",
-        "created_at": int(time.time()),
-        "status": "completed",
-        "model": "bench-endpoint",
-        "output": output,
-        "parallel_tool_calls": True,
-        "usage": {"input_tokens": 100, "output_tokens": 50, "total_tokens": 150},
-    }
+    return response_body(f"resp_bench_{turn}", "bench-endpoint", output, input_tokens=100, output_tokens=50)
 
 
 class BenchModelEndpoint:
@@ -133,13 +123,7 @@ class BenchModelEndpoint:
         asked = json.loads(body)
         response = bench_response(asked.get("input", []))
         if asked.get("stream") is True:
-            events, _ = stream_events(response)
-            start = {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
-            await send(start)
-            for event in events:
-                chunk = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
+            await send_events(send, stream_events(response)[0])
             return
         data = json.dumps(response).encode()
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})

@@ -186,13 +186,7 @@ class ScriptedModelEndpoint:
         self, send: Send, receive: Receive, response: dict[str, Any], fault: str | None, pause: _Pause | None
     ) -> str | None:
         events, middle = stream_events(response)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
-            }
-        )
+        await send(_STREAM_HEAD)
         for index, event in enumerate(events):
             if pause is not None and index == middle:
                 # A strike "during a model turn" lands with the answer half streamed: its text and part of its
@@ -208,8 +202,7 @@ class ScriptedModelEndpoint:
                     )
                 # uvicorn drops the connection when the app returns in the middle of a body.
                 return f"fault injected: model stream {fault}"
-            chunk = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": _framed(event), "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return None
 
@@ -259,16 +252,46 @@ def _response(number: int, turn: list[dict[str, Any]]) -> dict[str, Any]:
         if wire.get("type") == "message":
             wire["content"] = [{"annotations": [], **part} for part in wire.get("content", [])]
         output.append(wire)
+    return response_body(f"resp_chaos_{number}", "chaos-script", output, input_tokens=1, output_tokens=1)
+
+
+def response_body(
+    response_id: str, model: str, output: list[dict[str, Any]], *, input_tokens: int, output_tokens: int
+) -> dict[str, Any]:
+    """A completed Responses API answer with these output items and this usage."""
     return {
-        "id": f"resp_chaos_{number}",
+        "id": response_id,
         "object": "response",
         "created_at": int(time.time()),
         "status": "completed",
-        "model": "chaos-script",
+        "model": model,
         "output": output,
         "parallel_tool_calls": True,
-        "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2},
+        "usage": {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "total_tokens": input_tokens + output_tokens,
+        },
     }
+
+
+async def send_events(send: Send, events: list[dict[str, Any]]) -> None:
+    """A whole event stream: the head, each event as the Responses API frames it, the end."""
+    await send(_STREAM_HEAD)
+    for event in events:
+        await send({"type": "http.response.body", "body": _framed(event), "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+_STREAM_HEAD = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+}
+
+
+def _framed(event: dict[str, Any]) -> bytes:
+    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
 
 
 # Characters of text or arguments per streamed event.

@@ -46,17 +46,23 @@ def run_cli(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess
     )
 
 
-@pytest.fixture(scope="module")
-def cli_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    data_dir = tmp_path_factory.mktemp("cli-stack")
-    env = {
+def stack_env(data_dir: Path, **settings: str) -> dict[str, str]:
+    """The environment of a local stack of its own: this process's, without its toolloop, Temporal and model
+    settings, with a data dir and free ports (and `settings` over them)."""
+    return {
         **{k: v for k, v in os.environ.items() if not k.startswith(("TOOLLOOP_", "TEMPORAL_", "OPENAI_"))},
         "TOOLLOOP_DATA_DIR": str(data_dir),
         "TOOLLOOP_TEMPORAL_PORT": str(free_port()),
         "TOOLLOOP_UI_PORT": str(free_port()),
         "TOOLLOOP_SERVICE_PORT": str(free_port()),
         "TOOLLOOP_API_PORT": str(free_port()),
+        **settings,
     }
+
+
+@pytest.fixture(scope="module")
+def cli_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    env = stack_env(tmp_path_factory.mktemp("cli-stack"))
     yield env
     # Whatever a test left running, the stack is ours: stop it by its recorded PIDs.
     run_cli(env, "down", timeout=60)
@@ -898,18 +904,12 @@ def live_cli_env(
 ) -> Iterator[tuple[dict[str, str], FakeOpenAIServer]]:
     """A stack of its own whose worker's model streams (a loopback OpenAI server) into a live text store."""
     with FakeOpenAIServer() as model_server:
-        data_dir = tmp_path_factory.mktemp("cli-live-stack")
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("TOOLLOOP_", "TEMPORAL_", "OPENAI_"))},
-            "TOOLLOOP_DATA_DIR": str(data_dir),
-            "TOOLLOOP_TEMPORAL_PORT": str(free_port()),
-            "TOOLLOOP_UI_PORT": str(free_port()),
-            "TOOLLOOP_SERVICE_PORT": str(free_port()),
-            "TOOLLOOP_API_PORT": str(free_port()),
-            "TOOLLOOP_LIVE_TEXT_URL": live_text_url,
-            "OPENAI_API_KEY": "sk-test-cli-live-0123456789",
-            "OPENAI_BASE_URL": model_server.url,
-        }
+        env = stack_env(
+            tmp_path_factory.mktemp("cli-live-stack"),
+            TOOLLOOP_LIVE_TEXT_URL=live_text_url,
+            OPENAI_API_KEY="sk-test-cli-live-0123456789",
+            OPENAI_BASE_URL=model_server.url,
+        )
         try:
             yield env, model_server
         finally:
