@@ -66,7 +66,8 @@ async def test_worker_killed_mid_request_new_worker_finishes_with_every_call_ans
                 body=completed_response([function_call_item("get_order_status", {"orderId": "A100"}, call_id="fc_1")])
             )
             responses.enqueue(body=completed_response([message_item("A100 ships with DHL.")]))
-            env = {**env, "OPENAI_API_KEY": API_KEY, "OPENAI_BASE_URL": responses.url}
+            # Plain answers: this server answers with a body, not a stream (streaming has tests of its own).
+            env = {**env, "OPENAI_API_KEY": API_KEY, "OPENAI_BASE_URL": responses.url, "OPENAI_STREAM": "false"}
         first = await asyncio.to_thread(start_worker, REPO_ROOT, env, tmp_path / "first.log")
         stack.callback(first.kill9)
         handle = await start_agent(
@@ -160,7 +161,8 @@ async def openai_worker(
     client: Client, settings: Settings, responses_server: FakeResponsesServer
 ) -> AsyncIterator[Worker]:
     openai_settings = settings.model_copy(
-        update={"openai_api_key": SecretStr(API_KEY), "openai_base_url": responses_server.url}
+        # Plain answers: this server answers with a body, not a stream (streaming has tests of its own).
+        update={"openai_api_key": SecretStr(API_KEY), "openai_base_url": responses_server.url, "openai_stream": False}
     )
     async with running_worker(client, openai_settings, build_demo(openai_settings.service_url)) as w:
         yield w

@@ -1,4 +1,6 @@
-"""Tests (I/O): the Responses adapter against a real loopback HTTP server - round trips and failure kinds."""
+"""Tests (I/O): the Responses adapter against a real loopback HTTP server - round trips and failure kinds of a
+plain (not streamed) answer: the clients here turn streaming off (a streamed answer's own tests are in
+tests/test_openai_adapters.py)."""
 
 from __future__ import annotations
 
@@ -56,7 +58,9 @@ def server() -> Iterator[FakeResponsesServer]:
 @pytest_asyncio.fixture
 async def client(server: FakeResponsesServer) -> AsyncIterator[ResponsesClient]:
     server.reset()
-    async with ResponsesClient(api_key=API_KEY, base_url=server.url, model="fake-model", timeout_seconds=5) as c:
+    async with ResponsesClient(
+        api_key=API_KEY, base_url=server.url, model="fake-model", timeout_seconds=5, stream=False
+    ) as c:
         yield c
 
 
@@ -240,7 +244,7 @@ async def test_connection_refused_is_temporary() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
         async with ResponsesClient(
-            api_key=API_KEY, base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout_seconds=5
+            api_key=API_KEY, base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout_seconds=5, stream=False
         ) as c:
             error = await failure(c)
     assert error.kind == "temporary"
@@ -250,7 +254,7 @@ async def test_connection_refused_is_temporary() -> None:
 async def test_read_timeout_is_temporary(server: FakeResponsesServer) -> None:
     server.reset()
     server.enqueue(delay_seconds=1.0)
-    async with ResponsesClient(api_key=API_KEY, base_url=server.url, model="m", timeout_seconds=0.2) as c:
+    async with ResponsesClient(api_key=API_KEY, base_url=server.url, model="m", timeout_seconds=0.2, stream=False) as c:
         error = await failure(c)
     assert error.kind == "temporary"
     assert "ReadTimeout" in error.message
@@ -259,7 +263,9 @@ async def test_read_timeout_is_temporary(server: FakeResponsesServer) -> None:
 async def test_subprocess_server_serves_the_queue() -> None:
     with FakeResponsesProcess() as process:
         process.enqueue(body=completed_response([function_call_item("get_order_status", {"orderId": "A7"})]))
-        async with ResponsesClient(api_key=API_KEY, base_url=process.url, model="m", timeout_seconds=5) as c:
+        async with ResponsesClient(
+            api_key=API_KEY, base_url=process.url, model="m", timeout_seconds=5, stream=False
+        ) as c:
             first = await call(c)
             second = await call(c)
         assert isinstance(first[0], FunctionCallItem)
