@@ -26,7 +26,7 @@ from bench.report import PLAIN_ANSWERS, STREAMED, Streaming, StreamingRound
 from bench.scenarios import Scenario, calls_for_turn, scenario_of
 from bench.stack import OURS_TOOLS, REPO_ROOT, BenchStack, reset_service
 from devstack.processes import ManagedProcess, free_port, start_worker, wait_for_log_line
-from faultbed.model_endpoint import response_body, send_events, stream_events
+from faultbed.model_endpoint import read_body, response_body, send_events, stream_events
 from toolloop._core.contracts import ModelSpec
 
 if TYPE_CHECKING:
@@ -114,13 +114,7 @@ class BenchModelEndpoint:
     async def _app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        asked = json.loads(body)
+        asked = json.loads(await read_body(receive))
         response = bench_response(asked.get("input", []))
         if asked.get("stream") is True:
             await send_events(send, stream_events(response)[0])

@@ -138,12 +138,7 @@ class ScriptedModelEndpoint:
             return "endpoint stopping"
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send) -> str | None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         if scope["method"] != "POST" or not scope["path"].endswith("/responses"):
             await _send_json(send, 404, {"error": {"message": "not found"}})
             return None
@@ -223,6 +218,16 @@ class ScriptedModelEndpoint:
             if any(c not in answered for c in calls):
                 return turn
         return self.turns[-1] if self.turns else []
+
+
+async def read_body(receive: Receive) -> bytes:
+    """A request's whole body."""
+    body = b""
+    while True:
+        message = await receive()
+        body += bytes(message.get("body", b""))
+        if not message.get("more_body"):
+            return body
 
 
 async def _disconnected(receive: Receive) -> None:

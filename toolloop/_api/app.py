@@ -669,7 +669,12 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             streams.give_back(actor)
             raise
         return SlotHoldingStream(
-            _with_live_text(followed, _event_stream(followed, request, start, first), live=not first.done),
+            _with_live_text(
+                followed,
+                _event_stream(followed, request, start, first),
+                # Merged with the model's text only while there is some to come: a store, a running request.
+                live=config.live_text is not None and not first.done,
+            ),
             release=lambda: streams.give_back(actor),
             ping=15,
         )
