@@ -64,6 +64,7 @@ if _typing.TYPE_CHECKING:
         WriteNotSent,
         WriteOutcomeUnknown,
     )
+    from toolloop._core.threads import MessageAccepted, MessageRecord
     from toolloop._core.usage import ModelPrice, RequestUsage, TokenUsage
     from toolloop._models.adapter import ModelAdapter, ModelAnswer, ModelRequest
     from toolloop._models.chat import ChatCompletionsClient, ChatCompletionsModel
@@ -73,10 +74,13 @@ if _typing.TYPE_CHECKING:
     from toolloop._temporal.approval_channel import ApprovalRefused, RequestFinished
     from toolloop._temporal.client import (
         Approver,
+        MessageRefused,
         RequestIdReused,
         RequestNotFound,
+        ThreadNotFound,
         ToolloopClient,
         ToolloopRequest,
+        ToolloopThread,
     )
     from toolloop._temporal.converter import data_converter
     from toolloop._temporal.logs import configure_logging
@@ -128,6 +132,12 @@ __all__ = [
     "RequestIdReused",
     "ApprovalRefused",
     "RequestFinished",
+    # threads: conversations of several requests
+    "ToolloopThread",
+    "MessageAccepted",
+    "MessageRecord",
+    "ThreadNotFound",
+    "MessageRefused",
     "Actor",
     "AgentInput",
     "ModelSpec",
@@ -207,6 +217,11 @@ _HOMES: dict[str, str] = {
     "RequestNotFound": "toolloop._temporal.client",
     "ToolloopClient": "toolloop._temporal.client",
     "ToolloopRequest": "toolloop._temporal.client",
+    "ToolloopThread": "toolloop._temporal.client",
+    "ThreadNotFound": "toolloop._temporal.client",
+    "MessageRefused": "toolloop._temporal.client",
+    "MessageAccepted": "toolloop._core.threads",
+    "MessageRecord": "toolloop._core.threads",
     "ToolloopPlugin": "toolloop._temporal.plugin",
     "request_result": "toolloop._temporal.results",
     "HttpSource": "toolloop._tools.http",

@@ -379,7 +379,9 @@ async def answered_once(handle: WorkflowHandle[Any, AgentResult]) -> dict[str, d
     result = await request_result(handle)
     outputs: list[FunctionCallOutputItem] = []
     calls: list[str] = []
-    for turn_input, _ in turns:
+    # From turn 2 on: turn 1 answers none of this request's calls (a thread's message shows the earlier
+    # messages' writes there, as calls with their outputs).
+    for turn_input, _ in turns[1:]:
         outputs += [i for i in turn_input.new_items if isinstance(i, FunctionCallOutputItem)]
     for number, (_, turn_result) in enumerate(turns):
         if turn_result is None:

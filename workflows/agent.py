@@ -57,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
         RUN_TOOL_ACTIVITY,
     )
     from toolloop._core.planning import CallGroup, plan_round
+    from toolloop._core.threads import earlier_items
     from toolloop._core.validation import forbid_not_allowed
     from toolloop._temporal.search_attributes import OUTCOME_KEY, UNSETTLED_KEY, USER_KEY
     from toolloop.workflows.narration import Narrator
@@ -99,7 +100,13 @@ class AgentWorkflow:
         self._narrator = Narrator(lambda: self._writes.ledger.values(), lambda: self._progress.usage)
         # Built here, not in run(): an approval update may arrive before run() has started.
         self._writes = OperationStateMachine(
-            inp.actor, inp.limits, self._deadline, self._set_phase, self._narrator, _untrusted_input(inp)
+            inp.actor,
+            inp.limits,
+            self._deadline,
+            self._set_phase,
+            self._narrator,
+            _untrusted_input(inp),
+            thread=inp.thread,
         )
         # This round's calls whose output is a tool activity's result (so already in history).
         self._outputs_in_history: set[str] = set()
@@ -184,7 +191,8 @@ class AgentWorkflow:
             raise ApplicationError(untrusted, type=ErrorType.UNTRUSTED_INPUT, non_retryable=True)
         limits = inp.limits
         deadline = self._deadline
-        new_items: list[ConversationItem] = [user_message(inp.request)]
+        # A thread's message: the model is shown the earlier messages first (what happened, not what was proposed).
+        new_items: list[ConversationItem] = [*earlier_items(inp.thread), user_message(inp.request)]
         outputs_in_history: list[str] = []
         records = self._progress.calls
         executed = 0

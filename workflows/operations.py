@@ -55,6 +55,8 @@ with workflow.unsafe.imports_passed_through():
         OperationState,
         ReadBackInput,
         StatusCheck,
+        ThreadContext,
+        ThreadOperation,
         ToolCallResult,
         WriteInput,
         WriteOutcome,
@@ -86,8 +88,14 @@ class OperationStateMachine:
         set_phase: Callable[[str], None],
         narrator: Narrator | None = None,
         no_decisions: str | None = None,
+        *,
+        thread: ThreadContext | None = None,
     ) -> None:
         self._actor = actor
+        # A thread's message: operation ids are the thread's (the same payload in the same thread is the same
+        # operation), and what earlier messages did with one is known (the newest record of each).
+        self._scope = thread.scope if thread is not None else None
+        self._earlier: dict[str, ThreadOperation] = {op.operation_id: op for op in thread.operations} if thread else {}
         self._limits = limits
         self._deadline = deadline
         # Why this request takes no decisions at all (its input tried to bring trust); None: it takes them.
@@ -233,13 +241,13 @@ class OperationStateMachine:
     # --- One side-effecting call ----------------------------------------------------------------
 
     def _operation_id(self, call: CheckedCall) -> str:
-        """The same payload proposed again is the same operation, unless the tool says identical calls are
-        distinct: then each proposal is the next occurrence (counted in the model's order, so a replay counts
-        the same)."""
+        """The same payload proposed again is the same operation - in the request, or in its thread for a
+        thread's message - unless the tool says identical calls are distinct: then each proposal is the next
+        occurrence in this request (counted in the model's order, so a replay counts the same)."""
         assert call.arguments is not None
         request_id = workflow.info().workflow_id
         if not call.each_call_distinct:
-            return derive_operation_id(request_id, call.name, call.arguments)
+            return derive_operation_id(self._scope or request_id, call.name, call.arguments)
         key = derive_operation_id(request_id, call.name, call.arguments)
         occurrence = self._occurrences.get(key, 0)
         self._occurrences[key] = occurrence + 1
@@ -258,6 +266,11 @@ class OperationStateMachine:
             output = dict(op.output or {})
             output["same_operation_as_call"] = op.call_ids[0]
             return ToolCallResult(call_id=call.call_id, output=output, duration_ms=0)
+        earlier = self._earlier.get(operation_id)
+        if earlier is not None and earlier.state in ("verified", "completed"):
+            # Done by an earlier message of the thread: told again, never done again.
+            output = {**(earlier.output or {}), "done_by_earlier_request": earlier.request_id}
+            return ToolCallResult(call_id=call.call_id, output=output, duration_ms=0)
 
         op = OperationRecord(
             operation_id=operation_id,
@@ -275,11 +288,19 @@ class OperationStateMachine:
         self._arguments[operation_id] = call.arguments
         self._round_of[operation_id] = turn
         self._output_in_attempt.discard(call.call_id)  # a model may use a call id again in a later round
-        output = await self._drive(op, call, turn)
+        output = await self._drive(op, call, turn, earlier)
         op.output = output
         return ToolCallResult(call_id=call.call_id, output=output, duration_ms=_ms_since(started))
 
-    async def _drive(self, op: OperationRecord, call: CheckedCall, turn: int) -> dict[str, Any]:
+    async def _drive(
+        self, op: OperationRecord, call: CheckedCall, turn: int, earlier: ThreadOperation | None = None
+    ) -> dict[str, Any]:
+        if earlier is not None and earlier.state not in ("failed", "denied", "expired"):
+            # An earlier message of the thread left this very operation unknown: its status is asked before
+            # anything else, and only a service with no record of it lets it be approved and sent (same key).
+            settled = await self._settle_earlier_unknown(op, call, earlier)
+            if settled is not None:
+                return settled
         limits = self._limits
         now = workflow.now()
         op.approval_expires_at = min(now + timedelta(seconds=limits.approval_ttl_seconds), self._deadline)
@@ -310,6 +331,27 @@ class OperationStateMachine:
 
         self._set_phase(f"round {turn}: running {call.summary} ({op.operation_id})")
         completed, payload = await self._send_until_settled(op, call)
+        if not completed:
+            return payload
+        if not call.has_read_back:
+            return self._unverified(op, payload, "this tool has no read-back")
+        return await self._verify(op, payload)
+
+    async def _settle_earlier_unknown(
+        self, op: OperationRecord, call: CheckedCall, earlier: ThreadOperation
+    ) -> dict[str, Any] | None:
+        """The output for a proposal of an operation an earlier message left unknown, once its status settles
+        it; None when the service has no record of it (it may be approved and sent, with the same key)."""
+        op.note = f"left {earlier.state} by request {earlier.request_id} of this thread"
+        self._move(op, "unknown")
+        if not call.has_status:
+            return self._unknown(op, "an earlier message left it unknown and this tool has no status query.")
+        self._set_phase(f"status of {op.tool} {op.operation_id} (left unknown by an earlier message)")
+        settled = self._settled_by_status(op, await self._resolve(op))
+        if settled is None:
+            op.note = None
+            return None
+        completed, payload = settled
         if not completed:
             return payload
         if not call.has_read_back:

@@ -67,3 +67,7 @@ class ErrorType(StrEnum):
     # A write attempt that ended without a definite answer: the attempt fails (visibly, in the UI) with the
     # WriteOutcome as its details, and the workflow asks the operation's status.
     WRITE_OUTCOME_UNKNOWN = "WriteOutcomeUnknown"
+    # A thread refused a message: another user's, not a request id, or no such message in the thread.
+    NOT_THIS_THREAD = "NotThisThread"
+    # A thread's message sent again under its request id with another question, model, limits or tools.
+    REQUEST_ID_REUSED = "RequestIdReused"

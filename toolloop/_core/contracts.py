@@ -147,6 +147,9 @@ class Limits(BaseModel):
     # budget holds only with a model that reports usage (and, for max_cost, has a price).
     max_total_tokens: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
     max_cost: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # A message of a thread: how many of the thread's earlier messages the model is shown (the newest ones;
+    # docs/DESIGN.md, "Threads"). An operation an older message left unknown is always shown.
+    thread_turns: int = Field(default=20, ge=0, le=200)
 
 
 # The name a worker registered a model adapter under ("script", "openai", the demo's "offline", ...). It was
@@ -192,6 +195,8 @@ class AgentInput(BaseModel):
     metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=500)]] = Field(
         default_factory=dict, max_length=32
     )
+    # Set by a thread's workflow when this request is one of its messages: what happened earlier in the thread.
+    thread: ThreadContext | None = None
 
 
 # --- Model turn activity ------------------------------------------------------------------------
@@ -580,6 +585,47 @@ class AgentResult(BaseModel):
         return outcome_of(self.status, self.operations, self.calls)
 
 
+# --- Threads: what a message is told of the earlier ones ------------------------------------------
+
+
+class ThreadOperation(BaseModel):
+    """A write of an earlier message, as its request's ledger recorded it when that request ended."""
+
+    operation_id: str
+    tool: str
+    call_id: str
+    arguments: dict[str, Any] = Field(default_factory=dict)  # redacted, as in the ledger
+    state: OperationState
+    # What the model was told of it (its tool output).
+    output: dict[str, Any] | None = None
+    request_id: str = ""
+
+
+class ThreadTurn(BaseModel):
+    """An earlier message of a thread and what came of it: the question, the writes with their recorded
+    outcomes, and the answer (None: the request ended without one; `stop_reason` says why)."""
+
+    number: int = Field(ge=1)
+    request_id: str
+    question: str
+    answer: str | None = None
+    status: RunStatus | None = None
+    stop_reason: str | None = None
+    operations: list[ThreadOperation] = Field(default_factory=list)
+
+
+class ThreadContext(BaseModel):
+    """What a thread's workflow gives the request of its next message. `scope` names the thread for the
+    operation ids (the same payload in the same thread is the same operation, unless its tool says identical
+    calls are distinct); `turns` are the earlier messages the model is shown, oldest first; `operations`
+    every earlier write a new proposal must meet (those of the shown turns, and any older one left unknown)."""
+
+    thread_id: str
+    scope: str
+    turns: list[ThreadTurn] = Field(default_factory=list)
+    operations: list[ThreadOperation] = Field(default_factory=list)
+
+
 class AgentProgress(BaseModel):
     phase: str
     round: int
@@ -649,3 +695,6 @@ def answer_text(items: Sequence[ConversationItem]) -> str | None:
 
 def output_json(output: dict[str, Any]) -> str:
     return json.dumps(output, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+AgentInput.model_rebuild()

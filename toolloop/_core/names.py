@@ -15,17 +15,25 @@ GET_APPROVAL_REQUEST_QUERY = "get_approval_request"
 GET_EVENTS_QUERY = "get_events"
 GET_PENDING_APPROVALS_QUERY = "get_pending_approvals"
 NEXT_APPROVAL_UPDATE = "next_approval"
+# A thread: one workflow per conversation, which starts each message's request as a child AgentWorkflow.
+THREAD_WORKFLOW = "ThreadWorkflow"
+SEND_MESSAGE_UPDATE = "send_message"
+MESSAGE_STARTED_UPDATE = "message_started"
+GET_THREAD_QUERY = "get_thread"
 # Search attributes (registered on the server: the dev server of the local stack and the tests registers them
 # at start, docker-compose by a job). The starter sets user and tenant; the workflow sets outcome and unsettled.
 TENANT_SEARCH_ATTRIBUTE = "ToolloopTenant"
 # Keyword: running | answered | not_done | unknown | stopped | failed (contracts.outcome_of)
 OUTCOME_SEARCH_ATTRIBUTE = "ToolloopOutcome"
 UNSETTLED_SEARCH_ATTRIBUTE = "ToolloopUnsettled"  # Bool: a side effect is unknown or done but not verified
+# Keyword: the thread a request is a message of (set on the thread's workflow too)
+THREAD_SEARCH_ATTRIBUTE = "ToolloopThread"
 SEARCH_ATTRIBUTES = {
     USER_SEARCH_ATTRIBUTE: "Keyword",
     TENANT_SEARCH_ATTRIBUTE: "Keyword",
     OUTCOME_SEARCH_ATTRIBUTE: "Keyword",
     UNSETTLED_SEARCH_ATTRIBUTE: "Bool",
+    THREAD_SEARCH_ATTRIBUTE: "Keyword",
 }
 # Metric names (Prometheus, through Temporal's metric meter).
 TOOL_RESULTS_METRIC = "toolloop_tool_results"

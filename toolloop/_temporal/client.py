@@ -32,10 +32,11 @@ from temporalio.client import (
     WorkflowUpdateStage,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from toolloop._core.approvals import canonical_json
+from toolloop._core.codes import ErrorType
 from toolloop._core.contracts import (
     Actor,
     AgentInput,
@@ -56,8 +57,14 @@ from toolloop._core.names import (
     GET_EVENTS_QUERY,
     GET_LEDGER_QUERY,
     GET_PROGRESS_QUERY,
+    GET_THREAD_QUERY,
+    MESSAGE_STARTED_UPDATE,
     NEXT_APPROVAL_UPDATE,
+    SEND_MESSAGE_UPDATE,
+    THREAD_WORKFLOW,
 )
+from toolloop._core.request_naming import request_memo
+from toolloop._core.threads import MessageAccepted, MessageRecord, ThreadInput, ThreadMessage, ThreadView
 from toolloop._live.store import START, LiveTextStore, LiveTextUnavailable
 from toolloop._temporal.approval_channel import (
     DEFAULT_APPROVAL_TTL_SECONDS,
@@ -82,12 +89,13 @@ from toolloop._temporal.requests import (
     acts_for,
     readable_request_id,
     request_id_of,
-    request_memo,
     request_search_attributes,
     request_summary,
     request_workflow_id,
+    thread_workflow_id,
 )
 from toolloop._temporal.results import request_result
+from toolloop._temporal.search_attributes import thread_search_attributes
 
 logger = logging.getLogger(__name__)
 # RPC failures that pass: Temporal restarting or overloaded.
@@ -105,6 +113,14 @@ class RequestNotFound(LookupError):
 
 class RequestIdReused(ValueError):
     """The request id names a request that was started with another question, model, limits or tools."""
+
+
+class ThreadNotFound(LookupError):
+    """No such thread for this actor. Another user's thread looks exactly like one that does not exist."""
+
+
+class MessageRefused(RuntimeError):
+    """A thread's message whose request could not start (its request id names another request)."""
 
 
 def submission_digest(inp: AgentInput) -> str:
@@ -478,15 +494,7 @@ class ToolloopClient:
     ) -> ToolloopRequest:
         """`start`; with `wait_for_approval`, the run starts with an approver's first next_approval wait in the
         same call (update-with-start), which its first workflow task accepts."""
-        inp = AgentInput(
-            request=question,
-            actor=actor,
-            model=model or ModelSpec(),
-            limits=limits or Limits(),
-            instructions=instructions,
-            allowed_tools=list(tools) if tools is not None else None,
-            metadata=dict(metadata or {}),
-        )
+        inp = _request_input(question, actor, model, limits, instructions, tools, metadata)
         request_id = request_id or readable_request_id(question)
         workflow_id = request_workflow_id(actor, request_id)
         digest = submission_digest(inp)
@@ -571,17 +579,153 @@ class ToolloopClient:
         if approver is not None:
             self._channel.require_key()  # before anything starts
         request = await self._start(question, actor=actor, wait_for_approval=approver is not None, **start_options)
-        if approver is None:
-            return await request.result()
-        deciding = asyncio.create_task(request.decide_each(approver, decider=decider))
-        finishing = asyncio.create_task(request.result())
+        return await _finish(request, approver, decider)
+
+    def thread(self, thread_id: str, *, actor: Actor) -> ToolloopThread:
+        """`actor`'s thread `thread_id` (scoped like request ids: another user's thread id names another
+        thread). Its first message starts it; nothing is asked of the server until it is used."""
+        return ToolloopThread(self, thread_id, actor)
+
+    def _request(self, workflow_id: str, actor: Actor, request_id: str) -> ToolloopRequest:
+        handle = self.temporal.get_workflow_handle(workflow_id, result_type=AgentResult)
+        return ToolloopRequest(self._channel, handle, actor, request_id, self.live_text)
+
+
+def _request_input(
+    question: str,
+    actor: Actor,
+    model: ModelSpec | None,
+    limits: Limits | None,
+    instructions: str | None,
+    tools: Sequence[str] | None,
+    metadata: Mapping[str, str] | None,
+) -> AgentInput:
+    return AgentInput(
+        request=question,
+        actor=actor,
+        model=model or ModelSpec(),
+        limits=limits or Limits(),
+        instructions=instructions,
+        allowed_tools=list(tools) if tools is not None else None,
+        metadata=dict(metadata or {}),
+    )
+
+
+async def _finish(request: ToolloopRequest, approver: Approver | None, decider: Actor | None) -> AgentResult:
+    """The request's report, once `approver` (if any) has been shown each operation that waited for approval."""
+    if approver is None:
+        return await request.result()
+    deciding = asyncio.create_task(request.decide_each(approver, decider=decider))
+    finishing = asyncio.create_task(request.result())
+    try:
+        await asyncio.wait({deciding, finishing}, return_when=asyncio.FIRST_COMPLETED)
+        if deciding.done() and not finishing.done() and deciding.exception() is not None:
+            raise deciding.exception()  # type: ignore[misc]  # the approver itself failed
+        return await finishing
+    finally:
+        for task in (deciding, finishing):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+class ToolloopThread:
+    """One thread of one actor: a conversation whose messages run one after another, each one request that is
+    shown what happened before it (docs/DESIGN.md, "Threads"). Its workflow starts with its first message."""
+
+    def __init__(self, client: ToolloopClient, thread_id: str, actor: Actor) -> None:
+        self._client = client
+        self.thread_id = thread_id
+        self.actor = actor
+        self.handle: WorkflowHandle[Any, Any] = client.temporal.get_workflow_handle(
+            thread_workflow_id(actor, thread_id)
+        )
+
+    @property
+    def workflow_id(self) -> str:
+        return self.handle.id
+
+    async def send(
+        self,
+        question: str,
+        *,
+        request_id: str | None = None,
+        model: ModelSpec | None = None,
+        limits: Limits | None = None,
+        instructions: str | None = None,
+        tools: Sequence[str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> MessageAccepted:
+        """Add a message to the thread (starting the thread with its first): it runs once every message accepted
+        before it has ended (`ahead` says how many have not). A request id names one message, as it names one
+        request: sent again with the same submission (a retry) it is the same message (`attached`), with
+        another it raises RequestIdReused."""
+        inp = _request_input(question, self.actor, model, limits, instructions, tools, metadata)
+        request_id = request_id or readable_request_id(question)
+        message = ThreadMessage(request_id=request_id, submission=submission_digest(inp), request=inp)
+        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+            THREAD_WORKFLOW,
+            ThreadInput(thread_id=self.thread_id, actor=self.actor),
+            id=self.workflow_id,
+            task_queue=self._client.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            search_attributes=thread_search_attributes(self.actor, self.thread_id),
+            static_summary=f"thread {self.thread_id} of {self.actor.user_id}@{self.actor.tenant_id}",
+        )
         try:
-            await asyncio.wait({deciding, finishing}, return_when=asyncio.FIRST_COMPLETED)
-            if deciding.done() and not finishing.done() and deciding.exception() is not None:
-                raise deciding.exception()  # type: ignore[misc]  # the approver itself failed
-            return await finishing
-        finally:
-            for task in (deciding, finishing):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            accepted: MessageAccepted = await self._client.temporal.execute_update_with_start_workflow(
+                SEND_MESSAGE_UPDATE, message, start_workflow_operation=start, result_type=MessageAccepted
+            )
+        except WorkflowUpdateFailedError as err:
+            cause = err.cause
+            if isinstance(cause, ApplicationError) and cause.type == ErrorType.REQUEST_ID_REUSED:
+                raise RequestIdReused(cause.message) from None
+            raise
+        return accepted
+
+    async def request(self, request_id: str) -> ToolloopRequest:
+        """The request of the message `request_id`, once it has started (a queued message waits here for the ones
+        before it). MessageRefused if it could not start; ThreadNotFound if the thread has no such message."""
+        try:
+            record: MessageRecord = await self.handle.execute_update(
+                MESSAGE_STARTED_UPDATE, request_id, result_type=MessageRecord
+            )
+        except WorkflowUpdateFailedError as err:
+            cause = err.cause
+            if isinstance(cause, ApplicationError) and cause.type == ErrorType.NOT_THIS_THREAD:
+                raise ThreadNotFound(f"no message {request_id} in thread {self.thread_id}") from None
+            raise
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise ThreadNotFound(f"no thread {self.thread_id}") from None
+            raise
+        if record.state == "refused":
+            raise MessageRefused(record.note or f"message {request_id} could not start")
+        return self._client._request(record.workflow_id, self.actor, request_id)
+
+    async def messages(self) -> list[MessageRecord]:
+        """The thread's messages, oldest first, with their states and outcomes. ThreadNotFound if there is no such
+        thread of this actor."""
+        try:
+            view: ThreadView = await self.handle.query(GET_THREAD_QUERY, result_type=ThreadView)
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise ThreadNotFound(f"no thread {self.thread_id}") from None
+            raise
+        return view.messages
+
+    async def run(
+        self,
+        question: str,
+        *,
+        approver: Approver | None = None,
+        decider: Actor | None = None,
+        **send_options: Any,
+    ) -> AgentResult:
+        """One call: send the message, wait for its turn, show `approver` each operation that waits for
+        approval, and return the report once the message's request has finished."""
+        if approver is not None:
+            self._client._channel.require_key()  # before anything is sent
+        accepted = await self.send(question, **send_options)
+        request = await self.request(accepted.request_id)
+        return await _finish(request, approver, decider)

@@ -32,6 +32,7 @@ from toolloop.activities.request_end import RequestEndActivities, RequestEndHook
 from toolloop.activities.tool_calls import ToolActivities
 from toolloop.activities.write_operations import WriteActivities
 from toolloop.workflows.agent import AgentWorkflow
+from toolloop.workflows.thread import ThreadWorkflow
 
 PLUGIN_NAME = "toolloop.ToolloopPlugin"
 
@@ -111,7 +112,7 @@ class ToolloopPlugin(SimplePlugin):
         super().__init__(
             PLUGIN_NAME,
             data_converter=data_converter(),
-            workflows=[AgentWorkflow],
+            workflows=[AgentWorkflow, ThreadWorkflow],
             workflow_runner=workflow_runner,
             # The trust anchor: decisions are verified only with this worker's own key. OpenTelemetry spans for
             # workflows and activities, off by default.

@@ -4,8 +4,6 @@ workflow's own start event. The CLI and the HTTP API share them, so a request id
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import unicodedata
 import uuid
@@ -15,9 +13,9 @@ from pydantic import ValidationError
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
+from toolloop._core import request_naming as naming
 from toolloop._core.contracts import Actor, AgentInput
 from toolloop._core.names import (
     AGENT_WORKFLOW,
@@ -25,8 +23,10 @@ from toolloop._core.names import (
     TENANT_SEARCH_ATTRIBUTE,
     USER_SEARCH_ATTRIBUTE,
 )
-from toolloop._core.text import markdown_literal
-from toolloop._temporal.search_attributes import OUTCOME_KEY, TENANT_KEY, USER_KEY
+from toolloop._core.request_naming import REQUEST_ID as REQUEST_ID  # the client side's name for it
+from toolloop._temporal.search_attributes import (
+    request_search_attributes as request_search_attributes,  # the client side's name for it
+)
 
 # What a client is told when a query fails: the workflow is there, but the worker cannot answer for it (its
 # code does not replay the run's history, or its query handler failed).
@@ -34,19 +34,6 @@ UNREADABLE_REQUEST = (
     "the worker cannot read this request's history right now; the request itself is kept and answers again "
     "once the worker runs code that replays it"
 )
-
-REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-def request_search_attributes(actor: Actor) -> TypedSearchAttributes:
-    """What finds a request in the UI's list: whose it is, and (until the workflow says how it ended) running."""
-    return TypedSearchAttributes(
-        [
-            SearchAttributePair(USER_KEY, actor.user_id),
-            SearchAttributePair(TENANT_KEY, actor.tenant_id),
-            SearchAttributePair(OUTCOME_KEY, "running"),
-        ]
-    )
 
 
 # A new request's readable id: at most this many of the question's words, this long in all.
@@ -73,10 +60,13 @@ def readable_request_id(question: str) -> str:
 
 
 def request_workflow_id(actor: Actor, request_id: str) -> str:
-    """The workflow id of a user's request id: readable, and scoped by tenant and user (the hash covers the
-    exact triple, so no other user or tenant can ever name the same workflow)."""
-    scope = hashlib.sha256(json.dumps([actor.tenant_id, actor.user_id, request_id]).encode()).hexdigest()[:12]
-    return f"ask-{actor.tenant_id}-{actor.user_id}-{request_id}-{scope}"
+    """The workflow id of `actor`'s request id (toolloop._core.request_naming)."""
+    return naming.request_workflow_id(actor.tenant_id, actor.user_id, request_id)
+
+
+def thread_workflow_id(actor: Actor, thread_id: str) -> str:
+    """The workflow id of `actor`'s thread (toolloop._core.request_naming)."""
+    return naming.thread_workflow_id(actor.tenant_id, actor.user_id, thread_id)
 
 
 async def missing_search_attributes(client: Client) -> str | None:
@@ -108,12 +98,6 @@ def request_id_of(actor: Actor, workflow_id: str) -> str:
     return workflow_id
 
 
-def request_memo(request_id: str, question: str, *, submission: str) -> dict[str, str]:
-    """What toolloop's client records with a request, so the API's list shows it whoever started it: its id,
-    the start of its question, and the digest of what was submitted (what its request id is bound to)."""
-    return {"request_id": request_id, "question": question[:200], "submission": submission}
-
-
 async def acts_for(client: Client, handle: WorkflowHandle[Any, Any]) -> Actor | None:
     """Whom an existing workflow acts for, read from its own start event (not from anything a caller
     says); None when there is no such workflow or it is not one of ours. Any other failure (Temporal did not
@@ -138,11 +122,8 @@ async def acts_for(client: Client, handle: WorkflowHandle[Any, Any]) -> Actor | 
 
 
 def request_summary(actor: Actor, question: str) -> str:
-    """The workflow's summary in the UI: who asked what (shortened). The UI renders it as Markdown, so the
-    question is escaped to show as the text it is."""
-    one_line = " ".join(question.split())
-    shortened = one_line[:100] + ("…" if len(one_line) > 100 else "")
-    return f"{actor.user_id}@{actor.tenant_id}: {markdown_literal(shortened)}"
+    """The workflow's summary in the UI: who asked what (toolloop._core.request_naming)."""
+    return naming.request_summary(actor.user_id, actor.tenant_id, question)
 
 
 def list_query(actor: Actor) -> str:

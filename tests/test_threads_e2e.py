@@ -1,0 +1,299 @@
+"""End to end: threads (issue 26) on a real dev server, a demo worker and the real business service. A
+follow-up is shown what happened before it (the question, each write with the outcome its ledger recorded,
+the answer); the same write in a later message is the same operation and is never done twice, and one an
+earlier message left unknown is settled by the service's status before anything is sent; messages sent at
+once run one after another, in the order accepted; another user's thread id names another thread; and every
+history replays."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import Replayer, Worker
+
+import toolloop
+from tests.agent_helpers import (
+    U1,
+    assert_eventually,
+    call,
+    conversation,
+    effects,
+    say,
+    script_spec,
+    service_requests,
+    set_faults,
+    ticket_version,
+    tool_outputs,
+)
+from tests.conftest import APPROVAL_KEY
+from toolloop._core.contracts import FunctionCallItem, FunctionCallOutputItem, MessageItem
+from toolloop._temporal.converter import data_converter
+from toolloop._temporal.plugin import workflow_runner
+from toolloop._temporal.settings import Settings
+from toolloop.workflows.agent import AgentWorkflow
+from toolloop.workflows.thread import ThreadWorkflow
+
+pytestmark = pytest.mark.e2e
+
+U2 = toolloop.Actor(user_id="u2", tenant_id="acme")
+# Writes settle fast here: a status or read-back that cannot conclude gives up in seconds.
+FAST = toolloop.Limits(unknown_resolution_seconds=3, settle_seconds=5, status_max_attempts=2)
+
+
+def _client(client: Client, settings: Settings) -> toolloop.ToolloopClient:
+    return toolloop.ToolloopClient(client, task_queue=settings.task_queue, signing_key=APPROVAL_KEY, channel="test")
+
+
+def _thread(client: Client, settings: Settings, actor: toolloop.Actor = U1) -> toolloop.ToolloopThread:
+    return _client(client, settings).thread(f"t-{uuid.uuid4().hex[:8]}", actor=actor)
+
+
+def _note(version: int, text: str) -> dict[str, Any]:
+    return {"ticketId": "T1001", "text": text, "expectedVersion": version}
+
+
+async def _note_posts(admin: httpx.AsyncClient) -> list[dict[str, Any]]:
+    return [r for r in await service_requests(admin, "/tickets/T1001/notes") if r["method"] == "POST"]
+
+
+async def _replays(client: Client, *handles: WorkflowHandle[Any, Any]) -> None:
+    replayer = Replayer(
+        workflows=[AgentWorkflow, ThreadWorkflow], data_converter=data_converter(), workflow_runner=workflow_runner()
+    )
+    for handle in handles:
+        await replayer.replay_workflow(await handle.fetch_history())
+
+
+async def test_a_follow_up_is_shown_the_earlier_question_its_write_as_recorded_and_its_answer(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    thread = _thread(client, settings)
+    note = _note(await ticket_version(settings.service_url), "thread: first")
+    first = await asyncio.wait_for(
+        thread.run(
+            "note that the parcel left",
+            model=script_spec([call("append_ticket_note", note, "w1")], [say("Noted on T1001.")]),
+            approver=lambda _: True,
+        ),
+        120,
+    )
+    [op] = first.operations
+    assert op.state == "verified"
+    second = await asyncio.wait_for(thread.run("which ticket was that?", model=script_spec([say("T1001.")])), 120)
+    assert second.final_text == "T1001." and second.operations == []
+
+    [one, two] = await thread.messages()
+    assert [(m.number, m.state, m.outcome) for m in (one, two)] == [
+        (1, "finished", "answered"),
+        (2, "finished", "answered"),
+    ]
+    request_two = client.get_workflow_handle(two.workflow_id)
+    shown = await conversation(request_two)
+    # Exactly what happened, in order: the question, the write with its recorded outcome, the answer, then the
+    # new question; no read, nothing proposed as if done.
+    assert [type(i).__name__ for i in shown[:5]] == [
+        "MessageItem",
+        "FunctionCallItem",
+        "FunctionCallOutputItem",
+        "MessageItem",
+        "MessageItem",
+    ]
+    asked, write, outcome, answer, question = shown[:5]
+    assert isinstance(asked, MessageItem) and asked.role == "user" and asked.text() == "note that the parcel left"
+    assert isinstance(write, FunctionCallItem) and write.name == "append_ticket_note"
+    assert json.loads(write.arguments) == note and write.call_id == "m1_w1"
+    assert isinstance(outcome, FunctionCallOutputItem) and outcome.call_id == "m1_w1"
+    told = json.loads(outcome.output)
+    assert (told["state"], told["operation_id"], told["ok"]) == ("verified", op.operation_id, True)
+    assert isinstance(answer, MessageItem) and answer.role == "assistant" and answer.text() == "Noted on T1001."
+    assert isinstance(question, MessageItem) and question.text() == "which ticket was that?"
+    await tool_outputs(request_two)  # every call of the message's own request answered exactly once
+    assert len(await effects(admin, op.operation_id)) == 1
+
+    # The UI finds the thread's requests by its id, and the thread's own workflow.
+    query = f'ToolloopThread = "{thread.thread_id}"'
+
+    async def listed() -> bool:
+        found = {w.id async for w in client.list_workflows(query)}
+        return found == {one.workflow_id, two.workflow_id, thread.workflow_id}
+
+    await assert_eventually(listed, what="the thread's workflows listed by ToolloopThread")
+    await _replays(client, thread.handle, client.get_workflow_handle(one.workflow_id), request_two)
+
+
+async def test_the_same_write_in_a_later_message_is_the_same_operation_and_is_never_done_twice(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    thread = _thread(client, settings)
+    note = _note(await ticket_version(settings.service_url), "thread: once")
+    first = await asyncio.wait_for(
+        thread.run(
+            "add the note",
+            model=script_spec([call("append_ticket_note", note, "w1")], [say("Done.")]),
+            approver=lambda _: True,
+        ),
+        120,
+    )
+    await asyncio.wait_for(thread.run("thanks", model=script_spec([say("You are welcome.")])), 120)
+    shown: list[toolloop.ApprovalRequest] = []
+
+    def approver(approval: toolloop.ApprovalRequest) -> bool:
+        shown.append(approval)
+        return True
+
+    third = await asyncio.wait_for(
+        thread.run(
+            "add that note again",
+            model=script_spec([call("append_ticket_note", note, "w1")], [say("It was already there.")]),
+            approver=approver,
+        ),
+        120,
+    )
+    [op] = first.operations
+    # Nothing asked and nothing sent: the thread's earlier message did it, and the model is told so.
+    assert shown == [] and third.operations == []
+    [message_one, _, message_three] = await thread.messages()
+    outputs = await tool_outputs(client.get_workflow_handle(message_three.workflow_id))
+    assert outputs["w1"]["state"] == "verified" and outputs["w1"]["operation_id"] == op.operation_id
+    assert outputs["w1"]["done_by_earlier_request"] == message_one.request_id
+    assert len(await effects(admin, op.operation_id)) == 1
+    assert len(await _note_posts(admin)) == 1
+
+
+async def test_a_write_an_earlier_message_left_unknown_is_settled_by_status_and_never_sent_again(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    # Message 1: the service commits the note, the reply is lost, and its status cannot be read: unknown.
+    await set_faults(
+        admin,
+        {"method": "POST", "path_regex": "^/tickets/T1001/notes$", "when": "after_commit", "action": "drop"},
+        {"method": "GET", "path_regex": "^/operations/", "status": 503},
+    )
+    thread = _thread(client, settings)
+    note = _note(await ticket_version(settings.service_url), "thread: unknown fate")
+    first = await asyncio.wait_for(
+        thread.run(
+            "add the note",
+            model=script_spec([call("append_ticket_note", note, "w1")], [say("I could not confirm it.")]),
+            limits=FAST,
+            approver=lambda _: True,
+        ),
+        120,
+    )
+    [op] = first.operations
+    assert op.state == "unknown" and first.outcome == "unknown"
+    (await admin.delete("/admin/faults")).raise_for_status()
+
+    # Message 2 proposes the very same note: its status is asked first, it is found done, and nothing is
+    # approved or sent again.
+    shown: list[toolloop.ApprovalRequest] = []
+    second = await asyncio.wait_for(
+        thread.run(
+            "try the note again",
+            model=script_spec([call("append_ticket_note", note, "w9")], [say("It was done after all.")]),
+            limits=FAST,
+            approver=lambda a: shown.append(a) or True,
+        ),
+        120,
+    )
+    [again] = second.operations
+    assert again.operation_id == op.operation_id
+    assert again.state == "verified" and again.attempts == 0 and shown == []
+    assert [c.state for c in again.status_checks] == ["completed"]
+    assert again.transitions[:3] == ["proposed", "validated", "unknown"]
+    assert len(await effects(admin, op.operation_id)) == 1
+    assert len(await _note_posts(admin)) == 1
+    # What message 2's model was shown of message 1: unknown, as its ledger recorded it.
+    [_, two] = await thread.messages()
+    shown_items = await conversation(client.get_workflow_handle(two.workflow_id))
+    [earlier] = [i for i in shown_items if isinstance(i, FunctionCallOutputItem) and i.call_id == "m1_w1"]
+    assert json.loads(earlier.output)["state"] == "unknown"
+
+
+async def test_messages_sent_at_once_run_one_after_another_in_the_order_accepted(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    thread = _thread(client, settings)
+    version = await ticket_version(settings.service_url)
+
+    def message(name: str) -> Any:
+        # Each message holds a write that waits for approval: the one accepted second must wait for it.
+        note = _note(version, f"thread: {name}")
+        model = script_spec([call("append_ticket_note", note, "w1")], [say(f"{name} done")])
+        return thread.send(name, request_id=f"m-{name}", model=model)
+
+    sent = await asyncio.gather(message("a"), message("b"))
+    first_sent, second_sent = sorted(sent, key=lambda s: s.number)
+    assert (first_sent.number, first_sent.ahead, second_sent.number, second_sent.ahead) == (1, 0, 2, 1)
+    first = await thread.request(first_sent.request_id)
+    approval = await anext(aiter(first.approvals()))
+    # While the first waits for its approval, the second has not started: no request workflow exists for it.
+    states = {m.request_id: m.state for m in await thread.messages()}
+    assert states == {first_sent.request_id: "running", second_sent.request_id: "queued"}
+    with pytest.raises(RPCError) as missing:
+        await client.get_workflow_handle(second_sent.workflow_id).describe()
+    assert missing.value.status == RPCStatusCode.NOT_FOUND
+    await first.decide(approval, approve=True)
+    first_report = await first.result()
+    second = await thread.request(second_sent.request_id)
+    await second.decide(await anext(aiter(second.approvals())), approve=True)
+    second_report = await second.result()
+    first_name, second_name = first_sent.request_id[2:], second_sent.request_id[2:]
+    assert (first_report.final_text, second_report.final_text) == (f"{first_name} done", f"{second_name} done")
+    # One after the other: the second started once the first had closed, and it was shown the first.
+    first_closed = (await first.handle.describe()).close_time
+    second_started = (await second.handle.describe()).start_time
+    assert first_closed is not None and second_started >= first_closed
+    shown = await conversation(second.handle)
+    assert isinstance(shown[0], MessageItem) and shown[0].text() == first_name
+    # Both notes name the ticket's version before either: the second reached the service after the first had
+    # committed, so the service refused it - never two requests working on one thread at once.
+    [op_one], [op_two] = first_report.operations, second_report.operations
+    assert (op_one.state, op_two.state) == ("verified", "failed")
+    assert (op_two.output or {}).get("code") == "VERSION_CONFLICT"
+    assert [len(await effects(admin, op.operation_id)) for op in (op_one, op_two)] == [1, 0]
+    await _replays(client, thread.handle, first.handle, second.handle)
+
+
+async def test_a_message_sent_again_is_the_same_message_and_its_id_with_another_question_is_refused(
+    client: Client, settings: Settings, worker: Worker
+) -> None:
+    thread = _thread(client, settings)
+    accepted = await thread.send("hello", request_id="m1", model=script_spec([say("hi")]))
+    again = await thread.send("hello", request_id="m1", model=script_spec([say("hi")]))
+    assert (again.number, again.workflow_id, again.attached, accepted.attached) == (
+        1,
+        accepted.workflow_id,
+        True,
+        False,
+    )
+    with pytest.raises(toolloop.RequestIdReused):
+        await thread.send("something else", request_id="m1", model=script_spec([say("hi")]))
+    report = await (await thread.request("m1")).result()
+    assert report.final_text == "hi"
+    assert [m.request_id for m in await thread.messages()] == ["m1"]
+
+
+async def test_another_users_thread_id_names_another_thread(client: Client, settings: Settings, worker: Worker) -> None:
+    mine = _thread(client, settings)
+    await asyncio.wait_for(mine.run("my secret plan", model=script_spec([say("noted")])), 120)
+    theirs = _client(client, settings).thread(mine.thread_id, actor=U2)
+    # Not found, exactly as a thread that does not exist.
+    with pytest.raises(toolloop.ThreadNotFound):
+        await theirs.messages()
+    with pytest.raises(toolloop.ThreadNotFound):
+        await theirs.request([m.request_id for m in await mine.messages()][0])
+    # Their first message starts their own thread, which knows nothing of mine.
+    report = await asyncio.wait_for(theirs.run("what was the plan?", model=script_spec([say("no idea")])), 120)
+    [message] = await theirs.messages()
+    shown = await conversation(client.get_workflow_handle(message.workflow_id))
+    assert [i.text() for i in shown if isinstance(i, MessageItem) and i.role == "user"] == ["what was the plan?"]
+    assert report.final_text == "no idea" and theirs.workflow_id != mine.workflow_id
+    assert [m.number for m in await mine.messages()] == [1]

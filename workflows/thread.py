@@ -1,0 +1,183 @@
+"""Workflow (deterministic): one thread - a conversation of several requests (docs/DESIGN.md, "Threads").
+
+An entity workflow per thread. It accepts messages (the `send_message` Update) in the order Temporal
+delivers them, runs them one at a time - each message is one request, an AgentWorkflow started as this
+workflow's child once the message before it has ended - and hands each request what happened before it. It
+continues as new every MESSAGES_PER_RUN messages, or sooner when Temporal suggests it, once no message runs."""
+
+from __future__ import annotations
+
+from temporalio import workflow
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, ChildWorkflowError, WorkflowAlreadyStartedError
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
+    from toolloop._core.codes import ErrorType
+    from toolloop._core.contracts import AgentResult
+    from toolloop._core.names import (
+        AGENT_WORKFLOW,
+        GET_THREAD_QUERY,
+        MESSAGE_STARTED_UPDATE,
+        SEND_MESSAGE_UPDATE,
+        THREAD_WORKFLOW,
+    )
+    from toolloop._core.request_naming import REQUEST_ID, request_memo, request_summary, request_workflow_id
+    from toolloop._core.threads import (
+        MESSAGES_PER_RUN,
+        MessageAccepted,
+        MessageRecord,
+        ThreadInput,
+        ThreadMessage,
+        ThreadState,
+        ThreadView,
+        ahead_of,
+        context_for,
+        keep_turn,
+        turn_of,
+    )
+    from toolloop._temporal.search_attributes import request_search_attributes
+
+
+@workflow.defn(name=THREAD_WORKFLOW)
+class ThreadWorkflow:
+    @workflow.init
+    def __init__(self, inp: ThreadInput) -> None:
+        self._inp = inp
+        self._state = inp.carried or ThreadState()
+        self._messages_this_run = 0
+
+    def _record(self, request_id: str) -> MessageRecord | None:
+        return next((m for m in self._state.messages if m.request_id == request_id), None)
+
+    @workflow.query(name=GET_THREAD_QUERY)
+    def get_thread(self) -> ThreadView:
+        return ThreadView(
+            thread_id=self._inp.thread_id,
+            actor=self._inp.actor,
+            messages=[m.model_copy() for m in self._state.messages],
+        )
+
+    @workflow.update(name=SEND_MESSAGE_UPDATE)
+    def send_message(self, message: ThreadMessage) -> MessageAccepted:
+        """Queue a message (or find it again: a retry with the same request id and submission). Synchronous, so
+        the order of the messages is the order their Updates were accepted in."""
+        record = self._record(message.request_id)
+        attached = record is not None
+        if record is None:
+            self._state.last_number += 1
+            request = message.request
+            record = MessageRecord(
+                number=self._state.last_number,
+                request_id=message.request_id,
+                workflow_id=request_workflow_id(request.actor.tenant_id, request.actor.user_id, message.request_id),
+                submission=message.submission,
+                question=request.request[:200],
+            )
+            self._state.messages.append(record)
+            self._state.queue.append(message)
+        return MessageAccepted(
+            number=record.number,
+            request_id=record.request_id,
+            workflow_id=record.workflow_id,
+            ahead=ahead_of(self._state, record.request_id),
+            attached=attached,
+        )
+
+    @send_message.validator
+    def _check_message(self, message: ThreadMessage) -> None:
+        # Refused, not accepted: a refusal stays out of the thread's history.
+        if message.request.actor != self._inp.actor:
+            raise ApplicationError("a message of another user's thread", type=ErrorType.NOT_THIS_THREAD)
+        if not REQUEST_ID.fullmatch(message.request_id):
+            raise ApplicationError(f"not a request id: {message.request_id!r}", type=ErrorType.NOT_THIS_THREAD)
+        if message.request.thread is not None:
+            raise ApplicationError("a message brings no thread context of its own", type=ErrorType.UNTRUSTED_INPUT)
+        record = self._record(message.request_id)
+        if record is not None and record.submission != message.submission:
+            raise ApplicationError(
+                f"request id {message.request_id} was already used for another message",
+                type=ErrorType.REQUEST_ID_REUSED,
+            )
+
+    @workflow.update(name=MESSAGE_STARTED_UPDATE)
+    async def message_started(self, request_id: str) -> MessageRecord:
+        """The message once its request has started (or was refused): what a client that sent a queued message
+        waits for before it follows the request."""
+        await workflow.wait_condition(lambda: self._message_state(request_id) != "queued")
+        record = self._record(request_id)
+        assert record is not None  # checked by the validator; records are never dropped while queued
+        return record.model_copy()
+
+    @message_started.validator
+    def _check_started(self, request_id: str) -> None:
+        if self._record(request_id) is None:
+            raise ApplicationError(f"no message {request_id} in this thread", type=ErrorType.NOT_THIS_THREAD)
+
+    def _message_state(self, request_id: str) -> str | None:
+        record = self._record(request_id)
+        return record.state if record is not None else None
+
+    def _time_to_continue(self) -> bool:
+        return self._messages_this_run >= MESSAGES_PER_RUN or workflow.info().is_continue_as_new_suggested()
+
+    @workflow.run
+    async def run(self, inp: ThreadInput) -> None:
+        while True:
+            await workflow.wait_condition(lambda: bool(self._state.queue) or self._time_to_continue())
+            if not self._state.queue:
+                # Nothing runs and nothing waits: the next run carries the thread on, with a fresh history.
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                if not self._state.queue:
+                    workflow.continue_as_new(ThreadInput(thread_id=inp.thread_id, actor=inp.actor, carried=self._state))
+                continue
+            message = self._state.queue.pop(0)
+            record = self._record(message.request_id)
+            assert record is not None
+            await self._run_message(inp, message, record)
+            self._messages_this_run += 1
+
+    async def _run_message(self, inp: ThreadInput, message: ThreadMessage, record: MessageRecord) -> None:
+        request = message.request
+        shown = request.limits.thread_turns
+        context = context_for(self._state, inp.thread_id, workflow.info().workflow_id, shown)
+        try:
+            child = await workflow.start_child_workflow(
+                AGENT_WORKFLOW,
+                request.model_copy(update={"thread": context}),
+                id=record.workflow_id,
+                result_type=AgentResult,
+                search_attributes=request_search_attributes(request.actor, inp.thread_id),
+                memo=request_memo(record.request_id, request.request, submission=record.submission),
+                static_summary=request_summary(request.actor.user_id, request.actor.tenant_id, request.request),
+                # A request is a unit of its own: whatever becomes of the thread's workflow, it runs to its end.
+                parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            )
+        except WorkflowAlreadyStartedError:
+            record.state = "refused"
+            record.note = f"request id {record.request_id} is already used by another request"
+            return
+        record.state = "running"
+        report: AgentResult | None = None
+        why: str | None = None
+        try:
+            report = await child
+        except ChildWorkflowError as err:
+            report = _report_of_failure(err)
+            why = None if report is not None else f"the request ended without a report ({type(err.cause).__name__})"
+        record.state = "finished"
+        record.outcome = report.outcome if report is not None else "failed"
+        keep_turn(self._state, turn_of(record, request.request, report, why))
+
+
+def _report_of_failure(err: ChildWorkflowError) -> AgentResult | None:
+    """A failed request's report travels in its failure's details; a terminated or timed-out one has none."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError) and cause.type == ErrorType.REQUEST_FAILED and cause.details:
+        try:
+            return AgentResult.model_validate(cause.details[0])
+        except ValidationError:
+            return None
+    return None
