@@ -54,12 +54,20 @@ from toolloop._core.contracts import (
 )
 from toolloop._core.live_text import Shown
 from toolloop._core.named_models import named_model_refusal
+from toolloop._core.request_naming import THREAD_ID
 from toolloop._core.usage import usage_line
 from toolloop._live.store import LiveTextStore
 from toolloop._models.errors import ScriptError
 from toolloop._models.script import load_script
 from toolloop._temporal.approval_channel import ApprovalRefused
-from toolloop._temporal.client import RequestIdReused, RequestNotFound, ToolloopClient, ToolloopRequest
+from toolloop._temporal.client import (
+    MessageRefused,
+    RequestIdReused,
+    RequestNotFound,
+    ToolloopClient,
+    ToolloopRequest,
+    ToolloopThread,
+)
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.following import RunFollower
 from toolloop._temporal.logs import configure_logging
@@ -591,6 +599,7 @@ async def _ask(
     session: _Session,
     signing_key: str | None,
     allowed_tools: list[str] | None = None,
+    thread_id: str | None = None,
 ) -> _Outcome:
     async with contextlib.AsyncExitStack() as opened:
         # The model's text as it is written, shown in the live view on a terminal (TOOLLOOP_LIVE_TEXT_URL).
@@ -611,11 +620,16 @@ async def _ask(
         session.workflow_id = client.request(request_id, actor=actor).workflow_id
         outcome = _Outcome(session.workflow_id)
         try:
-            # A request id is never used twice: while its history is kept, the same id gives back its run.
-            request = await client.start(
-                question, actor=actor, request_id=request_id, model=spec, limits=limits, tools=allowed_tools
-            )
-            attached = request.attached
+            if thread_id is not None:
+                request, attached = await _send_to_thread(
+                    client.thread(thread_id, actor=actor), question, request_id, spec, limits, allowed_tools
+                )
+            else:
+                # A request id is never used twice: while its history is kept, the same id gives back its run.
+                request = await client.start(
+                    question, actor=actor, request_id=request_id, model=spec, limits=limits, tools=allowed_tools
+                )
+                attached = request.attached
         except RequestNotFound:
             _not_found(session.workflow_id, actor)
         except RequestIdReused:
@@ -640,6 +654,26 @@ async def _ask(
             except RPCError:
                 outcome.operations = []
         return outcome
+
+
+async def _send_to_thread(
+    thread: ToolloopThread,
+    question: str,
+    request_id: str,
+    spec: ModelSpec,
+    limits: Limits,
+    allowed_tools: list[str] | None,
+) -> tuple[ToolloopRequest, bool]:
+    """Send the question as the thread's next message and wait for its turn: (its request, whether the message
+    was there already)."""
+    accepted = await thread.send(question, request_id=request_id, model=spec, limits=limits, tools=allowed_tools)
+    err_console.print(Text(f"thread {thread.thread_id}, message {accepted.number}"))
+    if accepted.ahead:
+        err_console.print(Text(f"queued: {accepted.ahead} earlier message(s) of this thread run first"))
+    try:
+        return await thread.request(accepted.request_id), accepted.attached
+    except MessageRefused as exc:
+        _fail(f"thread {thread.thread_id}: {exc}", code=1)
 
 
 def _exit_code(status: RunStatus, operations: list[OperationRecord], calls: Sequence[CallRecord] = ()) -> int:
@@ -773,6 +807,13 @@ def ask(
         list[str] | None,
         typer.Option(help="Only this tool for this request (repeat it for several); default: every tool."),
     ] = None,
+    thread: Annotated[
+        str | None,
+        typer.Option(
+            help="Ask in this thread (a conversation, scoped to this user and tenant): the request is shown the "
+            "thread's earlier messages, and runs after them. 'new' starts a thread and prints its id."
+        ),
+    ] = None,
 ) -> None:
     """Run one request as a durable workflow and print the answer."""
     # Every input is checked before anything starts: bad input is one line and exit 2.
@@ -796,6 +837,10 @@ def ask(
         _fail(_one_line(exc, {**_LIMIT_OPTIONS, "request": "the question"}))
     if request_id is not None and not REQUEST_ID.fullmatch(request_id):
         _fail("--request-id: use 1-64 ASCII letters, digits and _ . - (starting with a letter or digit)")
+    if thread == "new":
+        thread = readable_request_id(request)
+    elif thread is not None and not THREAD_ID.fullmatch(thread):
+        _fail("--thread: 'new', or 1-64 ASCII letters, digits and _ . - (starting with a letter or digit)")
     settings = _read(Settings)
     spec = _model_spec(model, settings)
     if not local_stack and auto_approve and settings.approval_key is None:
@@ -815,7 +860,7 @@ def ask(
     session = _Session()
     try:
         outcome = asyncio.run(
-            _ask(request, actor, spec, limits, settings, request_id, show, mode, session, key, allow_tool)
+            _ask(request, actor, spec, limits, settings, request_id, show, mode, session, key, allow_tool, thread)
         )
     except KeyboardInterrupt:
         _interrupted(session, actor)
@@ -836,6 +881,7 @@ def ask(
                 "calls": [],
                 "error": outcome.failure,
                 "operations": [op.model_dump(mode="json") for op in outcome.operations],
+                **({"thread_id": thread} if thread is not None else {}),
             }
             print(json.dumps(failed))
         else:
@@ -846,10 +892,14 @@ def ask(
         code = _exit_code("failed", outcome.operations)
     else:
         if as_json:
-            print(json.dumps(outcome.result.model_dump(mode="json")))
+            shown = outcome.result.model_dump(mode="json")
+            print(json.dumps({**shown, "thread_id": thread} if thread is not None else shown))
         else:
             _print_result(outcome.result, settings)
         code = _exit_code(outcome.result.status, outcome.result.operations, outcome.result.calls)
+    if thread is not None and not as_json:
+        follow_up = [_cli_command(), "ask", "--user", actor.user_id, "--tenant", actor.tenant_id, "--thread", thread]
+        err_console.print(Text(f"Continue this thread with: {' '.join([*follow_up, *_PRINTED_FLAGS])} QUESTION"))
     if status is not None and status.started:
         err_console.print(
             f"The local stack keeps running in the background (Temporal UI: {settings.ui_url()}). "

@@ -530,6 +530,25 @@ def test_a_request_id_is_scoped_by_tenant_and_user_and_never_runs_twice(
     assert theirs["operations"][0]["operation_id"] != op["operation_id"]
 
 
+def test_a_new_thread_prints_its_id_and_the_follow_up_command_runs_as_printed(cli_env: dict[str, str]) -> None:
+    first = run_cli(cli_env, "ask", "--user", "u1", "--thread", "new", "Where is my order A100?")
+    assert first.returncode == 0, first.stderr
+    [started] = re.findall(r"thread (\S+), message 1", first.stderr)
+    [printed] = [line for line in first.stderr.splitlines() if line.startswith("Continue this thread with: ")]
+    command = shlex.split(printed.removeprefix("Continue this thread with: "))
+    assert command[-3:] == ["--thread", started, "QUESTION"]
+    # The printed command, run as printed from a plain shell: the thread's second message.
+    second = subprocess.run(command, env=cli_env, capture_output=True, text=True, timeout=180, check=False)
+    assert second.returncode in (0, 4), second.stderr
+    assert f"thread {started}, message 2" in second.stderr
+    # Both are requests of the thread, shown to the second in order.
+    as_json = run_cli(cli_env, "ask", "--user", "u1", "--thread", started, "--json", "Where is my order A100?")
+    assert as_json.returncode == 0, as_json.stderr
+    result = json.loads(as_json.stdout)
+    assert result["thread_id"] == started and "DHL" in result["final_text"]
+    assert f"thread {started}, message 3" in as_json.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -543,6 +562,7 @@ def test_a_request_id_is_scoped_by_tenant_and_user_and_never_runs_twice(
         (["ask", "--user", "u2", "--tenant", "globex", "hi"], "unknown user 'u2' in tenant 'globex'"),
         (["ask", "--user", "u\u0131", "hi"], "--user"),
         (["ask", "--user", "u1", "--request-id", "a b", "hi"], "--request-id"),
+        (["ask", "--user", "u1", "--thread", "a b", "hi"], "--thread: 'new', or 1-64 ASCII letters"),
         (
             ["ask", "--user", "u1", "--allow-tool", "nosuch", "hi"],
             "--allow-tool 'nosuch': the local stack's worker has",
