@@ -297,3 +297,58 @@ async def test_another_users_thread_id_names_another_thread(client: Client, sett
     assert [i.text() for i in shown if isinstance(i, MessageItem) and i.role == "user"] == ["what was the plan?"]
     assert report.final_text == "no idea" and theirs.workflow_id != mine.workflow_id
     assert [m.number for m in await mine.messages()] == [1]
+
+
+async def test_a_thread_of_200_messages_keeps_working_with_bounded_history_and_model_input(
+    client: Client, settings: Settings, worker: Worker
+) -> None:
+    thread = _thread(client, settings)
+    shown_turns = 5
+    limits = toolloop.Limits(thread_turns=shown_turns)
+
+    def model(number: int) -> toolloop.ModelSpec:
+        # Every tenth message reads a ticket first: its call must still be answered exactly once.
+        if number % 10 == 0:
+            return script_spec([call("get_ticket", {"ticketId": "T1001"}, f"r{number}")], [say(f"answer {number}")])
+        return script_spec([say(f"answer {number}")])
+
+    requests: dict[int, toolloop.ToolloopRequest] = {}
+    for batch in range(50):
+        # Four at a time: each batch queues behind the message that runs.
+        numbers = range(batch * 4 + 1, batch * 4 + 5)
+        sent = await asyncio.gather(
+            *(thread.send(f"question {n}", request_id=f"q{n:03}", model=model(n), limits=limits) for n in numbers)
+        )
+        for accepted in sent:
+            # Keyed by question: within a batch, the order the thread accepted them in is its own.
+            requests[int(accepted.request_id[1:])] = await thread.request(accepted.request_id)
+        for number in numbers:
+            await asyncio.wait_for(requests[number].result(), 120)
+
+    async def all_finished() -> bool:
+        # The thread's list says a message finished once the thread's workflow has seen its request close.
+        return {(m.state, m.outcome) for m in await thread.messages()} == {("finished", "answered")}
+
+    await assert_eventually(all_finished, what="every message finished and answered in the thread's list")
+    assert [m.number for m in await thread.messages()] == list(range(1, 201))
+    # The thread's workflow handed itself on every 50 messages: each run's history stays bounded.
+    runs = [w async for w in client.list_workflows(f'WorkflowId = "{thread.workflow_id}"')]
+    assert len(runs) >= 4
+    for run in runs:
+        history = await client.get_workflow_handle(thread.workflow_id, run_id=run.run_id).fetch_history()
+        assert len(history.events) < 1200, (run.run_id, len(history.events))
+        await Replayer(
+            workflows=[AgentWorkflow, ThreadWorkflow],
+            data_converter=data_converter(),
+            workflow_runner=workflow_runner(),
+        ).replay_workflow(history)
+    # The model's input is bounded too: the last message is shown the newest earlier turns only.
+    question_of = {m.number: m.question for m in await thread.messages()}
+    last = await thread.request([m.request_id for m in await thread.messages() if m.number == 200][0])
+    shown = await conversation(last.handle)
+    asked = [i.text() for i in shown if isinstance(i, MessageItem) and i.role == "user"]
+    assert asked == [question_of[n] for n in range(200 - shown_turns, 201)]
+    for number in (10, 100, 200):
+        outputs = await tool_outputs(requests[number].handle)
+        assert list(outputs) == [f"r{number}"] and outputs[f"r{number}"]["ok"] is True
+    await _replays(client, requests[1].handle, last.handle)

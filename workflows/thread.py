@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from toolloop._core.request_naming import REQUEST_ID, request_memo, request_summary, request_workflow_id
     from toolloop._core.threads import (
+        MAX_QUEUED,
         MESSAGES_PER_RUN,
         MessageAccepted,
         MessageRecord,
@@ -47,6 +48,9 @@ class ThreadWorkflow:
         self._inp = inp
         self._state = inp.carried or ThreadState()
         self._messages_this_run = 0
+        # Set between two messages when this run hands the thread on to the next (continue-as-new): waiting
+        # message_started Updates answer at once (still queued), and their clients ask the next run again.
+        self._continuing = False
 
     def _record(self, request_id: str) -> MessageRecord | None:
         return next((m for m in self._state.messages if m.request_id == request_id), None)
@@ -100,12 +104,19 @@ class ThreadWorkflow:
                 f"request id {message.request_id} was already used for another message",
                 type=ErrorType.REQUEST_ID_REUSED,
             )
+        if record is None and len(self._state.queue) >= MAX_QUEUED:
+            # Bounded: the queue travels in the thread's state from one run to the next.
+            raise ApplicationError(
+                f"this thread has {MAX_QUEUED} messages waiting already; send this one once they have run",
+                type=ErrorType.THREAD_FULL,
+            )
 
     @workflow.update(name=MESSAGE_STARTED_UPDATE)
     async def message_started(self, request_id: str) -> MessageRecord:
         """The message once its request has started (or was refused): what a client that sent a queued message
-        waits for before it follows the request."""
-        await workflow.wait_condition(lambda: self._message_state(request_id) != "queued")
+        waits for before it follows the request. Still queued when this run hands the thread on to the next
+        (continue-as-new): the client asks again, and the next run answers."""
+        await workflow.wait_condition(lambda: self._message_state(request_id) != "queued" or self._continuing)
         record = self._record(request_id)
         assert record is not None  # checked by the validator; records are never dropped while queued
         return record.model_copy()
@@ -126,12 +137,12 @@ class ThreadWorkflow:
     async def run(self, inp: ThreadInput) -> None:
         while True:
             await workflow.wait_condition(lambda: bool(self._state.queue) or self._time_to_continue())
-            if not self._state.queue:
-                # Nothing runs and nothing waits: the next run carries the thread on, with a fresh history.
+            if self._time_to_continue():
+                # Between two messages (none runs): the next run carries the thread on, queue and all, with a
+                # fresh history. Every Update handler is done first (a waiting message_started answers now).
+                self._continuing = True
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                if not self._state.queue:
-                    workflow.continue_as_new(ThreadInput(thread_id=inp.thread_id, actor=inp.actor, carried=self._state))
-                continue
+                workflow.continue_as_new(ThreadInput(thread_id=inp.thread_id, actor=inp.actor, carried=self._state))
             message = self._state.queue.pop(0)
             record = self._record(message.request_id)
             assert record is not None

@@ -71,3 +71,5 @@ class ErrorType(StrEnum):
     NOT_THIS_THREAD = "NotThisThread"
     # A thread's message sent again under its request id with another question, model, limits or tools.
     REQUEST_ID_REUSED = "RequestIdReused"
+    # A thread with MAX_QUEUED messages waiting already refused another one.
+    THREAD_FULL = "ThreadFull"

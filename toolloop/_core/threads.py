@@ -34,6 +34,8 @@ KEPT_MESSAGES = 1000
 # A thread's workflow continues as new after this many messages (or sooner, when Temporal suggests it), once
 # no message is running: its history stays bounded however long the conversation.
 MESSAGES_PER_RUN = 50
+# At most this many messages wait in a thread (its queue travels in its state from one run to the next).
+MAX_QUEUED = 100
 
 MessageState = Literal["queued", "running", "finished", "refused"]
 

@@ -123,6 +123,11 @@ class MessageRefused(RuntimeError):
     """A thread's message whose request could not start (its request id names another request)."""
 
 
+class ThreadBusy(RuntimeError):
+    """The thread has as many messages waiting as it takes (toolloop._core.threads.MAX_QUEUED): send again
+    once some have run."""
+
+
 def submission_digest(inp: AgentInput) -> str:
     """What a request id is bound to: the request as it was started (its actor is in its workflow id)."""
     submitted: dict[str, Any] = {
@@ -680,25 +685,35 @@ class ToolloopThread:
             cause = err.cause
             if isinstance(cause, ApplicationError) and cause.type == ErrorType.REQUEST_ID_REUSED:
                 raise RequestIdReused(cause.message) from None
+            if isinstance(cause, ApplicationError) and cause.type == ErrorType.THREAD_FULL:
+                raise ThreadBusy(cause.message) from None
             raise
         return accepted
 
     async def request(self, request_id: str) -> ToolloopRequest:
         """The request of the message `request_id`, once it has started (a queued message waits here for the ones
         before it). MessageRefused if it could not start; ThreadNotFound if the thread has no such message."""
-        try:
-            record: MessageRecord = await self.handle.execute_update(
-                MESSAGE_STARTED_UPDATE, request_id, result_type=MessageRecord
-            )
-        except WorkflowUpdateFailedError as err:
-            cause = err.cause
-            if isinstance(cause, ApplicationError) and cause.type == ErrorType.NOT_THIS_THREAD:
-                raise ThreadNotFound(f"no message {request_id} in thread {self.thread_id}") from None
-            raise
-        except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                raise ThreadNotFound(f"no thread {self.thread_id}") from None
-            raise
+        pause = 0.0
+        while True:
+            try:
+                record: MessageRecord = await self.handle.execute_update(
+                    MESSAGE_STARTED_UPDATE, request_id, result_type=MessageRecord
+                )
+            except WorkflowUpdateFailedError as err:
+                cause = err.cause
+                if isinstance(cause, ApplicationError) and cause.type == ErrorType.NOT_THIS_THREAD:
+                    raise ThreadNotFound(f"no message {request_id} in thread {self.thread_id}") from None
+                raise
+            except RPCError as err:
+                if err.status == RPCStatusCode.NOT_FOUND:
+                    raise ThreadNotFound(f"no thread {self.thread_id}") from None
+                raise
+            if record.state != "queued":
+                break
+            # Still queued: the thread handed itself on to its next run (continue-as-new) meanwhile. That run
+            # answers the next ask; a short, growing pause while the hand-over completes.
+            pause = min(pause * 2, 1.0) if pause else 0.05
+            await asyncio.sleep(pause)
         if record.state == "refused":
             raise MessageRefused(record.note or f"message {request_id} could not start")
         return self._client._request(record.workflow_id, self.actor, request_id)

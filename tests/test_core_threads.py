@@ -1,0 +1,136 @@
+"""Pure: what a thread hands its next message (toolloop._core.threads), without a server."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from toolloop._core.contracts import (
+    Actor,
+    AgentResult,
+    CallRecord,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    MessageItem,
+    OperationRecord,
+)
+from toolloop._core.threads import (
+    KEPT_MESSAGES,
+    KEPT_TURNS,
+    MessageRecord,
+    ThreadState,
+    ahead_of,
+    context_for,
+    earlier_items,
+    keep_turn,
+    turn_of,
+)
+
+U1 = Actor(user_id="u1", tenant_id="acme")
+
+
+def _record(number: int, state: str = "finished") -> MessageRecord:
+    return MessageRecord(
+        number=number,
+        request_id=f"r{number}",
+        workflow_id=f"ask-acme-u1-r{number}-x",
+        submission="sha256:x",
+        question=f"question {number}",
+        state=state,  # type: ignore[arg-type]
+    )
+
+
+def _report(*operations: OperationRecord, answer: str | None = "done") -> AgentResult:
+    return AgentResult(
+        status="completed" if answer else "failed",
+        stop_reason="final_answer" if answer else "model_error",
+        final_text=answer,
+        rounds=2,
+        calls=[CallRecord(call_id=op.call_ids[0], tool=op.tool, round=1, ok=True) for op in operations],
+        operations=list(operations),
+    )
+
+
+def _op(op_id: str, state: str, call_id: str = "w1") -> OperationRecord:
+    return OperationRecord(
+        operation_id=op_id,
+        tool="refund_order",
+        call_ids=[call_id],
+        arguments={"orderId": "A100", "amount": 5, "card": "***"},
+        state=state,  # type: ignore[arg-type]
+        output={"ok": state == "verified", "code": None if state == "verified" else "OUTCOME_UNKNOWN"},
+        deadline=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+
+
+def test_ahead_counts_only_the_earlier_messages_that_have_not_finished() -> None:
+    state = ThreadState(messages=[_record(1), _record(2, "running"), _record(3, "queued"), _record(4, "queued")])
+    assert [ahead_of(state, f"r{n}") for n in (1, 2, 3, 4)] == [0, 0, 1, 2]
+
+
+def test_a_turn_holds_each_write_as_its_ledger_recorded_it_and_no_report_says_why() -> None:
+    turn = turn_of(_record(1), "refund A100", _report(_op("op_a", "verified"), _op("op_b", "unknown", "w2")), None)
+    assert (turn.number, turn.request_id, turn.answer, turn.status) == (1, "r1", "done", "completed")
+    assert [(o.operation_id, o.state, o.call_id, o.request_id) for o in turn.operations] == [
+        ("op_a", "verified", "w1", "r1"),
+        ("op_b", "unknown", "w2", "r1"),
+    ]
+    assert turn.operations[0].arguments["card"] == "***"  # redacted, as in the ledger
+    terminated = turn_of(_record(2), "hello", None, "terminated")
+    assert (terminated.answer, terminated.stop_reason, terminated.operations) == (None, "terminated", [])
+
+
+def test_the_model_is_shown_the_question_each_write_with_its_outcome_and_the_answer_in_order() -> None:
+    state = ThreadState()
+    keep_turn(state, turn_of(_record(1), "refund A100", _report(_op("op_a", "unknown")), None))
+    keep_turn(state, turn_of(_record(2), "hello", None, "terminated"))
+    items = earlier_items(context_for(state, "t1", "thread-acme-u1-t1-x", shown_turns=20))
+    assert [type(i).__name__ for i in items] == [
+        "MessageItem",
+        "FunctionCallItem",
+        "FunctionCallOutputItem",
+        "MessageItem",
+        "MessageItem",
+        "MessageItem",
+    ]
+    asked, proposed, told, answer, hello, no_answer = items
+    assert isinstance(asked, MessageItem) and (asked.role, asked.text()) == ("user", "refund A100")
+    assert isinstance(proposed, FunctionCallItem) and proposed.call_id == "m1_w1" and proposed.name == "refund_order"
+    assert json.loads(proposed.arguments) == {"orderId": "A100", "amount": 5, "card": "***"}
+    assert isinstance(told, FunctionCallOutputItem) and told.call_id == "m1_w1"
+    assert json.loads(told.output) == {
+        "ok": False,
+        "code": "OUTCOME_UNKNOWN",
+        "operation_id": "op_a",
+        "state": "unknown",
+    }
+    assert isinstance(answer, MessageItem) and (answer.role, answer.text()) == ("assistant", "done")
+    assert isinstance(hello, MessageItem) and hello.text() == "hello"
+    assert isinstance(no_answer, MessageItem) and no_answer.text() == "(no answer: this request ended with terminated)"
+    assert earlier_items(None) == []
+
+
+def test_only_the_newest_turns_are_shown_and_an_older_unknown_write_is_still_met() -> None:
+    state = ThreadState()
+    keep_turn(state, turn_of(_record(1), "q1", _report(_op("op_old_unknown", "unknown")), None))
+    keep_turn(state, turn_of(_record(2), "q2", _report(_op("op_old_done", "verified")), None))
+    keep_turn(state, turn_of(_record(3), "q3", _report(_op("op_new", "verified")), None))
+    context = context_for(state, "t1", "scope", shown_turns=1)
+    assert [t.number for t in context.turns] == [3]
+    # The hidden turns' unknown writes stay known to a new proposal; their settled ones do not need to.
+    assert [o.operation_id for o in context.operations] == ["op_old_unknown", "op_new"]
+    assert context_for(state, "t1", "scope", shown_turns=0).turns == []
+
+
+def test_a_thread_keeps_a_bounded_number_of_turns_and_messages_and_never_forgets_an_unknown_write() -> None:
+    state = ThreadState()
+    keep_turn(state, turn_of(_record(1), "q1", _report(_op("op_first", "unknown")), None))
+    for number in range(2, KEPT_TURNS + 10):
+        keep_turn(state, turn_of(_record(number), f"q{number}", _report(), None))
+    assert len(state.turns) == KEPT_TURNS and state.turns[0].number == 10
+    assert [o.operation_id for o in state.older_unknown] == ["op_first"]
+    context = context_for(state, "t1", "scope", shown_turns=KEPT_TURNS)
+    assert [o.operation_id for o in context.operations] == ["op_first"]
+    state.messages = [_record(n) for n in range(1, KEPT_MESSAGES + 6)]
+    keep_turn(state, turn_of(_record(KEPT_MESSAGES + 6), "q", _report(), None))
+    assert len(state.messages) == KEPT_MESSAGES and state.messages[0].number == 6
