@@ -8,8 +8,10 @@ history replays."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +21,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer, Worker
 
 import toolloop
+from devstack.processes import free_port, start_temporal_dev_server, start_worker
 from tests.agent_helpers import (
     U1,
     assert_eventually,
@@ -31,8 +34,9 @@ from tests.agent_helpers import (
     set_faults,
     ticket_version,
     tool_outputs,
+    worker_env,
 )
-from tests.conftest import APPROVAL_KEY
+from tests.conftest import APPROVAL_KEY, REPO_ROOT
 from toolloop._core.contracts import FunctionCallItem, FunctionCallOutputItem, MessageItem
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.plugin import workflow_runner
@@ -352,3 +356,66 @@ async def test_a_thread_of_200_messages_keeps_working_with_bounded_history_and_m
         outputs = await tool_outputs(requests[number].handle)
         assert list(outputs) == [f"r{number}"] and outputs[f"r{number}"]["ok"] is True
     await _replays(client, requests[1].handle, last.handle)
+
+
+async def test_a_thread_goes_on_across_a_worker_kill_and_a_temporal_restart_between_and_under_queued_messages(
+    settings: Settings, admin: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    # A Temporal of its own (restarted below on the same SQLite file) and worker processes killed for real.
+    port = free_port()
+    server = await asyncio.to_thread(start_temporal_dev_server, tmp_path / "temporal", port, None)
+    address = f"127.0.0.1:{port}"
+    env = {**worker_env(settings), "TEMPORAL_ADDRESS": address}
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(lambda: server.stop())
+        worker = await asyncio.to_thread(start_worker, REPO_ROOT, env, tmp_path / "worker-1.log")
+        stack.callback(worker.kill9)
+        client = await Client.connect(address, data_converter=data_converter())
+        thread = _thread(client, settings)
+        note = _note(await ticket_version(settings.service_url), "thread: across restarts")
+        # Message 1 waits for approval; message 2 is queued behind it.
+        first_sent = await thread.send(
+            "add the note", model=script_spec([call("append_ticket_note", note, "w1")], [say("Added.")])
+        )
+        second_sent = await thread.send("did it work?", model=script_spec([say("Yes, it was added.")]))
+        assert second_sent.ahead == 1
+        first = await thread.request(first_sent.request_id)
+        approval = await anext(aiter(first.approvals()))
+
+        # The worker is killed and Temporal restarted while message 2 waits in the queue.
+        worker.kill9()
+        server.stop()
+        server = await asyncio.to_thread(start_temporal_dev_server, tmp_path / "temporal", port, None)
+        worker = await asyncio.to_thread(start_worker, REPO_ROOT, env, tmp_path / "worker-2.log")
+        stack.callback(worker.kill9)
+        client = await Client.connect(address, data_converter=data_converter())
+        thread = _client(client, settings).thread(thread.thread_id, actor=U1)
+        first = await thread.request(first_sent.request_id)
+        await first.decide(approval, approve=True)
+        first_report = await asyncio.wait_for(first.result(), 120)
+        second_report = await asyncio.wait_for((await thread.request(second_sent.request_id)).result(), 120)
+
+        # Between messages: another kill, another worker.
+        worker.kill9()
+        worker = await asyncio.to_thread(start_worker, REPO_ROOT, env, tmp_path / "worker-3.log")
+        stack.callback(worker.stop)
+        third_report = await asyncio.wait_for(
+            thread.run(
+                "add it again",
+                model=script_spec([call("append_ticket_note", note, "w1")], [say("It was there already.")]),
+                approver=lambda _: True,
+            ),
+            120,
+        )
+
+        [op] = first_report.operations
+        assert op.state == "verified" and second_report.final_text == "Yes, it was added."
+        assert third_report.operations == []  # the same write: told again, never done again
+        assert len(await effects(admin, op.operation_id)) == 1
+        assert len(await _note_posts(admin)) == 1
+        messages = await thread.messages()
+        assert [(m.number, m.state) for m in messages] == [(1, "finished"), (2, "finished"), (3, "finished")]
+        shown = await conversation(client.get_workflow_handle(messages[1].workflow_id))
+        [told] = [i for i in shown if isinstance(i, FunctionCallOutputItem) and i.call_id == "m1_w1"]
+        assert json.loads(told.output)["state"] == "verified"
+        await _replays(client, thread.handle, *(client.get_workflow_handle(m.workflow_id) for m in messages))
