@@ -58,7 +58,9 @@ def _op(op_id: str, state: str, call_id: str = "w1") -> OperationRecord:
         call_ids=[call_id],
         arguments={"orderId": "A100", "amount": 5, "card": "***"},
         state=state,  # type: ignore[arg-type]
-        output={"ok": state == "verified", "code": None if state == "verified" else "OUTCOME_UNKNOWN"},
+        output={"ok": True, "state": "verified", "result": {"refundId": "R1", "amount": 5}}
+        if state == "verified"
+        else {"ok": False, "code": "OUTCOME_UNKNOWN"},
         deadline=datetime(2026, 1, 1, tzinfo=UTC),
     )
 
@@ -76,6 +78,8 @@ def test_a_turn_holds_each_write_as_its_ledger_recorded_it_and_no_report_says_wh
         ("op_b", "unknown", "w2", "r1"),
     ]
     assert turn.operations[0].arguments["card"] == "***"  # redacted, as in the ledger
+    # Later messages are told the state, not the service's whole answer (every later input holds it).
+    assert turn.operations[0].output == {"ok": True, "state": "verified"}
     terminated = turn_of(_record(2), "hello", None, "terminated")
     assert (terminated.answer, terminated.stop_reason, terminated.operations) == (None, "terminated", [])
 

@@ -8,7 +8,7 @@ module holds the payloads of that workflow and the rules it applies, so they are
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -132,12 +132,21 @@ def turn_of(record: MessageRecord, question: str, report: AgentResult | None, wh
                 call_id=op.call_ids[0] if op.call_ids else op.operation_id,
                 arguments=dict(op.arguments),
                 state=op.state,
-                output=dict(op.output) if op.output is not None else None,
+                output=_told_later(op.output),
                 request_id=record.request_id,
             )
             for op in report.operations
         ],
     )
+
+
+def _told_later(output: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What later messages are told of a write's output: what the model was told, without the service's whole
+    answer (`result`), which the request's own answer put into words. Every later message's input holds it, so
+    it is kept small; the state, the code and the message say what happened."""
+    if output is None:
+        return None
+    return {k: v for k, v in output.items() if k != "result"}
 
 
 def keep_turn(state: ThreadState, turn: ThreadTurn) -> None:
