@@ -671,7 +671,7 @@ async def _send_to_thread(
     if accepted.ahead:
         err_console.print(Text(f"queued: {accepted.ahead} earlier message(s) of this thread run first"))
     try:
-        return await thread.request(accepted.request_id), accepted.attached
+        return await thread.request(accepted), accepted.attached
     except MessageRefused as exc:
         _fail(f"thread {thread.thread_id}: {exc}", code=1)
 

@@ -64,9 +64,11 @@ class ThreadWorkflow:
         )
 
     @workflow.update(name=SEND_MESSAGE_UPDATE)
-    def send_message(self, message: ThreadMessage) -> MessageAccepted:
-        """Queue a message (or find it again: a retry with the same request id and submission). Synchronous, so
-        the order of the messages is the order their Updates were accepted in."""
+    async def send_message(self, message: ThreadMessage) -> MessageAccepted:
+        """Queue a message (or find it again: a retry with the same request id and submission). The order of the
+        messages is the order their Updates were accepted in: everything before the first await runs in the
+        accepting task. A message with nothing before it is answered once its request has started, so its
+        client needs no second Update to follow it; a queued one is answered at once."""
         record = self._record(message.request_id)
         attached = record is not None
         if record is None:
@@ -81,12 +83,16 @@ class ThreadWorkflow:
             )
             self._state.messages.append(record)
             self._state.queue.append(message)
+        ahead = ahead_of(self._state, record.request_id)
+        if ahead == 0:
+            await workflow.wait_condition(lambda: record.state != "queued" or self._continuing)
         return MessageAccepted(
             number=record.number,
             request_id=record.request_id,
             workflow_id=record.workflow_id,
-            ahead=ahead_of(self._state, record.request_id),
+            ahead=ahead,
             attached=attached,
+            state=record.state,
         )
 
     @send_message.validator

@@ -66,14 +66,15 @@ class MessageRecord(BaseModel):
 
 class MessageAccepted(BaseModel):
     """The `send_message` Update's answer: the message's place in the thread. `ahead` counts the messages
-    before it that have not finished (0: it starts at once); `attached` is True for a retry of a message the
-    thread already has."""
+    before it that have not finished (0: it starts at once, and the answer comes once its request has started:
+    `state` running); `attached` is True for a retry of a message the thread already has."""
 
     number: int
     request_id: str
     workflow_id: str
     ahead: int
     attached: bool = False
+    state: MessageState = "queued"
 
 
 class ThreadState(BaseModel):

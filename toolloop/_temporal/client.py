@@ -690,9 +690,17 @@ class ToolloopThread:
             raise
         return accepted
 
-    async def request(self, request_id: str) -> ToolloopRequest:
-        """The request of the message `request_id`, once it has started (a queued message waits here for the ones
-        before it). MessageRefused if it could not start; ThreadNotFound if the thread has no such message."""
+    async def request(self, message: str | MessageAccepted) -> ToolloopRequest:
+        """The request of a message (its request id, or what `send` answered), once it has started: a queued
+        message waits here for the ones before it. MessageRefused if it could not start; ThreadNotFound if the
+        thread has no such message."""
+        if isinstance(message, MessageAccepted):
+            if message.state == "refused":
+                raise MessageRefused(f"message {message.request_id} could not start")
+            if message.state != "queued":
+                return self._client._request(message.workflow_id, self.actor, message.request_id)
+            message = message.request_id
+        request_id = message
         pause = 0.0
         while True:
             try:
@@ -741,6 +749,5 @@ class ToolloopThread:
         approval, and return the report once the message's request has finished."""
         if approver is not None:
             self._client._channel.require_key()  # before anything is sent
-        accepted = await self.send(question, **send_options)
-        request = await self.request(accepted.request_id)
+        request = await self.request(await self.send(question, **send_options))
         return await _finish(request, approver, decider)
