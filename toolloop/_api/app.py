@@ -445,6 +445,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                 "user_id": actor.user_id if actor else None,
                 "tenant_id": actor.tenant_id if actor else None,
                 "request_id": request.path_params.get("request_id"),
+                "thread_id": request.path_params.get("thread_id"),
             },
         )
         return response
