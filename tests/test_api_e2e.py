@@ -365,7 +365,8 @@ async def test_the_openapi_document_says_bearer_problem_json_and_event_stream(ht
     problem = document["components"]["schemas"]["Problem"]
     assert {"type", "title", "status", "code", "detail"} <= set(problem["properties"])
     operations = {(path, method): op for path, item in document["paths"].items() for method, op in item.items()}
-    assert len(operations) == 7
+    # The request routes (7) and the thread routes (5).
+    assert len(operations) == 12
     for (path, method), op in operations.items():
         # Every route needs the token, and says so, and every error it can give is problem+json.
         assert op["security"] == [{"bearer": []}], (path, method)
@@ -387,6 +388,11 @@ async def test_the_openapi_document_says_bearer_problem_json_and_event_stream(ht
     assert "TOO_MANY_STREAMS" in events["429"]["description"] and "404" in events
     decision = operations[("/v1/requests/{request_id}/operations/{operation_id}/decision", "post")]["responses"]
     assert {"DIGEST_MISMATCH", "NOT_PENDING", "REQUEST_FINISHED"} <= set(decision["409"]["description"].split()[1:])
+    message = operations[("/v1/threads/{thread_id}/messages", "post")]["responses"]
+    assert set(message) == {"201", "400", "401", "413", "422", "429", "503"}
+    assert "IDEMPOTENCY_KEY_REUSED" in message["422"]["description"]
+    thread_events = operations[("/v1/threads/{thread_id}/events", "get")]["responses"]
+    assert "TOO_MANY_STREAMS" in thread_events["429"]["description"] and "404" in thread_events
 
 
 async def test_an_unknown_tool_is_refused_naming_it_and_the_workers_tools(http: httpx.AsyncClient) -> None:

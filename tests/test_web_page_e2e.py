@@ -334,3 +334,77 @@ async def test_the_page_shows_the_models_text_as_it_is_written_then_the_answer_o
         await expect(request.locator('[data-field="final-text"]')).to_have_text(STREAMED_ANSWER)
         # The answer once: the text written so far gives way to it.
         await expect(request.locator('[data-field="writing"]')).to_be_hidden()
+
+
+# --- A conversation (a thread) ----------------------------------------------------------------------------------
+
+THREAD_READ = "Where is my order A102?"
+
+
+async def send_message(page: Page, question: str) -> dict[str, Any]:
+    """Send a message of the open thread through the page's form; the API's answer."""
+    await page.fill("#message", question)
+    async with page.expect_response(lambda r: "/messages" in r.url and r.request.method == "POST") as info:
+        await page.click("#message-submit")
+    response = await info.value
+    assert response.status == 201, await response.text()
+    answer: dict[str, Any] = await response.json()
+    return answer
+
+
+async def test_a_conversation_shows_two_messages_in_order_a_queued_one_as_queued_and_approves_a_write(
+    api: Api, http: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    async with browse(api) as browsed:
+        page = browsed.page
+        await log_in(page)
+        await page.click("#thread-new")
+        await expect(page.locator("#thread-view")).to_be_visible()
+        thread_id = await page.input_value("#thread-id")
+        await expect(page.locator("#thread-name")).to_have_text(thread_id)
+
+        first = await send_message(page, REFUND)
+        second = await send_message(page, THREAD_READ)
+        assert (first["number"], second["number"]) == (1, 2)
+        # The first waits for approval, so the second is queued behind it, and the page says so.
+        assert (second["queued"], second["ahead"]) == (True, 1)
+        messages = page.locator("#thread-messages > li")
+        one = page.locator(f'#thread-messages [data-request-id="{first["request_id"]}"]')
+        two = page.locator(f'#thread-messages [data-request-id="{second["request_id"]}"]')
+        await expect(two).to_have_attribute("data-status", "queued")
+        await expect(two.locator('[data-field="status"]')).to_have_text("queued")
+        await expect(two.locator('[data-field="phase"]')).to_have_text("queued: waiting for 1 message before it")
+
+        # Approved from the conversation view, exactly as the request card approves.
+        card = one.locator('.approval[data-ready="true"]')
+        await expect(card).to_be_visible(timeout=WAIT_MS)
+        operation_id = await card.get_attribute("data-operation-id")
+        await expect(card.locator('[data-field="digest-check"]')).to_have_attribute("data-check", "ok")
+        await expect(card.locator('tr[data-arg="amountCents"] [data-field="arg-value"]')).to_have_text("500")
+        await card.locator('[data-action="approve"]').click()
+
+        await expect(one).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
+        await expect(one.locator(f'.operation[data-operation-id="{operation_id}"]')).to_have_attribute(
+            "data-state", "verified"
+        )
+        await expect(two).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
+        # Both answers, in the order the messages were sent.
+        await expect(messages.locator('[data-field="question"]')).to_have_text([REFUND, THREAD_READ])
+        await expect(messages.nth(0).locator('[data-field="final-text"]')).to_contain_text("refunded 500 cents")
+        await expect(messages.nth(1).locator('[data-field="final-text"]')).to_contain_text("A102")
+        await expect(messages.nth(1)).not_to_have_attribute("data-queued", "true")
+
+        # Opened again in a fresh page (picked by its id): the same conversation, in order, with its answers.
+        await page.reload()
+        await expect(page.locator("#who")).to_have_text("Logged in as u1 in tenant acme")
+        await expect(page.locator(f'#thread-ids option[value="{thread_id}"]')).to_have_count(1, timeout=WAIT_MS)
+        await page.fill("#thread-id", thread_id)
+        await page.click("#thread-open")
+        await expect(messages.locator('[data-field="question"]')).to_have_text([REFUND, THREAD_READ])
+        await expect(messages.nth(0).locator('[data-field="request-outcome"]')).to_have_text(
+            "Outcome: answered; every side effect done and verified"
+        )
+        await expect(messages.nth(1).locator('[data-field="final-text"]')).to_contain_text("A102")
+        assert await page.locator("#thread-messages img, #thread-messages b").count() == 0
+    assert operation_id is not None
+    assert len(await effects(admin, operation_id)) == 1

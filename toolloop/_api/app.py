@@ -48,6 +48,17 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from toolloop._api.limits import ApiLimits, CreationRate, StreamSlots, limits_from_environment
 from toolloop._api.openapi import CALLER_CODES, problems, use_problem_schema
+from toolloop._api.threads import (
+    Cursor,
+    MessageAnswer,
+    MessageView,
+    ThreadPage,
+    ThreadSummary,
+    ThreadView,
+    message_view,
+    thread_stream,
+    thread_view,
+)
 from toolloop._api.tokens import Grant, TokenMap
 from toolloop._core.contracts import (
     MODEL_NAME,
@@ -62,11 +73,21 @@ from toolloop._core.contracts import (
     OperationRecord,
     Outcome,
 )
+from toolloop._core.names import TENANT_SEARCH_ATTRIBUTE, THREAD_WORKFLOW, USER_SEARCH_ATTRIBUTE
 from toolloop._core.registry import TOOL_NAME
+from toolloop._core.request_naming import THREAD_ID
+from toolloop._core.threads import MessageRecord
 from toolloop._core.usage import RequestUsage
 from toolloop._live.store import LiveTextStore
 from toolloop._temporal.approval_channel import ApprovalRefused, RequestFinished
-from toolloop._temporal.client import RequestIdReused, RequestNotFound, ToolloopClient, ToolloopRequest
+from toolloop._temporal.client import (
+    RequestIdReused,
+    RequestNotFound,
+    ThreadNotFound,
+    ToolloopClient,
+    ToolloopRequest,
+    ToolloopThread,
+)
 from toolloop._temporal.following import RunFollower
 from toolloop._temporal.requests import (
     REQUEST_ID,
@@ -75,7 +96,7 @@ from toolloop._temporal.requests import (
     readable_request_id,
     request_id_of,
 )
-from toolloop._temporal.search_attributes import OUTCOME_KEY, TENANT_KEY, USER_KEY
+from toolloop._temporal.search_attributes import OUTCOME_KEY, TENANT_KEY, THREAD_KEY, USER_KEY
 from toolloop._temporal.telemetry import API_DECISIONS, API_RESPONSES
 from toolloop.servicekit import KitProblem, describe_errors
 
@@ -321,6 +342,15 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+def _no_thread(thread_id: str) -> Problem:
+    # The same words whether the thread does not exist or is someone else's (whose id names another thread).
+    return Problem(404, "NOT_FOUND", f"no thread {thread_id}")
+
+
+def _key_reused() -> Problem:
+    return Problem(422, "IDEMPOTENCY_KEY_REUSED", "this Idempotency-Key was already used for another request")
+
+
 def _finished(request_id: str) -> Problem:
     return Problem(409, "REQUEST_FINISHED", f"request {request_id} has finished; it takes no more decisions")
 
@@ -367,6 +397,7 @@ async def grant(request: Request, actor: Caller) -> Grant:
 
 CallerGrant = Annotated[Grant, Depends(grant)]
 RequestId = Annotated[str, PathParam(pattern=REQUEST_ID.pattern, max_length=64)]
+ThreadId = Annotated[str, PathParam(pattern=THREAD_ID.pattern, max_length=64)]
 OperationId = Annotated[str, PathParam(max_length=100)]
 
 
@@ -414,6 +445,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                 "user_id": actor.user_id if actor else None,
                 "tenant_id": actor.tenant_id if actor else None,
                 "request_id": request.path_params.get("request_id"),
+                "thread_id": request.path_params.get("thread_id"),
             },
         )
         return response
@@ -456,6 +488,22 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         if attributes.get(USER_KEY) != actor.user_id or attributes.get(TENANT_KEY) != actor.tenant_id:
             raise _not_found(request_id)
         return request, description
+
+    def checked_submission(
+        body: RequestBody, granted: Grant, idempotency_key: str | None
+    ) -> tuple[str, ModelSpec, Limits]:
+        """A request's (or a thread message's) id, model and limits, once its body and key are valid for the
+        caller; the same checks and problems for both."""
+        if idempotency_key is not None and not REQUEST_ID.fullmatch(idempotency_key):
+            raise Problem(
+                400, "INVALID_IDEMPOTENCY_KEY", "Idempotency-Key: 1-64 of A-Z a-z 0-9 _ . - (first a letter or digit)"
+            )
+        # Without a key of the caller's: an id that shows the question in the UI's default list.
+        request_id = idempotency_key or readable_request_id(body.question)
+        model, limits = _model_spec(body.model, config.default_model), _limits(body.limits, config.limits)
+        _check_tools(body.tools, config.limits)
+        _check_model(model, config.limits, granted.models, defaulted=not body.model)
+        return request_id, model, limits
 
     async def refusal_to_create(actor: Actor) -> Problem | None:
         """Why the actor may not start another request now (the rate, then its running requests), or None."""
@@ -517,15 +565,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         response: Response,
         idempotency_key: Annotated[str | None, Header(max_length=64)] = None,
     ) -> RequestSummary:
-        if idempotency_key is not None and not REQUEST_ID.fullmatch(idempotency_key):
-            raise Problem(
-                400, "INVALID_IDEMPOTENCY_KEY", "Idempotency-Key: 1-64 of A-Z a-z 0-9 _ . - (first a letter or digit)"
-            )
-        # Without a key of the caller's: an id that shows the question in the UI's default list.
-        request_id = idempotency_key or readable_request_id(body.question)
-        model, limits = _model_spec(body.model, config.default_model), _limits(body.limits, config.limits)
-        _check_tools(body.tools, config.limits)
-        _check_model(model, config.limits, granted.models, defaulted=not body.model)
+        request_id, model, limits = checked_submission(body, granted, idempotency_key)
         refusal = await refusal_to_create(actor)
         if refusal is not None:
             # The same Idempotency-Key again is not a new request: it answers as it always did.
@@ -547,9 +587,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                 tools=body.tools,
             )
         except RequestIdReused:
-            raise Problem(
-                422, "IDEMPOTENCY_KEY_REUSED", "this Idempotency-Key was already used for another request"
-            ) from None
+            raise _key_reused() from None
         except RequestNotFound:
             # The id's workflow exists, and its start event does not say it acts for the caller (a Temporal that
             # did not answer is an RPCError, answered 503 by its handler): 404 if it is not the caller's by its
@@ -737,6 +775,210 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         except (ApprovalRefused, WorkflowUpdateFailedError) as exc:
             reason = exc.cause if isinstance(exc, WorkflowUpdateFailedError) else exc
             raise Problem(409, "DECISION_REFUSED", f"the decision was not recorded: {reason}") from None
+
+    # --- Threads (docs/API.md, "Threads") ------------------------------------------------------------------
+
+    async def found_thread(actor: Actor, thread_id: str) -> tuple[ToolloopThread, list[MessageRecord]]:
+        """The caller's thread and its messages, if it exists and is theirs; 404 otherwise, the same answer for
+        another user's thread (whose id names another workflow) as for none."""
+        thread = toolloop_client.thread(thread_id, actor=actor)
+        try:
+            description = await thread.handle.describe()
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise _no_thread(thread_id) from None
+            raise
+        attributes = description.typed_search_attributes
+        if attributes.get(USER_KEY) != actor.user_id or attributes.get(TENANT_KEY) != actor.tenant_id:
+            raise _no_thread(thread_id)
+        try:
+            return thread, await thread.messages()
+        except ThreadNotFound:
+            raise _no_thread(thread_id) from None
+
+    async def request_exists(actor: Actor, request_id: str) -> bool:
+        try:
+            await found(actor, request_id)
+        except Problem:
+            return False
+        return True
+
+    @app.post(
+        "/v1/threads/{thread_id}/messages",
+        response_model=MessageAnswer,
+        status_code=201,
+        responses=problems(
+            "INVALID_IDEMPOTENCY_KEY",
+            *CALLER_CODES,
+            "BODY_TOO_LARGE",
+            "IDEMPOTENCY_KEY_REUSED",
+            "UNKNOWN_TOOL",
+            "UNKNOWN_MODEL",
+            "RATE_LIMITED",
+            "TOO_MANY_ACTIVE_REQUESTS",
+            "REQUEST_UNREADABLE",
+        ),  # fmt: skip
+    )
+    async def send_message(
+        thread_id: ThreadId,
+        body: RequestBody,
+        actor: Caller,
+        granted: CallerGrant,
+        response: Response,
+        idempotency_key: Annotated[str | None, Header(max_length=64)] = None,
+    ) -> MessageAnswer:
+        """Add a message to the caller's thread (its first message starts the thread). It runs once every message
+        accepted before it has finished: `queued` and `ahead` say whether it waits."""
+        request_id, model, limits = checked_submission(body, granted, idempotency_key)
+        thread = toolloop_client.thread(thread_id, actor=actor)
+        try:
+            known = await thread.messages()
+        except ThreadNotFound:
+            known = []
+        if not any(m.request_id == request_id for m in known):
+            # The same Idempotency-Key again is not a new message: it answers as it always did (below).
+            refusal = await refusal_to_create(actor)
+            if refusal is not None:
+                raise refusal
+            # A key the caller used for a request of its own (or another thread's message that started) would
+            # leave this message refused when its turn came: refused now, as the request route refuses it.
+            if idempotency_key is not None and await request_exists(actor, request_id):
+                raise _key_reused()
+        try:
+            accepted = await thread.send(
+                body.question,
+                request_id=request_id,
+                model=model,
+                limits=limits,
+                instructions=body.instructions,
+                tools=body.tools,
+            )
+        except RequestIdReused:
+            raise _key_reused() from None
+        url = f"/v1/threads/{thread_id}/messages/{accepted.request_id}"
+        if accepted.attached:
+            response.status_code = 200
+        else:
+            response.headers["Location"] = url
+        return MessageAnswer(
+            thread_id=thread_id,
+            number=accepted.number,
+            request_id=accepted.request_id,
+            workflow_id=accepted.workflow_id,
+            ahead=accepted.ahead,
+            queued=accepted.ahead > 0,
+            url=url,
+            request_url=f"/v1/requests/{accepted.request_id}",
+        )
+
+    @app.get("/v1/threads", response_model=ThreadPage, responses=problems(*CALLER_CODES))
+    async def list_threads(
+        actor: Caller,
+        page_size: Annotated[int, Query(ge=1, le=100)] = 20,
+        page_token: Annotated[str | None, Query(max_length=2000)] = None,
+    ) -> ThreadPage:
+        """The caller's threads, newest first."""
+        token = page_tokens.read(actor, page_token) if page_token else None
+        # Running: a thread's workflow runs as long as the thread lives (its earlier runs continued as new).
+        query = (
+            f'WorkflowType = "{THREAD_WORKFLOW}" AND {TENANT_SEARCH_ATTRIBUTE} = "{actor.tenant_id}" '
+            f'AND {USER_SEARCH_ATTRIBUTE} = "{actor.user_id}" AND ExecutionStatus = "Running"'
+        )
+        listing = client.list_workflows(query, page_size=page_size, next_page_token=token)
+        await listing.fetch_next_page()
+        threads = [
+            ThreadSummary(
+                id=execution.typed_search_attributes.get(THREAD_KEY) or execution.id,
+                workflow_id=execution.id,
+                started_at=execution.start_time,
+            )
+            for execution in listing.current_page or []
+        ]
+        next_token = page_tokens.make(actor, listing.next_page_token) if listing.next_page_token else None
+        return ThreadPage(threads=threads, next_page_token=next_token)
+
+    @app.get(
+        "/v1/threads/{thread_id}",
+        response_model=ThreadView,
+        responses=problems(*CALLER_CODES, "NOT_FOUND", "REQUEST_UNREADABLE"),
+    )
+    async def get_thread(thread_id: ThreadId, actor: Caller) -> ThreadView:
+        thread, records = await found_thread(actor, thread_id)
+        return thread_view(thread, records)
+
+    @app.get(
+        "/v1/threads/{thread_id}/messages/{request_id}",
+        response_model=MessageView,
+        responses=problems(*CALLER_CODES, "NOT_FOUND", "REQUEST_UNREADABLE"),
+    )
+    async def get_message(thread_id: ThreadId, request_id: RequestId, actor: Caller) -> MessageView:
+        """One message: `queued` (its request does not exist yet), `running`, `finished` or `refused`."""
+        thread, records = await found_thread(actor, thread_id)
+        record = next((r for r in records if r.request_id == request_id), None)
+        if record is None:
+            raise Problem(404, "NOT_FOUND", f"thread {thread_id} has no message {request_id}")
+        return message_view(thread_id, records, record)
+
+    @app.get(
+        "/v1/threads/{thread_id}/events",
+        response_class=EventSourceResponse,
+        responses={
+            200: {
+                "description": (
+                    "Server-sent events of the whole conversation, with `id` A.N.S (resume with Last-Event-ID): "
+                    "`message_accepted` (a message's number, request_id, state, ahead: queued when ahead > 0), "
+                    "`message_started`, then the message's own request events (as `/v1/requests/{id}/events` "
+                    "gives them, with `number` and `request_id` added; `model_text` without an id), "
+                    "`message_finished` (its outcome) or `message_refused`. Open until the client leaves "
+                    "(comments every 15 s) or the API's one-hour bound; with `until=idle` it ends once no "
+                    "message is queued or running. `error` (a problem's code and detail) ends it."
+                ),
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            },
+            **problems(*CALLER_CODES, "NOT_FOUND", "TOO_MANY_STREAMS", "REQUEST_UNREADABLE"),
+        },
+    )
+    async def thread_events(
+        thread_id: ThreadId,
+        actor: Caller,
+        request: Request,
+        last_event_id: Annotated[str | None, Header(max_length=40)] = None,
+        until: Annotated[Literal["idle"] | None, Query()] = None,
+    ) -> EventSourceResponse:
+        cursor = Cursor.read(last_event_id)
+        if cursor is None:
+            raise Problem(422, "INVALID_REQUEST", "Last-Event-ID: not an id of this thread's event stream")
+        refused = streams.take(actor)
+        if refused is not None:
+            raise Problem(429, "TOO_MANY_STREAMS", refused)
+        try:
+            thread, records = await found_thread(actor, thread_id)
+        except BaseException:
+            streams.give_back(actor)
+            raise
+
+        async def message_events(followed: ToolloopRequest, after: int) -> AsyncGenerator[dict[str, str], None]:
+            # The request stream's own machinery: its numbered events, and the model's text while it runs.
+            first = await followed.events(after)
+            live = config.live_text is not None and not first.done
+            async for event in _with_live_text(followed, _event_stream(followed, request, after, first), live):
+                yield event
+
+        return SlotHoldingStream(
+            thread_stream(
+                thread,
+                records,
+                cursor,
+                lambda request_id: toolloop_client.request(request_id, actor=actor),
+                message_events,
+                request.is_disconnected,
+                until_idle=until == "idle",
+                stream_seconds=_STREAM_SECONDS,
+                check_seconds=_DISCONNECT_CHECK_SECONDS,
+            ),
+            release=lambda: streams.give_back(actor),
+            ping=15,
+        )
 
     if _STATIC.is_dir():
         _add_page(app)

@@ -245,8 +245,9 @@
   // --- A request as the page knows it ----------------------------------------------------------------------
 
   class Req {
-    constructor(id, summary) {
+    constructor(id, summary, prefix = "q") {
       this.id = id;
+      this.prefix = prefix;
       this.session = session;
       this.question = (summary && summary.question) || "";
       this.startedAt = (summary && summary.started_at) || null;
@@ -423,7 +424,7 @@
   // --- Rendering -------------------------------------------------------------------------------------------
 
   function buildRequestCard(req) {
-    const titleId = `q-${req.id}`;
+    const titleId = `${req.prefix}-${req.id}`;
     const card = el(
       "li",
       { className: "request", "data-request-id": req.id, "data-status": req.status },
@@ -1093,6 +1094,248 @@
     }
   }
 
+  // --- A conversation (a thread) ----------------------------------------------------------------------------
+
+  // One thread at a time: its messages are Req cards (the same rendering and approvals as the list's), kept
+  // up to date by the thread's one event stream (accepted, started, the request's own events, finished).
+  const THREAD_ID = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/;
+  let thread = null; // {id, session, reqs: Map(request id -> Req), lastEventId, abort, following}
+  const threadPath = (id) => `/v1/threads/${encodeURIComponent(id)}`;
+
+  function messageCard(t, data) {
+    let req = t.reqs.get(data.request_id);
+    if (!req) {
+      req = new Req(data.request_id, { question: data.question || "", status: "running" }, "m");
+      req.number = data.number;
+      req.el.dataset.number = String(data.number);
+      t.reqs.set(req.id, req);
+      const list = $("thread-messages");
+      const after = Array.from(list.children).find((node) => Number(node.dataset.number) > data.number);
+      list.insertBefore(req.el, after || null);
+      $("thread-empty").hidden = true;
+    }
+    if (data.question && !req.question) req.question = data.question;
+    return req;
+  }
+
+  function markQueued(req, ahead) {
+    req.status = "queued";
+    req.done = false;
+    req.phase = `queued: waiting for ${ahead || "the"} message${ahead === 1 ? "" : "s"} before it`;
+    req.el.dataset.queued = "true";
+  }
+
+  function markStarted(req) {
+    if (req.status === "queued") {
+      req.status = "running";
+      req.phase = "started";
+    }
+    delete req.el.dataset.queued;
+  }
+
+  function applyThreadEvent(t, event) {
+    let data;
+    try {
+      data = JSON.parse(event.data);
+    } catch {
+      return;
+    }
+    if (event.id) t.lastEventId = event.id;
+    if (event.type === "error") {
+      showError($("thread-error"), `The conversation's updates stopped: ${data.detail} (${data.code})`);
+      return;
+    }
+    if (!data.request_id) return;
+    const req = messageCard(t, data);
+    if (event.type === "message_accepted") {
+      if (data.state === "queued" && !req.done) markQueued(req, data.ahead);
+    } else if (event.type === "message_started") {
+      markStarted(req);
+    } else if (event.type === "message_finished") {
+      markStarted(req);
+      req.done = true;
+      settle(req);
+    } else if (event.type === "message_refused") {
+      req.status = "refused";
+      req.done = true;
+      req.error = data.note || "its request could not start";
+      req.phase = `refused: ${req.error}`;
+      delete req.el.dataset.queued;
+    } else {
+      markStarted(req);
+      // The request's own event: applied as its own stream's would be (the stream's place is the thread's).
+      applyEvent(req, { type: event.type, data: event.data, id: null });
+    }
+    render(req);
+  }
+
+  async function followThread(t) {
+    if (t.following) return;
+    t.following = true;
+    const controller = new AbortController();
+    t.abort = controller;
+    let failures = 0;
+    const live = $("thread-live");
+    try {
+      while (thread === t && t.session === session && !controller.signal.aborted) {
+        let received = 0;
+        try {
+          const headers = { Accept: "text/event-stream", Authorization: `Bearer ${token}` };
+          if (t.lastEventId) headers["Last-Event-ID"] = t.lastEventId;
+          const response = await fetch(`${threadPath(t.id)}/events`, {
+            headers,
+            signal: controller.signal,
+            cache: "no-store",
+            credentials: "omit",
+          });
+          if (response.status === 401) {
+            signedOut("Your token is no longer accepted: log in again.");
+            return;
+          }
+          if (!response.ok || !response.body) throw new Error(`HTTP ${response.status}`);
+          setText(live, "live");
+          live.dataset.live = "live";
+          await readEventStream(
+            response.body,
+            (event) => {
+              received += 1;
+              if (thread === t) applyThreadEvent(t, event);
+            },
+            () => {},
+          );
+        } catch (error) {
+          if (controller.signal.aborted) return;
+        }
+        // The stream ended (dropped, or the server's own time bound): continue from the last event seen.
+        failures = received ? 1 : failures + 1;
+        if (failures > MAX_RETRIES) {
+          setText(live, "live updates stopped: open the thread again");
+          live.dataset.live = "lost";
+          return;
+        }
+        setText(live, "reconnecting…");
+        live.dataset.live = "reconnecting";
+        await sleep(Math.min(500 * 2 ** (failures - 1), 8000) * (0.75 + Math.random() / 2));
+      }
+    } finally {
+      t.following = false;
+      if (t.abort === controller) t.abort = null;
+    }
+  }
+
+  function closeThread() {
+    if (thread && thread.abort) thread.abort.abort();
+    thread = null;
+    $("thread-messages").replaceChildren();
+    $("thread-view").hidden = true;
+  }
+
+  async function openThread(id) {
+    const errorNode = $("thread-error");
+    showError(errorNode, "");
+    if (!THREAD_ID.test(id)) {
+      showError(errorNode, "A thread id is 1-64 of A-Z a-z 0-9 _ . - (first a letter or digit).");
+      $("thread-id").focus();
+      return;
+    }
+    closeThread();
+    const t = { id, session, reqs: new Map(), lastEventId: null, abort: null, following: false };
+    thread = t;
+    $("thread-id").value = id;
+    setText($("thread-name"), id);
+    setText($("thread-live"), "");
+    $("thread-view").hidden = false;
+    $("thread-empty").hidden = false;
+    let view = null;
+    try {
+      view = await api(threadPath(id));
+    } catch (error) {
+      if (thread !== t) return;
+      if (!(error instanceof ApiError && error.status === 404)) {
+        showError(errorNode, `Could not open the thread: ${describe(error)}`);
+        return;
+      }
+      // No such thread yet: its first message starts it.
+    }
+    if (thread !== t) return;
+    if (view) {
+      for (const message of view.messages) {
+        const req = messageCard(t, message);
+        if (message.state === "queued") {
+          markQueued(req, message.ahead);
+          render(req);
+        } else if (message.state === "refused") {
+          applyThreadEvent(t, { type: "message_refused", data: JSON.stringify(message), id: null });
+        } else {
+          refreshView(req).catch((error) => {
+            req.phase = `could not load: ${describe(error)}`;
+            render(req);
+          });
+        }
+      }
+      // The stream continues from this view: later messages, and the first unfinished one from its start.
+      t.lastEventId = view.last_event_id;
+      followThread(t);
+    }
+    $("message").focus();
+  }
+
+  let pendingMessageKey = null; // reused when the same message is sent again after a failure: one message
+  let pendingMessage = null;
+
+  async function sendMessage(event) {
+    event.preventDefault();
+    const t = thread;
+    const input = $("message");
+    const errorNode = $("message-error");
+    const question = input.value.trim();
+    if (!t) return;
+    if (!question) {
+      showError(errorNode, "Type a message first.");
+      input.focus();
+      return;
+    }
+    if (question !== pendingMessage) {
+      pendingMessage = question;
+      pendingMessageKey = newKey();
+    }
+    const button = $("message-submit");
+    button.disabled = true;
+    showError(errorNode, "");
+    try {
+      const answer = await api(`${threadPath(t.id)}/messages`, {
+        method: "POST",
+        body: { question },
+        headers: { "Idempotency-Key": pendingMessageKey },
+      });
+      if (thread !== t) return;
+      pendingMessageKey = null;
+      pendingMessage = null;
+      input.value = "";
+      const req = messageCard(t, { ...answer, question });
+      if (answer.queued && !req.done) markQueued(req, answer.ahead);
+      render(req);
+      announce(answer.queued ? `Message ${answer.number} queued behind ${answer.ahead}` : `Message ${answer.number} sent`);
+      followThread(t);
+      loadThreads();
+    } catch (error) {
+      if (thread === t) showError(errorNode, `The message was not sent: ${describe(error)}`);
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  async function loadThreads() {
+    const mine = session;
+    try {
+      const page = await api("/v1/threads?page_size=100");
+      if (mine !== session) return;
+      $("thread-ids").replaceChildren(...page.threads.map((t) => el("option", { value: t.id })));
+    } catch {
+      // the list is a convenience: a thread id can still be typed
+    }
+  }
+
   // --- Logging in and out ----------------------------------------------------------------------------------
 
   async function logIn(candidate, remember) {
@@ -1125,6 +1368,7 @@
     $("logout").hidden = false;
     $("app").hidden = false;
     $("question").focus();
+    loadThreads();
     await loadList();
   }
 
@@ -1137,6 +1381,9 @@
       clearTimeout(req.pollTimer);
     }
     requests.clear();
+    closeThread();
+    $("thread-ids").replaceChildren();
+    $("thread-id").value = "";
     streamQueue.length = 0;
     nextPageToken = null;
     $("requests").replaceChildren();
@@ -1166,6 +1413,12 @@
     });
     $("logout").addEventListener("click", () => signedOut(""));
     $("ask-form").addEventListener("submit", ask);
+    $("thread-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      openThread($("thread-id").value.trim());
+    });
+    $("thread-new").addEventListener("click", () => openThread(newKey().replace("web-", "thread-")));
+    $("message-form").addEventListener("submit", sendMessage);
     $("refresh").addEventListener("click", () => loadList());
     $("more").addEventListener("click", () => loadList(true));
     setInterval(() => updateExpiry(document), 1000);

@@ -1,0 +1,281 @@
+"""End to end over real HTTP: threads through the API (`starter.py serve`) against the real stack (the session's
+dev server and business service, a worker with the demo's tools). A follow-up is shown the message before it,
+messages sent at once run one after another (the later one told it is queued), an Idempotency-Key names one
+message, another user's thread is answered like a missing one, and the thread's event stream follows the whole
+conversation and resumes exactly. Judged by status codes, problem codes, events and the service's effect table."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from httpx_sse import ServerSentEvent, aconnect_sse
+from temporalio.client import Client
+
+from tests.agent_helpers import assert_eventually, conversation, effects
+from tests.api_helpers import U1, U1_GLOBEX, U2, Api, assert_problem, pending_operation, running_api
+from tests.conftest import BusinessService, TemporalServer
+from toolloop._core.contracts import MessageItem
+
+pytestmark = pytest.mark.e2e
+
+READ = "Where is my order A100?"
+REFUND_5 = "Refund 5 EUR on order A100 because it arrived late"
+REFUND_6 = "Refund 6 EUR on order A100 because it arrived broken"
+
+
+@pytest.fixture(scope="module")
+async def api(
+    temporal_server: TemporalServer, business_service: BusinessService, client: Client, tmp_path_factory: Any
+) -> AsyncIterator[Api]:
+    async with running_api(temporal_server, business_service, client, tmp_path_factory) as started:
+        yield started
+
+
+@pytest.fixture
+async def http(api: Api) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=api.url, timeout=60, trust_env=False) as c:
+        yield c
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+async def send(
+    http: httpx.AsyncClient, thread_id: str, question: str, key: str | None = None, headers: dict[str, str] = U1
+) -> httpx.Response:
+    extra = {"Idempotency-Key": key} if key is not None else {}
+    return await http.post(
+        f"/v1/threads/{thread_id}/messages", json={"question": question}, headers={**headers, **extra}
+    )
+
+
+async def messages(http: httpx.AsyncClient, thread_id: str) -> list[dict[str, Any]]:
+    response = await http.get(f"/v1/threads/{thread_id}", headers=U1)
+    assert response.status_code == 200, response.text
+    found: list[dict[str, Any]] = response.json()["messages"]
+    return found
+
+
+async def all_finished(http: httpx.AsyncClient, thread_id: str, count: int) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+
+    async def done() -> bool:
+        found[:] = await messages(http, thread_id)
+        return len(found) == count and all(m["state"] == "finished" for m in found)
+
+    await assert_eventually(done, within=120, what=f"thread {thread_id}'s {count} messages finished")
+    return found
+
+
+async def decide(http: httpx.AsyncClient, request_id: str, decision: str) -> dict[str, Any]:
+    op = await pending_operation(http, request_id, U1)
+    path = f"/v1/requests/{request_id}/operations/{op['operation_id']}/decision"
+    response = await http.post(path, json={"decision": decision, "digest": op["digest"]}, headers=U1)
+    assert response.status_code == 200, response.text
+    return op
+
+
+async def test_a_follow_up_is_shown_the_first_message_and_the_list_says_how_each_ended(
+    http: httpx.AsyncClient, client: Client
+) -> None:
+    thread_id = new_id("t")
+    first = await send(http, thread_id, READ, new_id("m"))
+    assert first.status_code == 201, first.text
+    one = first.json()
+    assert (one["number"], one["ahead"], one["queued"]) == (1, 0, False)
+    assert first.headers["location"] == one["url"] == f"/v1/threads/{thread_id}/messages/{one['request_id']}"
+    assert one["request_url"] == f"/v1/requests/{one['request_id']}"
+    await all_finished(http, thread_id, 1)
+
+    second = await send(http, thread_id, "And where is order A102?", new_id("m"))
+    assert second.status_code == 201, second.text
+    two = second.json()
+    assert (two["number"], two["queued"]) == (2, False)
+    listed = await all_finished(http, thread_id, 2)
+    assert [(m["number"], m["request_id"], m["state"], m["outcome"]) for m in listed] == [
+        (1, one["request_id"], "finished", "answered"),
+        (2, two["request_id"], "finished", "answered"),
+    ]
+    assert [m["question"] for m in listed] == [READ, "And where is order A102?"]
+    # The message's request is an ordinary request: its routes answer, with the final answer.
+    first_view = (await http.get(one["request_url"], headers=U1)).json()
+    second_view = (await http.get(two["request_url"], headers=U1)).json()
+    assert second_view["status"] == "completed" and "A102" in second_view["final_text"]
+    # The follow-up's request was shown the first message: its question and its answer, before its own.
+    shown = await conversation(client.get_workflow_handle(two["workflow_id"]))
+    said = [(i.role, i.text()) for i in shown if isinstance(i, MessageItem)]
+    assert said[:3] == [("user", READ), ("assistant", first_view["final_text"]), ("user", "And where is order A102?")]
+
+
+async def test_two_messages_sent_at_once_run_one_after_another_and_the_later_is_told_it_is_queued(
+    http: httpx.AsyncClient, client: Client, admin: httpx.AsyncClient
+) -> None:
+    thread_id = new_id("t")
+    answers = await asyncio.gather(send(http, thread_id, REFUND_5, new_id("a")), send(http, thread_id, REFUND_6))
+    assert [a.status_code for a in answers] == [201, 201], [a.text for a in answers]
+    earlier, later = sorted((a.json() for a in answers), key=lambda a: a["number"])
+    assert (earlier["number"], later["number"]) == (1, 2)
+    # The first waits for approval, so the second is accepted behind it.
+    assert (earlier["ahead"], earlier["queued"]) == (0, False)
+    assert (later["ahead"], later["queued"]) == (1, True)
+
+    first_op = await pending_operation(http, earlier["request_id"], U1)
+    # While queued: its request does not exist yet (404), and the message says queued, behind one.
+    assert_problem(await http.get(later["request_url"], headers=U1), 404, "NOT_FOUND")
+    queued = (await http.get(later["url"], headers=U1)).json()
+    assert (queued["state"], queued["ahead"], queued["number"]) == ("queued", 1, 2)
+
+    await decide(http, earlier["request_id"], "approve")
+    rejected = await decide(http, later["request_id"], "reject")
+    listed = await all_finished(http, thread_id, 2)
+    assert [(m["number"], m["outcome"]) for m in listed] == [(1, "answered"), (2, "not_done")]
+    one = await client.get_workflow_handle(earlier["workflow_id"]).describe()
+    two = await client.get_workflow_handle(later["workflow_id"]).describe()
+    assert one.close_time is not None and two.start_time >= one.close_time
+    assert len(await effects(admin, first_op["operation_id"])) == 1
+    assert await effects(admin, rejected["operation_id"]) == []
+
+
+async def test_the_same_idempotency_key_is_one_message_and_with_another_body_422(http: httpx.AsyncClient) -> None:
+    thread_id, key = new_id("t"), new_id("k")
+    first = await send(http, thread_id, READ, key)
+    again = await send(http, thread_id, READ, key)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert "location" not in again.headers
+    assert {k: again.json()[k] for k in ("number", "request_id", "workflow_id")} == {
+        k: first.json()[k] for k in ("number", "request_id", "workflow_id")
+    }
+    assert_problem(await send(http, thread_id, "Where is my order A101?", key), 422, "IDEMPOTENCY_KEY_REUSED")
+    await all_finished(http, thread_id, 1)
+    # Also after it finished: the same message, and still one.
+    assert (await send(http, thread_id, READ, key)).status_code == 200
+    assert len(await messages(http, thread_id)) == 1
+    # A key the caller used for a request of its own is refused as the request route refuses it.
+    plain = new_id("k")
+    made = await http.post("/v1/requests", json={"question": READ}, headers={**U1, "Idempotency-Key": plain})
+    assert made.status_code == 201
+    assert_problem(await send(http, thread_id, READ, plain), 422, "IDEMPOTENCY_KEY_REUSED")
+    assert_problem(await send(http, thread_id, READ, "-bad key"), 400, "INVALID_IDEMPOTENCY_KEY")
+    assert_problem(
+        await http.post(f"/v1/threads/{thread_id}/messages", json={"question": READ, "x": 1}, headers=U1),
+        422,
+        "INVALID_REQUEST",
+    )
+    assert len(await messages(http, thread_id)) == 1
+
+
+async def test_another_users_thread_is_answered_like_a_missing_one_on_every_route(http: httpx.AsyncClient) -> None:
+    thread_id, missing = new_id("t"), new_id("t")
+    sent = await send(http, thread_id, READ)
+    assert sent.status_code == 201
+    request_id = sent.json()["request_id"]
+    await all_finished(http, thread_id, 1)
+    for path in ("", f"/messages/{request_id}", "/events"):
+        for who in (U2, U1_GLOBEX):
+            theirs = await http.get(f"/v1/threads/{thread_id}{path}", headers=who)
+            none = await http.get(f"/v1/threads/{missing}{path}", headers=who)
+            assert_problem(theirs, 404, "NOT_FOUND")
+            assert_problem(none, 404, "NOT_FOUND")
+            # Byte for byte the same once the asked-for id is swapped.
+            assert theirs.content == none.content.replace(missing.encode(), thread_id.encode())
+    assert_problem(await http.get(f"/v1/threads/{thread_id}/messages/nope", headers=U1), 404, "NOT_FOUND")
+    assert_problem(await http.get(f"/v1/threads/{thread_id}"), 401, "UNAUTHORIZED")
+    listed = (await http.get("/v1/threads", headers=U2)).json()["threads"]
+    assert thread_id not in [t["id"] for t in listed]
+
+    async def mine_listed() -> bool:
+        return thread_id in [t["id"] for t in (await http.get("/v1/threads", headers=U1)).json()["threads"]]
+
+    await assert_eventually(mine_listed, what="the thread in its owner's list")
+
+
+async def read_until(
+    http: httpx.AsyncClient, path: str, stop: Any, last_event_id: str | None = None
+) -> AsyncIterator[ServerSentEvent]:
+    headers = {**U1, **({"Last-Event-ID": last_event_id} if last_event_id else {})}
+    async with aconnect_sse(http, "GET", path, headers=headers) as source:
+        assert source.response.status_code == 200
+        async for sse in source.aiter_sse():
+            yield sse
+            if stop(sse):
+                return
+
+
+def progress(events: list[ServerSentEvent]) -> list[tuple[str, int, int | None]]:
+    """What a stream said of its messages' runs, in order: each message's start, its request's numbered events
+    and its end (not the announcements of messages accepted)."""
+    return [
+        (e.event, e.json()["number"], e.json().get("seq")) for e in events if e.id and e.event != "message_accepted"
+    ]
+
+
+def announced(events: list[ServerSentEvent]) -> list[int]:
+    return [e.json()["number"] for e in events if e.event == "message_accepted"]
+
+
+async def test_the_thread_stream_follows_the_conversation_and_resumes_exactly(
+    http: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    thread_id = new_id("t")
+    one = (await send(http, thread_id, REFUND_5, new_id("m"))).json()
+    seen: list[ServerSentEvent] = []
+    two: dict[str, Any] = {}
+    path = f"/v1/threads/{thread_id}/events"
+
+    def finished_two(sse: ServerSentEvent) -> bool:
+        return sse.event == "message_finished" and sse.json()["number"] == 2
+
+    # Open (no `until`): it stays open until this client leaves after message 2 has finished.
+    async for sse in read_until(http, path, finished_two):
+        seen.append(sse)
+        data = sse.json()
+        if sse.event == "approval_needed" and data["number"] == 1:
+            # Sent while message 1 waits: the stream announces it at once, queued behind message 1.
+            two.update((await send(http, thread_id, READ, new_id("m"))).json())
+        elif sse.event == "message_accepted" and data["number"] == 2:
+            assert (data["state"], data["ahead"], data["request_id"]) == ("queued", 1, two["request_id"])
+            await decide(http, one["request_id"], "approve")
+
+    kinds = [(e.event, e.json()["number"]) for e in seen if e.event != "model_text"]
+    assert kinds[:2] == [("message_accepted", 1), ("message_started", 1)]
+    at_accepted_2 = kinds.index(("message_accepted", 2))
+    assert kinds.index(("approval_needed", 1)) < at_accepted_2 < kinds.index(("final", 1))
+    assert kinds.index(("final", 1)) + 1 == kinds.index(("message_finished", 1))
+    assert kinds[kinds.index(("message_finished", 1)) + 1] == ("message_started", 2)
+    assert kinds[-2:] == [("final", 2), ("message_finished", 2)]
+    finished = {e.json()["number"]: e.json()["outcome"] for e in seen if e.event == "message_finished"}
+    assert finished == {1: "answered", 2: "answered"}
+    # Each request event is the request's own, tagged with its message.
+    for e in seen:
+        if e.event in ("phase", "tool_started", "tool_finished", "approval_needed", "operation", "final"):
+            number = e.json()["number"]
+            assert e.json()["request_id"] == (one if number == 1 else two)["request_id"]
+    own = [e for e in seen if e.json().get("request_id") == one["request_id"] and e.event not in ("message_accepted",)]
+    request_events = [e for e in own if not e.event.startswith("message_") and e.event != "model_text"]
+    assert [e.json()["seq"] for e in request_events] == list(range(1, len(request_events) + 1))
+    op = next(e.json()["data"] for e in seen if e.event == "approval_needed")
+    assert len(await effects(admin, op["operation_id"])) == 1
+
+    # Every numbered event resumes exactly: the rest of the conversation, nothing seen again, nothing missed. An
+    # id is the stream's place (messages announced . message followed . how far): a resumed stream announces
+    # the messages accepted after that place at once, so only the announcements may come earlier than before.
+    numbered = [e for e in seen if e.id]
+    for at in (numbered[0], next(e for e in numbered if e.event == "message_accepted" and e.json()["number"] == 2)):
+        rest = numbered[numbered.index(at) + 1 :]
+        resumed = [e async for e in read_until(http, path + "?until=idle", lambda _: False, last_event_id=at.id)]
+        assert progress(resumed) == progress(rest)
+        assert announced(resumed) == announced(rest)
+        assert resumed[-1].id == numbered[-1].id
+    # With until=idle, a thread whose messages have all finished: the whole conversation, then the end.
+    whole = [e async for e in read_until(http, path + "?until=idle", lambda _: False)]
+    assert progress(whole) == progress(numbered) and announced(whole) == [1, 2]
+    view = (await http.get(f"/v1/threads/{thread_id}", headers=U1)).json()
+    assert [e async for e in read_until(http, path + "?until=idle", lambda _: False, view["last_event_id"])] == []
+    bad = await http.get(path, headers={**U1, "Last-Event-ID": "12"})
+    assert_problem(bad, 422, "INVALID_REQUEST")
