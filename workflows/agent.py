@@ -87,6 +87,10 @@ def _untrusted_input(inp: AgentInput) -> str | None:
             "this request's input brings an approval verify key; the keys that verify decisions are the worker's "
             "own configuration (TOOLLOOP_APPROVAL_VERIFY_KEY), never a request's: refused, nothing was run"
         )
+    parent = workflow.info().parent
+    if inp.thread is not None and (parent is None or parent.workflow_id != inp.thread.scope):
+        # What earlier messages did is what the thread's own workflow says, never what a starter claims.
+        return "this request brings a thread's history but was not started by that thread: refused, nothing was run"
     return None
 
 

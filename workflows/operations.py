@@ -342,14 +342,21 @@ class OperationStateMachine:
     ) -> dict[str, Any] | None:
         """The output for a proposal of an operation an earlier message left unknown, once its status settles
         it; None when the service has no record of it (it may be approved and sent, with the same key)."""
+        # The earlier attempts are this operation's: a resend must keep to what they imply (the service's
+        # retention counts from the first of them).
+        op.first_sent_at = earlier.first_sent_at
+        op.retention_seconds = earlier.retention_seconds
         op.note = f"left {earlier.state} by request {earlier.request_id} of this thread"
         self._move(op, "unknown")
         if not call.has_status:
             return self._unknown(op, "an earlier message left it unknown and this tool has no status query.")
         self._set_phase(f"status of {op.tool} {op.operation_id} (left unknown by an earlier message)")
         settled = self._settled_by_status(op, await self._resolve(op))
+        if settled is None and self._past_retention(op):
+            # Not found, but the service may have forgotten the operation id since an earlier attempt: a resend
+            # could be a second effect. Fail closed, as a request does after its own unclear attempt.
+            return self._unknown(op, "the service may no longer remember an earlier attempt; it was not resent.")
         if settled is None:
-            op.note = None
             return None
         completed, payload = settled
         if not completed:
@@ -367,8 +374,9 @@ class OperationStateMachine:
         """Send, and after any doubt ask the status before anything else. Returns (True, the service's
         result) once the operation completed, else (False, the final output for the model)."""
         limits = self._limits
-        # Stays False while every attempt certainly never reached the service (a refused connection).
-        maybe_received = False
+        # Stays False while every attempt certainly never reached the service (a refused connection). True from
+        # the start for an operation an earlier message of the thread sent.
+        maybe_received = op.first_sent_at is not None
         while True:
             if self.cancel_requested():
                 return await self._settle_unsent(op, call, maybe_received, "cancelled")

@@ -599,6 +599,10 @@ class ThreadOperation(BaseModel):
     # What the model was told of it (its tool output).
     output: dict[str, Any] | None = None
     request_id: str = ""
+    # When an attempt was first sent (None: never), and how long the service said it keeps the operation id:
+    # a later "not found" proves nothing was done only within that time.
+    first_sent_at: datetime | None = None
+    retention_seconds: float | None = None
 
 
 class ThreadTurn(BaseModel):

@@ -135,6 +135,8 @@ def turn_of(record: MessageRecord, question: str, report: AgentResult | None, wh
                 state=op.state,
                 output=_told_later(op.output),
                 request_id=record.request_id,
+                first_sent_at=op.first_sent_at,
+                retention_seconds=op.retention_seconds,
             )
             for op in report.operations
         ],
