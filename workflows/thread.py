@@ -19,7 +19,6 @@ with workflow.unsafe.imports_passed_through():
     from toolloop._core.names import (
         AGENT_WORKFLOW,
         GET_THREAD_QUERY,
-        MESSAGE_STARTED_UPDATE,
         SEND_MESSAGE_UPDATE,
         THREAD_WORKFLOW,
     )
@@ -48,8 +47,8 @@ class ThreadWorkflow:
         self._inp = inp
         self._state = inp.carried or ThreadState()
         self._messages_this_run = 0
-        # Set between two messages when this run hands the thread on to the next (continue-as-new): waiting
-        # message_started Updates answer at once (still queued), and their clients ask the next run again.
+        # Set between two messages when this run hands the thread on to the next (continue-as-new): a waiting
+        # send_message answers at once (still queued), and its client follows the thread to the message's start.
         self._continuing = False
 
     def _record(self, request_id: str) -> MessageRecord | None:
@@ -117,25 +116,6 @@ class ThreadWorkflow:
                 type=ErrorType.THREAD_FULL,
             )
 
-    @workflow.update(name=MESSAGE_STARTED_UPDATE)
-    async def message_started(self, request_id: str) -> MessageRecord:
-        """The message once its request has started (or was refused): what a client that sent a queued message
-        waits for before it follows the request. Still queued when this run hands the thread on to the next
-        (continue-as-new): the client asks again, and the next run answers."""
-        await workflow.wait_condition(lambda: self._message_state(request_id) != "queued" or self._continuing)
-        record = self._record(request_id)
-        assert record is not None  # checked by the validator; records are never dropped while queued
-        return record.model_copy()
-
-    @message_started.validator
-    def _check_started(self, request_id: str) -> None:
-        if self._record(request_id) is None:
-            raise ApplicationError(f"no message {request_id} in this thread", type=ErrorType.NOT_THIS_THREAD)
-
-    def _message_state(self, request_id: str) -> str | None:
-        record = self._record(request_id)
-        return record.state if record is not None else None
-
     def _time_to_continue(self) -> bool:
         return self._messages_this_run >= MESSAGES_PER_RUN or workflow.info().is_continue_as_new_suggested()
 
@@ -145,7 +125,7 @@ class ThreadWorkflow:
             await workflow.wait_condition(lambda: bool(self._state.queue) or self._time_to_continue())
             if self._time_to_continue():
                 # Between two messages (none runs): the next run carries the thread on, queue and all, with a
-                # fresh history. Every Update handler is done first (a waiting message_started answers now).
+                # fresh history. Every Update handler is done first (a waiting send_message answers now).
                 self._continuing = True
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(ThreadInput(thread_id=inp.thread_id, actor=inp.actor, carried=self._state))

@@ -20,12 +20,11 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
-from temporalio.client import WorkflowExecutionStatus, WorkflowQueryFailedError
+from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError
 
 from toolloop._core.threads import MessageRecord, MessageState
-from toolloop._temporal.client import ToolloopRequest, ToolloopThread
-from toolloop._temporal.following import changes
+from toolloop._temporal.client import ThreadNotFound, ToolloopRequest, ToolloopThread
 from toolloop._temporal.requests import UNREADABLE_REQUEST
 
 # A message's request events, as the request's own stream gives them (after event number `after`).
@@ -155,29 +154,6 @@ def _event(kind: str, data: dict[str, Any], cursor: Cursor | None) -> dict[str, 
     return event
 
 
-class _Changed:
-    """Set each time the thread's workflow may have changed: a long poll on its history, following it across
-    its continue-as-new (each run's history ends there; the next run goes on)."""
-
-    def __init__(self, thread: ToolloopThread) -> None:
-        self.event = asyncio.Event()
-        self.event.set()
-        self._thread = thread
-
-    async def follow(self) -> None:
-        while True:
-            try:
-                async for _ in changes(self._thread.handle):
-                    self.event.set()
-                self.event.set()
-                if (await self._thread.handle.describe()).status != WorkflowExecutionStatus.RUNNING:
-                    return  # ended for good (terminated): nothing more will change
-            except RPCError:
-                # Temporal did not answer: look again shortly (the queries say what is wrong).
-                self.event.set()
-                await asyncio.sleep(1.0)
-
-
 async def thread_stream(
     thread: ToolloopThread,
     first: list[MessageRecord],
@@ -195,25 +171,20 @@ async def thread_stream(
     has finished and none is queued or running."""
     ends = time.monotonic() + stream_seconds
     inbox: asyncio.Queue[tuple[str, int, Any]] = asyncio.Queue(maxsize=1000)
-    changed = _Changed(thread)
     records = first
 
     async def watch() -> None:
         seen: list[MessageRecord] | None = first
-        while True:
-            await changed.event.wait()
-            changed.event.clear()
-            try:
-                now = await thread.messages()
-            except RPCError:
-                await inbox.put(("error", 0, ("TEMPORAL_UNAVAILABLE", "the thread could not be read; retry")))
-                return
-            except WorkflowQueryFailedError:
-                await inbox.put(("error", 0, ("REQUEST_UNREADABLE", UNREADABLE_REQUEST)))
-                return
-            if now != seen:
-                seen = now
-                await inbox.put(("view", 0, now))
+        try:
+            async with contextlib.aclosing(thread.follow()) as views:
+                async for now in views:
+                    if now != seen:
+                        seen = now
+                        await inbox.put(("view", 0, now))
+        except (RPCError, ThreadNotFound):
+            await inbox.put(("error", 0, ("TEMPORAL_UNAVAILABLE", "the thread could not be read; retry")))
+        except WorkflowQueryFailedError:
+            await inbox.put(("error", 0, ("REQUEST_UNREADABLE", UNREADABLE_REQUEST)))
 
     async def forward(number: int, request_id: str, after: int) -> None:
         try:
@@ -228,7 +199,7 @@ async def thread_stream(
             return
         await inbox.put(("done", number, None))
 
-    tasks = [asyncio.create_task(changed.follow()), asyncio.create_task(watch())]
+    tasks = [asyncio.create_task(watch())]
     runner: asyncio.Task[None] | None = None
     request_over = False
     try:

@@ -18,7 +18,6 @@ NEXT_APPROVAL_UPDATE = "next_approval"
 # A thread: one workflow per conversation, which starts each message's request as a child AgentWorkflow.
 THREAD_WORKFLOW = "ThreadWorkflow"
 SEND_MESSAGE_UPDATE = "send_message"
-MESSAGE_STARTED_UPDATE = "message_started"
 GET_THREAD_QUERY = "get_thread"
 # Search attributes (registered on the server: the dev server of the local stack and the tests registers them
 # at start, docker-compose by a job). The starter sets user and tenant; the workflow sets outcome and unsettled.

@@ -16,10 +16,11 @@ import contextlib
 import hashlib
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
@@ -58,7 +59,6 @@ from toolloop._core.names import (
     GET_LEDGER_QUERY,
     GET_PROGRESS_QUERY,
     GET_THREAD_QUERY,
-    MESSAGE_STARTED_UPDATE,
     NEXT_APPROVAL_UPDATE,
     SEND_MESSAGE_UPDATE,
     THREAD_WORKFLOW,
@@ -100,6 +100,18 @@ from toolloop._temporal.search_attributes import thread_search_attributes
 logger = logging.getLogger(__name__)
 # RPC failures that pass: Temporal restarting or overloaded.
 _TRANSIENT = frozenset({RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.RESOURCE_EXHAUSTED})
+# A thread's messages change only in a workflow task (and its run may close: continue-as-new).
+_THREAD_CHANGED = frozenset(
+    {
+        EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
+        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
+    }
+)
 
 DEFAULT_TASK_QUEUE = "toolloop"
 
@@ -692,39 +704,55 @@ class ToolloopThread:
 
     async def request(self, message: str | MessageAccepted) -> ToolloopRequest:
         """The request of a message (its request id, or what `send` answered), once it has started: a queued
-        message waits here for the ones before it. MessageRefused if it could not start; ThreadNotFound if the
-        thread has no such message."""
+        message waits here for the ones before it (following the thread, no Update held open). MessageRefused
+        if it could not start; ThreadNotFound if the thread has no such message."""
         if isinstance(message, MessageAccepted):
-            if message.state == "refused":
-                raise MessageRefused(f"message {message.request_id} could not start")
-            if message.state != "queued":
+            if message.state in ("running", "finished"):
                 return self._client._request(message.workflow_id, self.actor, message.request_id)
             message = message.request_id
         request_id = message
+        async with contextlib.aclosing(self.follow()) as views:
+            async for messages in views:
+                record = next((m for m in messages if m.request_id == request_id), None)
+                if record is None:
+                    raise ThreadNotFound(f"no message {request_id} in thread {self.thread_id}")
+                if record.state == "refused":
+                    raise MessageRefused(record.note or f"message {request_id} could not start")
+                if record.state != "queued":
+                    return self._client._request(record.workflow_id, self.actor, request_id)
+        raise MessageRefused(f"thread {self.thread_id} ended before message {request_id} started")
+
+    async def follow(self) -> AsyncGenerator[list[MessageRecord], None]:
+        """The thread's messages now, then again each time they change, for as long as the thread's workflow
+        runs (across its continue-as-new): a long poll on its history - every change is a workflow task, and
+        every task ends with an event. A Temporal that does not answer for a while is asked again.
+        ThreadNotFound if there is no such thread of this actor."""
+        seen: list[MessageRecord] | None = None
         pause = 0.0
         while True:
             try:
-                record: MessageRecord = await self.handle.execute_update(
-                    MESSAGE_STARTED_UPDATE, request_id, result_type=MessageRecord
-                )
-            except WorkflowUpdateFailedError as err:
-                cause = err.cause
-                if isinstance(cause, ApplicationError) and cause.type == ErrorType.NOT_THIS_THREAD:
-                    raise ThreadNotFound(f"no message {request_id} in thread {self.thread_id}") from None
-                raise
+                # The run and its length first, then the messages: a change after this read is an event after it.
+                description = await self.handle.describe()
+                messages = await self.messages()
+                if messages != seen:
+                    seen = messages
+                    yield messages
+                if description.status != WorkflowExecutionStatus.RUNNING:
+                    return
+                length = description.raw_description.workflow_execution_info.history_length
+                run = self._client.temporal.get_workflow_handle(self.workflow_id, run_id=description.run_id)
+                # Left at the first change: each page is asked for only when the one before it was read.
+                async for event in run.fetch_history_events(wait_new_event=True):
+                    if event.event_id > length and event.event_type in _THREAD_CHANGED:
+                        break
+                pause = 0.0
             except RPCError as err:
                 if err.status == RPCStatusCode.NOT_FOUND:
                     raise ThreadNotFound(f"no thread {self.thread_id}") from None
-                raise
-            if record.state != "queued":
-                break
-            # Still queued: the thread handed itself on to its next run (continue-as-new) meanwhile. That run
-            # answers the next ask; a short, growing pause while the hand-over completes.
-            pause = min(pause * 2, 1.0) if pause else 0.05
-            await asyncio.sleep(pause)
-        if record.state == "refused":
-            raise MessageRefused(record.note or f"message {request_id} could not start")
-        return self._client._request(record.workflow_id, self.actor, request_id)
+                if err.status not in _TRANSIENT:
+                    raise
+                pause = min(pause * 2, 5.0) if pause else 0.5
+                await asyncio.sleep(pause)
 
     async def messages(self) -> list[MessageRecord]:
         """The thread's messages, oldest first, with their states and outcomes. ThreadNotFound if there is no such
