@@ -17,7 +17,7 @@ from faultbed.charts import available as charts_available
 from faultbed.charts import draw_all
 from faultbed.demo import DEMO
 from faultbed.invariants import reported
-from faultbed.plan import FaultPlan, ProcessFaultSpec, ServiceFaultSpec, WireFaultSpec, load_plan
+from faultbed.plan import THREAD_POINTS, FaultPlan, ProcessFaultSpec, ServiceFaultSpec, WireFaultSpec, load_plan
 from faultbed.report import (
     NOT_ON_LOG,
     NOTHING_BROKE,
@@ -65,11 +65,18 @@ def choose(
     target = DEMO if tools is None else load_target(tools)  # TargetError: one line
     if plan is not None:
         user_plan = load_plan(plan)  # PlanError: one line per bad field
+        points = [
+            f"{plan}: faults[{i}].at: {f.at} is a point of a thread scenario; a plan runs one request"
+            for i, f in enumerate(user_plan.faults)
+            if isinstance(f, ProcessFaultSpec) and f.at in THREAD_POINTS
+        ]
+        if points:
+            raise ChaosUsageError("\n".join(points))
         chosen = [Scenario(plan=user_plan, family="plan", covers=(), expect="")]
         default_seed = user_plan.seed or 0
     elif not scenarios.strip() and not target.bundled:
         # Against a user's tools by default: the built-in scenarios that name no path of the demo's service.
-        chosen = [s for s in BUILT_IN if is_generic(s.plan)]
+        chosen = [s for s in BUILT_IN if is_generic(s.plan) and s.thread is None]
         default_seed = 0
     else:
         try:
@@ -80,6 +87,9 @@ def choose(
     picked = [seed] if seed is not None else [default_seed + i for i in range(seeds)]
     if not target.bundled:
         needs = [f"{s.name}: {why}" for s in chosen for why in needs_bundled_service(s.plan)]
+        needs += [
+            f"{s.name}: a thread scenario runs the demo's messages on the bundled service" for s in chosen if s.thread
+        ]
         if needs:
             raise ChaosUsageError("\n".join(needs))
     source = " ".join(

@@ -324,3 +324,190 @@ def _status_before_resend(received: list[Received], ledger: set[str]) -> Check:
                     "status query between them: expected the operation's status asked before any resend"
                 )
     return Check("status asked before every resend", not problems, "; ".join(problems))
+
+
+# --- Threads: the invariants of a thread of messages (faultbed.thread_runs) ---------------------------------
+
+# The states that tell a model a write was done.
+DONE_STATES = frozenset({"verified", "completed"})
+NEVER_OVERLAP = "messages never overlap"
+IN_ORDER = "messages run in acceptance order"
+SHOWN_AS_RECORDED = "no write shown done that the ledger did not verify"
+NEVER_REDONE = "a done write is never redone"
+REPLAYS = "every history replays"
+
+
+@dataclass(frozen=True)
+class Told:
+    """What a message's model was told of a write of an earlier message: in the earlier messages it was shown
+    (`how` "earlier"), or as the output of a call that proposed it again (`how` "again"); `request_id` names
+    the message whose ledger recorded it (for "earlier": its number, from the call id's prefix)."""
+
+    operation_id: str
+    state: str
+    how: str
+    number: int | None = None
+    request_id: str | None = None
+
+
+@dataclass
+class MessageFacts:
+    """One message of a thread run, as the runner sent it and as its request ran."""
+
+    sent: int  # the order the runner sent it in (from 1)
+    number: int | None  # the number the thread accepted it as (None: never accepted)
+    request_id: str
+    # When its request started and closed (the server's times, epoch seconds; None: it never did).
+    started_at: float | None = None
+    closed_at: float | None = None
+    # Its request's ledger when it ended: operation id -> final state.
+    ledger: dict[str, str] = field(default_factory=dict)
+    told: list[Told] = field(default_factory=list)
+    # The operations its approver was asked about.
+    asked: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ThreadFacts:
+    messages: list[MessageFacts]
+    # The service's log for the whole thread (None: not the bundled service's).
+    received: list[Received] | None = None
+    # Each workflow of the run (the thread's and each message's) whose history did not replay, and why.
+    unreplayable: list[tuple[str, str]] = field(default_factory=list)
+    replayed: int = 0
+
+
+def judge_thread(facts: ThreadFacts) -> list[Check]:
+    """The thread's own invariants, beside each message's (faultbed.invariants.judge)."""
+    return [
+        _never_overlap(facts),
+        _in_acceptance_order(facts),
+        _shown_as_recorded(facts),
+        _never_redone(facts),
+        _replays(facts),
+    ]
+
+
+def _by_number(facts: ThreadFacts) -> list[MessageFacts]:
+    return sorted((m for m in facts.messages if m.number is not None), key=lambda m: m.number or 0)
+
+
+def _never_overlap(facts: ThreadFacts) -> Check:
+    """Each message's request started after the one before it closed: never two at once."""
+    problems = []
+    ordered = _by_number(facts)
+    for before, after in zip(ordered, ordered[1:], strict=False):
+        if before.closed_at is None or after.started_at is None:
+            problems.append(
+                f"message {after.number} cannot be placed after message {before.number}: expected both requests "
+                f"to have run, message {before.number} closed at {before.closed_at}, message {after.number} "
+                f"started at {after.started_at}"
+            )
+        elif after.started_at < before.closed_at:
+            problems.append(
+                f"message {after.number} ({after.request_id}) started {before.closed_at - after.started_at:.3f} s "
+                f"before message {before.number} ({before.request_id}) closed: expected it to wait for its end"
+            )
+    return Check(NEVER_OVERLAP, not problems, "; ".join(problems))
+
+
+def _in_acceptance_order(facts: ThreadFacts) -> Check:
+    """The thread numbered the messages in the order they were sent (one after another), 1, 2, ..., and their
+    requests started in that order."""
+    problems = []
+    unaccepted = [m.request_id for m in facts.messages if m.number is None]
+    if unaccepted:
+        problems.append(f"messages never accepted: {unaccepted}")
+    numbers = [m.number for m in sorted(facts.messages, key=lambda m: m.sent) if m.number is not None]
+    if numbers != list(range(1, len(numbers) + 1)):
+        problems.append(f"sent one after another, the messages were numbered {numbers}: expected 1, 2, ...")
+    started = [m for m in _by_number(facts) if m.started_at is not None]
+    by_start = [m.number for m in sorted(started, key=lambda m: m.started_at or 0.0)]
+    if by_start != [m.number for m in started]:
+        problems.append(f"their requests started in the order {by_start}: expected the order they were accepted in")
+    return Check(IN_ORDER, not problems, "; ".join(problems))
+
+
+def _shown_as_recorded(facts: ThreadFacts) -> Check:
+    """Whatever a message's model was told of an earlier message's write is what that message's ledger
+    recorded; in particular a write is never shown done (verified, completed) unless the ledger says so. And
+    every earlier message's writes are shown (the runner's threads are shorter than Limits.thread_turns)."""
+    problems = []
+    by_number = {m.number: m for m in facts.messages if m.number is not None}
+    by_request = {m.request_id: m for m in facts.messages}
+    ordered = _by_number(facts)
+    for n, message in enumerate(ordered):
+        if message.started_at is not None:
+            shown = {(t.operation_id, t.number) for t in message.told if t.how == "earlier"}
+            unshown = [
+                f"{op} of message {earlier.number}"
+                for earlier in ordered[:n]
+                for op in earlier.ledger
+                if (op, earlier.number) not in shown
+            ]
+            if unshown:
+                problems.append(f"message {message.number}'s model was never shown {', '.join(unshown)}")
+        for told in message.told:
+            source = by_request.get(told.request_id) if told.request_id is not None else by_number.get(told.number or 0)
+            if source is None or source.number is None or source.number >= (message.number or 0):
+                problems.append(
+                    f"message {message.number} was told of {told.operation_id} ({told.state}) from a message that is "
+                    "not an earlier one of the thread"
+                )
+                continue
+            recorded = source.ledger.get(told.operation_id)
+            if recorded == told.state:
+                continue
+            shown_done = told.state in DONE_STATES and recorded not in DONE_STATES
+            problems.append(
+                f"message {message.number}'s model was shown {told.operation_id} {told.state} ({told.how}), but "
+                f"message {source.number}'s ledger recorded it {recorded or 'not at all'}"
+                + (": a write shown done that the ledger did not verify" if shown_done else "")
+            )
+    return Check(SHOWN_AS_RECORDED, not problems, "; ".join(problems))
+
+
+def _never_redone(facts: ThreadFacts) -> Check:
+    """A write a message's ledger recorded done is, in every later message, never asked for approval again and
+    never sent again (no write with its key reaches the service once the next message started)."""
+    problems = []
+    ordered = _by_number(facts)
+    for n, message in enumerate(ordered):
+        done = {op for op, state in message.ledger.items() if state in DONE_STATES}
+        later = ordered[n + 1 :]
+        for op in sorted(done):
+            asked = [m.number for m in later if op in m.asked]
+            if asked:
+                problems.append(f"{op}, done in message {message.number}, was asked for approval again in {asked}")
+            start = later[0].started_at if later else None
+            if facts.received is not None and start is not None:
+                sent = [r for r in facts.received if r.is_write and r.key == op and r.started_at > start]
+                if sent:
+                    problems.append(
+                        f"{op}, done in message {message.number}, reached the service again {len(sent)} time(s) "
+                        "in a later message"
+                    )
+    return Check(NEVER_REDONE, not problems, "; ".join(problems))
+
+
+def _replays(facts: ThreadFacts) -> Check:
+    problems = [f"{workflow_id}: {why}" for workflow_id, why in facts.unreplayable]
+    if not facts.replayed and not problems:
+        problems.append("no history was replayed")
+    return Check(REPLAYS, not problems, "; ".join(problems))
+
+
+def merge_checks(per_message: list[list[Check]]) -> list[Check]:
+    """Each message's checks as one per invariant, broken if it broke in any message (which ones say so)."""
+    merged: dict[str, list[tuple[int, Check]]] = {}
+    for number, checks in enumerate(per_message, start=1):
+        for check in checks:
+            merged.setdefault(check.name, []).append((number, check))
+    return [
+        Check(
+            name,
+            all(c.ok for _, c in found),
+            "; ".join(f"message {n}: {c.detail}" for n, c in found if not c.ok),
+        )
+        for name, found in merged.items()
+    ]

@@ -70,7 +70,13 @@ ProcessPoint = Literal[
     "before_write_sent",
     "after_service_commit",  # the service committed the write; the activity has not completed
     "during_approval_wait",
+    # A thread scenario's points (faultbed.thread_runs): after a message's request closed, before the next
+    # message is sent; and while a message waits in the thread's queue behind one that waits for approval.
+    "between_messages",
+    "while_message_queued",
 ]
+# The points only a thread scenario reaches.
+THREAD_POINTS = frozenset({"between_messages", "while_message_queued"})
 
 _METHOD = r"^(\*|GET|POST|PUT|PATCH|DELETE)$"
 

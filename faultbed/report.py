@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from faultbed.catalog import CoveredByTest, coverage
-from faultbed.invariants import PARTIAL_CALLS
+from faultbed.invariants import IN_ORDER, NEVER_OVERLAP, NEVER_REDONE, PARTIAL_CALLS, REPLAYS, SHOWN_AS_RECORDED
 from faultbed.runner import RunOutcome
 from faultbed.scenarios import Scenario
 
@@ -58,6 +58,12 @@ def headline(outcomes: Sequence[RunOutcome]) -> dict[str, int]:
         "verified without read-back": broken["verified means read back"],
         "pairing breaks": broken["every call_id answered once"],
         "calls from partial arguments": broken[PARTIAL_CALLS],
+        # A thread scenario's (0 in a run of single requests, which has none of these checks).
+        "overlapping messages": broken[NEVER_OVERLAP],
+        "messages out of order": broken[IN_ORDER],
+        "writes shown done, not verified": broken[SHOWN_AS_RECORDED],
+        "done writes redone": broken[NEVER_REDONE],
+        "histories not replaying": broken[REPLAYS],
         "stuck requests": broken["no stuck request"],
         "runs not judged": broken["the run could be judged"],
     }
@@ -246,6 +252,11 @@ BAD = frozenset(
         "verified without read-back",
         "pairing breaks",
         "calls from partial arguments",
+        "overlapping messages",
+        "messages out of order",
+        "writes shown done, not verified",
+        "done writes redone",
+        "histories not replaying",
         "stuck requests",
         "runs not judged",
     }

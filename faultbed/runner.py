@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError
 
 from devstack.processes import (
@@ -102,6 +102,8 @@ class RunOutcome:
     recovery_seconds: float | None = None
     # Each process fault that struck: which process, the PID killed and the one started in its place.
     strikes: list[dict[str, Any]] = field(default_factory=list)
+    # A thread run's: the workflow ids of its messages' requests, in order (workflow_id is the thread's).
+    requests: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -393,7 +395,7 @@ async def _decide_each(
                 await request.decide(approval, approve=wanted(approval.tool, approval.arguments))
                 decided.add(approval.operation_id)
             return
-        except RPCError:
+        except (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError):
             await asyncio.sleep(0.5)
 
 
@@ -555,13 +557,17 @@ def _holds(item: ConversationItem, text: str) -> bool:
 async def run_matrix(
     stack: ChaosStack, scenarios: Sequence[Scenario], seeds: Sequence[int], say: Callable[[str], None]
 ) -> list[RunOutcome]:
+    # Imported here: a thread's run is built on this module's parts.
+    from faultbed.thread_runs import run_thread
+
     outcomes = []
     total = len(scenarios) * len(seeds)
     for scenario in scenarios:
         for seed in seeds:
             began = time.monotonic()
             try:
-                outcome = await run_one(stack, scenario, seed)
+                run = run_thread if scenario.thread is not None else run_one
+                outcome = await run(stack, scenario, seed)
             except Exception as exc:
                 # A run the runner could not finish is a broken run in the report, never a traceback instead
                 # of one (the traceback goes to the log); the stack is still stopped by its owner.
@@ -593,18 +599,29 @@ def unfinished_run(scenario: Scenario, seed: int, error: Exception, seconds: flo
 
 async def save_histories(stack: ChaosStack, outcomes: Sequence[RunOutcome], directory: Path) -> list[Path]:
     """The history of each scenario's first run, as tests/test_replay_histories.py replays them: a change
-    to the workflow that these runs' histories cannot survive then fails CI."""
+    to the workflow that these runs' histories cannot survive then fails CI. A thread scenario's run is a
+    directory of its own: the thread's workflow (thread.json) and each message's request (m1.json, ...)."""
     texts = {}
     for outcome in {o.scenario: o for o in reversed(outcomes) if o.workflow_id != "-"}.values():
-        history = await stack.client.get_workflow_handle(outcome.workflow_id).fetch_history()
-        # The workflow id is part of what replays: operation ids are derived from it.
-        stored = {"workflow_id": outcome.workflow_id, "history": json.loads(history.to_json())}
-        texts[outcome.scenario] = json.dumps(stored, indent=1, sort_keys=True) + "\n"
+        if not outcome.requests:
+            texts[outcome.scenario] = await _stored_history(stack, outcome.workflow_id)
+            continue
+        texts[f"{outcome.scenario}/thread"] = await _stored_history(stack, outcome.workflow_id)
+        for number, workflow_id in enumerate(outcome.requests, start=1):
+            texts[f"{outcome.scenario}/m{number}"] = await _stored_history(stack, workflow_id)
     return await asyncio.to_thread(_write_all, directory, texts)
 
 
+async def _stored_history(stack: ChaosStack, workflow_id: str) -> str:
+    history = await stack.client.get_workflow_handle(workflow_id).fetch_history()
+    # The workflow id is part of what replays: operation ids are derived from it.
+    stored = {"workflow_id": workflow_id, "history": json.loads(history.to_json())}
+    return json.dumps(stored, indent=1, sort_keys=True) + "\n"
+
+
 def _write_all(directory: Path, texts: dict[str, str]) -> list[Path]:
-    directory.mkdir(parents=True, exist_ok=True)
     for name, text in texts.items():
-        (directory / f"{name}.json").write_text(text)
+        path = directory / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
     return sorted(directory / f"{name}.json" for name in texts)

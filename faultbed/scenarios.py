@@ -28,6 +28,43 @@ CHAOS_LIMITS: dict[str, Any] = {
 
 
 @dataclass(frozen=True)
+class MessagePlan:
+    """One message of a thread scenario, scripted: two reads first (or not), the write of each earlier message
+    named in `again` proposed again with a new call id (the same payload: the thread's same operation), a write
+    of its own (or not), then the answer. `queued`: the runner sends it while the message before it waits for
+    its approval, so it waits in the thread's queue."""
+
+    reads: bool = False
+    again: tuple[int, ...] = ()
+    write: bool = True
+    queued: bool = False
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """A thread scenario's messages, in the order the runner sends them; `clear_faults_after`: the number of
+    the message after which the plan's service and wire faults are cleared (None: once the thread is done)."""
+
+    messages: tuple[MessagePlan, ...]
+    clear_faults_after: int | None = None
+
+
+def message_tag(tag: str, number: int) -> str:
+    """A thread run's message `number` (from 1): its request id and the tag of its own write."""
+    return f"{tag}-m{number}"
+
+
+def message_turns(tag: str, plan: ThreadPlan, number: int) -> list[list[dict[str, Any]]]:
+    """The scripted model's turns for message `number` (from 1) of a thread run tagged `tag`."""
+    message = plan.messages[number - 1]
+    turns: list[list[dict[str, Any]]] = [_reads()] if message.reads else []
+    turns += [[call(WRITE_TOOL, write_arguments(message_tag(tag, n)), f"again{n}")] for n in message.again]
+    if message.write:
+        turns.append([call(WRITE_TOOL, write_arguments(message_tag(tag, number)), "w1")])
+    return [*turns, [say(f"Message {number} done.")]]
+
+
+@dataclass(frozen=True)
 class Scenario:
     plan: FaultPlan
     family: str  # service | wire | model | process
@@ -38,6 +75,8 @@ class Scenario:
     expect: str = "done"
     # The only tools the run's request may use (None: all of the worker's).
     allowed_tools: tuple[str, ...] | None = None
+    # A thread scenario: the run is a thread of these messages (faultbed.thread_runs), not one request.
+    thread: ThreadPlan | None = None
 
     @property
     def name(self) -> str:
@@ -327,6 +366,49 @@ BUILT_IN = BUILT_IN + (
 )
 
 
+# Thread scenarios (issue 26): a thread of messages through the client's thread API, each message one request.
+BUILT_IN = BUILT_IN + (
+    _scenario(
+        "thread-worker-kills",
+        "thread",
+        ("W4",),
+        [_kill("kill_worker", "between_messages"), _kill("kill_worker", "while_message_queued")],
+        thread=ThreadPlan(
+            (
+                MessagePlan(reads=True),
+                MessagePlan(),
+                MessagePlan(again=(1,), queued=True),
+            )
+        ),
+        description="a thread of three messages: the only worker is SIGKILLed after message 1 closed, and again "
+        "while message 3 waits in the queue behind message 2's approval wait; message 3 proposes message 1's "
+        "write again, which is told done and never redone",
+    ),
+    _scenario(
+        "thread-temporal-restart-queued",
+        "thread",
+        ("W6",),
+        [_kill("restart_temporal", "while_message_queued")],
+        thread=ThreadPlan((MessagePlan(), MessagePlan(queued=True))),
+        description="the Temporal dev server is SIGKILLed and restarted on its SQLite file while message 2 waits "
+        "in the thread's queue behind message 1's approval wait",
+    ),
+    _scenario(
+        "thread-unknown-reproposed",
+        "thread",
+        ("T8",),
+        [
+            {"boundary": "service", "fault": "commit_then_drop", **_write()},
+            {"boundary": "service", "fault": "status_down", "when": {"nth": 1, "times": 1000}},
+        ],
+        thread=ThreadPlan((MessagePlan(reads=True), MessagePlan(again=(1,), write=False)), clear_faults_after=1),
+        description="message 1's write is committed, its reply lost and the status endpoint down: left unknown; "
+        "message 2 proposes it again once the faults cleared: settled by its status, never approved nor sent "
+        "again",
+    ),
+)
+
+
 def find(names: list[str]) -> list[Scenario]:
     """The built-in scenarios named (all when `names` is empty); raises KeyError naming an unknown one."""
     if not names:
@@ -377,18 +459,21 @@ def with_model_faults(
     return turns, fired
 
 
+def write_arguments(tag: str) -> dict[str, Any]:
+    """The one write a run (or a thread's message) with this tag wants: a calendar event titled by the tag."""
+    return {
+        "calendarId": "cal-u1",
+        "title": intended_title(tag),
+        "start": "2027-02-01T10:00:00Z",
+        "end": "2027-02-01T11:00:00Z",
+        "attendees": [],
+    }
+
+
+def _reads() -> list[dict[str, Any]]:
+    return [call("get_order_status", {"orderId": order}, f"r{i}") for i, order in enumerate(("A100", "A102"))]
+
+
 def workload(tag: str) -> list[list[dict[str, Any]]]:
     """The scripted model's turns for one run: two reads, one write unique to the run, then the answer."""
-    reads = [call("get_order_status", {"orderId": order}, f"r{i}") for i, order in enumerate(("A100", "A102"))]
-    write = call(
-        WRITE_TOOL,
-        {
-            "calendarId": "cal-u1",
-            "title": intended_title(tag),
-            "start": "2027-02-01T10:00:00Z",
-            "end": "2027-02-01T11:00:00Z",
-            "attendees": [],
-        },
-        "w1",
-    )
-    return [reads, [write], [say("Done.")]]
+    return [_reads(), [call(WRITE_TOOL, write_arguments(tag), "w1")], [say("Done.")]]

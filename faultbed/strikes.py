@@ -12,26 +12,32 @@ How each point is reached for real, never guessed from timing:
   with a latency); the strike lands once the service counts that rule as fired, so the effect is stored and
   the activity has not completed.
 - `during_approval_wait`: the run's approver has seen the Nth approval request and waits to decide until
-  the strike is over."""
+  the strike is over.
+- `between_messages` and `while_message_queued` (thread scenarios, faultbed.thread_runs): the runner itself
+  reaches them - after a message's request closed and before it sends the next one; once a message it sent
+  waits in the thread's queue behind one that waits for approval - and goes on only once the strike is over."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from faultbed.plan import FaultPlan, Match, ProcessFaultSpec, WireFaultSpec
+from faultbed.plan import THREAD_POINTS, FaultPlan, Match, ProcessFaultSpec, WireFaultSpec
 from faultbed.proxy import FaultProxy, WireFault
 
 # How long a point holds the run while the strike happens; the run's own timeouts end the hold earlier for
 # the side that was killed.
 HOLD_MS = 20_000
-# How long a strike waits for its point before it gives up (the fault then counts as never fired).
+# How long a strike waits for its point before it gives up (the fault then counts as never fired); a thread's
+# points come after whole messages.
 POINT_SECONDS = 60.0
+THREAD_POINT_SECONDS = 300.0
 
 _PROCESS_OF = {"kill_worker": "worker", "kill_service": "service", "restart_temporal": "temporal"}
 
@@ -125,6 +131,8 @@ class StrikeContext:
     release_model_call: Callable[[], None]
     gate: ApprovalGate
     crash_and_restart: Callable[[str], Awaitable[Restart]]
+    # How often the runner has reached each thread point (thread scenarios only).
+    reached: Counter[str] = field(default_factory=Counter)
 
 
 async def strike(ctx: StrikeContext, fault: ProcessFault, hold_position: int) -> Strike | None:
@@ -139,6 +147,8 @@ async def strike(ctx: StrikeContext, fault: ProcessFault, hold_position: int) ->
             await _until(lambda: _proxy_fired(ctx.proxy, fault.index), POINT_SECONDS)
         elif at == "after_service_commit":
             await _until_async(lambda: _hold_fired(ctx, hold_position), POINT_SECONDS)
+        elif at in THREAD_POINTS:
+            await _until(lambda: ctx.reached[at] >= nth, THREAD_POINT_SECONDS)
         else:
             await _until(lambda: ctx.gate.seen >= nth, POINT_SECONDS)
     except TimeoutError:

@@ -34,7 +34,9 @@ def chaos(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, Any] | None]:
 def test_the_quick_matrix_holds_every_invariant_with_every_fault_fired(tmp_path: Path) -> None:
     scenarios = (
         "svc-lost-reply,svc-status-down,wire-reset-write,wire-flaky-reads,model-injection,model-endpoint-errors,"
-        "model-stream-faults,proc-worker-after-commit,svc-429-after-commit,svc-503-after-commit,svc-429-before-commit"
+        "model-stream-faults,proc-worker-after-commit,svc-429-after-commit,svc-503-after-commit,svc-429-before-commit,"
+        # Two thread scenarios, seconds each (tests/test_chaos_threads_e2e.py runs all three and their histories).
+        "thread-unknown-reproposed,thread-temporal-restart-queued"
     )
     code, err, results = chaos(tmp_path, "--scenarios", scenarios, "--seeds", "2")
     assert code == 0, err
@@ -60,6 +62,9 @@ def test_the_quick_matrix_holds_every_invariant_with_every_fault_fired(tmp_path:
         ("svc-429-after-commit", "verified", 1),
         ("svc-503-after-commit", "verified", 1),
         ("svc-429-before-commit", "verified", 1),
+        # A thread's writes: message 1's left unknown, verified by message 2; both messages' writes verified.
+        ("thread-unknown-reproposed", "verified", 1),
+        ("thread-temporal-restart-queued", "verified", 2),
     }
     # Every run was also judged on the service's own log: the verified write read back, one key per payload,
     # the status asked before any resend.
@@ -68,14 +73,14 @@ def test_the_quick_matrix_holds_every_invariant_with_every_fault_fired(tmp_path:
     # A run where a fault with a time fired has a recovery time (the first fault to the result); the script's
     # planted injection has none.
     timed = [r for r in runs if sum(r["fired"].values()) and r["scenario"] != "model-injection"]
-    assert len(timed) >= 19 and all(r["recovery_seconds"] > 0 for r in timed)  # 18 Nth-call runs, 1+ seeded
+    assert len(timed) >= 23 and all(r["recovery_seconds"] > 0 for r in timed)  # 22 Nth-call runs, 1+ seeded
     assert all(r["recovery_seconds"] is None for r in runs if r["scenario"] == "model-injection")
     # The refund the model was talked into was rejected at the approval channel and left no effect.
     assert all(
         r["honesty"] == [["done", "done"], ["not_done", "not_done"]] for r in runs if r["scenario"] == "model-injection"
     )
     headline = results["headline"]
-    assert headline["runs"] == 22 and headline["duplicate effects"] == headline["false done"] == 0
+    assert headline["runs"] == 26 and headline["duplicate effects"] == headline["false done"] == 0
     # Streams broken in the middle of a call's arguments: every turn asked again, no call taken from a part.
     assert headline["calls from partial arguments"] == 0
     stream_runs = [r for r in runs if r["scenario"] == "model-stream-faults"]
@@ -84,6 +89,7 @@ def test_the_quick_matrix_holds_every_invariant_with_every_fault_fired(tmp_path:
     assert headline["false not-done"] == headline["stuck requests"] == headline["pairing breaks"] == 0
     assert headline["blind resends"] == headline["resends with a new key"] == 0
     assert headline["verified without read-back"] == headline["runs not judged"] == 0
+    assert headline["overlapping messages"] == headline["writes shown done, not verified"] == 0
     assert "what broke: Nothing" in err
     report = (tmp_path / "results" / "chaos.md").read_text()
     assert "svc-status-down | T8" in report

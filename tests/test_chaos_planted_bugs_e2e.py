@@ -71,6 +71,24 @@ BUGS = (
         "svc-lost-reply",
         "blind resends",
     ),
+    # Threads: a thread that starts each message's request without waiting for the one before it to end.
+    Bug(
+        "thread-messages-overlap",
+        "workflows/thread.py",
+        "            await self._run_message(inp, message, record)\n",
+        '            __import__("asyncio").ensure_future(self._run_message(inp, message, record))\n',
+        "thread-temporal-restart-queued",
+        "overlapping messages",
+    ),
+    # ...and one that tells the later messages a write left unknown was verified.
+    Bug(
+        "thread-unknown-shown-done",
+        "toolloop/_core/threads.py",
+        "                state=op.state,\n",
+        '                state="verified" if op.state == "unknown" else op.state,\n',
+        "thread-unknown-reproposed",
+        "writes shown done, not verified",
+    ),
 )
 
 

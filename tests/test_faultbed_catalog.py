@@ -47,7 +47,7 @@ def test_the_report_names_each_id_with_what_covers_it() -> None:
     rows = {row[0]: row for row in catalog_rows(chosen)}
     assert list(rows) == list(CATALOG_IDS)
     assert rows["W2"][1:] == ["scenario proc-worker-after-commit", ""]
-    assert rows["T8"][1:] == ["scenario svc-status-down", "(not in this run)"]
+    assert rows["T8"][1:] == ["scenario svc-status-down, thread-unknown-reproposed", "(not in this run)"]
     assert rows["W8"][1] == "`tests/test_replay_histories.py::test_a_non_deterministic_change_fails_the_replay`"
     assert rows["Z3"][1:] == ["scenario wire-planted-admin-request", "(not in this run)"]
     assert not [row for row in rows.values() if row[1] == "**not covered yet**"]

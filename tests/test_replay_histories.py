@@ -20,14 +20,21 @@ from toolloop._core.contracts import AgentResult, status_of
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.worker_factory import workflow_runner
 from toolloop.workflows.agent import AgentWorkflow
+from toolloop.workflows.thread import ThreadWorkflow
 
-# The chaos runner's: one run of each built-in scenario (`starter.py chaos --save-histories`).
+# The chaos runner's: one run of each built-in scenario (`starter.py chaos --save-histories`); a thread
+# scenario's is a directory: its thread's workflow (thread.json) and each message's request (m1.json, ...).
 CHAOS_HISTORIES = HISTORIES / "chaos"
 # Write requests followed live under load (tests/test_replay_under_load_e2e.py with
 # TOOLLOOP_SAVE_LOAD_HISTORIES): queries arrived while their workflow tasks were open.
 LOAD_HISTORIES = HISTORIES / "under_load"
+THREAD_FILES = sorted(CHAOS_HISTORIES.glob("*/thread.json"))
+# Every request's history (AgentWorkflow), a thread's messages' included.
 FILES = (
-    sorted(HISTORIES.glob("*.json")) + sorted(CHAOS_HISTORIES.glob("*.json")) + sorted(LOAD_HISTORIES.glob("*.json"))
+    sorted(HISTORIES.glob("*.json"))
+    + sorted(CHAOS_HISTORIES.glob("*.json"))
+    + sorted(CHAOS_HISTORIES.glob("*/m*.json"))
+    + sorted(LOAD_HISTORIES.glob("*.json"))
 )
 
 
@@ -38,24 +45,55 @@ def load(path: Path) -> WorkflowHistory:
 
 def test_every_scenario_family_has_a_committed_history() -> None:
     assert {path.stem for path in FILES if path.parent == HISTORIES} == set(SCENARIOS)
-    assert {path.stem for path in FILES if path.parent == CHAOS_HISTORIES} == {s.name for s in BUILT_IN}
+    assert {path.stem for path in FILES if path.parent == CHAOS_HISTORIES} == {
+        s.name for s in BUILT_IN if s.thread is None
+    }
+    # A thread scenario's: its thread and each of its messages' requests.
+    for scenario in (s for s in BUILT_IN if s.thread is not None):
+        saved = {path.name for path in (CHAOS_HISTORIES / scenario.name).glob("*.json")}
+        assert saved == {"thread.json", *(f"m{n}.json" for n in range(1, len(scenario.thread.messages) + 1))}
     assert len([path for path in FILES if path.parent == LOAD_HISTORIES]) >= 4
 
 
-@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(HISTORIES).with_suffix("")) for p in FILES])
+def _replayer(*workflows: type) -> Replayer:
+    return Replayer(workflows=list(workflows), data_converter=data_converter(), workflow_runner=workflow_runner())
+
+
+@pytest.mark.parametrize(
+    "path", FILES + THREAD_FILES, ids=[str(p.relative_to(HISTORIES).with_suffix("")) for p in FILES + THREAD_FILES]
+)
 async def test_committed_history_replays_with_todays_workflow(path: Path) -> None:
-    replayer = Replayer(workflows=[AgentWorkflow], data_converter=data_converter(), workflow_runner=workflow_runner())
-    result = await replayer.replay_workflow(load(path))
+    # Both of toolloop's workflows, as a worker registers them: a thread's history and its requests' alike.
+    result = await _replayer(AgentWorkflow, ThreadWorkflow).replay_workflow(load(path))
     assert result.replay_failure is None
+
+
+@pytest.mark.parametrize("path", THREAD_FILES, ids=[str(p.relative_to(HISTORIES).parent) for p in THREAD_FILES])
+async def test_a_threads_history_starts_each_message_as_its_saved_request_one_after_another(path: Path) -> None:
+    """The thread's history names, in order, the requests saved beside it, each started once the one before it
+    had closed (its child's completion is in the thread's history before the next start)."""
+    history = load(path)
+    started = [
+        e.start_child_workflow_execution_initiated_event_attributes.workflow_id
+        for e in history.events
+        if e.HasField("start_child_workflow_execution_initiated_event_attributes")
+    ]
+    saved = sorted(path.parent.glob("m*.json"), key=lambda p: int(p.stem[1:]))
+    assert started == [json.loads(p.read_text())["workflow_id"] for p in saved]
+    kinds = [
+        "start" if e.HasField("start_child_workflow_execution_initiated_event_attributes") else "closed"
+        for e in history.events
+        if e.HasField("start_child_workflow_execution_initiated_event_attributes")
+        or e.HasField("child_workflow_execution_completed_event_attributes")
+        or e.HasField("child_workflow_execution_failed_event_attributes")
+    ]
+    assert kinds == ["start", "closed"] * len(saved)
 
 
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(HISTORIES).with_suffix("")) for p in FILES])
 async def test_a_non_deterministic_change_fails_the_replay(path: Path) -> None:
-    replayer = Replayer(
-        workflows=[DriftedAgentWorkflow], data_converter=data_converter(), workflow_runner=workflow_runner()
-    )
     with pytest.raises(NondeterminismError):
-        await replayer.replay_workflow(load(path))
+        await _replayer(DriftedAgentWorkflow).replay_workflow(load(path))
 
 
 async def stored_report(history: WorkflowHistory) -> AgentResult:
@@ -87,4 +125,8 @@ async def test_the_workflows_own_result_is_the_whole_report(path: Path) -> None:
             # Who decided, always; until when, for an approval (a rejection holds nothing to expire).
             assert op.approval.by and (op.approval.expires_at is not None) == (op.approval.decision == "approved")
         if op.state == "verified":
-            assert op.evidence is not None and op.evidence["verified"] is True and op.first_sent_at is not None
+            assert op.evidence is not None and op.evidence["verified"] is True
+            # Sent by this request; or, in a thread's message, by an earlier message that left it unknown: then
+            # settled here by its status, never sent, and the report names that message.
+            settled_from_earlier = op.attempts == 0 and [c.state for c in op.status_checks] == ["completed"]
+            assert op.first_sent_at is not None or (settled_from_earlier and "of this thread" in (op.note or "")), op
