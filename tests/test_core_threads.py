@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
+from pydantic import BaseModel
+
 from toolloop._core.contracts import (
     Actor,
+    AgentInput,
     AgentResult,
     CallRecord,
     FunctionCallItem,
@@ -15,14 +18,20 @@ from toolloop._core.contracts import (
     OperationRecord,
 )
 from toolloop._core.threads import (
+    ANSWER_CHARS,
     KEPT_MESSAGES,
     KEPT_TURNS,
+    MAX_QUEUED,
+    QUESTION_CHARS,
     MessageRecord,
+    ThreadInput,
+    ThreadMessage,
     ThreadState,
     ahead_of,
     context_for,
     earlier_items,
     keep_turn,
+    queue_has_room,
     turn_of,
 )
 
@@ -114,27 +123,71 @@ def test_the_model_is_shown_the_question_each_write_with_its_outcome_and_the_ans
     assert earlier_items(None) == []
 
 
-def test_only_the_newest_turns_are_shown_and_an_older_unknown_write_is_still_met() -> None:
+def test_only_the_newest_turns_are_shown_and_every_write_of_the_thread_is_met_with_its_newest_state() -> None:
     state = ThreadState()
-    keep_turn(state, turn_of(_record(1), "q1", _report(_op("op_old_unknown", "unknown")), None))
+    keep_turn(state, turn_of(_record(1), "q1", _report(_op("op_x", "unknown")), None))
     keep_turn(state, turn_of(_record(2), "q2", _report(_op("op_old_done", "verified")), None))
-    keep_turn(state, turn_of(_record(3), "q3", _report(_op("op_new", "verified")), None))
+    keep_turn(state, turn_of(_record(3), "q3", _report(_op("op_x", "verified"), _op("op_new", "verified")), None))
     context = context_for(state, "t1", "scope", shown_turns=1)
     assert [t.number for t in context.turns] == [3]
-    # The hidden turns' unknown writes stay known to a new proposal; their settled ones do not need to.
-    assert [o.operation_id for o in context.operations] == ["op_old_unknown", "op_new"]
+    # Every write the thread had, however old, with the state the newest message left it in (op_x was
+    # unknown, then settled: it is never met as unknown again). Without arguments: the turns show those.
+    assert {o.operation_id: o.state for o in context.operations} == {
+        "op_old_done": "verified",
+        "op_x": "verified",
+        "op_new": "verified",
+    }
+    assert all(o.arguments == {} for o in context.operations)
     assert context_for(state, "t1", "scope", shown_turns=0).turns == []
 
 
-def test_a_thread_keeps_a_bounded_number_of_turns_and_messages_and_never_forgets_an_unknown_write() -> None:
+def _encoded(value: BaseModel) -> int:
+    return len(value.model_dump_json().encode())
+
+
+def test_what_a_thread_carries_and_hands_on_stays_far_under_temporals_payload_limit() -> None:
+    # The largest questions a request takes, long answers, and a write with an unknown outcome in each turn.
     state = ThreadState()
-    keep_turn(state, turn_of(_record(1), "q1", _report(_op("op_first", "unknown")), None))
-    for number in range(2, KEPT_TURNS + 10):
+    for number in range(1, 301):
+        record = _record(number)
+        state.messages.append(record)
+        report = _report(_op(f"op_{number}", "unknown" if number % 2 else "verified"), answer="y" * 20_000)
+        keep_turn(state, turn_of(record, "x" * 20_000, report, None))
+    message = ThreadMessage(
+        request_id="m", submission="s", request=AgentInput(request="z" * 20_000, actor=U1, instructions="i" * 20_000)
+    )
+    while queue_has_room(state, message):
+        state.queue.append(message)
+    assert 0 < len(state.queue) <= MAX_QUEUED
+    carried = ThreadInput(thread_id="t", actor=U1, carried=state)
+    assert _encoded(carried) < 1_600_000
+    child = message.request.model_copy(update={"thread": context_for(state, "t", "scope", 200)})
+    assert _encoded(child) < 500_000
+    # Cut and marked so, never silently.
+    assert state.turns[-1].question.endswith(" [...]") and len(state.turns[-1].question) == QUESTION_CHARS
+    assert state.turns[-1].answer is not None and len(state.turns[-1].answer) == ANSWER_CHARS
+    # The newest unknown writes are all still known.
+    assert {f"op_{n}" for n in range(291, 301, 2)} <= set(state.operations)
+
+
+def test_a_request_that_ended_without_a_report_leaves_what_it_sent_unknown_and_what_it_did_not_not_done() -> None:
+    sent = _op("op_sent", "sent").model_copy(update={"attempts": 1, "first_sent_at": datetime(2026, 1, 1, tzinfo=UTC)})
+    waiting = _op("op_waiting", "awaiting_approval")
+    done = _op("op_done", "verified")
+    turn = turn_of(_record(1), "q", None, "terminated", ledger=[sent, waiting, done])
+    assert [(o.operation_id, o.state) for o in turn.operations] == [
+        ("op_sent", "unknown"),
+        ("op_waiting", "expired"),
+        ("op_done", "verified"),
+    ]
+    assert turn.answer is None and turn.stop_reason == "terminated"
+
+
+def test_a_thread_keeps_a_bounded_number_of_turns_and_messages() -> None:
+    state = ThreadState()
+    for number in range(1, KEPT_TURNS + 10):
         keep_turn(state, turn_of(_record(number), f"q{number}", _report(), None))
     assert len(state.turns) == KEPT_TURNS and state.turns[0].number == 10
-    assert [o.operation_id for o in state.older_unknown] == ["op_first"]
-    context = context_for(state, "t1", "scope", shown_turns=KEPT_TURNS)
-    assert [o.operation_id for o in context.operations] == ["op_first"]
     state.messages = [_record(n) for n in range(1, KEPT_MESSAGES + 6)]
     keep_turn(state, turn_of(_record(KEPT_MESSAGES + 6), "q", _report(), None))
     assert len(state.messages) == KEPT_MESSAGES and state.messages[0].number == 6

@@ -527,3 +527,48 @@ async def test_a_request_started_with_a_thread_history_of_its_own_is_refused_and
     assert isinstance(cause, ApplicationError) and cause.type == ErrorType.UNTRUSTED_INPUT
     assert await activity_steps(handle) == []  # not even a model turn ran
     assert len(await _note_posts(admin)) == 0
+
+
+async def test_a_write_of_a_message_terminated_mid_send_stays_known_as_unknown_and_is_never_sent_twice(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    # The service holds the note's POST; the message's request is terminated while it is in flight.
+    await set_faults(admin, {"method": "POST", "path_regex": "^/tickets/T1001/notes$", "latency_ms": 3000})
+    thread = _thread(client, settings)
+    note = _note(await ticket_version(settings.service_url), "thread: terminated mid-send")
+    model = script_spec([call("append_ticket_note", note, "w1")], [say("Added.")])
+    first = await thread.request(await thread.send("add the note", model=model, limits=FAST))
+    await first.decide(await anext(aiter(first.approvals())), approve=True)
+
+    async def posted() -> bool:
+        return len(await _note_posts(admin)) == 1
+
+    await assert_eventually(posted, what="the note's POST reached the service")
+    await first.handle.terminate("an operator stops it")
+
+    async def first_finished() -> bool:
+        return [m.state for m in await thread.messages()] == ["finished"]
+
+    await assert_eventually(first_finished, what="the thread recorded the terminated message")
+    (await admin.delete("/admin/faults")).raise_for_status()
+    # The held POST goes on at the service and commits (the terminated request never learns it).
+    [sent] = await first.operations()
+
+    async def committed() -> bool:
+        return len(await effects(admin, sent.operation_id)) == 1
+
+    await assert_eventually(committed, what="the held note committed at the service")
+    # Message 2 proposes the same note: the thread knew it was sent, so its status is asked first.
+    shown: list[toolloop.ApprovalRequest] = []
+    second = await asyncio.wait_for(
+        thread.run("add it", model=model, limits=FAST, approver=lambda a: shown.append(a) or True), 120
+    )
+    [again] = second.operations
+    assert (again.state, again.attempts, shown) == ("verified", 0, [])
+    assert [c.state for c in again.status_checks] == ["completed"]
+    assert len(await effects(admin, again.operation_id)) == 1 and len(await _note_posts(admin)) == 1
+    [_, two] = await thread.messages()
+    shown_items = await conversation(client.get_workflow_handle(two.workflow_id))
+    [earlier] = [i for i in shown_items if isinstance(i, FunctionCallOutputItem) and i.call_id == "m1_w1"]
+    assert json.loads(earlier.output)["state"] == "unknown"
+    await _replays(client, thread.handle, client.get_workflow_handle(two.workflow_id))

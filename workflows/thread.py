@@ -7,25 +7,28 @@ continues as new every MESSAGES_PER_RUN messages, or sooner when Temporal sugges
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from temporalio import workflow
 from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import ApplicationError, ChildWorkflowError, WorkflowAlreadyStartedError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from toolloop._core.codes import ErrorType
-    from toolloop._core.contracts import AgentResult
+    from toolloop._core.contracts import AgentResult, OperationRecord
     from toolloop._core.names import (
         AGENT_WORKFLOW,
         GET_THREAD_QUERY,
+        REQUEST_LEDGER_ACTIVITY,
         SEND_MESSAGE_UPDATE,
         THREAD_WORKFLOW,
     )
     from toolloop._core.request_naming import REQUEST_ID, request_memo, request_summary, request_workflow_id
     from toolloop._core.threads import (
-        MAX_QUEUED,
         MESSAGES_PER_RUN,
+        LedgerOfRequest,
         MessageAccepted,
         MessageRecord,
         ThreadInput,
@@ -35,9 +38,11 @@ with workflow.unsafe.imports_passed_through():
         ahead_of,
         context_for,
         keep_turn,
+        queue_has_room,
         turn_of,
     )
     from toolloop._temporal.search_attributes import request_search_attributes
+    from toolloop.workflows.retries import io_retry_policy
 
 
 @workflow.defn(name=THREAD_WORKFLOW)
@@ -109,10 +114,10 @@ class ThreadWorkflow:
                 f"request id {message.request_id} was already used for another message",
                 type=ErrorType.REQUEST_ID_REUSED,
             )
-        if record is None and len(self._state.queue) >= MAX_QUEUED:
+        if record is None and not queue_has_room(self._state, message):
             # Bounded: the queue travels in the thread's state from one run to the next.
             raise ApplicationError(
-                f"this thread has {MAX_QUEUED} messages waiting already; send this one once they have run",
+                f"this thread has {len(self._state.queue)} messages waiting already; send this one once they have run",
                 type=ErrorType.THREAD_FULL,
             )
 
@@ -159,14 +164,35 @@ class ThreadWorkflow:
         record.state = "running"
         report: AgentResult | None = None
         why: str | None = None
+        ledger: list[OperationRecord] | None = None
         try:
             report = await child
         except ChildWorkflowError as err:
             report = _report_of_failure(err)
-            why = None if report is not None else f"the request ended without a report ({type(err.cause).__name__})"
+            if report is None:
+                why = f"the request ended without a report ({type(err.cause).__name__})"
+                ledger = await self._ledger_of(record)
+                if ledger is None:
+                    why += "; its writes could not be read"
         record.state = "finished"
         record.outcome = report.outcome if report is not None else "failed"
-        keep_turn(self._state, turn_of(record, request.request, report, why))
+        keep_turn(self._state, turn_of(record, request.request, report, why, ledger))
+
+    @staticmethod
+    async def _ledger_of(record: MessageRecord) -> list[OperationRecord] | None:
+        """The ledger of a request that ended without a report: what it sent must not be forgotten."""
+        try:
+            ledger: list[OperationRecord] = await workflow.execute_activity(
+                REQUEST_LEDGER_ACTIVITY,
+                LedgerOfRequest(workflow_id=record.workflow_id),
+                result_type=list[OperationRecord],
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=io_retry_policy(5),
+                summary=f"ledger of {record.request_id}",
+            )
+        except ActivityError:
+            return None
+        return ledger
 
 
 def _report_of_failure(err: ChildWorkflowError) -> AgentResult | None:

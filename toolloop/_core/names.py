@@ -19,6 +19,8 @@ NEXT_APPROVAL_UPDATE = "next_approval"
 THREAD_WORKFLOW = "ThreadWorkflow"
 SEND_MESSAGE_UPDATE = "send_message"
 GET_THREAD_QUERY = "get_thread"
+# Reads the ledger of a message's request that ended without a report (terminated, timed out).
+REQUEST_LEDGER_ACTIVITY = "request_ledger"
 # Search attributes (registered on the server: the dev server of the local stack and the tests registers them
 # at start, docker-compose by a job). The starter sets user and tenant; the workflow sets outcome and unsettled.
 TENANT_SEARCH_ATTRIBUTE = "ToolloopTenant"

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from toolloop._core.contracts import (
+    SETTLED_STATES,
     Actor,
     AgentInput,
     AgentResult,
@@ -20,6 +21,7 @@ from toolloop._core.contracts import (
     FunctionCallItem,
     FunctionCallOutputItem,
     MessageItem,
+    OperationRecord,
     ThreadContext,
     ThreadOperation,
     ThreadTurn,
@@ -27,15 +29,28 @@ from toolloop._core.contracts import (
     user_message,
 )
 
-# How many finished messages a thread keeps for its context (Limits.thread_turns is at most this), and how many
-# message records for its list and its idempotency (a request id older than that is not recognised again).
+# What a thread keeps, bounded in count and in bytes: its state travels whole in each continue-as-new (and what
+# a message is given, in its request's input), and Temporal refuses a payload over 2 MB. Worst cases: turns
+# 400 KB, the operation index 200 KB, the queue 600 KB, the message records about 250 KB.
 KEPT_TURNS = 200
-KEPT_MESSAGES = 1000
-# A thread's workflow continues as new after this many messages (or sooner, when Temporal suggests it), once
-# no message is running: its history stays bounded however long the conversation.
+TURNS_BYTES = 400_000
+# What a turn keeps of a question and of an answer (the rest is cut, and marked so).
+QUESTION_CHARS = 2_000
+ANSWER_CHARS = 4_000
+# What a message is shown of the earlier turns, at most (the newest that fit, up to Limits.thread_turns).
+CONTEXT_BYTES = 200_000
+# The thread's writes by operation id (newest state), at most this big: the oldest settled ones go first, and
+# one left unknown goes only when nothing else is left to drop.
+OPERATIONS_BYTES = 200_000
+# Message records for the thread's list and its idempotency (a request id older than that is not recognised).
+KEPT_MESSAGES = 500
+# A thread's workflow continues as new after this many messages (or sooner, when Temporal suggests it), between
+# two messages: its history stays bounded however long the conversation.
 MESSAGES_PER_RUN = 50
-# At most this many messages wait in a thread (its queue travels in its state from one run to the next).
-MAX_QUEUED = 100
+# At most this many messages wait in a thread, and at most this many bytes of them.
+MAX_QUEUED = 20
+QUEUE_BYTES = 600_000
+_CUT = " [...]"
 
 MessageState = Literal["queued", "running", "finished", "refused"]
 
@@ -83,8 +98,9 @@ class ThreadState(BaseModel):
     messages: list[MessageRecord] = Field(default_factory=list)
     queue: list[ThreadMessage] = Field(default_factory=list)
     turns: list[ThreadTurn] = Field(default_factory=list)
-    # Writes of turns no longer kept that were left unknown: a later proposal must still meet them.
-    older_unknown: list[ThreadOperation] = Field(default_factory=list)
+    # Every write of the thread by operation id, as the newest message that had it left it (without its
+    # arguments: the turns show those): what a later proposal of the same payload meets, however old.
+    operations: dict[str, ThreadOperation] = Field(default_factory=dict)
     last_number: int = 0
 
 
@@ -93,6 +109,12 @@ class ThreadInput(BaseModel):
     actor: Actor
     # Set by the thread's own continue-as-new; None for a new thread.
     carried: ThreadState | None = None
+
+
+class LedgerOfRequest(BaseModel):
+    """The `request_ledger` activity's input: the request whose ledger the thread reads."""
+
+    workflow_id: str
 
 
 class ThreadView(BaseModel):
@@ -114,33 +136,55 @@ def ahead_of(state: ThreadState, request_id: str) -> int:
     return ahead
 
 
-def turn_of(record: MessageRecord, question: str, report: AgentResult | None, why: str | None) -> ThreadTurn:
+def turn_of(
+    record: MessageRecord,
+    question: str,
+    report: AgentResult | None,
+    why: str | None,
+    ledger: list[OperationRecord] | None = None,
+) -> ThreadTurn:
     """What later messages are told of a finished one: its writes as its ledger recorded them at its end. No
-    report (the request was terminated or timed out): no answer, and `why`."""
+    report (the request was terminated or timed out): no answer, `why`, and its writes as its last `ledger`
+    shows them, every one not settled then counted unknown (nothing proves it did not happen)."""
     if report is None:
-        return ThreadTurn(number=record.number, request_id=record.request_id, question=question, stop_reason=why)
+        return ThreadTurn(
+            number=record.number,
+            request_id=record.request_id,
+            question=_cut(question, QUESTION_CHARS),
+            stop_reason=why,
+            operations=[_thread_operation(op, record.request_id, ended=False) for op in ledger or []],
+        )
     return ThreadTurn(
         number=record.number,
         request_id=record.request_id,
-        question=question,
-        answer=report.final_text,
+        question=_cut(question, QUESTION_CHARS),
+        answer=_cut(report.final_text, ANSWER_CHARS) if report.final_text is not None else None,
         status=report.status,
         stop_reason=report.stop_reason,
-        operations=[
-            ThreadOperation(
-                operation_id=op.operation_id,
-                tool=op.tool,
-                call_id=op.call_ids[0] if op.call_ids else op.operation_id,
-                arguments=dict(op.arguments),
-                state=op.state,
-                output=_told_later(op.output),
-                request_id=record.request_id,
-                first_sent_at=op.first_sent_at,
-                retention_seconds=op.retention_seconds,
-            )
-            for op in report.operations
-        ],
+        operations=[_thread_operation(op, record.request_id, ended=True) for op in report.operations],
     )
+
+
+def _thread_operation(op: OperationRecord, request_id: str, *, ended: bool) -> ThreadOperation:
+    state = op.state
+    if not ended and state not in SETTLED_STATES and state != "completed":
+        # Its request stopped mid-way: never sent is not done; anything sent is unknown.
+        state = "unknown" if op.attempts or op.first_sent_at is not None else "expired"
+    return ThreadOperation(
+        operation_id=op.operation_id,
+        tool=op.tool,
+        call_id=op.call_ids[0] if op.call_ids else op.operation_id,
+        arguments=dict(op.arguments),
+        state=state,
+        output=_told_later(op.output),
+        request_id=request_id,
+        first_sent_at=op.first_sent_at,
+        retention_seconds=op.retention_seconds,
+    )
+
+
+def _cut(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[: chars - len(_CUT)] + _CUT
 
 
 def _told_later(output: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -152,26 +196,48 @@ def _told_later(output: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: v for k, v in output.items() if k != "result"}
 
 
+def _size(model: BaseModel) -> int:
+    return len(model.model_dump_json())
+
+
 def keep_turn(state: ThreadState, turn: ThreadTurn) -> None:
-    """Add a finished message's turn; the oldest turns past KEPT_TURNS go, their unknown writes stay known."""
+    """Add a finished message's turn and its writes (newest state per operation); then drop what is past the
+    bounds: the oldest turns, the oldest settled writes (an unknown one last), the oldest message records."""
     state.turns.append(turn)
-    while len(state.turns) > KEPT_TURNS:
-        dropped = state.turns.pop(0)
-        state.older_unknown.extend(op for op in dropped.operations if op.state == "unknown")
+    for op in turn.operations:
+        state.operations.pop(op.operation_id, None)  # re-inserted: the index stays oldest first
+        state.operations[op.operation_id] = op.model_copy(update={"arguments": {}})
+    sizes = [_size(t) for t in state.turns]
+    while len(state.turns) > 1 and (len(state.turns) > KEPT_TURNS or sum(sizes) > TURNS_BYTES):
+        state.turns.pop(0)
+        sizes.pop(0)
+    op_sizes = {op_id: _size(op) for op_id, op in state.operations.items()}
+    while sum(op_sizes.values()) > OPERATIONS_BYTES:
+        settled = [op_id for op_id, op in state.operations.items() if op.state != "unknown"]
+        dropped = settled[0] if settled else next(iter(state.operations))
+        del state.operations[dropped]
+        del op_sizes[dropped]
     del state.messages[: max(len(state.messages) - KEPT_MESSAGES, 0)]
 
 
+def queue_has_room(state: ThreadState, message: ThreadMessage) -> bool:
+    """Whether one more message may wait (at most MAX_QUEUED, QUEUE_BYTES in all)."""
+    if len(state.queue) >= MAX_QUEUED:
+        return False
+    return sum(_size(m) for m in state.queue) + _size(message) <= QUEUE_BYTES
+
+
 def context_for(state: ThreadState, thread_id: str, scope: str, shown_turns: int) -> ThreadContext:
-    """What the next message's request is given: the newest `shown_turns` turns, and every earlier write a new
-    proposal must meet (those of the shown turns, and the unknown ones of any older turn)."""
-    shown = state.turns[-shown_turns:] if shown_turns else []
-    hidden = state.turns[: len(state.turns) - len(shown)]
-    operations = [
-        *state.older_unknown,
-        *(op for turn in hidden for op in turn.operations if op.state == "unknown"),
-        *(op for turn in shown for op in turn.operations),
-    ]
-    return ThreadContext(thread_id=thread_id, scope=scope, turns=shown, operations=operations)
+    """What the next message's request is given: the newest `shown_turns` turns that fit CONTEXT_BYTES, and
+    every write the thread knows (the newest state of each), which a new proposal of the same payload meets."""
+    shown: list[ThreadTurn] = []
+    budget = CONTEXT_BYTES
+    for turn in reversed(state.turns[-shown_turns:] if shown_turns else []):
+        budget -= _size(turn)
+        if budget < 0:
+            break
+        shown.insert(0, turn)
+    return ThreadContext(thread_id=thread_id, scope=scope, turns=shown, operations=list(state.operations.values()))
 
 
 def earlier_items(context: ThreadContext | None) -> list[ConversationItem]:

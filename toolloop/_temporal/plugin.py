@@ -29,6 +29,7 @@ from toolloop._tools.toolset import AgentSpec, Toolset
 from toolloop.activities.conversation import ConversationState, TemporalTurnHistory, ToolOutputStore
 from toolloop.activities.model_turn import ModelActivities
 from toolloop.activities.request_end import RequestEndActivities, RequestEndHook
+from toolloop.activities.threads import request_ledger
 from toolloop.activities.tool_calls import ToolActivities
 from toolloop.activities.write_operations import WriteActivities
 from toolloop.workflows.agent import AgentWorkflow
@@ -150,6 +151,7 @@ class ToolloopPlugin(SimplePlugin):
             writes.execute_write,
             writes.query_operation_status,
             writes.read_back_operation,
+            request_ledger,
         ]
         return config
 
