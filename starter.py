@@ -64,6 +64,8 @@ from toolloop._temporal.client import (
     MessageRefused,
     RequestIdReused,
     RequestNotFound,
+    ThreadBusy,
+    ThreadClosed,
     ToolloopClient,
     ToolloopRequest,
     ToolloopThread,
@@ -666,7 +668,11 @@ async def _send_to_thread(
 ) -> tuple[ToolloopRequest, bool]:
     """Send the question as the thread's next message and wait for its turn: (its request, whether the message
     was there already)."""
-    accepted = await thread.send(question, request_id=request_id, model=spec, limits=limits, tools=allowed_tools)
+    try:
+        accepted = await thread.send(question, request_id=request_id, model=spec, limits=limits, tools=allowed_tools)
+    except (ThreadBusy, ThreadClosed) as exc:
+        # Not a connection problem, and nothing was sent: one line, and the thread as it was.
+        _fail(str(exc), code=1)
     err_console.print(Text(f"thread {thread.thread_id}, message {accepted.number}"))
     if accepted.ahead:
         err_console.print(Text(f"queued: {accepted.ahead} earlier message(s) of this thread run first"))

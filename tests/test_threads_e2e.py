@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer, Worker
@@ -50,6 +50,7 @@ from toolloop._core.contracts import (
     ThreadOperation,
 )
 from toolloop._core.names import AGENT_WORKFLOW
+from toolloop._core.threads import MAX_QUEUED
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.plugin import workflow_runner
 from toolloop._temporal.settings import Settings
@@ -572,3 +573,25 @@ async def test_a_write_of_a_message_terminated_mid_send_stays_known_as_unknown_a
     [earlier] = [i for i in shown_items if isinstance(i, FunctionCallOutputItem) and i.call_id == "m1_w1"]
     assert json.loads(earlier.output)["state"] == "unknown"
     await _replays(client, thread.handle, client.get_workflow_handle(two.workflow_id))
+
+
+async def test_a_full_thread_refuses_one_more_message_and_a_closed_one_is_never_started_again_empty(
+    client: Client, settings: Settings, worker: Worker
+) -> None:
+    thread = _thread(client, settings)
+    note = _note(await ticket_version(settings.service_url), "thread: holds the queue")
+    # The first waits for an approval that never comes; the queue behind it fills up.
+    await thread.send("hold", model=script_spec([call("append_ticket_note", note, "w1")], [say("held")]))
+    for number in range(MAX_QUEUED):
+        accepted = await thread.send(f"queued {number}", model=script_spec([say("ok")]))
+        assert (accepted.state, accepted.ahead) == ("queued", number + 1)
+    with pytest.raises(toolloop.ThreadBusy):
+        await thread.send("one too many", model=script_spec([say("ok")]))
+    assert len(await thread.messages()) == MAX_QUEUED + 1  # the refused one was not kept
+    # An operator closes the thread's workflow: a new message is refused, never the start of an empty thread
+    # that would have forgotten what the earlier messages did.
+    await thread.handle.terminate("an operator closes it")
+    with pytest.raises(toolloop.ThreadClosed):
+        await thread.send("after the close", model=script_spec([say("ok")]))
+    async for execution in client.list_workflows(f'WorkflowId = "{thread.workflow_id}"'):
+        assert execution.status == WorkflowExecutionStatus.TERMINATED

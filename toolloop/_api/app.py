@@ -83,6 +83,8 @@ from toolloop._temporal.approval_channel import ApprovalRefused, RequestFinished
 from toolloop._temporal.client import (
     RequestIdReused,
     RequestNotFound,
+    ThreadBusy,
+    ThreadClosed,
     ThreadNotFound,
     ToolloopClient,
     ToolloopRequest,
@@ -816,6 +818,8 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             "UNKNOWN_MODEL",
             "RATE_LIMITED",
             "TOO_MANY_ACTIVE_REQUESTS",
+            "THREAD_BUSY",
+            "THREAD_CLOSED",
             "REQUEST_UNREADABLE",
         ),  # fmt: skip
     )
@@ -855,6 +859,10 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             )
         except RequestIdReused:
             raise _key_reused() from None
+        except ThreadBusy as exc:
+            raise Problem(429, "THREAD_BUSY", str(exc)) from None
+        except ThreadClosed as exc:
+            raise Problem(409, "THREAD_CLOSED", str(exc)) from None
         url = f"/v1/threads/{thread_id}/messages/{accepted.request_id}"
         if accepted.attached:
             response.status_code = 200

@@ -135,6 +135,11 @@ class MessageRefused(RuntimeError):
     """A thread's message whose request could not start (its request id names another request)."""
 
 
+class ThreadClosed(RuntimeError):
+    """The thread's workflow has been closed (terminated by an operator, say): it takes no more messages, and
+    is never started again empty under its id (what its earlier messages did would be forgotten)."""
+
+
 class ThreadBusy(RuntimeError):
     """The thread has as many messages waiting as it takes (toolloop._core.threads.MAX_QUEUED): send again
     once some have run."""
@@ -686,6 +691,8 @@ class ToolloopThread:
             id=self.workflow_id,
             task_queue=self._client.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            # A closed thread is not started again empty: its earlier messages' writes would be forgotten.
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             search_attributes=thread_search_attributes(self.actor, self.thread_id),
             static_summary=f"thread {self.thread_id} of {self.actor.user_id}@{self.actor.tenant_id}",
         )
@@ -693,6 +700,10 @@ class ToolloopThread:
             accepted: MessageAccepted = await self._client.temporal.execute_update_with_start_workflow(
                 SEND_MESSAGE_UPDATE, message, start_workflow_operation=start, result_type=MessageAccepted
             )
+        except WorkflowAlreadyStartedError:
+            with contextlib.suppress(WorkflowAlreadyStartedError):
+                await start.workflow_handle()  # the start operation holds the same error: read, not logged
+            raise ThreadClosed(f"thread {self.thread_id} has been closed; start another thread") from None
         except WorkflowUpdateFailedError as err:
             cause = err.cause
             if isinstance(cause, ApplicationError) and cause.type == ErrorType.REQUEST_ID_REUSED:
