@@ -346,6 +346,9 @@ class _Session:
 
     workflow_id: str | None = None
     pending: set[str] = field(default_factory=set)
+    # Set while a thread's message waits for its turn (its request does not exist yet): the command that
+    # follows it again (the same submission attaches to it).
+    queued_resume: str | None = None
 
 
 def _decide_commands(workflow_id: str, operation_id: str, actor: Actor) -> tuple[str, str]:
@@ -624,7 +627,7 @@ async def _ask(
         try:
             if thread_id is not None:
                 request, attached = await _send_to_thread(
-                    client.thread(thread_id, actor=actor), question, request_id, spec, limits, allowed_tools
+                    client.thread(thread_id, actor=actor), question, request_id, spec, limits, allowed_tools, session
                 )
             else:
                 # A request id is never used twice: while its history is kept, the same id gives back its run.
@@ -665,6 +668,7 @@ async def _send_to_thread(
     spec: ModelSpec,
     limits: Limits,
     allowed_tools: list[str] | None,
+    session: _Session,
 ) -> tuple[ToolloopRequest, bool]:
     """Send the question as the thread's next message and wait for its turn: (its request, whether the message
     was there already)."""
@@ -676,10 +680,34 @@ async def _send_to_thread(
     err_console.print(Text(f"thread {thread.thread_id}, message {accepted.number}"))
     if accepted.ahead:
         err_console.print(Text(f"queued: {accepted.ahead} earlier message(s) of this thread run first"))
+        session.queued_resume = _resume_command(thread.thread_id, request_id)
     try:
-        return await thread.request(accepted), accepted.attached
+        request = await thread.request(accepted)
     except MessageRefused as exc:
         _fail(f"thread {thread.thread_id}: {exc}", code=1)
+    session.queued_resume = None  # started: a Ctrl-C from now on leaves a request that `result` finds
+    return request, accepted.attached
+
+
+def _resume_command(thread_id: str, request_id: str) -> str:
+    """This very `ask`, as a command that follows its message again: its arguments, with the thread's id for
+    `--thread new` and the message's request id (the same submission attaches to the message)."""
+    args = sys.argv[1:]
+    resumed: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--thread", "--request-id"):
+            skip = True
+            continue
+        if arg.startswith(("--thread=", "--request-id=")):
+            continue
+        resumed.append(arg)
+    at = resumed.index("ask") + 1 if "ask" in resumed else 0
+    resumed[at:at] = ["--thread", thread_id, "--request-id", request_id]
+    return " ".join([_cli_command(), *(shlex.quote(a) for a in resumed)])
 
 
 def _exit_code(status: RunStatus, operations: list[OperationRecord], calls: Sequence[CallRecord] = ()) -> int:
@@ -746,6 +774,12 @@ def _interrupted(session: _Session, actor: Actor) -> NoReturn:
     err_console.print()
     if session.workflow_id is None:
         err_console.print("interrupted before the request started")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if session.queued_resume is not None:
+        err_console.print(
+            "interrupted: the message stays queued in its thread and runs when its turn comes; follow it again "
+            f"with `{session.queued_resume}`"
+        )
         raise typer.Exit(EXIT_INTERRUPTED)
     message = f"interrupted: request {session.workflow_id} keeps running in the background"
     tail = f"{session.workflow_id} --user {actor.user_id} --tenant {actor.tenant_id}"

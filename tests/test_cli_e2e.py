@@ -811,6 +811,37 @@ def test_ctrl_c_at_the_prompt_leaves_the_request_waiting_and_says_how_to_decide(
     assert "OK." in got.stdout and operation_id in got.stderr
 
 
+def test_ctrl_c_while_queued_in_a_thread_prints_a_command_that_follows_the_message_again(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+    refund = refund_script(tmp_path / "r.json", {"orderId": "A111", "amountCents": 113, "reason": "queue"}, "Refunded.")
+    first = spawn_ask(cli_env, "--user", "u1", "--thread", thread, "--model", f"script:{refund}", "refund")
+    try:
+        approve, _ = shown_commands(first)
+        first.sendintr()  # message 1 keeps waiting for its approval
+        first.expect(pexpect.EOF)
+    finally:
+        first.close(force=True)
+    answer = tmp_path / "a.json"
+    answer.write_text(json.dumps({"turns": [[{"type": "message", "content": "The refund is in."}]]}))
+    second = spawn_ask(cli_env, "--user", "u1", "--thread", thread, "--model", f"script:{answer}", "and then?")
+    try:
+        second.expect(r"queued: 1 earlier message")
+        second.sendintr()
+        second.expect(r"follow it again with `([^`]+)`")
+        resume = second.match.group(1)
+        second.expect(pexpect.EOF)
+    finally:
+        second.close(force=True)
+    assert second.exitstatus == 130
+    assert plain_shell(cli_env, approve).returncode == 0
+    # The printed command, from a plain shell: the same message (attached, not asked again), its answer.
+    followed = plain_shell(cli_env, resume)
+    assert followed.returncode == 0, followed.stderr
+    assert "The refund is in." in followed.stdout and f"thread {thread}, message 2" in followed.stderr
+
+
 @pytest.mark.parametrize(
     ("order", "typed", "said", "state", "code"),
     [("A113", "y", "approved", "verified", 0), ("A114", "n", "rejected", "denied", 4)],
