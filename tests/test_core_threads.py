@@ -30,6 +30,7 @@ from toolloop._core.threads import (
     ahead_of,
     context_for,
     earlier_items,
+    earlier_operations,
     keep_turn,
     queue_has_room,
     turn_of,
@@ -132,12 +133,15 @@ def test_only_the_newest_turns_are_shown_and_every_write_of_the_thread_is_met_wi
     assert [t.number for t in context.turns] == [3]
     # Every write the thread had, however old, with the state the newest message left it in (op_x was
     # unknown, then settled: it is never met as unknown again). Without arguments: the turns show those.
-    assert {o.operation_id: o.state for o in context.operations} == {
+    assert {o.operation_id: o.state for o in earlier_operations(context).values()} == {
         "op_old_done": "verified",
         "op_x": "verified",
         "op_new": "verified",
     }
+    # Handed once: the shown turn holds its own writes (with their arguments), the rest come without them.
+    assert [o.operation_id for o in context.operations] == ["op_old_done"]
     assert all(o.arguments == {} for o in context.operations)
+    assert earlier_operations(None) == {}
     assert context_for(state, "t1", "scope", shown_turns=0).turns == []
 
 

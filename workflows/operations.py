@@ -66,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
     from toolloop._core.registry import Evidence, OperationStatus
+    from toolloop._core.threads import earlier_operations
 
 from toolloop.workflows.narration import Narrator
 from toolloop.workflows.retries import io_retry_policy
@@ -95,7 +96,7 @@ class OperationStateMachine:
         # A thread's message: operation ids are the thread's (the same payload in the same thread is the same
         # operation), and what earlier messages did with one is known (the newest record of each).
         self._scope = thread.scope if thread is not None else None
-        self._earlier: dict[str, ThreadOperation] = {op.operation_id: op for op in thread.operations} if thread else {}
+        self._earlier: dict[str, ThreadOperation] = earlier_operations(thread)
         self._limits = limits
         self._deadline = deadline
         # Why this request takes no decisions at all (its input tried to bring trust); None: it takes them.

@@ -621,8 +621,9 @@ class ThreadTurn(BaseModel):
 class ThreadContext(BaseModel):
     """What a thread's workflow gives the request of its next message. `scope` names the thread for the
     operation ids (the same payload in the same thread is the same operation, unless its tool says identical
-    calls are distinct); `turns` are the earlier messages the model is shown, oldest first; `operations`
-    every earlier write a new proposal must meet (those of the shown turns, and any older one left unknown)."""
+    calls are distinct); `turns` are the earlier messages the model is shown, oldest first; `operations` the
+    thread's other earlier writes (and newer states of the turns' ones): with the turns', every write a new
+    proposal must meet (toolloop._core.threads.earlier_operations)."""
 
     thread_id: str
     scope: str

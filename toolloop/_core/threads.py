@@ -228,8 +228,8 @@ def queue_has_room(state: ThreadState, message: ThreadMessage) -> bool:
 
 
 def context_for(state: ThreadState, thread_id: str, scope: str, shown_turns: int) -> ThreadContext:
-    """What the next message's request is given: the newest `shown_turns` turns that fit CONTEXT_BYTES, and
-    every write the thread knows (the newest state of each), which a new proposal of the same payload meets."""
+    """What the next message's request is given: the newest `shown_turns` turns that fit CONTEXT_BYTES, and the
+    thread's other writes (the newest state of each): with the turns' own, what a new proposal meets."""
     shown: list[ThreadTurn] = []
     budget = CONTEXT_BYTES
     for turn in reversed(state.turns[-shown_turns:] if shown_turns else []):
@@ -237,7 +237,20 @@ def context_for(state: ThreadState, thread_id: str, scope: str, shown_turns: int
         if budget < 0:
             break
         shown.insert(0, turn)
-    return ThreadContext(thread_id=thread_id, scope=scope, turns=shown, operations=list(state.operations.values()))
+    in_turns = {(op.operation_id, op.state) for turn in shown for op in turn.operations}
+    # The shown turns hold their own writes already: only the others (and newer states) are added.
+    others = [op for op in state.operations.values() if (op.operation_id, op.state) not in in_turns]
+    return ThreadContext(thread_id=thread_id, scope=scope, turns=shown, operations=others)
+
+
+def earlier_operations(context: ThreadContext | None) -> dict[str, ThreadOperation]:
+    """Every earlier write of the thread by operation id, with its newest state: those of the shown turns,
+    then the others (which hold any newer state)."""
+    if context is None:
+        return {}
+    found = {op.operation_id: op for turn in context.turns for op in turn.operations}
+    found.update((op.operation_id, op) for op in context.operations)
+    return found
 
 
 def earlier_items(context: ThreadContext | None) -> list[ConversationItem]:
