@@ -53,6 +53,7 @@ from faultbed.proxy import FaultProxy, WireFault
 from faultbed.scenarios import CHAOS_LIMITS, Scenario, with_model_faults
 from faultbed.strikes import (
     ApprovalGate,
+    ProcessFault,
     Restart,
     Strike,
     StrikeContext,
@@ -283,19 +284,8 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
     gate = ApprovalGate()
     if not any(f.spec.at == "during_approval_wait" for f in strikes):
         gate.open.set()
-    context = StrikeContext(
-        proxy=stack.proxy,
-        admin=stack.admin,
-        plan_rules=len(rules),
-        pause_model_call=stack.endpoint.pause,
-        release_model_call=stack.endpoint.release,
-        gate=gate,
-        crash_and_restart=stack.crash_and_restart,
-    )
-    after_commit = [f for f in strikes if f.spec.at == "after_service_commit"]
-    striking = [
-        asyncio.create_task(strike(context, f, after_commit.index(f) if f in after_commit else 0)) for f in strikes
-    ]
+    context, by_fault = start_strikes(stack, len(rules), strikes, gate)
+    striking = list(by_fault.values())
     shown: dict[str, str] = {}
     approver = asyncio.create_task(_decide_each(request, work.wanted, gate, shown))
     result: AgentResult | None = None
@@ -625,3 +615,24 @@ def _write_all(directory: Path, texts: dict[str, str]) -> list[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return sorted(directory / f"{name}.json" for name in texts)
+
+
+def start_strikes(
+    stack: ChaosStack, plan_rules: int, strikes: Sequence[ProcessFault], gate: ApprovalGate
+) -> tuple[StrikeContext, dict[ProcessFault, asyncio.Task[Strike | None]]]:
+    """The strikes' shared context on `stack`, and each strike started, waiting for its moment (a request run
+    and a thread run alike)."""
+    context = StrikeContext(
+        proxy=stack.proxy,
+        admin=stack.admin,
+        plan_rules=plan_rules,
+        pause_model_call=stack.endpoint.pause,
+        release_model_call=stack.endpoint.release,
+        gate=gate,
+        crash_and_restart=stack.crash_and_restart,
+    )
+    after_commit = [f for f in strikes if f.spec.at == "after_service_commit"]
+    started = {
+        f: asyncio.create_task(strike(context, f, after_commit.index(f) if f in after_commit else 0)) for f in strikes
+    }
+    return context, started

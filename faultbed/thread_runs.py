@@ -49,6 +49,7 @@ from faultbed.runner import (
     _received,
     _result_within,
     _settled,
+    start_strikes,
     wire_faults,
 )
 from faultbed.scenarios import CHAOS_LIMITS, Scenario, intended_title, message_tag, message_turns
@@ -60,7 +61,6 @@ from faultbed.strikes import (
     StrikeContext,
     process_faults,
     service_holds,
-    strike,
     wire_holds,
 )
 from toolloop._core.contracts import AgentResult, FunctionCallOutputItem, Limits
@@ -143,19 +143,7 @@ async def run_thread(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOut
     messages = [_Message(n, message_tag(tag, n), message_turns(tag, spec, n)) for n in range(1, len(spec.messages) + 1)]
     opened = ApprovalGate()
     opened.open.set()
-    context = StrikeContext(
-        proxy=stack.proxy,
-        admin=stack.admin,
-        plan_rules=len(rules),
-        pause_model_call=stack.endpoint.pause,
-        release_model_call=stack.endpoint.release,
-        gate=opened,
-        crash_and_restart=stack.crash_and_restart,
-    )
-    after_commit = [f for f in strikes if f.spec.at == "after_service_commit"]
-    striking = {
-        f: asyncio.create_task(strike(context, f, after_commit.index(f) if f in after_commit else 0)) for f in strikes
-    }
+    context, striking = start_strikes(stack, len(rules), strikes, opened)
     began = time.monotonic()
     admin = stack.admin
     # The service's rules as they were when the faults were cleared (their counts say what fired).
