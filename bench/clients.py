@@ -75,6 +75,12 @@ class History:
     # Temporal Cloud's billable actions the history shows (bench/actions.py), and its timers started.
     actions: int = 0
     timers: int = 0
+    # Workflow tasks completed, and the bytes of each event type (the threads phase says where bytes go).
+    workflow_tasks: int = 0
+    bytes_by_type: Counter[str] = field(default_factory=Counter)
+    # Unix times of the first and the last event (the run's start and, once closed, its end).
+    started_at: float | None = None
+    closed_at: float | None = None
 
 
 class Stack(Protocol):
@@ -383,10 +389,17 @@ async def history_of(client: Client, workflow_id: str) -> History:
     history = History(events=0, bytes=0)
     activity_types: dict[int, str] = {}
     async for event in handle.fetch_history_events():
+        size = event.ByteSize()
         history.events += 1
-        history.bytes += event.ByteSize()
+        history.bytes += size
         history.actions += actions_of(event)
         kind = event.event_type
+        history.bytes_by_type[EventType.Name(kind)] += size
+        at = event.event_time.ToNanoseconds() / 1e9
+        history.started_at = at if history.started_at is None else history.started_at
+        history.closed_at = at
+        if kind == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            history.workflow_tasks += 1
         if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             activity_types[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
         elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
