@@ -36,6 +36,7 @@ from bench.scenarios import (
 from demo.bizservice.writes import AUDIENCE as DEMO_AUDIENCE
 from toolloop import testing
 from toolloop._core.contracts import Actor, AgentResult, ApprovalRequest, Limits, ModelSpec
+from toolloop._core.names import SEND_MESSAGE_UPDATE as SEND_MESSAGE
 from toolloop._temporal.client import ToolloopClient, ToolloopRequest
 from toolloop._temporal.following import changes
 
@@ -81,6 +82,10 @@ class History:
     # Unix times of the first and the last event (the run's start and, once closed, its end).
     started_at: float | None = None
     closed_at: float | None = None
+    # A thread's workflow: when each send_message Update was accepted, in order, and per child workflow id when
+    # its start was initiated.
+    sends_accepted_at: list[float] = field(default_factory=list)
+    child_initiated_at: dict[str, float] = field(default_factory=dict)
 
 
 class Stack(Protocol):
@@ -405,6 +410,11 @@ async def history_of(client: Client, workflow_id: str) -> History:
         elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             scheduled = event.activity_task_completed_event_attributes.scheduled_event_id
             history.completed_activities[activity_types.get(scheduled, "?")] += 1
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            if event.workflow_execution_update_accepted_event_attributes.accepted_request.input.name == SEND_MESSAGE:
+                history.sends_accepted_at.append(at)
+        elif kind == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
+            history.child_initiated_at[event.start_child_workflow_execution_initiated_event_attributes.workflow_id] = at
         elif kind == EventType.EVENT_TYPE_TIMER_STARTED:
             history.timers += 1
             if history.first_timer_at is None:

@@ -292,6 +292,11 @@ class ThreadsRun:
     # Where a request's latency goes (the latency pass, medians; server times against the client's clock on
     # the same machine): from the send to its workflow's start, its run, and from its end to the client.
     to_start_ms: float | None = None
+    # A message's time to its request's start, in steps: from the send to the thread accepting the message (its
+    # Update accepted), from there to the child's start initiated, and from there to the child's first event.
+    to_accepted_ms: float | None = None
+    accepted_to_initiated_ms: float | None = None
+    initiated_to_start_ms: float | None = None
     run_ms: float | None = None
     after_end_ms: float | None = None
     # The workflow tasks of the request's own run, and its share of its thread workflow's.
@@ -1092,7 +1097,11 @@ def _threads_scenario(threads: Threads, scenario: str) -> list[str]:
         f"{fmt(send)} ms, the wait for its request's start (the message_started Update) {fmt(wait)} ms. "
         "Latency split into the time from the send to the request's workflow start, its run (first to last "
         f"event) and from its end to the client having the report: a message {split(THREAD)}, a single "
-        f"request {split(SINGLE)}. Workflow tasks per request: a message {tasks(THREAD)} of its thread's, a "
+        f"request {split(SINGLE)}. A message's time to its request's start in steps: to the thread accepting the "
+        f"message {fmt(threads.median(scenario, THREAD, 'to_accepted_ms'))} ms, to the child's start initiated "
+        f"{fmt(threads.median(scenario, THREAD, 'accepted_to_initiated_ms'))} ms, to the child's first event "
+        f"{fmt(threads.median(scenario, THREAD, 'initiated_to_start_ms'))} ms. "
+        f"Workflow tasks per request: a message {tasks(THREAD)} of its thread's, a "
         f"single request {fmt(threads.median(scenario, SINGLE, 'request_workflow_tasks'))}.",
         "",
         "By position in the chain (medians of the rounds): a message's input holds the earlier messages "

@@ -220,6 +220,7 @@ async def _measure(bench: Bench, key: str, scenario: Scenario, mode: str, number
     thread_samples = [s for s in [*spaced_samples, *loaded] if s.send_s is not None]
     timed = [(s, own(s)) for s in spaced_samples if s.outcome.ok]
     timed_runs = [(s, h) for s, h in timed if h is not None and h.started_at and h.closed_at]
+    steps = [_steps(s, h, thread_histories.get(s.thread_workflow_id or "")) for s, h in timed_runs]
     own_tasks = _mean([h.workflow_tasks for h in found])
     thread_tasks = sum(h.workflow_tasks for h in shared) / share
     return ThreadsRun(
@@ -242,6 +243,9 @@ async def _measure(bench: Bench, key: str, scenario: Scenario, mode: str, number
         to_start_ms=_median_ms([h.started_at - s.sent_at for s, h in timed_runs if h.started_at]),
         run_ms=_median_ms([h.closed_at - h.started_at for s, h in timed_runs if h.closed_at and h.started_at]),
         after_end_ms=_median_ms([s.done_at - h.closed_at for s, h in timed_runs if h.closed_at]),
+        to_accepted_ms=_median_ms([step[0] for step in steps if step is not None]),
+        accepted_to_initiated_ms=_median_ms([step[1] for step in steps if step is not None]),
+        initiated_to_start_ms=_median_ms([step[2] for step in steps if step is not None]),
         actions=_plus(_mean([h.actions for h in found]), sum(h.actions for h in shared) / share),
         send_ms=_median_ms([s.send_s for s in thread_samples if s.send_s is not None]),
         start_wait_ms=_median_ms([s.start_wait_s for s in thread_samples if s.start_wait_s is not None]),
@@ -267,6 +271,19 @@ async def _histories(bench: Bench, samples: Sequence[Sample]) -> tuple[dict[str,
     requests = dict(await asyncio.gather(*(one(w) for w in request_ids if w)))
     thread_histories = dict(await asyncio.gather(*(one(w) for w in thread_ids if w)))
     return requests, thread_histories
+
+
+def _steps(sample: Sample, request: History, thread: History | None) -> tuple[float, float, float] | None:
+    """A message's way to its request's start: the send to the thread's accepting it (its chain's messages are
+    sent one after another, so the k-th accepted send is message k), to the child's start initiated, to the
+    child's first event (seconds)."""
+    if thread is None or len(thread.sends_accepted_at) < sample.position or request.started_at is None:
+        return None
+    initiated = thread.child_initiated_at.get(sample.outcome.workflow_id or "")
+    if initiated is None:
+        return None
+    accepted = thread.sends_accepted_at[sample.position - 1]
+    return accepted - sample.sent_at, initiated - accepted, request.started_at - initiated
 
 
 def _per_request(counters: Sequence[Counter[str]], requests: int) -> dict[str, float]:
