@@ -85,6 +85,8 @@ class History:
     # A thread's workflow: when each send_message Update was accepted, in order, and per child workflow id when
     # its start was initiated.
     sends_accepted_at: list[float] = field(default_factory=list)
+    # Unix time of the first TimerCanceled event ((a)'s approval wait ended by the decision).
+    first_timer_canceled_at: float | None = None
     child_initiated_at: dict[str, float] = field(default_factory=dict)
 
 
@@ -415,6 +417,8 @@ async def history_of(client: Client, workflow_id: str) -> History:
                 history.sends_accepted_at.append(at)
         elif kind == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
             history.child_initiated_at[event.start_child_workflow_execution_initiated_event_attributes.workflow_id] = at
+        elif kind == EventType.EVENT_TYPE_TIMER_CANCELED:
+            history.first_timer_canceled_at = history.first_timer_canceled_at or at
         elif kind == EventType.EVENT_TYPE_TIMER_STARTED:
             history.timers += 1
             if history.first_timer_at is None:

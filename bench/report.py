@@ -297,6 +297,8 @@ class ThreadsRun:
     to_accepted_ms: float | None = None
     accepted_to_initiated_ms: float | None = None
     initiated_to_start_ms: float | None = None
+    # A write's approval wait in its request's run: from its timer's start to its cancel (the decision).
+    approval_wait_ms: float | None = None
     run_ms: float | None = None
     after_end_ms: float | None = None
     # The workflow tasks of the request's own run, and its share of its thread workflow's.
@@ -1101,7 +1103,14 @@ def _threads_scenario(threads: Threads, scenario: str) -> list[str]:
         f"message {fmt(threads.median(scenario, THREAD, 'to_accepted_ms'))} ms, to the child's start initiated "
         f"{fmt(threads.median(scenario, THREAD, 'accepted_to_initiated_ms'))} ms, to the child's first event "
         f"{fmt(threads.median(scenario, THREAD, 'initiated_to_start_ms'))} ms. "
-        f"Workflow tasks per request: a message {tasks(THREAD)} of its thread's, a "
+        + (
+            f"The write's approval wait in the run (its timer's start to its cancel): a message "
+            f"{fmt(threads.median(scenario, THREAD, 'approval_wait_ms'))} ms, a single request "
+            f"{fmt(threads.median(scenario, SINGLE, 'approval_wait_ms'))} ms. "
+            if scenario == WRITE
+            else ""
+        )
+        + f"Workflow tasks per request: a message {tasks(THREAD)} of its thread's, a "
         f"single request {fmt(threads.median(scenario, SINGLE, 'request_workflow_tasks'))}.",
         "",
         "By position in the chain (medians of the rounds): a message's input holds the earlier messages "

@@ -243,6 +243,13 @@ async def _measure(bench: Bench, key: str, scenario: Scenario, mode: str, number
         to_start_ms=_median_ms([h.started_at - s.sent_at for s, h in timed_runs if h.started_at]),
         run_ms=_median_ms([h.closed_at - h.started_at for s, h in timed_runs if h.closed_at and h.started_at]),
         after_end_ms=_median_ms([s.done_at - h.closed_at for s, h in timed_runs if h.closed_at]),
+        approval_wait_ms=_median_ms(
+            [
+                h.first_timer_canceled_at - h.first_timer_at
+                for _, h in timed_runs
+                if h.first_timer_canceled_at and h.first_timer_at
+            ]
+        ),
         to_accepted_ms=_median_ms([step[0] for step in steps if step is not None]),
         accepted_to_initiated_ms=_median_ms([step[1] for step in steps if step is not None]),
         initiated_to_start_ms=_median_ms([step[2] for step in steps if step is not None]),
