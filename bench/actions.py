@@ -2,7 +2,9 @@
 documents (docs.temporal.io/cloud/actions): the workflow's start, each timer started, each search-attribute
 upsert, each signal, each update the worker accepted, each activity attempt (the started event's attempt number
 counts the retries before it), and each local activity's marker. Queries reach the worker without entering
-history; neither stack's client asks one while a request runs."""
+history; neither stack's client asks one while a request runs. A child workflow's start is one action ("Workflow
+started ... via client start, Continue-As-New, Child Workflow start"), counted once: in the child's own history
+(its WorkflowExecutionStarted), not again as the parent's StartChildWorkflowExecutionInitiated."""
 
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ _ONE_EACH = frozenset(
         EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES,
         EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED,
         EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED,
-        EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED,
         EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED,
     }
 )

@@ -30,7 +30,8 @@ class Report(BaseModel):
 
 
 class BenchModel:
-    """Turn N of a benchmark request: the calls `bench.scenarios` gives, then the answer."""
+    """Turn N of a benchmark request: the calls `bench.scenarios` gives, then the answer. A thread's message is
+    shown the earlier messages first; it plays its own question, the last user message."""
 
     needs_conversation = True
     # Canned answers: a worker serves it only with scripted models allowed (the benchmark's worker is so).
@@ -40,9 +41,13 @@ class BenchModel:
         return BENCH_MODEL
 
     async def respond(self, request: toolloop.ModelRequest) -> list[toolloop.ConversationItem]:
-        first = request.conversation[0]
-        assert isinstance(first, toolloop.MessageItem)
-        calls = calls_for_turn(scenario_of(first.text()), request.turn)
+        # The request's own question: the last user message (a thread's message is shown the earlier ones first).
+        asked = next(
+            item
+            for item in reversed(request.conversation)
+            if isinstance(item, toolloop.MessageItem) and item.role == "user"
+        )
+        calls = calls_for_turn(scenario_of(asked.text()), request.turn)
         if calls is None:
             return [toolloop.MessageItem(content=[{"type": "output_text", "text": ANSWER}])]
         return [

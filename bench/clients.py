@@ -36,6 +36,7 @@ from bench.scenarios import (
 from demo.bizservice.writes import AUDIENCE as DEMO_AUDIENCE
 from toolloop import testing
 from toolloop._core.contracts import Actor, AgentResult, ApprovalRequest, Limits, ModelSpec
+from toolloop._core.names import SEND_MESSAGE_UPDATE as SEND_MESSAGE
 from toolloop._temporal.client import ToolloopClient, ToolloopRequest
 from toolloop._temporal.following import changes
 
@@ -75,6 +76,18 @@ class History:
     # Temporal Cloud's billable actions the history shows (bench/actions.py), and its timers started.
     actions: int = 0
     timers: int = 0
+    # Workflow tasks completed, and the bytes of each event type (the threads phase says where bytes go).
+    workflow_tasks: int = 0
+    bytes_by_type: Counter[str] = field(default_factory=Counter)
+    # Unix times of the first and the last event (the run's start and, once closed, its end).
+    started_at: float | None = None
+    closed_at: float | None = None
+    # A thread's workflow: when each send_message Update was accepted, in order, and per child workflow id when
+    # its start was initiated.
+    sends_accepted_at: list[float] = field(default_factory=list)
+    # Unix time of the first TimerCanceled event ((a)'s approval wait ended by the decision).
+    first_timer_canceled_at: float | None = None
+    child_initiated_at: dict[str, float] = field(default_factory=dict)
 
 
 class Stack(Protocol):
@@ -383,15 +396,29 @@ async def history_of(client: Client, workflow_id: str) -> History:
     history = History(events=0, bytes=0)
     activity_types: dict[int, str] = {}
     async for event in handle.fetch_history_events():
+        size = event.ByteSize()
         history.events += 1
-        history.bytes += event.ByteSize()
+        history.bytes += size
         history.actions += actions_of(event)
         kind = event.event_type
+        history.bytes_by_type[EventType.Name(kind)] += size
+        at = event.event_time.ToNanoseconds() / 1e9
+        history.started_at = at if history.started_at is None else history.started_at
+        history.closed_at = at
+        if kind == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            history.workflow_tasks += 1
         if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             activity_types[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
         elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             scheduled = event.activity_task_completed_event_attributes.scheduled_event_id
             history.completed_activities[activity_types.get(scheduled, "?")] += 1
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            if event.workflow_execution_update_accepted_event_attributes.accepted_request.input.name == SEND_MESSAGE:
+                history.sends_accepted_at.append(at)
+        elif kind == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
+            history.child_initiated_at[event.start_child_workflow_execution_initiated_event_attributes.workflow_id] = at
+        elif kind == EventType.EVENT_TYPE_TIMER_CANCELED:
+            history.first_timer_canceled_at = history.first_timer_canceled_at or at
         elif kind == EventType.EVENT_TYPE_TIMER_STARTED:
             history.timers += 1
             if history.first_timer_at is None:

@@ -54,6 +54,7 @@ from bench.report import (
 from bench.scenarios import ANSWER, CALENDAR, Scenario, content_bytes
 from bench.stack import BenchStack, effects, reset_service, slow_write_rule, write_in_flight
 from bench.streaming import streaming
+from bench.threads import threads
 from toolloop._core.contracts import AgentResult
 from toolloop._core.names import AGENT_WORKFLOW
 from toolloop._temporal.results import request_result
@@ -508,4 +509,5 @@ PHASES: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "scale": scale,
     "recovery": recovery,
     "streaming": streaming,
+    "threads": threads,
 }

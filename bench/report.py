@@ -43,6 +43,12 @@ class Sizes:
     scale: tuple[int, ...] = (1000, 5000)
     scale_start_concurrency: int = 200
     handoff: int = 20
+    # The threads phase: chains of this many messages (a thread) or single requests (the same work); this many
+    # chains at once for CPU and history (the positions in step), fewer, started spacing_s apart, for latency.
+    thread_messages: int = 5
+    thread_chains: int = 20
+    thread_latency_chains: int = 4
+    thread_warmup_chains: int = 1
 
 
 QUICK = Sizes(
@@ -58,6 +64,10 @@ QUICK = Sizes(
     scale=(20,),
     scale_start_concurrency=20,
     handoff=3,
+    thread_messages=2,
+    thread_chains=3,
+    thread_latency_chains=1,
+    thread_warmup_chains=0,
 )
 
 
@@ -233,6 +243,114 @@ class Streaming:
         return _median(ratios)
 
 
+# The threads phase's two modes (bench/threads.py): messages of threads, and single requests of the same work.
+THREAD, SINGLE = "thread", "single"
+THREAD_MODES = (THREAD, SINGLE)
+MODE_LABELS = {THREAD: "a message in a thread", SINGLE: "a single request"}
+
+
+@dataclass
+class ThreadsPosition:
+    """The figures of the messages (or requests) at one position of their chains (1: the first)."""
+
+    position: int
+    # Median latency (ms) in the latency pass, and with every chain at once (the loaded pass).
+    latency_ms: float | None
+    loaded_latency_ms: float | None
+    # Worker CPU per request (ms) over this position's window of the loaded pass.
+    worker_ms: float | None
+    # The request's own history (bytes), and its first event (the input: a message's holds the thread's context).
+    request_history_bytes: float | None
+    input_bytes: float | None
+
+
+@dataclass
+class ThreadsRun:
+    """One mode of one scenario in one round. Per request: a thread's own workflow is shared by its messages."""
+
+    mode: str
+    scenario: str
+    requests: int
+    errors: int
+    latency: Latency | None
+    loaded_latency: Latency | None
+    worker_ms: float | None
+    server_ms: float | None
+    client_ms: float | None
+    # The request's own history, the thread workflow's bytes divided by its messages (0 for a single request),
+    # and their sum: what a message costs.
+    request_history_bytes: float | None
+    thread_history_bytes: float
+    history_bytes: float | None
+    history_events: float | None
+    workflow_tasks: float | None
+    actions: float | None
+    # A message's client steps (None for a single request): the send_message Update (with the thread's start
+    # for the first), and the wait for the message's request to start (the message_started Update).
+    send_ms: float | None = None
+    start_wait_ms: float | None = None
+    # Where a request's latency goes (the latency pass, medians; server times against the client's clock on
+    # the same machine): from the send to its workflow's start, its run, and from its end to the client.
+    to_start_ms: float | None = None
+    # A message's time to its request's start, in steps: from the send to the thread accepting the message (its
+    # Update accepted), from there to the child's start initiated, and from there to the child's first event.
+    to_accepted_ms: float | None = None
+    accepted_to_initiated_ms: float | None = None
+    initiated_to_start_ms: float | None = None
+    # A write's approval wait in its request's run: from its timer's start to its cancel (the decision).
+    approval_wait_ms: float | None = None
+    run_ms: float | None = None
+    after_end_ms: float | None = None
+    # The workflow tasks of the request's own run, and its share of its thread workflow's.
+    request_workflow_tasks: float | None = None
+    thread_workflow_tasks: float = 0.0
+    positions: list[ThreadsPosition] = field(default_factory=list)
+    # Bytes per request by history event type: the request's own, and the thread workflow's share.
+    request_bytes_by_event: dict[str, float] = field(default_factory=dict)
+    thread_bytes_by_event: dict[str, float] = field(default_factory=dict)
+    other_load_cores: float | None = None
+
+
+def threads_value(run: ThreadsRun | None, what: str) -> float | None:
+    if run is None:
+        return None
+    if what == "latency":
+        return run.latency.median_ms if run.latency else None
+    if what == "loaded_latency":
+        return run.loaded_latency.median_ms if run.loaded_latency else None
+    value = getattr(run, what)
+    return float(value) if value is not None else None
+
+
+@dataclass
+class Threads:
+    messages: int = 0
+    # Every round: per scenario, per mode.
+    rounds: list[dict[str, dict[str, ThreadsRun]]] = field(default_factory=list)
+
+    def scenarios(self) -> list[str]:
+        return [key for key in (WRITE, READS) if any(key in r for r in self.rounds)]
+
+    def runs(self, scenario: str, mode: str) -> list[ThreadsRun]:
+        return [r[scenario][mode] for r in self.rounds if mode in r.get(scenario, {})]
+
+    def round_ratios(self, scenario: str, what: str) -> list[float]:
+        """A message against a single request, in each round that measured both."""
+        out = []
+        for measured in self.rounds:
+            runs = measured.get(scenario, {})
+            value = ratio(threads_value(runs.get(THREAD), what), threads_value(runs.get(SINGLE), what))
+            if value is not None:
+                out.append(value)
+        return out
+
+    def median_ratio(self, scenario: str, what: str) -> float | None:
+        return _median(self.round_ratios(scenario, what))
+
+    def median(self, scenario: str, mode: str, what: str) -> float | None:
+        return _median(threads_value(r, what) for r in self.runs(scenario, mode))
+
+
 Comparison = Literal["max", "min", "eq"]
 
 
@@ -270,6 +388,7 @@ class Results:
     recovery: list[Recovery] = field(default_factory=list)
     handoff: Handoff | None = None
     streaming: Streaming | None = None
+    threads: Threads | None = None
     # Anything that broke (a request that failed outside the scale phase, a recovery with != 1 effect).
     problems: list[str] = field(default_factory=list)
 
@@ -385,6 +504,20 @@ _MEASURE_NAMES = {
 }
 
 
+# Issue 26: a message in a thread costs at most 1.1x a single request of the same work.
+_THREADS_TARGETS = [("latency", 1.1), ("worker_ms", 1.1), ("history_bytes", 1.1)]
+_THREADS_NAMES = {
+    "latency": "median latency",
+    "loaded_latency": "median latency, every chain at once",
+    "worker_ms": "worker CPU per request",
+    "server_ms": "server CPU per request",
+    "client_ms": "client CPU per request",
+    "history_bytes": "history per request",
+    "workflow_tasks": "workflow tasks per request",
+    "actions": "billable actions per request",
+}
+
+
 def targets(results: Results) -> list[Target]:
     """Every target of the issue with the measured value: a ratio of (a) against the floor (b) unless the
     unit says otherwise. A figure that was not measured (a phase left out) is None: neither met nor not."""
@@ -429,6 +562,13 @@ def targets(results: Results) -> list[Target]:
         ):
             measured = results.streaming.median_ratio(what)
             out.append(Target("streaming", name, measured, limit, "max", "x"))
+    if results.threads is not None:
+        for scenario in results.threads.scenarios():
+            area = f"threads, {SCENARIO_LABELS[scenario].split(' (')[0]}"
+            for what, limit in _THREADS_TARGETS:
+                measured = results.threads.median_ratio(scenario, what)
+                name = f"{_THREADS_NAMES[what]}: a message vs a single request"
+                out.append(Target(area, name, measured, limit, "max", "x"))
     if results.handoff is not None:
         spaced = results.handoff.spaced
         measured = spaced.p95_ms if spaced else None
@@ -452,6 +592,17 @@ def to_json(results: Results) -> dict[str, Any]:
         scenario: {what: _round_ratios(results, scenario, what) for what in _MEASURE_NAMES}
         for scenario in results.stack_rounds
     }
+    if results.threads is not None:
+        doc["threads_ratios"] = {
+            scenario: {
+                what: {
+                    "median": results.threads.median_ratio(scenario, what),
+                    "rounds": results.threads.round_ratios(scenario, what),
+                }
+                for what in _THREADS_NAMES
+            }
+            for scenario in results.threads.scenarios()
+        }
     doc["targets"] = [asdict(t) for t in targets(results)]
     return doc
 
@@ -834,6 +985,9 @@ def render_markdown(results: Results, plots: Sequence[str] = ()) -> str:
         )
         lines.append("")
 
+    if results.threads is not None and results.threads.rounds:
+        lines += _threads_section(results.threads, meta.get("sizes", {}))
+
     found = targets(results)
     if found:
         lines += ["## Targets", ""]
@@ -843,3 +997,205 @@ def render_markdown(results: Results, plots: Sequence[str] = ()) -> str:
         )
         lines.append("")
     return "\n".join(lines)
+
+
+def _threads_section(threads: Threads, sizes: Mapping[str, Any]) -> list[str]:
+    n = threads.messages
+    lines = [
+        "## Threads",
+        "",
+        f"(a) threads of {n} messages, each message the scenario's request with its own write; (b) chains of {n} "
+        "single requests of the same work, one after another; the same worker and business service, the mode "
+        "order reversed every other round. Latency: from the send to the report, at the client, "
+        f"{sizes.get('thread_latency_chains', '?')} chains started {sizes.get('spacing_s', '?')} s apart "
+        f"(after {sizes.get('thread_warmup_chains', '?')} warm-up chain); CPU, history and actions: "
+        f"{sizes.get('thread_chains', '?')} chains at once, every chain's message k sent together (one CPU window "
+        "per position). A message's history is its request's history plus its thread workflow's history divided "
+        f"by the thread's {n} messages. Each figure is the median of the rounds; each ratio the median of the "
+        "rounds' ratios.",
+        "",
+    ]
+    for scenario in threads.scenarios():
+        lines += _threads_scenario(threads, scenario)
+    return lines
+
+
+_THREADS_COLUMNS = ["latency", "loaded_latency", "worker_ms", "server_ms", "client_ms"]
+
+
+def _threads_scenario(threads: Threads, scenario: str) -> list[str]:
+    n = threads.messages
+    columns = _THREADS_COLUMNS
+    lines = [f"### {SCENARIO_LABELS.get(scenario, scenario)}", ""]
+    rows = []
+    for mode in THREAD_MODES:
+        med = {what: threads.median(scenario, mode, what) for what in _THREADS_NAMES}
+        rows.append(
+            [
+                MODE_LABELS[mode],
+                *(fmt(med[what]) for what in columns),
+                fmt(_kib(threads.median(scenario, mode, "request_history_bytes")), 2),
+                fmt(_kib(threads.median(scenario, mode, "thread_history_bytes")), 2),
+                fmt(_kib(med["history_bytes"]), 2),
+                fmt(threads.median(scenario, mode, "history_events")),
+                fmt(med["workflow_tasks"]),
+                fmt(med["actions"]),
+                str(sum(r.errors for r in threads.runs(scenario, mode))),
+                fmt(threads.median(scenario, mode, "other_load_cores"), 2),
+            ]
+        )
+    rows.append(
+        [
+            "**message / request**",
+            *(fmt_ratio(threads.median_ratio(scenario, what)) for what in columns),
+            fmt_ratio(threads.median_ratio(scenario, "request_history_bytes")),
+            "",
+            fmt_ratio(threads.median_ratio(scenario, "history_bytes")),
+            fmt_ratio(threads.median_ratio(scenario, "history_events")),
+            fmt_ratio(threads.median_ratio(scenario, "workflow_tasks")),
+            fmt_ratio(threads.median_ratio(scenario, "actions")),
+            "",
+            "",
+        ]
+    )
+    lines += _table(
+        [
+            "",
+            "median ms",
+            "median ms, all at once",
+            "worker CPU ms/req",
+            "server CPU ms/req",
+            "client CPU ms/req",
+            "request's history KiB",
+            "thread's share KiB",
+            "history KiB/req",
+            "events/req",
+            "workflow tasks/req",
+            "actions/req",
+            "errors",
+            "other load (cores)",
+        ],
+        rows,
+    )
+    lines += ["", "The rounds' ratios (message / request):", ""]
+    lines += [
+        f"- {_THREADS_NAMES[what]}: " + ", ".join(fmt_ratio(v) for v in threads.round_ratios(scenario, what))
+        for what in _THREADS_NAMES
+    ]
+    send = threads.median(scenario, THREAD, "send_ms")
+    wait = threads.median(scenario, THREAD, "start_wait_ms")
+
+    def split(mode: str) -> str:
+        parts = [threads.median(scenario, mode, w) for w in ("to_start_ms", "run_ms", "after_end_ms")]
+        return " + ".join(f"{fmt(v)} ms" for v in parts)
+
+    def tasks(mode: str) -> str:
+        own = threads.median(scenario, mode, "request_workflow_tasks")
+        return f"{fmt(own)} of its request and {fmt(threads.median(scenario, mode, 'thread_workflow_tasks'))}"
+
+    lines += [
+        "",
+        f"A message's client steps before it follows its request (median): the send (the send_message Update) "
+        f"{fmt(send)} ms, the wait for its request's start (the message_started Update) {fmt(wait)} ms. "
+        "Latency split into the time from the send to the request's workflow start, its run (first to last "
+        f"event) and from its end to the client having the report: a message {split(THREAD)}, a single "
+        f"request {split(SINGLE)}. A message's time to its request's start in steps: to the thread accepting the "
+        f"message {fmt(threads.median(scenario, THREAD, 'to_accepted_ms'))} ms, to the child's start initiated "
+        f"{fmt(threads.median(scenario, THREAD, 'accepted_to_initiated_ms'))} ms, to the child's first event "
+        f"{fmt(threads.median(scenario, THREAD, 'initiated_to_start_ms'))} ms. "
+        + (
+            f"The write's approval wait in the run (its timer's start to its cancel): a message "
+            f"{fmt(threads.median(scenario, THREAD, 'approval_wait_ms'))} ms, a single request "
+            f"{fmt(threads.median(scenario, SINGLE, 'approval_wait_ms'))} ms. "
+            if scenario == WRITE
+            else ""
+        )
+        + f"Workflow tasks per request: a message {tasks(THREAD)} of its thread's, a "
+        f"single request {fmt(threads.median(scenario, SINGLE, 'request_workflow_tasks'))}.",
+        "",
+        "By position in the chain (medians of the rounds): a message's input holds the earlier messages "
+        "(bounded by Limits.thread_turns).",
+        "",
+    ]
+    position_rows = []
+    for k in range(1, n + 1):
+
+        def at(mode: str, what: str, k: int = k) -> float | None:
+            values = [r.positions[k - 1] for r in threads.runs(scenario, mode) if len(r.positions) >= k]
+            return _median(getattr(p, what) for p in values)
+
+        position_rows.append(
+            [
+                str(k),
+                fmt(at(THREAD, "latency_ms")),
+                fmt(at(SINGLE, "latency_ms")),
+                fmt(at(THREAD, "loaded_latency_ms")),
+                fmt(at(SINGLE, "loaded_latency_ms")),
+                fmt(at(THREAD, "worker_ms")),
+                fmt(at(SINGLE, "worker_ms")),
+                fmt(_kib(at(THREAD, "request_history_bytes")), 2),
+                fmt(_kib(at(SINGLE, "request_history_bytes")), 2),
+                fmt(_kib(at(THREAD, "input_bytes")), 2),
+                fmt(_kib(at(SINGLE, "input_bytes")), 2),
+            ]
+        )
+    lines += _table(
+        [
+            "position",
+            "message ms",
+            "request ms",
+            "message ms, all at once",
+            "request ms, all at once",
+            "message worker CPU ms",
+            "request worker CPU ms",
+            "message's request history KiB",
+            "request history KiB",
+            "message input KiB",
+            "request input KiB",
+        ],
+        position_rows,
+    )
+    lines += ["", "Where the bytes are (KiB per request, by history event type; medians of the rounds):", ""]
+    kinds: dict[str, None] = {}
+    for mode in THREAD_MODES:
+        for r in threads.runs(scenario, mode):
+            kinds.update(dict.fromkeys(r.request_bytes_by_event))
+            kinds.update(dict.fromkeys(r.thread_bytes_by_event))
+
+    def by_event(mode: str, kind: str, own: bool) -> float | None:
+        runs = threads.runs(scenario, mode)
+        return _median((r.request_bytes_by_event if own else r.thread_bytes_by_event).get(kind, 0.0) for r in runs)
+
+    event_rows = []
+    for kind in sorted(kinds, key=lambda k: -abs(_event_difference(threads, scenario, k))):
+        single = by_event(SINGLE, kind, True)
+        own = by_event(THREAD, kind, True)
+        share = by_event(THREAD, kind, False)
+        difference = (own or 0.0) + (share or 0.0) - (single or 0.0)
+        event_rows.append(
+            [
+                kind.removeprefix("EVENT_TYPE_"),
+                fmt(_kib(single), 2),
+                fmt(_kib(own), 2),
+                fmt(_kib(share), 2),
+                f"{difference / 1024:+,.2f}",
+            ]
+        )
+    lines += _table(
+        ["event type", "single request", "message's request", "thread's share", "message - request"],
+        event_rows,
+    )
+    lines.append("")
+    return lines
+
+
+def _event_difference(threads: Threads, scenario: str, kind: str) -> float:
+    """A message's bytes of one event type (its request's and its thread's share) less a single request's."""
+
+    def median(mode: str, own: bool) -> float:
+        runs = threads.runs(scenario, mode)
+        return (
+            _median((r.request_bytes_by_event if own else r.thread_bytes_by_event).get(kind, 0.0) for r in runs) or 0.0
+        )
+
+    return median(THREAD, True) + median(THREAD, False) - median(SINGLE, True)

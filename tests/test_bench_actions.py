@@ -54,3 +54,15 @@ def test_an_activity_that_started_once_is_one_action() -> None:
         activity_task_started_event_attributes=ActivityTaskStartedEventAttributes(attempt=1),
     )
     assert billable_actions([started, started]) == 2
+
+
+def test_a_child_workflows_start_is_one_action_counted_in_the_childs_history() -> None:
+    e = EventType
+    parent = [
+        _event(e.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED),  # 1: the parent's own start
+        _event(e.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED),  # the child's start, counted in the child
+        _event(e.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED),
+        _event(e.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED),
+    ]
+    child = [_event(e.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED)]  # 1
+    assert billable_actions(parent) + billable_actions(child) == 2

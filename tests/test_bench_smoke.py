@@ -17,6 +17,8 @@ from bench.report import (
     OURS,
     PLAIN,
     READS,
+    SINGLE,
+    THREAD,
     WRITE,
     Cpu,
     GrowthPoint,
@@ -27,6 +29,9 @@ from bench.report import (
     Results,
     ScaleRun,
     StackRun,
+    Threads,
+    ThreadsPosition,
+    ThreadsRun,
     add_round,
     latency_of,
     percentile,
@@ -93,7 +98,45 @@ def _results() -> Results:
     ]
     results.recovery = [Recovery(OURS, "op_1", True, "verified", 0.5, 1.5, 9.0, 10.5, effects=1)]
     results.handoff = Handoff(spaced=latency_of([0.005, 0.010, 0.030]))
+    results.threads = _threads()
     return results
+
+
+def _thread_run(mode: str, *, median: float, cpu: float, own: float, share: float) -> ThreadsRun:
+    positions = [ThreadsPosition(k, median, median * 2, cpu, own, 1000.0 * k) for k in (1, 2)]
+    return ThreadsRun(
+        mode=mode,
+        scenario=WRITE,
+        requests=10,
+        errors=0,
+        latency=Latency(median_ms=median, p95_ms=median, max_ms=median, samples=4),
+        loaded_latency=Latency(median_ms=2 * median, p95_ms=2 * median, max_ms=2 * median, samples=10),
+        worker_ms=cpu,
+        server_ms=50,
+        client_ms=5,
+        request_history_bytes=own,
+        thread_history_bytes=share,
+        history_bytes=own + share,
+        history_events=40,
+        workflow_tasks=9,
+        actions=12,
+        positions=positions,
+        request_bytes_by_event={"EVENT_TYPE_WORKFLOW_EXECUTION_STARTED": 1000.0},
+        thread_bytes_by_event={"EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED": share} if share else {},
+    )
+
+
+def _threads() -> Threads:
+    # Round 2 is perturbed for the thread alone: the median of the rounds' ratios decides.
+    rounds = [
+        (_thread_run(THREAD, median=105, cpu=120, own=11_000, share=3_000),
+         _thread_run(SINGLE, median=100, cpu=100, own=10_000, share=0)),
+        (_thread_run(THREAD, median=300, cpu=300, own=11_000, share=3_000),
+         _thread_run(SINGLE, median=100, cpu=100, own=10_000, share=0)),
+        (_thread_run(THREAD, median=100, cpu=100, own=10_500, share=500),
+         _thread_run(SINGLE, median=100, cpu=100, own=10_000, share=0)),
+    ]  # fmt: skip
+    return Threads(messages=2, rounds=[{WRITE: {THREAD: t, SINGLE: s}} for t, s in rounds])
 
 
 def test_percentile_interpolates_between_ranks() -> None:
@@ -134,6 +177,14 @@ def test_targets_compare_ours_with_the_floor_and_say_met_or_not() -> None:
     assert found[("recovery", "effects after a SIGKILL mid-write")].met is True
     handoff = found[("approval hand-off", "p95 from the wait's start to the client knowing")]
     assert handoff.met is False  # p95 of 5, 10, 30 ms is 28 ms
+    threads = {name: t for (area, name), t in found.items() if area == "threads, write request"}
+    assert threads["median latency: a message vs a single request"].measured == pytest.approx(1.05)
+    assert threads["median latency: a message vs a single request"].met is True  # of 1.05, 3.0, 1.0
+    cpu_threads = threads["worker CPU per request: a message vs a single request"]
+    assert cpu_threads.measured == pytest.approx(1.2) and cpu_threads.met is False
+    history_threads = threads["history per request: a message vs a single request"]
+    assert history_threads.measured == pytest.approx(1.4) and history_threads.met is False  # 14,000 / 10,000
+    assert not any(area == "threads, reads only" for area, _ in found)  # not measured: no target
 
 
 def test_repeated_rounds_are_judged_by_the_median_of_their_ratios() -> None:
@@ -171,14 +222,17 @@ def test_report_has_every_section_and_the_json_every_figure() -> None:
     results = _results()
     text = render_markdown(results, plots=["growth.png", "latency.png"])
     for heading in ("## Per stack", "## Parallel reads", "## Growth with rounds", "## Scale", "## Recovery",
-                    "## Approval hand-off", "## Targets", "![growth](growth.png)"):  # fmt: skip
+                    "## Approval hand-off", "## Threads", "## Targets", "![growth](growth.png)"):  # fmt: skip
         assert heading in text
+    assert "| **message / request** | 1.05x |" in text
+    assert "| START_CHILD_WORKFLOW_EXECUTION_INITIATED | 0.00 | 0.00 | 2.93 | +2.93 |" in text
     assert "| **(a) / (b)** | 0.90x |" in text
     assert "**not met**" in text
     doc = json.loads(json.dumps(to_json(results)))
     assert doc["ratios_vs_floor"][WRITE]["history"] == pytest.approx(1.2)
     assert doc["growth"][1]["ratio_to_content"][OURS] == pytest.approx(1.3)
     assert doc["scale"][0]["mib_per_open_request"] == pytest.approx(0.05)
+    assert doc["threads_ratios"][WRITE]["history_bytes"]["rounds"] == pytest.approx([1.4, 1.4, 1.1])
 
 
 def test_scenarios_describe_the_same_calls_for_every_stack() -> None:
@@ -239,8 +293,23 @@ def test_quick_benchmark_runs_every_phase_and_writes_its_results(tmp_path: Path)
     assert len(streaming) == 2
     assert all(r["worker_ms"][m] > 0 and r["history_bytes"][m] > 0 for r in streaming for m in ("streamed", "plain"))
     assert all(r["requests"] == {"streamed": 6, "plain": 6} for r in streaming)
+    # Messages in threads against single requests of the same work: each round both modes of both scenarios,
+    # every request answered, a thread's share of history counted, every position measured.
+    threads = doc["threads"]
+    assert threads["messages"] == 2 and len(threads["rounds"]) == 2
+    for measured in threads["rounds"]:
+        for scenario in (WRITE, READS):
+            thread, single = measured[scenario][THREAD], measured[scenario][SINGLE]
+            for run in (thread, single):
+                assert run["errors"] == 0 and run["requests"] == 6
+                assert run["latency"]["median_ms"] > 0 and run["worker_ms"] > 0 and run["actions"] > 0
+                assert [p["position"] for p in run["positions"]] == [1, 2]
+                assert all(p["request_history_bytes"] > 0 and p["worker_ms"] > 0 for p in run["positions"])
+            assert thread["thread_history_bytes"] > 0 and single["thread_history_bytes"] == 0
+            assert thread["history_bytes"] > thread["request_history_bytes"] > 0
+            assert thread["send_ms"] > 0 and thread["start_wait_ms"] > 0 and single["send_ms"] is None
     assert doc["targets"] and all(t["measured"] is not None and t["met"] in (True, False) for t in doc["targets"])
     assert _numbers(doc) and all(n == n for n in _numbers(doc))  # numbers, no NaN
     report = (tmp_path / "latest.md").read_text()
-    assert "## Targets" in report and ("met" in report)
+    assert "## Targets" in report and ("met" in report) and "## Threads" in report
     assert {p.name for p in tmp_path.glob("*.png")} == {"growth.png", "latency.png", "parallel_reads.png", "scale.png"}
