@@ -114,7 +114,7 @@ class Chain:
                 scenario.request_text(), request_id=request_id, model=ours.model, limits=limits_for(scenario)
             )
             sent = time.perf_counter()
-            request = await self.thread.request(accepted.request_id)
+            request = await self.thread.request(accepted)
             begun = time.perf_counter()
             if scenario.write:
                 helper = asyncio.create_task(request.decide_each(_approve_at_once([])))
