@@ -286,7 +286,7 @@ class ThreadsRun:
     workflow_tasks: float | None
     actions: float | None
     # A message's client steps (None for a single request): the send_message Update (with the thread's start
-    # for the first), and the wait for the message's request to start (the message_started Update).
+    # for the first), and the wait for the message's request to start (following the thread, for a queued message).
     send_ms: float | None = None
     start_wait_ms: float | None = None
     # Where a request's latency goes (the latency pass, medians; server times against the client's clock on
@@ -1096,7 +1096,7 @@ def _threads_scenario(threads: Threads, scenario: str) -> list[str]:
     lines += [
         "",
         f"A message's client steps before it follows its request (median): the send (the send_message Update) "
-        f"{fmt(send)} ms, the wait for its request's start (the message_started Update) {fmt(wait)} ms. "
+        f"{fmt(send)} ms, the wait for its request's start (following the thread if queued) {fmt(wait)} ms. "
         "Latency split into the time from the send to the request's workflow start, its run (first to last "
         f"event) and from its end to the client having the report: a message {split(THREAD)}, a single "
         f"request {split(SINGLE)}. A message's time to its request's start in steps: to the thread accepting the "
