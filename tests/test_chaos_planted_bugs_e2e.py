@@ -84,8 +84,8 @@ BUGS = (
     Bug(
         "thread-unknown-shown-done",
         "toolloop/_core/threads.py",
-        "                state=op.state,\n",
-        '                state="verified" if op.state == "unknown" else op.state,\n',
+        "        state=state,\n",
+        '        state="verified" if state == "unknown" else state,\n',
         "thread-unknown-reproposed",
         "writes shown done, not verified",
     ),
@@ -112,18 +112,23 @@ def planted_copy(root: Path, bug: Bug) -> Path:
 @pytest.mark.parametrize("bug", BUGS, ids=[b.name for b in BUGS])
 def test_a_planted_bug_fails_the_chaos_run_and_is_named_under_what_broke(tmp_path: Path, bug: Bug) -> None:
     root = planted_copy(tmp_path / "planted", bug)
-    out = tmp_path / "results"
-    done = subprocess.run(
-        [sys.executable, str(root / "starter.py"), "chaos", "--scenarios", bug.scenario, "--out", str(out)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 1, done.stderr
-    results = json.loads((out / "chaos.json").read_text())
-    assert results["headline"][bug.figure] == 1, results["headline"]
+    for attempt in range(2):
+        out = tmp_path / f"results-{attempt}"
+        done = subprocess.run(
+            [sys.executable, str(root / "starter.py"), "chaos", "--scenarios", bug.scenario, "--out", str(out)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert done.returncode == 1, done.stderr
+        results = json.loads((out / "chaos.json").read_text())
+        # A run that never reached the moment its scenario plans a fault for (a machine too busy for the
+        # approval to be seen in time) judges nothing: it is run once more, never passed.
+        if results["headline"]["fault points"] > 0:
+            break
+    assert results["headline"][bug.figure] == 1, (results["headline"], done.stderr)
     [run] = results["runs"]
     assert run["ok"] is False
     # What broke comes before the figures, on the terminal and in the report.
