@@ -141,6 +141,13 @@
     return String(error && error.message ? error.message : error);
   }
 
+  // An event stream (a request's or a thread's), resumed after `lastEventId` when there is one.
+  function fetchEvents(path, lastEventId, signal) {
+    const headers = { Accept: "text/event-stream", Authorization: `Bearer ${token}` };
+    if (lastEventId) headers["Last-Event-ID"] = lastEventId;
+    return fetch(path, { headers, signal, cache: "no-store", credentials: "omit" });
+  }
+
   async function api(path, { method = "GET", body, headers = {}, signal, quiet401 = false } = {}) {
     const mine = session;
     const sent = { Accept: "application/json", Authorization: `Bearer ${token}`, ...headers };
@@ -923,14 +930,7 @@
         let received = 0;
         let problem = null;
         try {
-          const headers = { Accept: "text/event-stream", Authorization: `Bearer ${token}` };
-          if (req.lastEventId) headers["Last-Event-ID"] = req.lastEventId;
-          const response = await fetch(`${requestPath(req.id)}/events`, {
-            headers,
-            signal: controller.signal,
-            cache: "no-store",
-            credentials: "omit",
-          });
+          const response = await fetchEvents(`${requestPath(req.id)}/events`, req.lastEventId, controller.signal);
           if (response.status === 401) {
             signedOut("Your token is no longer accepted: log in again.");
             return;
@@ -1180,14 +1180,7 @@
       while (thread === t && t.session === session && !controller.signal.aborted) {
         let received = 0;
         try {
-          const headers = { Accept: "text/event-stream", Authorization: `Bearer ${token}` };
-          if (t.lastEventId) headers["Last-Event-ID"] = t.lastEventId;
-          const response = await fetch(`${threadPath(t.id)}/events`, {
-            headers,
-            signal: controller.signal,
-            cache: "no-store",
-            credentials: "omit",
-          });
+          const response = await fetchEvents(`${threadPath(t.id)}/events`, t.lastEventId, controller.signal);
           if (response.status === 401) {
             signedOut("Your token is no longer accepted: log in again.");
             return;
