@@ -279,3 +279,32 @@ async def test_the_thread_stream_follows_the_conversation_and_resumes_exactly(
     assert [e async for e in read_until(http, path + "?until=idle", lambda _: False, view["last_event_id"])] == []
     bad = await http.get(path, headers={**U1, "Last-Event-ID": "12"})
     assert_problem(bad, 422, "INVALID_REQUEST")
+
+
+async def test_a_closed_threads_stream_ends_with_thread_closed_and_it_takes_no_more_messages(
+    http: httpx.AsyncClient, client: Client
+) -> None:
+    thread_id = new_id("t")
+    # The first message waits for an approval; its thread's workflow is then terminated by an operator.
+    first = await send(http, thread_id, REFUND_5, new_id("c"))
+    assert first.status_code == 201, first.text
+    await pending_operation(http, first.json()["request_id"], U1)
+    path = f"/v1/threads/{thread_id}/events?until=idle"
+    seen: list[ServerSentEvent] = []
+
+    async def follow() -> None:
+        async for event in read_until(http, path, lambda e: e.event == "error"):
+            seen.append(event)
+
+    following = asyncio.create_task(follow())
+
+    async def started() -> bool:
+        return any(e.event == "message_started" for e in seen)
+
+    await assert_eventually(started, what="the stream shows the first message running")
+    workflow_id = (await http.get(f"/v1/threads/{thread_id}", headers=U1)).json()["workflow_id"]
+    await client.get_workflow_handle(workflow_id).terminate("an operator closes the thread")
+    # The stream ends (never waits an hour for a message the thread will not record as finished).
+    await asyncio.wait_for(following, 60)
+    assert seen[-1].event == "error" and seen[-1].json()["code"] == "THREAD_CLOSED"
+    assert_problem(await send(http, thread_id, READ, new_id("c")), 409, "THREAD_CLOSED")

@@ -73,7 +73,6 @@ from toolloop._core.contracts import (
     OperationRecord,
     Outcome,
 )
-from toolloop._core.names import TENANT_SEARCH_ATTRIBUTE, THREAD_WORKFLOW, USER_SEARCH_ATTRIBUTE
 from toolloop._core.registry import TOOL_NAME
 from toolloop._core.request_naming import THREAD_ID
 from toolloop._core.threads import MessageRecord
@@ -97,6 +96,7 @@ from toolloop._temporal.requests import (
     list_query,
     readable_request_id,
     request_id_of,
+    thread_list_query,
 )
 from toolloop._temporal.search_attributes import OUTCOME_KEY, TENANT_KEY, THREAD_KEY, USER_KEY
 from toolloop._temporal.telemetry import API_DECISIONS, API_RESPONSES
@@ -887,12 +887,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
     ) -> ThreadPage:
         """The caller's threads, newest first."""
         token = page_tokens.read(actor, page_token) if page_token else None
-        # Running: a thread's workflow runs as long as the thread lives (its earlier runs continued as new).
-        query = (
-            f'WorkflowType = "{THREAD_WORKFLOW}" AND {TENANT_SEARCH_ATTRIBUTE} = "{actor.tenant_id}" '
-            f'AND {USER_SEARCH_ATTRIBUTE} = "{actor.user_id}" AND ExecutionStatus = "Running"'
-        )
-        listing = client.list_workflows(query, page_size=page_size, next_page_token=token)
+        listing = client.list_workflows(thread_list_query(actor), page_size=page_size, next_page_token=token)
         await listing.fetch_next_page()
         threads = [
             ThreadSummary(

@@ -181,6 +181,9 @@ async def thread_stream(
                     if now != seen:
                         seen = now
                         await inbox.put(("view", 0, now))
+            # The thread's workflow closed (terminated): nothing it shows will change again, so the stream ends
+            # rather than wait for a message that will never be recorded as finished.
+            await inbox.put(("error", 0, ("THREAD_CLOSED", "the thread has been closed; it takes no more messages")))
         except (RPCError, ThreadNotFound):
             await inbox.put(("error", 0, ("TEMPORAL_UNAVAILABLE", "the thread could not be read; retry")))
         except WorkflowQueryFailedError:

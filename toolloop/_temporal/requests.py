@@ -21,6 +21,7 @@ from toolloop._core.names import (
     AGENT_WORKFLOW,
     SEARCH_ATTRIBUTES,
     TENANT_SEARCH_ATTRIBUTE,
+    THREAD_WORKFLOW,
     USER_SEARCH_ATTRIBUTE,
 )
 from toolloop._core.request_naming import REQUEST_ID as REQUEST_ID  # the client side's name for it
@@ -124,6 +125,15 @@ async def acts_for(client: Client, handle: WorkflowHandle[Any, Any]) -> Actor | 
 def request_summary(actor: Actor, question: str) -> str:
     """The workflow's summary in the UI: who asked what (toolloop._core.request_naming)."""
     return naming.request_summary(actor.user_id, actor.tenant_id, question)
+
+
+def thread_list_query(actor: Actor) -> str:
+    """The visibility query of one user's threads (their workflows run as long as the thread lives; the earlier
+    runs of one continued as new)."""
+    return (
+        f'WorkflowType = "{THREAD_WORKFLOW}" AND {TENANT_SEARCH_ATTRIBUTE} = "{actor.tenant_id}" '
+        f'AND {USER_SEARCH_ATTRIBUTE} = "{actor.user_id}" AND ExecutionStatus = "Running"'
+    )
 
 
 def list_query(actor: Actor) -> str:

@@ -1191,7 +1191,8 @@
           await readEventStream(
             response.body,
             (event) => {
-              received += 1;
+              // An error event is no progress: a stream that keeps ending with one must not reconnect for ever.
+              if (event.type !== "error") received += 1;
               if (thread === t) applyThreadEvent(t, event);
             },
             () => {},
@@ -1223,9 +1224,15 @@
     $("thread-view").hidden = true;
   }
 
+  let pendingMessageKey = null; // reused when the same message is sent again after a failure: one message
+  let pendingMessage = null;
+
   async function openThread(id) {
     const errorNode = $("thread-error");
     showError(errorNode, "");
+    // A message's Idempotency-Key belongs to the thread it was typed in: never sent to another one.
+    pendingMessage = null;
+    pendingMessageKey = null;
     if (!THREAD_ID.test(id)) {
       showError(errorNode, "A thread id is 1-64 of A-Z a-z 0-9 _ . - (first a letter or digit).");
       $("thread-id").focus();
@@ -1273,8 +1280,6 @@
     $("message").focus();
   }
 
-  let pendingMessageKey = null; // reused when the same message is sent again after a failure: one message
-  let pendingMessage = null;
 
   async function sendMessage(event) {
     event.preventDefault();
