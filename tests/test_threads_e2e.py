@@ -353,14 +353,11 @@ async def test_a_thread_of_200_messages_keeps_working_with_bounded_history_and_m
     # The thread's workflow handed itself on every 50 messages: each run's history stays bounded.
     runs = [w async for w in client.list_workflows(f'WorkflowId = "{thread.workflow_id}"')]
     assert len(runs) >= 4
-    for run in runs:
-        history = await client.get_workflow_handle(thread.workflow_id, run_id=run.run_id).fetch_history()
-        assert len(history.events) < 1200, (run.run_id, len(history.events))
-        await Replayer(
-            workflows=[AgentWorkflow, ThreadWorkflow],
-            data_converter=data_converter(),
-            workflow_runner=workflow_runner(),
-        ).replay_workflow(history)
+    run_handles = [client.get_workflow_handle(thread.workflow_id, run_id=run.run_id) for run in runs]
+    for handle in run_handles:
+        history = await handle.fetch_history()
+        assert len(history.events) < 1200, (handle.run_id, len(history.events))
+    await _replays(client, *run_handles)
     # The model's input is bounded too: the last message is shown the newest earlier turns only.
     question_of = {m.number: m.question for m in await thread.messages()}
     last = await thread.request([m.request_id for m in await thread.messages() if m.number == 200][0])
@@ -595,3 +592,14 @@ async def test_a_full_thread_refuses_one_more_message_and_a_closed_one_is_never_
         await thread.send("after the close", model=script_spec([say("ok")]))
     async for execution in client.list_workflows(f'WorkflowId = "{thread.workflow_id}"'):
         assert execution.status == WorkflowExecutionStatus.TERMINATED
+
+
+async def test_a_client_without_a_signing_key_refuses_to_run_a_message_with_an_approver_before_sending_it(
+    client: Client, settings: Settings, worker: Worker
+) -> None:
+    keyless = toolloop.ToolloopClient(client, task_queue=settings.task_queue, channel="test")
+    thread = keyless.thread(f"t-{uuid.uuid4().hex[:8]}", actor=U1)
+    with pytest.raises(toolloop.ApprovalRefused, match="no approval signing key"):
+        await thread.run("add a note", model=script_spec([say("ok")]), approver=lambda _: True)
+    with pytest.raises(toolloop.ThreadNotFound):
+        await thread.messages()  # nothing was sent: the thread never started

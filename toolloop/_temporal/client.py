@@ -78,6 +78,7 @@ from toolloop._temporal.approval_channel import (
 )
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.following import (
+    CLOSED_EVENTS,
     NO_WORKER_YET,
     RunFollower,
     approvals_as_they_come,
@@ -101,19 +102,10 @@ logger = logging.getLogger(__name__)
 # RPC failures that pass: Temporal restarting or overloaded.
 _TRANSIENT = frozenset({RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.RESOURCE_EXHAUSTED})
 # A thread's messages change only in a workflow task (and its run may close: continue-as-new).
-_THREAD_CHANGED = frozenset(
-    {
-        EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED,
-        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
-        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
-        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT,
-        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED,
-        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED,
-        EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW,
-    }
-)
+_THREAD_CHANGED = CLOSED_EVENTS | {EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED}
 
 DEFAULT_TASK_QUEUE = "toolloop"
+NO_SIGNING_KEY = "this client holds no approval signing key: it cannot decide"
 
 # What an approver answers for one operation it was shown: approve, reject, or leave it to someone else.
 Approver = Callable[[ApprovalRequest], Awaitable[bool | None] | bool | None]
@@ -172,7 +164,7 @@ class _Channel:
 
     def require_key(self) -> str:
         if self.signing_key is None:
-            raise ApprovalRefused("this client holds no approval signing key: it cannot decide")
+            raise ApprovalRefused(NO_SIGNING_KEY)
         return self.signing_key
 
 
@@ -608,10 +600,6 @@ class ToolloopClient:
         thread). Its first message starts it; nothing is asked of the server until it is used."""
         return ToolloopThread(self, thread_id, actor)
 
-    def _request(self, workflow_id: str, actor: Actor, request_id: str) -> ToolloopRequest:
-        handle = self.temporal.get_workflow_handle(workflow_id, result_type=AgentResult)
-        return ToolloopRequest(self._channel, handle, actor, request_id, self.live_text)
-
 
 def _request_input(
     question: str,
@@ -656,7 +644,8 @@ class ToolloopThread:
     shown what happened before it (docs/DESIGN.md, "Threads"). Its workflow starts with its first message."""
 
     def __init__(self, client: ToolloopClient, thread_id: str, actor: Actor) -> None:
-        self._client = client
+        # The client it was made by: its Temporal client, task queue and approval channel.
+        self.client = client
         self.thread_id = thread_id
         self.actor = actor
         self.handle: WorkflowHandle[Any, Any] = client.temporal.get_workflow_handle(
@@ -689,7 +678,7 @@ class ToolloopThread:
             THREAD_WORKFLOW,
             ThreadInput(thread_id=self.thread_id, actor=self.actor),
             id=self.workflow_id,
-            task_queue=self._client.task_queue,
+            task_queue=self.client.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             # A closed thread is not started again empty: its earlier messages' writes would be forgotten.
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
@@ -697,7 +686,7 @@ class ToolloopThread:
             static_summary=f"thread {self.thread_id} of {self.actor.user_id}@{self.actor.tenant_id}",
         )
         try:
-            accepted: MessageAccepted = await self._client.temporal.execute_update_with_start_workflow(
+            accepted: MessageAccepted = await self.client.temporal.execute_update_with_start_workflow(
                 SEND_MESSAGE_UPDATE, message, start_workflow_operation=start, result_type=MessageAccepted
             )
         except WorkflowAlreadyStartedError:
@@ -719,7 +708,7 @@ class ToolloopThread:
         if it could not start; ThreadNotFound if the thread has no such message."""
         if isinstance(message, MessageAccepted):
             if message.state in ("running", "finished"):
-                return self._client._request(message.workflow_id, self.actor, message.request_id)
+                return self.client.request(message.request_id, actor=self.actor)
             message = message.request_id
         request_id = message
         async with contextlib.aclosing(self.follow()) as views:
@@ -730,7 +719,7 @@ class ToolloopThread:
                 if record.state == "refused":
                     raise MessageRefused(record.note or f"message {request_id} could not start")
                 if record.state != "queued":
-                    return self._client._request(record.workflow_id, self.actor, request_id)
+                    return self.client.request(request_id, actor=self.actor)
         raise MessageRefused(f"thread {self.thread_id} ended before message {request_id} started")
 
     async def follow(self) -> AsyncGenerator[list[MessageRecord], None]:
@@ -751,7 +740,7 @@ class ToolloopThread:
                 if description.status != WorkflowExecutionStatus.RUNNING:
                     return
                 length = description.raw_description.workflow_execution_info.history_length
-                run = self._client.temporal.get_workflow_handle(self.workflow_id, run_id=description.run_id)
+                run = self.client.temporal.get_workflow_handle(self.workflow_id, run_id=description.run_id)
                 # Left at the first change: each page is asked for only when the one before it was read.
                 async for event in run.fetch_history_events(wait_new_event=True):
                     if event.event_id > length and event.event_type in _THREAD_CHANGED:
@@ -786,7 +775,7 @@ class ToolloopThread:
     ) -> AgentResult:
         """One call: send the message, wait for its turn, show `approver` each operation that waits for
         approval, and return the report once the message's request has finished."""
-        if approver is not None:
-            self._client._channel.require_key()  # before anything is sent
+        if approver is not None and self.client.signing_key is None:
+            raise ApprovalRefused(NO_SIGNING_KEY)  # before anything is sent
         request = await self.request(await self.send(question, **send_options))
         return await _finish(request, approver, decider)

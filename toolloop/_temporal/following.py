@@ -32,7 +32,8 @@ from toolloop._core.codes import ErrorType
 from toolloop._core.contracts import ApprovalRequest, ApprovalWait, NextApproval
 from toolloop._core.names import GET_PENDING_APPROVALS_QUERY, NEXT_APPROVAL_UPDATE
 
-_CLOSED = frozenset(
+# Every event that closes a run (continue-as-new included).
+CLOSED_EVENTS = frozenset(
     {
         EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
         EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED,
@@ -64,7 +65,7 @@ async def changes(handle: WorkflowHandle[Any, Any]) -> AsyncIterator[Change]:
         # A task's commands (its timers among them) are appended right after its WorkflowTaskCompleted, in
         # the same write, so the long poll hands them over together.
         timer = kind == EventType.EVENT_TYPE_TIMER_STARTED
-        closed = kind in _CLOSED
+        closed = kind in CLOSED_EVENTS
         if timer or closed or kind == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
             yield Change(timer_started=timer, closed=closed, at=event.event_time.ToDatetime())
             if closed:
