@@ -132,7 +132,7 @@ class Policies:
 
     def _ask(self, principal: dict[str, str], resource: str, proposal: WriteProposal) -> Any:
         requester = {"type": "User", "id": _user_id(proposal)}
-        entities = [
+        entities: list[dict[str, Any]] = [
             {"uid": requester, "attrs": {"tenant": proposal.tenant_id}, "parents": _roles(proposal.roles)},
             *({"uid": role, "attrs": {}, "parents": []} for role in _roles(self.roles)),
         ]
