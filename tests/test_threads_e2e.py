@@ -106,11 +106,16 @@ async def test_a_follow_up_is_shown_the_earlier_question_its_write_as_recorded_a
     second = await asyncio.wait_for(thread.run("which ticket was that?", model=script_spec([say("T1001.")])), 120)
     assert second.final_text == "T1001." and second.operations == []
 
+    async def both_finished() -> bool:
+        # A run's report comes from its request; the thread's list says finished once the thread's workflow has
+        # seen that request close, a workflow task later.
+        return [(m.number, m.state, m.outcome) for m in await thread.messages()] == [
+            (1, "finished", "answered"),
+            (2, "finished", "answered"),
+        ]
+
+    await assert_eventually(both_finished, what="both messages finished and answered in the thread's list")
     [one, two] = await thread.messages()
-    assert [(m.number, m.state, m.outcome) for m in (one, two)] == [
-        (1, "finished", "answered"),
-        (2, "finished", "answered"),
-    ]
     request_two = client.get_workflow_handle(two.workflow_id)
     shown = await conversation(request_two)
     # Exactly what happened, in order: the question, the write with its recorded outcome, the answer, then the
