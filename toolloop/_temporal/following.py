@@ -152,9 +152,15 @@ async def _still_running(handle: WorkflowHandle[Any, Any]) -> bool:
 
 
 # What a query answers while no worker polls the run's task queue (a restart, a deploy): "no poller seen for
-# task queue recently" (FAILED_PRECONDITION), or a timeout. Worth asking again.
+# task queue recently" (FAILED_PRECONDITION), or a timeout - the server's (DEADLINE_EXCEEDED) or the client's
+# own ("Timeout expired", which the SDK's gRPC layer reports as CANCELLED). Worth asking again.
 NO_WORKER_YET = frozenset(
-    {RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE}
+    {
+        RPCStatusCode.FAILED_PRECONDITION,
+        RPCStatusCode.DEADLINE_EXCEEDED,
+        RPCStatusCode.UNAVAILABLE,
+        RPCStatusCode.CANCELLED,
+    }
 )
 
 
