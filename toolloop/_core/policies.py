@@ -116,7 +116,6 @@ class Policies:
         self._text = cedarpy.PolicySet.from_str(text)
         static: dict[str, Any] = parsed.get("staticPolicies", {})
         self.rule_names = {pid: self._name(parsed, pid) for pid in static}
-        self.effects = {self.rule_names[pid]: p["effect"] for pid, p in static.items()}
         self.roles = sorted(
             {
                 p["principal"]["entity"]["id"]
@@ -148,14 +147,24 @@ class Policies:
             "resource": {"type": "Approval", "id": resource},
             "context": context,
         }
-        return cedarpy.is_authorized(request, self._text, entities, schema=self._schema)
+        answer = cedarpy.is_authorized(request, self._text, entities, schema=self._schema)
+        if answer.diagnostics.errors:
+            raise _EvaluationFailed(
+                f"the policy could not be evaluated for {proposal.tool}: {_first_line(answer.diagnostics.errors[0])}"
+            )
+        return answer
 
     def evaluate(self, proposal: WriteProposal) -> PolicyVerdict:
         """What this policy set decides about `proposal` (the module's docstring says how)."""
+        try:
+            return self._evaluate(proposal)
+        except _EvaluationFailed as failed:
+            # Fail closed: a forbid that could not be evaluated might have matched.
+            return self._deny([], str(failed))
+
+    def _evaluate(self, proposal: WriteProposal) -> PolicyVerdict:
         requester = {"type": "User", "id": _user_id(proposal)}
         rule = self._ask(requester, RULE, proposal)
-        if rule.diagnostics.errors:
-            return self._deny([], _evaluation_error(proposal.tool, rule.diagnostics.errors[0]))
         if rule.allowed:
             return PolicyVerdict(verdict="allow", rules=self._names(rule), version=self.version)
         if rule.diagnostics.reasons:  # a forbid matched: it always wins
@@ -165,8 +174,6 @@ class Policies:
         roles: list[str] = []
         for principal, role in [(requester, None), *(({"type": "Role", "id": r}, r) for r in self.roles)]:
             answer = self._ask(principal, PERSON, proposal)
-            if answer.diagnostics.errors:
-                return self._deny([], _evaluation_error(proposal.tool, answer.diagnostics.errors[0]))
             if answer.allowed:
                 asked += [name for name in self._names(answer) if name not in asked]
                 if role is None:
@@ -176,8 +183,6 @@ class Policies:
         if not requester_decides and not roles:
             return self._deny([], "no rule lets anyone decide it")
         second = self._ask(requester, SECOND_PERSON, proposal)
-        if second.diagnostics.errors:
-            return self._deny([], _evaluation_error(proposal.tool, second.diagnostics.errors[0]))
         if second.allowed:
             asked += [name for name in self._names(second) if name not in asked]
         deciders = Deciders(requester=requester_decides, roles=roles, approvals=2 if second.allowed else 1)
@@ -219,10 +224,10 @@ def _cedar_value(value: Any) -> Any:
     return value
 
 
-def _first_line(error: BaseException) -> str:
+class _EvaluationFailed(Exception):
+    """Cedar reported an error while evaluating a request (one line)."""
+
+
+def _first_line(error: object) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else error.__class__.__name__
-
-
-def _evaluation_error(tool: str, error: Any) -> str:
-    return f"the policy could not be evaluated for {tool}: {_first_line(Exception(str(error)))}"
