@@ -91,6 +91,10 @@ class ApprovalClaims(BaseModel):
     # The end of the operation's approval window (unix seconds): a decision made after it counts for nothing,
     # for the workflow and for the service alike. None: the channel named no window.
     decide_by: float | None = None
+    # The decider's roles, as the channel's identity (an API token, a CLI session) gives them: what a policy's
+    # Deciders admit besides the requester. `user_id` is the person the write acts for, `approved_by` the
+    # person who decided (the same person where no policy names others).
+    roles: list[str] = Field(default_factory=list, max_length=20)
 
     @property
     def decided_by(self) -> str:
@@ -201,8 +205,9 @@ def verify_key_set(keys: str | Iterable[str] | None) -> dict[str, str]:
     return {key_id(key): key for key in listed}
 
 
-def mint_approval_token(signing_key: str, claims: ApprovalClaims) -> str:
-    """A compact JWS (a JWT) of `claims`, signed with `signing_key`; its header names the key's id."""
+def mint_approval_token(signing_key: str, claims: ApprovalClaims | PolicyClaims) -> str:
+    """A compact JWS (a JWT) of `claims` (a person's or a policy's decision), signed with `signing_key`; its
+    header names the key's id."""
     kid = key_id(verify_key_for(signing_key))
     payload = claims.model_dump(by_alias=True)
     return jwt.encode(payload, _private_key(signing_key), algorithm=_ALGORITHM, headers={"kid": kid})
@@ -221,29 +226,40 @@ def read_approval_claims(token: str) -> ApprovalClaims:
 def verify_token_signature(keys: Mapping[str, str], token: str | None) -> ApprovalClaims:
     """The token's claims once its signature is verified with the key its header names (`kid`) among `keys`
     (verify_key_set). Checks nothing else: check_approval_claims does, where the claims are judged."""
-    if not token:
-        raise ApprovalInvalid("no approval token")
-    try:
-        header = jwt.get_unverified_header(token)
-    except jwt.PyJWTError:
-        raise ApprovalInvalid("the approval token is malformed") from None
-    if not keys:
-        raise ApprovalUnknownKey("no approval verify key is configured here, so no decision is taken")
-    kid = header.get("kid")
-    verify_key = keys.get(kid) if isinstance(kid, str) else None
-    if verify_key is None:
-        raise ApprovalUnknownKey(f"the approval token is signed with a key this side does not hold (kid {kid!r})")
-    options: Any = {"verify_exp": False, "verify_nbf": False, "verify_iat": False, "verify_aud": False}
-    try:
-        data = jwt.decode(token, _public_key(verify_key), algorithms=[_ALGORITHM], options=options)
-    except jwt.InvalidSignatureError:
-        raise ApprovalInvalid("the approval token's signature is not valid") from None
-    except jwt.PyJWTError:
-        raise ApprovalInvalid("the approval token is malformed") from None
+    data = _verified_payload(keys, token, ApprovalInvalid, ApprovalUnknownKey, "approval")
     try:
         return ApprovalClaims.model_validate(data)
     except ValidationError:
         raise ApprovalInvalid("the approval token is malformed") from None
+
+
+def _verified_payload(
+    keys: Mapping[str, str],
+    token: str | None,
+    invalid: type[ApprovalInvalid],
+    unknown_key: type[ApprovalInvalid],
+    what: str,
+) -> Any:
+    """The payload of a JWT whose signature verifies with the key its `kid` names among `keys`."""
+    if not token:
+        raise invalid(f"no {what} token")
+    try:
+        header = jwt.get_unverified_header(token)
+    except jwt.PyJWTError:
+        raise invalid(f"the {what} token is malformed") from None
+    if not keys:
+        raise unknown_key(f"no {what} verify key is configured here, so no decision is taken")
+    kid = header.get("kid")
+    verify_key = keys.get(kid) if isinstance(kid, str) else None
+    if verify_key is None:
+        raise unknown_key(f"the {what} token is signed with a key this side does not hold (kid {kid!r})")
+    options: Any = {"verify_exp": False, "verify_nbf": False, "verify_iat": False, "verify_aud": False}
+    try:
+        return jwt.decode(token, _public_key(verify_key), algorithms=[_ALGORITHM], options=options)
+    except jwt.InvalidSignatureError:
+        raise invalid(f"the {what} token's signature is not valid") from None
+    except jwt.PyJWTError:
+        raise invalid(f"the {what} token is malformed") from None
 
 
 def check_approval_claims(
@@ -272,3 +288,183 @@ def verify_approval_token(
     """What a service checks: the signature (with the key the token's `kid` names among `keys`), the
     audience, the expiry and every `expected` claim. Raises ApprovalInvalid (a subclass per distinct code)."""
     return check_approval_claims(verify_token_signature(keys, token), now=now, audience=audience, expected=expected)
+
+
+# --- Decisions by policy (toolloop._core.policies decides them; docs/POLICIES.md) -----------------------------
+
+
+class Deciders(BaseModel):
+    """Who may decide an operation a policy asks people about, in a form every side checks without the policy
+    itself: the requester, members of roles (in the requester's tenant), and how many distinct people must
+    approve (2: four eyes, where the requester counts only as the first)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    requester: bool = False
+    roles: list[str] = Field(default_factory=list, max_length=20)
+    approvals: int = Field(default=1, ge=1, le=2)
+
+    def admits(self, requester: str, decider: str, roles: Iterable[str]) -> bool:
+        """True if `decider` (holding `roles`) may decide an operation `requester` asked for."""
+        return (self.requester and decider == requester) or bool(set(self.roles) & set(roles))
+
+    def describe(self) -> str:
+        who = (["the requester"] if self.requester else []) + [f"a {role}" for role in self.roles]
+        text = " or ".join(who) or "nobody"
+        return text if self.approvals == 1 else f"two people ({text}; the requester never second)"
+
+
+def counted_approvers(deciders: Deciders, requester: str, approvals: Iterable[ApprovalClaims]) -> list[str]:
+    """The people whose approvals count, in the order they decided: each admitted by `deciders`, each once,
+    and the requester only as the first (never as the second of four eyes)."""
+    people: list[str] = []
+    for claims in sorted(approvals, key=lambda c: c.approved_at):
+        if claims.decision != "approve" or claims.approved_by in people:
+            continue
+        if not deciders.admits(requester, claims.approved_by, claims.roles):
+            continue
+        if claims.approved_by == requester and people:
+            continue
+        people.append(claims.approved_by)
+    return people
+
+
+class PolicyClaims(BaseModel):
+    """What a policy's decision token claims: signed by the policy evaluator's own key (never the approval
+    channel's, never a model worker's), bound like a person's to the audience, the actor, the operation and
+    its digest, and naming the rules and the policy's version. `allow` is enough on its own; `ask` names the
+    people (Deciders) whose approvals must come with it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    v: int = 1
+    audience: str = Field(alias="aud", min_length=1, max_length=200)
+    user_id: str
+    tenant_id: str
+    operation_id: str
+    digest: str
+    verdict: Literal["allow", "ask"]
+    rules: list[str] = Field(max_length=50)
+    policy_version: str = Field(max_length=100)
+    deciders: Deciders | None = None
+    decided_at: float = Field(alias="iat")
+    expires_at: float = Field(alias="exp")
+
+
+POLICY_DECISION_REQUIRED = "POLICY_DECISION_REQUIRED"
+POLICY_DECISION_INVALID = "POLICY_DECISION_INVALID"
+
+
+class PolicyDecisionRequired(ApprovalInvalid):
+    """This side decides writes by policy, and the write brings no policy decision."""
+
+    code = POLICY_DECISION_REQUIRED
+
+
+class PolicyDecisionInvalid(ApprovalInvalid):
+    """The policy decision is forged or bound to something else: another key, digest, operation or actor, a
+    rule or version this side does not know, or it has expired."""
+
+    code = POLICY_DECISION_INVALID
+
+
+def split_tokens(header: str | None) -> list[str]:
+    """The decision tokens of one `X-Approval-Token` header: a policy's first, then people's, comma-separated
+    (a JWT has no comma)."""
+    return [part.strip() for part in (header or "").split(",") if part.strip()]
+
+
+def join_tokens(tokens: Iterable[str]) -> str:
+    return ",".join(tokens)
+
+
+def read_policy_claims(token: str) -> PolicyClaims:
+    """The claims without checking the signature (to record a decision whose signature was verified)."""
+    try:
+        return PolicyClaims.model_validate(jwt.decode(token, options={"verify_signature": False}))
+    except (jwt.PyJWTError, ValueError, ValidationError) as exc:
+        raise PolicyDecisionInvalid("the policy token is malformed") from exc
+
+
+def verify_policy_token(
+    keys: Mapping[str, str],
+    token: str | None,
+    *,
+    now: float,
+    audience: str,
+    expected: Mapping[str, str],
+    known_rules: Iterable[str] | None = None,
+) -> PolicyClaims:
+    """What a service checks of a policy's decision: the signature (with the policy keys), the audience, the
+    expiry, every `expected` claim, and, when `known_rules` is given, that every rule it names is one of them.
+    Raises PolicyDecisionInvalid (PolicyDecisionRequired without a token)."""
+    if not token:
+        raise PolicyDecisionRequired("this write needs a policy's decision, and none came with it")
+    data = _verified_payload(keys, token, PolicyDecisionInvalid, PolicyDecisionInvalid, "policy")
+    try:
+        claims = PolicyClaims.model_validate(data)
+    except ValidationError:
+        raise PolicyDecisionInvalid("the policy token is malformed") from None
+    if claims.audience != audience:
+        raise PolicyDecisionInvalid(f"the policy decision is for {claims.audience!r}, not for {audience!r}")
+    if claims.expires_at <= now:
+        raise PolicyDecisionInvalid("the policy decision has expired")
+    for name, value in expected.items():
+        if getattr(claims, name) != value:
+            raise PolicyDecisionInvalid(f"the policy decision is for another {name.replace('_id', '')}")
+    if known_rules is not None:
+        unknown = sorted(set(claims.rules) - set(known_rules))
+        if unknown or not claims.rules:
+            raise PolicyDecisionInvalid(f"the policy decision names a rule this side does not know: {unknown}")
+    if claims.verdict == "ask" and claims.deciders is None:
+        raise PolicyDecisionInvalid("the policy decision asks people but names none")
+    return claims
+
+
+def verify_write_decisions(
+    approval_keys: Mapping[str, str],
+    policy_keys: Mapping[str, str],
+    header: str | None,
+    *,
+    now: float,
+    audience: str,
+    expected: Mapping[str, str],
+    known_rules: Iterable[str] | None = None,
+) -> float:
+    """What a service checks of one write's `X-Approval-Token` (user_id, tenant_id, operation_id and digest
+    `expected`); returns when the earliest decision it rests on expires. Raises ApprovalInvalid (a subclass per
+    code).
+
+    - Without policy keys: one approval, by the person the write acts for.
+    - With policy keys: the policy's decision first. `allow` suffices; `ask` needs the approvals of the people
+      it admits (Deciders), as many distinct ones as it names, the requester only as the first."""
+    tokens = split_tokens(header)
+    people_expected = {**expected, "decision": "approve"}
+    if not policy_keys:
+        if len(tokens) > 1:
+            raise ApprovalInvalid("this service takes one approval per write")
+        claims = verify_approval_token(
+            approval_keys, tokens[0] if tokens else None, now=now, audience=audience, expected=people_expected
+        )
+        if claims.approved_by != claims.user_id:
+            raise ApprovalInvalid("the approval was not made by the person the write acts for")
+        return claims.expires_at
+    policy = verify_policy_token(
+        policy_keys,
+        tokens[0] if tokens else None,
+        now=now,
+        audience=audience,
+        expected=expected,
+        known_rules=known_rules,
+    )
+    if policy.verdict == "allow":
+        return policy.expires_at
+    assert policy.deciders is not None
+    approvals = [
+        verify_approval_token(approval_keys, token, now=now, audience=audience, expected=people_expected)
+        for token in tokens[1:]
+    ]
+    counted = counted_approvers(policy.deciders, expected["user_id"], approvals)
+    if len(counted) < policy.deciders.approvals:
+        raise ApprovalInvalid(f"the policy asks for {policy.deciders.describe()}; {len(counted)} approved")
+    return min([policy.expires_at, *(a.expires_at for a in approvals if a.approved_by in counted)])

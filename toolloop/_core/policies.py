@@ -36,6 +36,8 @@ from typing import Any, Literal
 import cedarpy
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolloop._core.approvals import Deciders
+
 Verdict = Literal["allow", "deny", "ask"]
 
 RULE = "rule"
@@ -45,27 +47,6 @@ SECOND_PERSON = "second_person"
 
 class PolicyError(ValueError):
     """A policy set that cannot be used (one line for the operator)."""
-
-
-class Deciders(BaseModel):
-    """Who may decide an operation a policy asks a person about, in a form every side can check without the
-    policy: the requester, members of roles (in the requester's tenant), and how many distinct people must
-    approve (2: four eyes; the requester never counts as the second)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    requester: bool = False
-    roles: list[str] = Field(default_factory=list)
-    approvals: int = Field(default=1, ge=1, le=2)
-
-    def admits(self, requester: str, decider: str, roles: list[str]) -> bool:
-        """True if `decider` (with `roles`) may decide an operation `requester` asked for."""
-        return (self.requester and decider == requester) or bool(set(self.roles) & set(roles))
-
-    def describe(self) -> str:
-        who = (["the requester"] if self.requester else []) + [f"a {role}" for role in self.roles]
-        text = " or ".join(who) or "nobody"
-        return text if self.approvals == 1 else f"two people ({text}; the requester never second)"
 
 
 class PolicyVerdict(BaseModel):

@@ -26,12 +26,11 @@ from starlette.concurrency import run_in_threadpool
 
 from toolloop._core.approvals import (
     APPROVAL_EXPIRED,
-    ApprovalClaims,
     ApprovalInvalid,
     http_subject,
     payload_digest,
-    verify_approval_token,
     verify_key_set,
+    verify_write_decisions,
 )
 from toolloop._core.problems import (
     ACTOR_REQUIRED,
@@ -250,6 +249,8 @@ class IdempotencyKit:
         status_path: str = "/operations/{operation_id}",
         hold: Hold = no_hold,
         after_claim: Callable[[IdempotentWrite], None] | None = None,
+        policy_verify_key: str | Iterable[str] | None = None,
+        policy_rules: Iterable[str] | None = None,
     ) -> None:
         if retention_seconds <= 0 or claim_lease_seconds <= 0:
             raise ValueError("retention_seconds and claim_lease_seconds must be positive")
@@ -257,6 +258,8 @@ class IdempotencyKit:
             raise ValueError("audience must name this service (the aud its approval tokens carry)")
         self.ledger = ledger
         self.verify_keys = verify_key_set(approval_verify_key)
+        self.policy_keys = verify_key_set(policy_verify_key)
+        self.policy_rules = frozenset(policy_rules) if policy_rules is not None else None
         self.audience = audience
         self.retention_seconds = retention_seconds
         self.claim_lease_seconds = claim_lease_seconds
@@ -277,7 +280,8 @@ class IdempotencyKit:
             request: Request,
             actor: KitActor = Depends(actor_dependency),
             idempotency_key: str | None = Header(default=None),
-            x_approval_token: str | None = Header(default=None, max_length=4096),
+            # A policy's decision and up to two people's, comma-separated.
+            x_approval_token: str | None = Header(default=None, max_length=8192),
         ) -> IdempotentWrite:
             if not idempotency_key:
                 raise KitProblem(400, KEY_REQUIRED, "an Idempotency-Key header is required")
@@ -352,8 +356,8 @@ class IdempotencyKit:
             # that the key exists.
             self._check_approval(write, digest, _NO_EXPIRY)
             return _replay(found, digest)
-        approval = self._check_approval(write, digest, now)
-        if approval.expires_at > now + self.retention_seconds:
+        expires_at = self._check_approval(write, digest, now)
+        if expires_at > now + self.retention_seconds:
             # Purged before the approval expires, the key would be free again for the same token: a second effect.
             raise KitProblem(
                 403,
@@ -373,25 +377,31 @@ class IdempotencyKit:
             if self.after_claim is not None:
                 self.after_claim(write)
             record, made = self.ledger.complete(
-                key, digest, _stored(effect, status, approval.expires_at), time.time(), not_before, self.hold
+                key, digest, _stored(effect, status, expires_at), time.time(), not_before, self.hold
             )
         finally:
             self.ledger.release(key, claimed)
         return Reply(record.status, record.body, committed=True) if made else _replay(record, digest)
 
-    def _check_approval(self, write: IdempotentWrite, digest: str, now: float) -> ApprovalClaims:
-        if not self.verify_keys:
+    def _check_approval(self, write: IdempotentWrite, digest: str, now: float) -> float:
+        """When the decisions the write rests on expire (the earliest), once they verify."""
+        if not self.verify_keys and not self.policy_keys:
             raise KitProblem(403, APPROVAL_REQUIRED, "this service has no approval key configured")
         expected = {
             "user_id": write.actor.user_id,
             "tenant_id": write.actor.tenant_id,
             "operation_id": write.operation_id,
             "digest": digest,
-            "decision": "approve",
         }
         try:
-            return verify_approval_token(
-                self.verify_keys, write.approval_token, now=now, audience=self.audience, expected=expected
+            return verify_write_decisions(
+                self.verify_keys,
+                self.policy_keys,
+                write.approval_token,
+                now=now,
+                audience=self.audience,
+                expected=expected,
+                known_rules=self.policy_rules,
             )
         except ApprovalInvalid as exc:
             # The reasons are our own short sentences ("the approval has expired", ...); the code says which.
