@@ -66,8 +66,10 @@ class ModelActivities:
         end_hook: bool = False,
         prices: PriceTable | None = None,
         live_text: LiveTextStore | None = None,
+        policy_task_queue: str | None = None,
     ) -> None:
         self._registry = registry
+        self._policy_task_queue = policy_task_queue
         self._live_text = live_text
         self._models = dict(models)
         self._disabled = frozenset(disabled)
@@ -162,6 +164,7 @@ class ModelActivities:
         usage = answer.usage if answer is not None else None
         checked = checked_turn(self._registry, items, label, inp.turn, usage)
         checked.end_hook = self._end_hook
+        checked.policy_task_queue = self._policy_task_queue
         if usage is not None:
             price = self._prices.get((answer.model if answer is not None else None) or inp.model_name or "")
             checked.usage = usage

@@ -41,7 +41,7 @@ from tests.agent_helpers import (
 )
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY
 from toolloop import request_result
-from toolloop._core.approvals import payload_digest, read_approval_claims
+from toolloop._core.approvals import mint_approval_token, payload_digest, read_approval_claims
 from toolloop._core.codes import ErrorType
 from toolloop._core.contracts import (
     Actor,
@@ -584,9 +584,20 @@ async def test_an_update_of_another_users_decision_names_no_one(harness: Harness
     s.turns = [[note("n", "w1")], [say("ok")]]
     handle = await harness.start(Limits(**FAST, approval_ttl_seconds=3))
     op = await waiting_operation(handle)
+    u2 = Actor(user_id="u2", tenant_id="acme")
+    request = await fetch_approval_request(handle, op.operation_id)
+    assert request is not None
     for approve in (True, False):
-        with pytest.raises(WorkflowUpdateFailedError):
-            await decide(handle, op.operation_id, approve=approve, decider=Actor(user_id="u2", tenant_id="acme"))
+        # The channel signs nothing for someone who may not decide...
+        with pytest.raises(ApprovalRefused, match="u2 may not decide it"):
+            await decide(handle, op.operation_id, approve=approve, decider=u2)
+        # ...and a token signed anyway (u2's decision on u1's write) is refused as a missing operation is.
+        claims = read_approval_claims(sign_decision(request, U1, APPROVAL_KEY, approve=approve))
+        forged = mint_approval_token(APPROVAL_KEY, claims.model_copy(update={"approved_by": "u2"}))
+        decision = ApprovalDecision(operation_id=op.operation_id, digest=op.digest, approve=approve, token=forged)
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(APPROVE_OPERATION_UPDATE, decision)
+        assert f"unknown operation {op.operation_id!r}" in str(refused.value.cause)
     result = await asyncio.wait_for(request_result(handle), timeout=30)
     assert (result.operations[0].state, result.operations[0].approval) == ("expired", None)
 

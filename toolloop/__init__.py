@@ -52,6 +52,8 @@ if _typing.TYPE_CHECKING:
         ModelSpec,
         OperationRecord,
         OtherItem,
+        PolicyFact,
+        PolicyRecord,
     )
     from toolloop._core.registry import (
         Evidence,
@@ -108,6 +110,7 @@ __all__ = [
     # the write contract
     "HttpSource",
     "ReadBack",
+    "PolicyFact",
     "McpSource",
     "OperationStatus",
     "Evidence",
@@ -147,6 +150,7 @@ __all__ = [
     "ModelSpec",
     "AgentResult",
     "OperationRecord",
+    "PolicyRecord",
     "request_result",
     "data_converter",
     # models
@@ -190,6 +194,8 @@ _HOMES: dict[str, str] = {
     "MessageItem": "toolloop._core.contracts",
     "ModelSpec": "toolloop._core.contracts",
     "OperationRecord": "toolloop._core.contracts",
+    "PolicyFact": "toolloop._core.contracts",
+    "PolicyRecord": "toolloop._core.contracts",
     "OtherItem": "toolloop._core.contracts",
     "Evidence": "toolloop._core.registry",
     "EvidenceNotYetVisible": "toolloop._core.registry",

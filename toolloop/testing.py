@@ -318,14 +318,15 @@ async def decide(
     decider: Actor,
     approve: bool = True,
     ttl: float = 600,
+    roles: Sequence[str] = (),
 ) -> DecisionReceipt:
     """What the trusted approval channel does, through toolloop's client: fetch the whole payload, check its
-    digest, sign it for `decider`, send it (recorded as "<decider> via test")."""
+    digest, sign `decider`'s decision (with their `roles`), send it (recorded as "<decider> via test")."""
     request = _request(handle, decider, signing_key=signing_key, ttl=ttl)
     approval = await request.approval(operation_id)
     if approval is None:
         raise LookupError(f"no operation {operation_id}")
-    return await request.decide(approval, approve=approve)
+    return await request.decide(approval, approve=approve, roles=roles)
 
 
 @contextlib.asynccontextmanager

@@ -239,6 +239,7 @@ class AgentWorkflow:
                 break
             model_label = turn.model_label or model_label
             self._end_hook |= turn.end_hook
+            self._writes.policy_task_queue = turn.policy_task_queue
             self._progress.usage = self._progress.usage.plus(turn.usage, turn.cost)
 
             if not turn.calls:
@@ -503,6 +504,7 @@ class AgentWorkflow:
                 summary=call.summary,
             )
             self._outputs_in_history.add(call.call_id)
+            self._writes.read_done(call, result.output)
             return result
         except ActivityError as err:
             workflow.logger.warning(

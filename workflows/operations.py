@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from temporalio import workflow
@@ -38,21 +38,27 @@ with workflow.unsafe.imports_passed_through():
         ApprovalInvalid,
         approval_wait_summary,
         check_approval_claims,
+        counted_approvers,
         derive_operation_id,
+        join_tokens,
         payload_digest,
         read_approval_claims,
+        read_policy_claims,
         short_operation_id,
     )
     from toolloop._core.codes import ErrorType, ResultCode
     from toolloop._core.contracts import (
         Actor,
         ApprovalDecision,
+        ApprovalRecord,
         ApprovalRequest,
         CheckedCall,
         Limits,
         OperationQuery,
         OperationRecord,
         OperationState,
+        PolicyDecision,
+        PolicyInput,
         ReadBackInput,
         StatusCheck,
         ThreadContext,
@@ -64,7 +70,13 @@ with workflow.unsafe.imports_passed_through():
         error_output,
         verified_write_output,
     )
-    from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, QUERY_OPERATION_STATUS_ACTIVITY, READ_BACK_ACTIVITY
+    from toolloop._core.facts import Read, policy_facts
+    from toolloop._core.names import (
+        DECIDE_BY_POLICY_ACTIVITY,
+        EXECUTE_WRITE_ACTIVITY,
+        QUERY_OPERATION_STATUS_ACTIVITY,
+        READ_BACK_ACTIVITY,
+    )
     from toolloop._core.registry import Evidence, OperationStatus
     from toolloop._core.threads import earlier_operations
 
@@ -109,8 +121,15 @@ class OperationStateMachine:
         self._set_phase = set_phase
         self._narrator = narrator
         self.ledger: dict[str, OperationRecord] = {}
-        # Kept out of the ledger: queries and results never show decision tokens.
-        self._tokens: dict[str, str] = {}
+        # Kept out of the ledger: queries and results never show decision tokens. Per operation, the people's
+        # decisions (two for four eyes) and the policy's.
+        self._tokens: dict[str, list[str]] = {}
+        self._policy_tokens: dict[str, str] = {}
+        # The worker's policy evaluator (ModelTurnResult.policy_task_queue): set, each write is decided there
+        # first; None, every write asks its requester.
+        self.policy_task_queue: str | None = None
+        # This request's successful reads, which a write's policy facts are taken from (only with a policy).
+        self.reads: list[Read] = []
         # Per payload of a tool whose identical calls are distinct: how many proposals of it came so far.
         self._occurrences: dict[str, int] = {}
         self._arguments: dict[str, dict[str, Any]] = {}
@@ -155,7 +174,13 @@ class OperationStateMachine:
             deadline=op.deadline,
             target=op.target,
             audience=op.audience,
+            policy=op.policy.model_copy(deep=True) if op.policy is not None else None,
         )
+
+    def read_done(self, call: CheckedCall, output: dict[str, Any]) -> None:
+        """A read of this request answered: kept for the facts a later write's policy decides on."""
+        if self.policy_task_queue is not None and call.arguments is not None and output.get("ok") is True:
+            self.reads.append(Read(call.name, call.arguments, output))
 
     def signature_checked(self, token: str | None, refusal: tuple[str, str] | None) -> None:
         """The worker's trust interceptor checked `token`'s signature with the worker's configured keys: None if
@@ -194,9 +219,9 @@ class OperationStateMachine:
         if checked[1] is not None:
             code, reason = checked[1]
             raise ApplicationError(f"{reason}; nothing was recorded", type=code, non_retryable=True)
+        if decision.token in self._tokens.get(op.operation_id, []):
+            return  # the same decision again: accepted, recorded once
         if op.state != "awaiting_approval":
-            if self._tokens.get(op.operation_id) == decision.token:
-                return  # the same decision again: accepted, recorded once
             raise ValueError(f"operation {op.operation_id} is not waiting for approval (state: {op.state})")
         # Whatever the approval timer's state: a decision that arrives once the window has closed sends nothing.
         window_end = op.approval_expires_at
@@ -220,6 +245,10 @@ class OperationStateMachine:
             )
         except ApprovalInvalid as exc:
             raise ApplicationError(str(exc), type=exc.code, non_retryable=True) from None
+        if not self._may_decide(op, claims.approved_by, claims.roles):
+            # Someone the policy does not name (or the requester as a second approver): told exactly what a
+            # missing operation is told.
+            raise ValueError(f"unknown operation {decision.operation_id!r} in this request")
         if decision.approve and claims.expires_at > self._deadline.timestamp() + _CLOCK_TOLERANCE_SECONDS:
             raise ValueError("the approval would outlive the request's deadline; it must expire by then")
         if window_end is not None and (
@@ -234,10 +263,96 @@ class OperationStateMachine:
         # The validator admitted only a decision with a verified token: who decided, and until when an approval
         # holds, come from it.
         assert decision.token is not None
-        self._tokens[op.operation_id] = decision.token
-        op.approval = approval_record(decision.token, workflow.now())
-        self._move(op, "approved" if decision.approve else "denied")
+        tokens = self._tokens.setdefault(op.operation_id, [])
+        if decision.token in tokens:
+            return op  # the same decision again
+        tokens.append(decision.token)
+        if not decision.approve:
+            op.approval = approval_record(decision.token, workflow.now())
+            self._move(op, "denied")
+            return op
+        policy = op.policy
+        if policy is None or policy.deciders is None:
+            op.approval = approval_record(decision.token, workflow.now())
+            self._move(op, "approved")
+            return op
+        approvals = [read_approval_claims(token) for token in tokens]
+        policy.approved_by = counted_approvers(policy.deciders, self._actor.user_id, approvals)
+        if len(policy.approved_by) < policy.deciders.approvals:
+            if self._narrator is not None:
+                self._narrator.operation(op)
+            return op  # four eyes: the second person has yet to decide
+        counted = [claims for claims in approvals if claims.approved_by in policy.approved_by]
+        expires_at = min([c.expires_at for c in counted] + [self._policy_expiry(op)])
+        op.approval = ApprovalRecord(
+            decision="approved",
+            by=" and ".join(c.decided_by for c in counted),
+            at=workflow.now(),
+            expires_at=datetime.fromtimestamp(expires_at, tz=UTC),
+        )
+        self._move(op, "approved")
         return op
+
+    def _may_decide(self, op: OperationRecord, decider: str, roles: list[str]) -> bool:
+        """Who may decide this operation: the people its policy names, else its requester alone."""
+        request = self.approval_request(op.operation_id)
+        return request is not None and request.may_decide(decider, roles)
+
+    def _policy_expiry(self, op: OperationRecord) -> float:
+        token = self._policy_tokens.get(op.operation_id)
+        return read_policy_claims(token).expires_at if token is not None else float("inf")
+
+    async def _decide_by_policy(self, op: OperationRecord, call: CheckedCall) -> dict[str, Any] | None:
+        """Ask the deployment's policy evaluator first. Allow: the operation is approved by its rule. Deny: it is
+        never sent (the model's output). Ask: it waits for the people the policy names. No evaluator answer
+        within the approval window: nothing is sent (fail closed)."""
+        assert self.policy_task_queue is not None and op.approval_expires_at is not None
+        facts = policy_facts(call.policy_facts, self._arguments[op.operation_id], self.reads)
+        window = max(op.approval_expires_at - workflow.now(), _MIN_TIMEOUT)
+        try:
+            decision: PolicyDecision = await workflow.execute_activity(
+                DECIDE_BY_POLICY_ACTIVITY,
+                PolicyInput(
+                    operation_id=op.operation_id,
+                    tool=op.tool,
+                    arguments=self._arguments[op.operation_id],
+                    digest=op.digest,
+                    target=op.target,
+                    audience=op.audience or "",
+                    actor=self._actor,
+                    facts=facts,
+                    expires_at=self._deadline,
+                ),
+                result_type=PolicyDecision,
+                task_queue=self.policy_task_queue,
+                start_to_close_timeout=timedelta(seconds=10),
+                schedule_to_close_timeout=window,
+                retry_policy=io_retry_policy(0),  # until the approval window ends
+                summary=f"policy decides {call.summary}",
+            )
+        except ActivityError:
+            self._move(op, "expired")
+            return self._refusal(op, "the approval policy did not decide in time; nothing was sent.")
+        except asyncio.CancelledError as cancelled:
+            self.absorb_cancel(cancelled)
+            self._move(op, "expired")
+            return self._refusal(op, "the request was cancelled before this was sent; nothing was sent.")
+        op.policy = decision.record
+        if decision.record.verdict == "deny":
+            self._move(op, "denied")
+            why = f"the approval policy does not allow this ({decision.record.decided()}); nothing was sent."
+            return self._op_error(op, ResultCode.POLICY_DENIED, why)
+        assert decision.token is not None
+        self._policy_tokens[op.operation_id] = decision.token
+        if decision.record.verdict == "allow":
+            op.approval = ApprovalRecord(
+                decision="approved",
+                by=f"rule {', '.join(decision.record.rules)}",
+                at=workflow.now(),
+                expires_at=datetime.fromtimestamp(self._policy_expiry(op), tz=UTC),
+            )
+            self._move(op, "approved")
+        return None
 
     # --- One side-effecting call ----------------------------------------------------------------
 
@@ -305,10 +420,16 @@ class OperationStateMachine:
         limits = self._limits
         now = workflow.now()
         op.approval_expires_at = min(now + timedelta(seconds=limits.approval_ttl_seconds), self._deadline)
-        self._move(op, "awaiting_approval")
+        if self.policy_task_queue is not None:
+            denied = await self._decide_by_policy(op, call)
+            if denied is not None:
+                return denied
+            now = workflow.now()
+        if op.state != "approved":
+            self._move(op, "awaiting_approval")
         until = f"{op.approval_expires_at:%H:%M:%S} UTC"
         self._set_phase(f"round {turn}: waiting for approval of {op.operation_id} ({call.summary}) until {until}")
-        if op.approval_expires_at > now:
+        if op.state == "awaiting_approval" and op.approval_expires_at > now:
             try:
                 await workflow.wait_condition(
                     lambda: op.state != "awaiting_approval",
@@ -493,7 +614,7 @@ class OperationStateMachine:
                     tool=op.tool,
                     arguments=self._arguments[op.operation_id],
                     actor=self._actor,
-                    approval_token=self._tokens[op.operation_id],
+                    approval_token=self._approval_header(op),
                     attempt=op.attempts,
                     call_id=call.call_id,
                     round=self._round_of.get(op.operation_id),
@@ -519,6 +640,16 @@ class OperationStateMachine:
                     pass
             # A timeout or a lost worker after the request may have left: not "not executed".
             return WriteOutcome(kind="unknown", detail="the attempt ended without an answer")
+
+    def _approval_header(self, op: OperationRecord) -> str:
+        """What the service checks (X-Approval-Token): the policy's decision first, then the people's approvals
+        that count (all of them where no policy names people)."""
+        policy_token = self._policy_tokens.get(op.operation_id)
+        people = self._tokens.get(op.operation_id, [])
+        if op.policy is not None and op.policy.deciders is not None:
+            counted = set(op.policy.approved_by)
+            people = [t for t in people if read_approval_claims(t).approved_by in counted]
+        return join_tokens([*([policy_token] if policy_token else []), *people])
 
     def _settle_until(self) -> datetime:
         return self._deadline + timedelta(seconds=self._limits.settle_seconds)

@@ -39,6 +39,8 @@ class ResultCode(StrEnum):
     CONFIRMATION_REQUIRED = "CONFIRMATION_REQUIRED"
     # A person said no (not: no approval came in time, which is CONFIRMATION_REQUIRED).
     REJECTED = "REJECTED"
+    # A rule of the deployment's approval policy forbids it (or no rule lets anyone decide it): never sent.
+    POLICY_DENIED = "POLICY_DENIED"
     TEMPORARY_UNAVAILABLE = "TEMPORARY_UNAVAILABLE"
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
     LIMIT_REACHED = "LIMIT_REACHED"

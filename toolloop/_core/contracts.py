@@ -23,7 +23,7 @@ from pydantic import (
     computed_field,
 )
 
-from toolloop._core.approvals import read_approval_claims
+from toolloop._core.approvals import Deciders, read_approval_claims
 from toolloop._core.usage import RequestUsage, TokenUsage
 
 # --- Conversation items (OpenAI Responses shape) -------------------------------------------------
@@ -254,6 +254,20 @@ class CheckedCall(BaseModel):
     # or without a read-back (a completed write stays unverified).
     has_status: bool = True
     has_read_back: bool = True
+    # The facts a policy decides this write on, from the request's earlier reads (ToolSpec.policy_facts).
+    policy_facts: list[PolicyFact] = Field(default_factory=list)
+
+
+class PolicyFact(BaseModel):
+    """One fact a write's policy decides on: `fields` of the newest output of the read `tool` whose arguments
+    agree with the write's on `match` ({read's argument: write's argument}), as facts[`name`]."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")
+    tool: str
+    match: dict[str, str]
+    fields: list[str] = Field(min_length=1)
 
 
 class ModelTurnResult(BaseModel):
@@ -269,6 +283,10 @@ class ModelTurnResult(BaseModel):
     # the workflow runs the request_ended activity once it has its report. Told by the turn's result, so a
     # request on workers without a hook has no such step, and a replay decides as the run did.
     end_hook: bool = False
+    # The worker's policy evaluator (its task queue), where a write is decided by policy before any person
+    # is asked (ToolloopPlugin(policy_task_queue=...)); None: every write waits for its requester's approval.
+    # Told by the turn's result, as end_hook: the worker's configuration, never the request's input.
+    policy_task_queue: str | None = None
     # The tokens the turn used as the provider reported them (None: it reported none, as the script and
     # offline models), and their cost by the worker's price table (None: no price for this model).
     usage: TokenUsage | None = None
@@ -316,6 +334,28 @@ class ApprovalRecord(BaseModel):
     expires_at: datetime | None = None
 
 
+class PolicyRecord(BaseModel):
+    """What the deployment's approval policy decided about one write, and who has approved it since."""
+
+    verdict: Literal["allow", "deny", "ask"]
+    rules: list[str] = Field(default_factory=list)
+    version: str = ""
+    deciders: Deciders | None = None  # for "ask"
+    reason: str = ""  # for "deny"
+    # The people whose approvals count so far (four eyes: the first, until the second decides).
+    approved_by: list[str] = Field(default_factory=list)
+
+    def decided(self) -> str:
+        """One line for receipts and the UI: by which rules, or who may decide."""
+        rules = ", ".join(self.rules) or "no rule"
+        if self.verdict == "allow":
+            return f"allowed by rule {rules}"
+        if self.verdict == "deny":
+            return f"denied by rule {rules}" + (f" ({self.reason})" if self.reason else "")
+        asked = self.deciders.describe() if self.deciders is not None else "nobody"
+        return f"asked by rule {rules}: {asked}"
+
+
 class StatusCheck(BaseModel):
     at: datetime
     state: Literal["completed", "in_progress", "not_found", "unavailable"]
@@ -348,6 +388,8 @@ class OperationRecord(BaseModel):
     target: str | None = None
     # The service or tool source its decision tokens are for (their `aud`).
     audience: str | None = None
+    # What the deployment's approval policy decided (None: no policy; the requester decides).
+    policy: PolicyRecord | None = None
 
     def decision_answer(self) -> DecisionAnswer:
         return DecisionAnswer(state=self.state, at=self.approval.at if self.approval else None)
@@ -392,10 +434,24 @@ class ApprovalRequest(BaseModel):
     # The audience the channel signs the decision for (the token's `aud`): the service or tool source that
     # will check it.
     audience: str | None = None
+    # What the policy asked for: who may decide, by which rules, who has approved so far (None: no policy,
+    # the requester decides).
+    policy: PolicyRecord | None = None
 
     @property
     def digest_subject(self) -> str:
         return self.target or self.tool
+
+    def may_decide(self, decider: str, roles: Iterable[str] = ()) -> bool:
+        """True if `decider` (with `roles`, in the request's tenant) may decide this operation, and has not
+        approved it already."""
+        if self.policy is None or self.policy.deciders is None:
+            return decider == self.actor.user_id
+        if decider in self.policy.approved_by:
+            return False
+        if decider == self.actor.user_id and self.policy.approved_by:
+            return False  # the requester counts only as the first approval
+        return self.policy.deciders.admits(self.actor.user_id, decider, roles)
 
 
 class ApprovalWait(BaseModel):
@@ -439,6 +495,29 @@ class ApprovalDecision(BaseModel):
     # next operation it has not been given and answers with it (DecisionAnswer.next), so no second Update
     # (and no workflow task of its own) is needed to learn what waits next.
     then_wait: ApprovalWait | None = None
+
+
+class PolicyInput(BaseModel):
+    """The decide_by_policy activity's input: one validated write, as the policy sees it."""
+
+    operation_id: str
+    tool: str
+    arguments: dict[str, Any]
+    digest: str
+    # What the digest binds besides the arguments (an HTTP write's "POST /path"); None: the tool's name.
+    target: str | None = None
+    audience: str
+    actor: Actor
+    facts: dict[str, Any] = Field(default_factory=dict)
+    # The decision's token expires by then (the operation's approval window, never past the deadline).
+    expires_at: datetime
+
+
+class PolicyDecision(BaseModel):
+    """What the policy decided, and its signed token (for allow and ask: sent with the write, first)."""
+
+    record: PolicyRecord
+    token: str | None = None
 
 
 class WriteInput(BaseModel):

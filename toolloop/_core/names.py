@@ -9,6 +9,8 @@ EXECUTE_WRITE_ACTIVITY = "execute_write"
 QUERY_OPERATION_STATUS_ACTIVITY = "query_operation_status"
 READ_BACK_ACTIVITY = "read_back_operation"
 REQUEST_ENDED_ACTIVITY = "request_ended"
+# Runs on the policy evaluator's own task queue, where the policy's signing key is (docs/POLICIES.md).
+DECIDE_BY_POLICY_ACTIVITY = "decide_by_policy"
 APPROVE_OPERATION_UPDATE = "approve_operation"
 GET_LEDGER_QUERY = "get_ledger"
 GET_APPROVAL_REQUEST_QUERY = "get_approval_request"

@@ -26,7 +26,7 @@ from toolloop._core.arguments import (  # noqa: F401  (re-exported: the canonica
     strict_schema_problems,
 )
 from toolloop._core.codes import ResultCode
-from toolloop._core.contracts import Actor
+from toolloop._core.contracts import Actor, PolicyFact
 
 if TYPE_CHECKING:
     import httpx
@@ -182,6 +182,9 @@ class ToolSpec:
     # operation id of its own (keyed by its occurrence in the request), and so its own approval and effect.
     # False (the default): the same payload proposed again is the same operation, done at most once.
     each_call_distinct: bool = False
+    # What an approval policy decides this write on besides its arguments: facts from the request's earlier
+    # reads (toolloop._core.facts).
+    policy_facts: tuple[PolicyFact, ...] = ()
 
     @property
     def read_only(self) -> bool:

@@ -121,6 +121,7 @@ def check_call(registry: ToolRegistry, call: FunctionCallItem) -> CheckedCall:
         redact=list(spec.redact),
         target=target,
         audience=None if spec.read_only else spec.approval_audience,
+        policy_facts=list(spec.policy_facts),
         timeout_seconds=spec.timeout_seconds,
         max_attempts=spec.max_attempts,
         # Only a write has a status query and a read-back to lack (a read keeps the defaults, left out of history).

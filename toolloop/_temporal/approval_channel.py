@@ -6,6 +6,7 @@ reject) by Temporal Update. Whoever decides is the channel's session, never a na
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
@@ -59,13 +60,18 @@ def sign_decision(
     approve: bool,
     channel: str = "cli",
     ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
+    roles: Sequence[str] = (),
 ) -> str:
     """A token for `decider`'s decision on exactly this payload. It never outlives the request's deadline,
     so nothing can be committed after it, and it names the end of the operation's approval window: a
     decision made after it is refused by the workflow and by the service. Its audience is the one the
     workflow names for the operation (the service or tool source that will check it); its header names the
-    signing key's id, so the verifying side picks the key, two of them during a rotation."""
+    signing key's id, so the verifying side picks the key, two of them during a rotation. It is made for the
+    person the write acts for (`user_id`), decided by `decider` with `roles` (their identity's): someone the
+    operation's policy does not name (or, without a policy, anyone but the requester) gets no token."""
     check_shown_payload(request)
+    if decider.tenant_id != request.actor.tenant_id or not request.may_decide(decider.user_id, roles):
+        raise ApprovalRefused(f"operation {request.operation_id}: {decider.user_id} may not decide it")
     now = time.time()
     expires_at = now + ttl_seconds
     if request.deadline is not None:
@@ -79,11 +85,12 @@ def sign_decision(
         raise ApprovalRefused(f"operation {request.operation_id}: the request names no audience to sign for")
     claims = ApprovalClaims(
         audience=request.audience,
-        user_id=decider.user_id,
-        tenant_id=decider.tenant_id,
+        user_id=request.actor.user_id,
+        tenant_id=request.actor.tenant_id,
         operation_id=request.operation_id,
         digest=request.digest,
         approved_by=decider.user_id,
+        roles=sorted(set(roles)),
         approved_at=now,
         expires_at=expires_at,
         decision="approve" if approve else "reject",
@@ -112,10 +119,11 @@ async def send_decision(
     key: str | None,
     channel: str = "cli",
     ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
+    roles: Sequence[str] = (),
 ) -> DecisionReceipt:
     """Approve or reject; the operation's state right after. Raises temporalio's WorkflowUpdateFailedError
     if the workflow refuses it, and RequestFinished if the request ended before the decision reached it."""
-    receipt, _ = await _send(handle, request, approve, decider, key, channel, ttl_seconds, then_wait=None)
+    receipt, _ = await _send(handle, request, approve, decider, key, channel, ttl_seconds, roles, then_wait=None)
     return receipt
 
 
@@ -129,11 +137,12 @@ async def send_decision_then_wait(
     seen: list[str],
     channel: str = "cli",
     ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
+    roles: Sequence[str] = (),
 ) -> tuple[DecisionReceipt, ApprovalRequest | None]:
     """`send_decision`, and then the next operation waiting for approval that is not in `seen` once one waits
     (None once the request finished), from the same Update: for an approver that decides each in turn."""
     receipt, answer = await _send(
-        handle, request, approve, decider, key, channel, ttl_seconds, then_wait=ApprovalWait(seen=seen)
+        handle, request, approve, decider, key, channel, ttl_seconds, roles, then_wait=ApprovalWait(seen=seen)
     )
     if answer.next is None:
         # A worker older than then_wait answered at once, without waiting: wait with an Update of its own.
@@ -149,11 +158,12 @@ async def _send(
     key: str | None,
     channel: str,
     ttl_seconds: float,
+    roles: Sequence[str],
     then_wait: ApprovalWait | None,
 ) -> tuple[DecisionReceipt, DecisionAnswer]:
     if key is None:
         raise ApprovalRefused("no approval key: set TOOLLOOP_APPROVAL_KEY or use the local stack")
-    token = sign_decision(request, decider, key, approve=approve, channel=channel, ttl_seconds=ttl_seconds)
+    token = sign_decision(request, decider, key, approve=approve, channel=channel, ttl_seconds=ttl_seconds, roles=roles)
     decision = ApprovalDecision(
         operation_id=request.operation_id,
         digest=request.digest,

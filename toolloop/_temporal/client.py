@@ -335,11 +335,13 @@ class ToolloopRequest:
         check_shown_payload(approval)
 
     async def decide(
-        self, approval: ApprovalRequest, *, approve: bool, decider: Actor | None = None
+        self, approval: ApprovalRequest, *, approve: bool, decider: Actor | None = None, roles: Sequence[str] = ()
     ) -> DecisionReceipt:
         """Approve or reject exactly the payload in `approval` (what the approver was shown): the client's
         approval channel checks its digest, signs it for `decider` (default: the request's own user) and
-        sends it. The workflow checks the signature and that the digest is still the operation's. Raises
+        sends it. `roles` are the decider's, as their identity gives them: an operation a policy leaves to a role
+        (docs/POLICIES.md) is decided by its members. The workflow checks the signature, that the digest is still
+        the operation's and that the decider may decide it. Raises
         ApprovalRefused (nothing signed: no key, a payload that does not match its digest, a closed window),
         RequestFinished, or temporalio's WorkflowUpdateFailedError when the workflow refuses the decision."""
         return await send_decision(
@@ -350,9 +352,12 @@ class ToolloopRequest:
             key=self._channel.signing_key,
             channel=self._channel.name,
             ttl_seconds=self._channel.ttl_seconds,
+            roles=roles,
         )
 
-    async def decide_each(self, approver: Approver, *, decider: Actor | None = None) -> list[DecisionReceipt]:
+    async def decide_each(
+        self, approver: Approver, *, decider: Actor | None = None, roles: Sequence[str] = ()
+    ) -> list[DecisionReceipt]:
         """Show `approver` each operation as it starts waiting and send its verdict (None: left to someone
         else), until the run closes; the receipts of the decisions taken. An operation that stopped waiting
         meanwhile (decided elsewhere, expired) is passed over: its state says what happened. Any other refusal
@@ -363,8 +368,13 @@ class ToolloopRequest:
         seen: list[str] = []
         first_wait, self._first_wait = self._first_wait, None
         approval = await next_approval(self.handle, seen, sent=first_wait)
+        me = decider or self.actor
         while approval is not None:
             seen.append(approval.operation_id)
+            if not approval.may_decide(me.user_id, roles) or me.tenant_id != approval.actor.tenant_id:
+                # Left to the people its policy names (a manager, a second person): they decide elsewhere.
+                approval = await next_approval(self.handle, seen)
+                continue
             self.check_signable(approval)  # never show an approver what cannot be signed
             verdict = approver(approval)
             if inspect.isawaitable(verdict):
@@ -383,6 +393,7 @@ class ToolloopRequest:
                     seen=seen,
                     channel=self._channel.name,
                     ttl_seconds=self._channel.ttl_seconds,
+                    roles=roles,
                 )
             except RequestFinished:
                 break

@@ -75,7 +75,10 @@ class ToolloopPlugin(SimplePlugin):
     `model_prices` is the price per million tokens of the models it knows by name (`{"gpt-4.1-mini": {"input":
     0.40, "cached_input": 0.10, "output": 1.60}}`, TOOLLOOP_MODEL_PRICES): a turn whose provider reports its
     usage is recorded with its cost, and a request's `max_cost` counts it (a ValueError at construction says
-    what is wrong with the table). AgentWorkflow runs in Temporal's workflow sandbox (workflow_runner), as the
+    what is wrong with the table). `policy_task_queue` is where the deployment's policy evaluator runs
+    (`python worker.py --policy`, docs/POLICIES.md): each validated write is decided there by rule first (allow,
+    deny, or ask the people the policy names) before any person is asked; None: every write waits for its
+    requester's approval. AgentWorkflow runs in Temporal's workflow sandbox (workflow_runner), as the
     SDK runs it."""
 
     def __init__(
@@ -92,6 +95,7 @@ class ToolloopPlugin(SimplePlugin):
         on_request_end: RequestEndHook | None = None,
         model_prices: Mapping[str, ModelPrice | Mapping[str, Any]] | None = None,
         live_text: LiveTextStore | str | None = None,
+        policy_task_queue: str | None = None,
     ) -> None:
         spec = tools if isinstance(tools, AgentSpec) else AgentSpec(tools=tools)
         self.toolset = spec.tools
@@ -106,6 +110,7 @@ class ToolloopPlugin(SimplePlugin):
         self._http = http
         self._owns_http = http is None
         self.on_request_end = on_request_end
+        self.policy_task_queue = policy_task_queue or None
         self.model_prices = price_table(model_prices or {})
         # Where model turns write their text as it streams (a Redis URL or a store; None: nowhere).
         self.live_text = LiveTextStore(live_text) if isinstance(live_text, str) else live_text
@@ -145,6 +150,7 @@ class ToolloopPlugin(SimplePlugin):
                 end_hook=self.on_request_end is not None,
                 prices=self.model_prices,
                 live_text=self.live_text,
+                policy_task_queue=self.policy_task_queue,
             ).model_turn,
             RequestEndActivities(self.on_request_end).request_ended,
             ToolActivities(registry, http, outputs).run_tool,

@@ -86,6 +86,8 @@ class WorkerSettings(TemporalSettings):
     # A worker serves the scripted models (the script model, the demo's offline model) only when this says so:
     # tests, the local demo stack, the chaos runner and the benchmark do; a deployment's worker does not.
     allow_scripted_models: bool = Field(default=False, validation_alias="TOOLLOOP_ALLOW_SCRIPTED_MODELS")
+    # Where the policy evaluator runs (python worker.py --policy); unset: every write asks its requester.
+    policy_task_queue: str | None = Field(default=None, validation_alias="TOOLLOOP_POLICY_TASK_QUEUE")
     # How long the business service keeps operation ids, for a service that does not declare it on its
     # status answers. Unknown (unset and undeclared) means a resend after a doubtful attempt fails closed.
     idempotency_retention_seconds: float | None = Field(
@@ -231,6 +233,16 @@ class WorkerSettings(TemporalSettings):
         return value
 
 
+class PolicySettings(TemporalSettings):
+    """The policy evaluator's settings (python worker.py --policy): the only process that holds the policy's
+    signing key."""
+
+    policy_file: Path = Field(validation_alias="TOOLLOOP_POLICY_FILE")
+    policy_schema: Path = Field(validation_alias="TOOLLOOP_POLICY_SCHEMA")
+    policy_signing_key: SecretStr = Field(validation_alias="TOOLLOOP_POLICY_SIGNING_KEY")
+    policy_task_queue: str = Field(default="toolloop-policy", validation_alias="TOOLLOOP_POLICY_TASK_QUEUE")
+
+
 class ApiSettings(TemporalSettings):
     """The HTTP API's (`starter.py serve`): its callers' tokens and the approval channel's signing key. No
     verify key and no scripted models: those are a worker's."""
@@ -270,7 +282,14 @@ class Settings(WorkerSettings, ApiSettings):
 # TOOLLOOP_MODELS holds no secret by design, but a key pasted into it by mistake must not be echoed either; a
 # Redis URL may hold a password.
 _SECRET_VARIABLES = frozenset(
-    {"OPENAI_API_KEY", "OPENAI_EXTRA_HEADERS", "TOOLLOOP_APPROVAL_KEY", "TOOLLOOP_MODELS", "TOOLLOOP_LIVE_TEXT_URL"}
+    {
+        "OPENAI_API_KEY",
+        "OPENAI_EXTRA_HEADERS",
+        "TOOLLOOP_APPROVAL_KEY",
+        "TOOLLOOP_POLICY_SIGNING_KEY",
+        "TOOLLOOP_MODELS",
+        "TOOLLOOP_LIVE_TEXT_URL",
+    }
 )
 
 

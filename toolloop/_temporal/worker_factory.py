@@ -185,6 +185,7 @@ async def running_worker(
             allow_scripted_models=settings.allow_scripted_models,
             model_prices=settings.model_prices,
             live_text=settings.live_text_url,
+            policy_task_queue=settings.policy_task_queue,
         )
         # Opened before the worker starts, so a source that cannot open (an MCP server that does not start)
         # is reported at once and no worker is left half-started; the plugin's own opening nests in this one.

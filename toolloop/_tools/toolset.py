@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 from pydantic import BaseModel
 
 from toolloop._core.arguments import argument_schema
+from toolloop._core.contracts import PolicyFact
 from toolloop._core.registry import ReadBack as ReadBackFn
 from toolloop._core.registry import StatusQuery, ToolRegistry, ToolSource, ToolSpec
 from toolloop._tools.http import HttpSource, HttpWriteContract, ReadBack, fill_path, path_fields
@@ -235,6 +236,7 @@ class Toolset:
         canonical: Callable[[Any], Any] | None = None,
         target_of: Callable[[Any], str] | None = None,
         each_call_distinct: bool = False,
+        policy_facts: Iterable[PolicyFact] = (),
     ) -> Callable[[F], F]: ...
 
     @overload
@@ -258,6 +260,7 @@ class Toolset:
         canonical: Callable[[Any], Any] | None = None,
         target_of: Callable[[Any], str] | None = None,
         each_call_distinct: bool = False,
+        policy_facts: Iterable[PolicyFact] = (),
     ) -> Any:
         """A side-effecting tool: `async def tool(ctx, args: Args) -> Result`, run only after a person approves
         exactly its arguments, with `ctx.operation_id` as its idempotency key and `ctx.approval_token` to pass
@@ -267,7 +270,9 @@ class Toolset:
         may define `status` and `read_back` methods instead. `canonical(args)` normalises the arguments the
         digest and operation id are computed over. `each_call_distinct=True`: identical calls are distinct
         operations (each its own approval and effect), where by default the same payload proposed again is
-        the same operation, done at most once."""
+        the same operation, done at most once. `policy_facts`: what an approval policy decides this write on,
+        from the request's earlier reads (docs/POLICIES.md)."""
+        facts = _checked_facts(name or "write", policy_facts)
 
         def register(fn: F) -> F:
             executor, arguments_of, result_of = _introspect(fn, "write", arguments, result)
@@ -297,6 +302,7 @@ class Toolset:
                     result=result_of,
                     target=target_of,
                     each_call_distinct=each_call_distinct,
+                    policy_facts=facts,
                     canonical=instance_methods.get("canonical", canonical),
                     without_status=chosen_status is None,
                     without_read_back=chosen_read_back is None,
@@ -366,11 +372,13 @@ class Toolset:
         redact: Iterable[str] = (),
         summary: Callable[[Any], str] | None = None,
         each_call_distinct: bool = False,
+        policy_facts: Iterable[PolicyFact] = (),
     ) -> ToolSpec:
         """A side-effecting tool against a service that follows the IETF Idempotency-Key draft (as
         toolloop.servicekit does): `method` `path` with the arguments as the JSON body, the operation id as
         `Idempotency-Key` and the approval token as `X-Approval-Token`; `status_path` answers what became of an
-        operation id; `read_back` checks a completed one (None: none, so it stays unverified)."""
+        operation id; `read_back` checks a completed one (None: none, so it stays unverified); `policy_facts`:
+        what an approval policy decides it on, from the request's earlier reads (docs/POLICIES.md)."""
         if method.upper() not in ("POST", "PUT", "PATCH", "DELETE"):
             raise ValueError(f"tool {name!r}: an HTTP write uses POST, PUT, PATCH or DELETE, not {method!r}")
         _check_names(name, "path", path, set(path_fields(path)), arguments)
@@ -412,6 +420,7 @@ class Toolset:
                 source=source,
                 without_read_back=read_back is None,
                 each_call_distinct=each_call_distinct,
+                policy_facts=_checked_facts(name, policy_facts, arguments),
             )
         )
 
@@ -454,6 +463,26 @@ class Toolset:
                 if isinstance(refused, dict):
                     refused[spec.name] = reason
                 logger.warning("tool source %r: tool %r is not offered: %s", provider.name, spec.name, reason)
+
+
+def _checked_facts(
+    tool: str, facts: Iterable[PolicyFact], arguments: type[BaseModel] | None = None
+) -> tuple[PolicyFact, ...]:
+    """The write's policy facts, each named once and matched on arguments the write has."""
+    checked = tuple(facts)
+    names = [fact.name for fact in checked]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tool {tool!r}: two policy facts share a name")
+    if arguments is not None:
+        known = set(_alias_names(arguments))
+        for fact in checked:
+            unknown = sorted(set(fact.match.values()) - known)
+            if unknown:
+                raise ValueError(
+                    f"tool {tool!r}: policy fact {fact.name!r} matches on {', '.join(unknown)}, which is not an "
+                    "argument (use the names the model sees)"
+                )
+    return checked
 
 
 def _alias_names(model: type[BaseModel]) -> list[str]:

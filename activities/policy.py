@@ -1,0 +1,101 @@
+"""Activity side (I/O): the policy evaluator. It runs on its own task queue, in the one process that holds the
+policy's signing key (python worker.py --policy): never on a model worker. For one validated write it
+evaluates the deployment's Cedar policy (toolloop._core.policies) and signs what the policy decided - allow,
+or ask the people it names - bound to the write's audience, actor, operation and digest, like a person's
+decision; a denial is not signed (nothing may be sent).
+
+The policy files are read again for each decision, so a changed policy applies to the writes decided after
+the change (an operation already waiting keeps the decision it was asked under). A changed file that does not
+load denies every write until it is fixed: it never falls open."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from toolloop._core.approvals import PolicyClaims, mint_approval_token, payload_digest
+from toolloop._core.contracts import PolicyDecision, PolicyInput, PolicyRecord
+from toolloop._core.names import DECIDE_BY_POLICY_ACTIVITY
+from toolloop._core.policies import Policies, PolicyError, WriteProposal, load_policies
+
+logger = logging.getLogger("toolloop.policy")
+
+# A decision lives no longer than the request's deadline, and never longer than a day.
+MAX_DECISION_SECONDS = 86_400.0
+
+
+class PolicySource:
+    """The policy set in two files, loaded again when they change. Loading fails at construction (the
+    evaluator does not start) and, after a change, makes every decision a denial until the files load."""
+
+    def __init__(self, policy_file: str | Path, schema_file: str | Path) -> None:
+        self.policy_file = Path(policy_file)
+        self.schema_file = Path(schema_file)
+        self._texts: tuple[bytes, bytes] | None = None
+        self._policies: Policies | None = None
+        self.current()
+
+    def current(self) -> Policies:
+        """The policy set as the files now hold it. Raises PolicyError if they no longer load."""
+        texts = (self.policy_file.read_bytes(), self.schema_file.read_bytes())
+        if texts != self._texts or self._policies is None:
+            self._policies = None
+            self._texts = texts
+            self._policies = load_policies(self.policy_file, self.schema_file)
+            logger.info("policy loaded", extra={"policy_version": self._policies.version})
+        return self._policies
+
+
+class PolicyActivities:
+    def __init__(self, source: PolicySource, signing_key: str) -> None:
+        self._source = source
+        self._signing_key = signing_key
+
+    @activity.defn(name=DECIDE_BY_POLICY_ACTIVITY)
+    def decide_by_policy(self, inp: PolicyInput) -> PolicyDecision:
+        # The evaluator signs what it evaluated: the digest must be the digest of these very arguments.
+        if payload_digest(inp.target or inp.tool, inp.arguments) != inp.digest:
+            raise ApplicationError("the digest is not the arguments' digest", non_retryable=True)
+        try:
+            policies = self._source.current()
+        except (PolicyError, OSError) as exc:
+            logger.error("the policy does not load; every write is denied", extra={"why": str(exc)})
+            record = PolicyRecord(verdict="deny", reason="the policy does not load")
+            return PolicyDecision(record=record)
+        proposal = WriteProposal(
+            tool=inp.tool,
+            tenant_id=inp.actor.tenant_id,
+            user_id=inp.actor.user_id,
+            roles=(),  # the requester's roles are not known here: rules about requesters name them by id
+            arguments=inp.arguments,
+            facts=inp.facts,
+        )
+        verdict = policies.evaluate(proposal)
+        record = PolicyRecord(
+            verdict=verdict.verdict,
+            rules=verdict.rules,
+            version=verdict.version,
+            deciders=verdict.deciders,
+            reason=verdict.reason,
+        )
+        if verdict.verdict == "deny":
+            return PolicyDecision(record=record)
+        now = time.time()
+        claims = PolicyClaims(
+            audience=inp.audience,
+            user_id=inp.actor.user_id,
+            tenant_id=inp.actor.tenant_id,
+            operation_id=inp.operation_id,
+            digest=inp.digest,
+            verdict=verdict.verdict,
+            rules=verdict.rules,
+            policy_version=verdict.version,
+            deciders=verdict.deciders,
+            decided_at=now,
+            expires_at=min(inp.expires_at.timestamp(), now + MAX_DECISION_SECONDS),
+        )
+        return PolicyDecision(record=record, token=mint_approval_token(self._signing_key, claims))

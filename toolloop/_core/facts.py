@@ -1,0 +1,45 @@
+"""Pure: the facts a write's approval policy decides on, taken from what the request itself read earlier.
+
+A write tool names them (ToolSpec.policy_facts, a list of PolicyFact): for "the refund is within what the
+order can still refund", `PolicyFact(name="order", tool="get_order_status", match={"orderId": "orderId"},
+fields=["late", "refundable_cents", "paid_from"])` makes facts["order"] the newest successful output of
+get_order_status for the same orderId, with those fields only (the policy's schema declares them). A fact
+the request has not read is absent, so a rule that needs it does not match: it can only ask, never allow.
+
+The outputs are the tool activities' results, as the workflow holds them: what the service answered this
+request's own actor, never the model's words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from toolloop._core.contracts import PolicyFact
+
+
+@dataclass(frozen=True)
+class Read:
+    """One successful read of this request: the tool, its validated arguments, and its output."""
+
+    tool: str
+    arguments: Mapping[str, Any]
+    output: Mapping[str, Any]
+
+
+def policy_facts(wanted: Iterable[PolicyFact], arguments: Mapping[str, Any], reads: Iterable[Read]) -> dict[str, Any]:
+    """facts[name] for each wanted fact the request has read (the newest matching read wins)."""
+    newest_first = list(reads)[::-1]
+    facts: dict[str, Any] = {}
+    for fact in wanted:
+        for read in newest_first:
+            if read.tool != fact.tool or read.output.get("ok") is not True:
+                continue
+            if all(
+                name in read.arguments and read.arguments[name] == arguments.get(write_name)
+                for name, write_name in fact.match.items()
+            ):
+                facts[fact.name] = {field: read.output[field] for field in fact.fields if field in read.output}
+                break
+    return facts
