@@ -176,3 +176,10 @@ def test_the_demo_managers_have_published_tokens_with_the_manager_role() -> None
         assert hashlib.sha256(entry["token"].encode()).digest() in PUBLISHED_DEMO_TOKENS
     managers = {(e["tenant_id"], e["user_id"]) for e in entries if "manager" in e.get("roles", [])}
     assert managers == {(tenant, user) for tenant, (user, _) in SEED_FACTS["managers"].items()}
+
+
+def test_the_readme_shows_the_demo_policy_verbatim() -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### Approval policies") :]
+    shown = section[section.index("```cedar\n") + len("```cedar\n") :]
+    assert shown[: shown.index("```\n")] == (POLICIES / "demo.cedar").read_text()
