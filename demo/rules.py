@@ -13,6 +13,8 @@ from pydantic_core import PydanticCustomError
 ORDER_ID = r"^A[0-9]{3}$"
 TICKET_ID = r"^T[0-9]{4}$"
 CALENDAR_ID = r"^cal-[a-z0-9-]{1,32}$"
+# An account money goes to or comes from, e.g. acct-u1-0001.
+ACCOUNT = r"^acct-[a-z0-9-]{1,40}$"
 MAX_SAFE_INTEGER = 2**53 - 1
 MAX_EVENT_DURATION = timedelta(hours=8)
 # A deliberately plain shape: local@domain.tld, ASCII only (no look-alike or invisible characters).

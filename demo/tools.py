@@ -22,7 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 import toolloop
-from demo.rules import CALENDAR_ID, MAX_SAFE_INTEGER, ORDER_ID, TICKET_ID, Email, event_end, whole_second
+from demo.rules import ACCOUNT, CALENDAR_ID, MAX_SAFE_INTEGER, ORDER_ID, TICKET_ID, Email, event_end, whole_second
 from toolloop import Arguments, Instant, PlainText, ReadBack, ResultCode, ToolContext, sorted_unique
 
 MAX_SLOT_RANGE = timedelta(days=14)
@@ -121,6 +121,12 @@ class RefundOrderArgs(_WriteArguments):
         description="Amount to refund in cents; at most what is still refundable (never defaults to the total).",
     )
     reason: PlainText = Field(min_length=1, max_length=200, description="Why, plain text (1-200 characters).")
+    to_account: str | None = Field(
+        default=None,
+        alias="toAccount",
+        pattern=ACCOUNT,
+        description="Account to refund to, e.g. acct-u1-0001; null for the account the order was paid from.",
+    )
 
 
 # --- Results (the fields a tool passes on; anything else the service sends is dropped) ----------------------
@@ -143,8 +149,12 @@ class Order(BaseModel):
     items: list[_OrderItem]
     total_cents: int
     refunded_cents: int
+    refundable_cents: int
     currency: str
     version: int
+    paid_from: str
+    promised_by: str
+    late: bool
 
 
 class _OrderSummary(BaseModel):
@@ -172,6 +182,7 @@ class _TicketNote(BaseModel):
 
 class Ticket(BaseModel):
     ticket_id: str
+    owner: str
     subject: str
     status: str
     priority: str
@@ -217,6 +228,7 @@ class RefundCreated(BaseModel):
     order_id: str
     amount_cents: int
     reason: str
+    to_account: str
     refunded_cents: int
     refundable_cents: int
     created_at: str
@@ -235,10 +247,12 @@ class _Refund(BaseModel):
     refund_id: str
     amount_cents: int
     reason: str
+    to_account: str
 
 
 class _OrderRefunds(BaseModel):
     refunds: list[_Refund]
+    paid_from: str
 
 
 # --- Read-backs: what "done" is checked against ------------------------------------------------------------
@@ -263,7 +277,13 @@ def _refund_matches(args: RefundOrderArgs, created: RefundCreated, order: _Order
     refund = next((r for r in order.refunds if r.refund_id == created.refund_id), None)
     if refund is None:
         return None
-    return {"amount": refund.amount_cents == args.amount_cents, "reason": refund.reason == args.reason}
+    # No toAccount asked for: the refund must have gone to the account the order was paid from.
+    to_account = args.to_account if args.to_account is not None else order.paid_from
+    return {
+        "amount": refund.amount_cents == args.amount_cents,
+        "reason": refund.reason == args.reason,
+        "to_account": refund.to_account == to_account,
+    }
 
 
 def _utc(moment: datetime) -> str:

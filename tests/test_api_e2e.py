@@ -224,7 +224,12 @@ async def test_only_the_requests_user_with_the_right_digest_decides_and_then_it_
     op = await pending_operation(http, request_id, U1)
     path = f"/v1/requests/{request_id}/operations/{op['operation_id']}"
     payload = (await http.get(path, headers=U1)).json()  # the whole payload the digest covers
-    assert payload["arguments"] == {"orderId": "A100", "amountCents": 500, "reason": "it arrived late"}
+    assert payload["arguments"] == {
+        "orderId": "A100",
+        "amountCents": 500,
+        "reason": "it arrived late",
+        "toAccount": None,
+    }
     assert payload["target"] == "POST /orders/A100/refunds" and payload["digest"] == op["digest"]
     approve = {"decision": "approve", "digest": op["digest"]}
     assert_problem(await http.post(f"{path}/decision", json=approve, headers=U2), 404, "NOT_FOUND")

@@ -16,6 +16,7 @@ import pytest
 
 from demo.bizservice.app import create_app, free_slots
 from demo.bizservice.seed import SEED_FACTS
+from demo.bizservice.store import is_late, parse_utc
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN = {"X-Admin-Token": "t"}
@@ -91,6 +92,32 @@ async def test_get_order_returns_owner_order(client: httpx.AsyncClient) -> None:
     assert set(body["items"][0]) == {"sku", "name", "quantity"}
     assert datetime.fromisoformat(body["placed_at"]).tzinfo is not None
     assert body["delivered_at"] is None
+    assert (body["paid_from"], body["promised_by"]) == (facts["paid_from"], facts["promised_by"])
+    assert (body["late"], body["refundable_cents"]) == (True, facts["total_cents"])
+
+
+async def test_an_order_delivered_in_time_is_not_late(client: httpx.AsyncClient) -> None:
+    body = (await client.get("/orders/A102", headers=U1)).json()
+    facts = SEED_FACTS["order_a102"]
+    assert (body["status"], body["late"], body["paid_from"]) == ("delivered", False, facts["paid_from"])
+    assert body["delivered_at"] < body["promised_by"] == facts["promised_by"]
+    assert body["refundable_cents"] == facts["total_cents"]
+    assert (await client.get("/orders/A101", headers=U2)).json()["paid_from"] == SEED_FACTS["order_a101"]["paid_from"]
+
+
+@pytest.mark.parametrize(
+    ("status", "delivered_at", "now", "late"),
+    [
+        ("shipped", None, "2026-01-09T11:00:00Z", False),  # at the promised time: not yet
+        ("shipped", None, "2026-01-09T11:00:01Z", True),
+        ("placed", None, "2026-01-10T00:00:00Z", True),
+        ("delivered", "2026-01-09T11:00:00Z", "2026-12-01T00:00:00Z", False),
+        ("delivered", "2026-01-09T11:00:01Z", "2026-12-01T00:00:00Z", True),
+        ("cancelled", None, "2026-12-01T00:00:00Z", False),  # never to be delivered: never late
+    ],
+)
+def test_late_is_decided_when_read(status: str, delivered_at: str | None, now: str, late: bool) -> None:
+    assert is_late(status, delivered_at, "2026-01-09T11:00:00Z", parse_utc(now)) is late
 
 
 async def test_order_of_another_user_is_answered_like_a_missing_one(client: httpx.AsyncClient) -> None:
@@ -165,6 +192,7 @@ async def test_get_ticket_returns_notes_and_version(client: httpx.AsyncClient) -
     assert (body["subject"], body["status"], body["version"]) == (facts["subject"], facts["status"], facts["version"])
     assert len(body["notes"]) == facts["notes"]
     assert set(body["notes"][0]) == {"note_id", "text", "author", "created_at"}
+    assert body["owner"] == facts["owner"][0]
 
 
 async def test_unknown_route_is_a_problem(client: httpx.AsyncClient) -> None:
@@ -375,6 +403,33 @@ async def test_seeding_is_idempotent_and_db_uses_wal(db: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("SELECT COUNT(*) FROM orders").fetchone()[0] == sum(SEED_FACTS["order_counts"].values())
         assert conn.execute("SELECT COUNT(*) FROM tickets").fetchone()[0] == 3
+
+
+async def test_a_database_made_before_paid_from_and_refund_accounts_is_upgraded_at_startup(db: Path) -> None:
+    create_app(db)
+    with sqlite3.connect(db) as conn:  # as an older release left it: no such columns, one refund made
+        conn.execute(
+            "INSERT INTO refunds (refund_id, order_id, amount_cents, reason, created_at)"
+            " VALUES ('R-old', 'A100', 100, 'old', '2026-02-01T00:00:00Z')"
+        )
+        conn.execute("UPDATE orders SET refunded_cents = 100 WHERE order_id = 'A100'")
+        for table, column in (("orders", "paid_from"), ("orders", "promised_by"), ("refunds", "to_account")):
+            conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    async with _client(db) as c:
+        order = (await c.get("/orders/A100", headers=U1)).json()
+        refunds = (await c.get("/orders/A100/refunds", headers=U1)).json()
+    facts = SEED_FACTS["order_a100"]
+    assert (order["paid_from"], order["promised_by"], order["late"]) == (facts["paid_from"], facts["promised_by"], True)
+    assert order["refundable_cents"] == facts["total_cents"] - 100
+    assert [r["to_account"] for r in refunds["refunds"]] == [facts["paid_from"]]
+    assert refunds["paid_from"] == facts["paid_from"]
+
+
+async def test_each_tenant_has_a_manager_the_service_knows(client: httpx.AsyncClient) -> None:
+    for tenant, (user_id, name) in SEED_FACTS["managers"].items():
+        me = await client.get("/me", headers={"X-Actor-User": user_id, "X-Actor-Tenant": tenant})
+        assert me.json() == {"user_id": user_id, "tenant_id": tenant, "name": name}
+    assert SEED_FACTS["managers"] == {"acme": ("m1", "Margaret Hamilton"), "globex": ("m1", "Katherine Johnson")}
 
 
 async def test_unhandled_error_is_a_generic_500(db: Path) -> None:

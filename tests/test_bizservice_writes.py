@@ -352,8 +352,22 @@ async def test_refund_is_bounded_by_the_refundable_amount(client: httpx.AsyncCli
     assert (refunds["refunded_cents"], refunds["total_cents"]) == (total - 100, total)
     assert [r["refund_id"] for r in refunds["refunds"]] == [ok.json()["refund_id"]]
     order = (await client.get("/orders/A100", headers=U1)).json()
-    assert (order["refunded_cents"], order["version"]) == (total - 100, 2)
+    assert (order["refunded_cents"], order["refundable_cents"], order["version"]) == (total - 100, 100, 2)
     assert len(await effects(client)) == 1
+
+
+async def test_a_refund_goes_to_the_paying_account_unless_another_is_named(client: httpx.AsyncClient) -> None:
+    paid_from = SEED_FACTS["order_a100"]["paid_from"]
+    to_payer = await write(client, "refund_order", {**REFUND, "toAccount": None}, "op-payer")
+    assert (to_payer.status_code, to_payer.json()["to_account"]) == (201, paid_from)
+    # The service records where the money went; whether that account may get it is the approval policy's call.
+    elsewhere = await write(client, "refund_order", {**REFUND, "toAccount": "acct-u1-0002"}, "op-other")
+    assert (elsewhere.status_code, elsewhere.json()["to_account"]) == (201, "acct-u1-0002")
+    refunds = (await client.get("/orders/A100/refunds", headers=U1)).json()
+    expected = {to_payer.json()["refund_id"]: paid_from, elsewhere.json()["refund_id"]: "acct-u1-0002"}
+    assert {r["refund_id"]: r["to_account"] for r in refunds["refunds"]} == expected
+    assert refunds["paid_from"] == paid_from
+    assert {e["id"]: e["to_account"] for e in await effects(client)} == expected
 
 
 @pytest.mark.parametrize(
@@ -369,6 +383,9 @@ async def test_refund_is_bounded_by_the_refundable_amount(client: httpx.AsyncCli
         ({"reason": "ok\u200b"}, "reason"),
         ({"orderId": "A102"}, "orderId"),
         ({"userId": "u2"}, "userId"),
+        ({"toAccount": "ACCT-U1-0001"}, "toAccount"),
+        ({"toAccount": "acct-"}, "toAccount"),
+        ({"toAccount": 1}, "toAccount"),
     ],
 )
 async def test_bad_refund_bodies_are_rejected(client: httpx.AsyncClient, change: dict[str, Any], field: str) -> None:

@@ -308,7 +308,7 @@ def test_ask_auto_approve_writes_once_and_reports_the_ledger(cli_env: dict[str, 
 
 
 def test_approve_from_another_shell_only_as_the_requests_user(cli_env: dict[str, str], tmp_path: Path) -> None:
-    refund = {"orderId": "A102", "amountCents": 150, "reason": "late delivery"}
+    refund = {"orderId": "A102", "amountCents": 150, "reason": "late delivery", "toAccount": None}
     with refund_waiting_for_approval(cli_env, tmp_path, refund) as (ask, workflow_id, operation_id):
         # Another user, or the same user id in another tenant, is told what a missing request gets.
         for who in (["--user", "u2"], ["--user", "u1", "--tenant", "globex"]):
@@ -468,7 +468,7 @@ def test_ask_exits_4_when_it_answered_but_the_write_was_not_done(cli_env: dict[s
 
 def test_the_receipt_keeps_the_exact_payload_when_piped(cli_env: dict[str, str], tmp_path: Path) -> None:
     reason = "the parcel arrived soaked through and the customer asked twice already " * 2
-    refund = {"orderId": "A107", "amountCents": 321, "reason": reason.strip()}
+    refund = {"orderId": "A107", "amountCents": 321, "reason": reason.strip(), "toAccount": None}
     script = refund_script(tmp_path / "refund.json", refund)
     done = run_cli(cli_env, "ask", "--user", "u1", "--auto-approve", "--model", f"script:{script}", "refund")
 
@@ -849,7 +849,7 @@ def test_ctrl_c_while_queued_in_a_thread_prints_a_command_that_follows_the_messa
 def test_the_answer_typed_at_the_prompt_is_signed_for_the_sessions_user_via_the_cli(
     cli_env: dict[str, str], tmp_path: Path, order: str, typed: str, said: str, state: str, code: int
 ) -> None:
-    refund = {"orderId": order, "amountCents": 114, "reason": f"typed {typed}"}
+    refund = {"orderId": order, "amountCents": 114, "reason": f"typed {typed}", "toAccount": None}
     script = refund_script(tmp_path / "r.json", refund, "Answered.")
     child = spawn_ask(cli_env, "--user", "u1", "--model", f"script:{script}", "refund")
     try:
@@ -876,7 +876,7 @@ def test_the_answer_typed_at_the_prompt_is_signed_for_the_sessions_user_via_the_
 def test_cancel_from_another_shell_stops_the_request_and_prints_its_receipt(
     cli_env: dict[str, str], tmp_path: Path
 ) -> None:
-    refund = {"orderId": "A102", "amountCents": 120, "reason": "cancelled before approval"}
+    refund = {"orderId": "A102", "amountCents": 120, "reason": "cancelled before approval", "toAccount": None}
     with refund_waiting_for_approval(cli_env, tmp_path, refund) as (ask, workflow_id, operation_id):
         # Only the request's own user cancels it; for anyone else it does not exist.
         foreign = run_cli(cli_env, "cancel", workflow_id, "--user", "u2")
@@ -896,7 +896,7 @@ def test_cancel_from_another_shell_stops_the_request_and_prints_its_receipt(
 
 
 def test_result_of_a_terminated_request_is_one_line_never_a_traceback(cli_env: dict[str, str], tmp_path: Path) -> None:
-    refund = {"orderId": "A102", "amountCents": 130, "reason": "terminated by an operator"}
+    refund = {"orderId": "A102", "amountCents": 130, "reason": "terminated by an operator", "toAccount": None}
     with refund_waiting_for_approval(cli_env, tmp_path, refund) as (ask, workflow_id, _):
         address = f"127.0.0.1:{cli_env['TOOLLOOP_TEMPORAL_PORT']}"
         terminate = [temporal_binary(), "workflow", "terminate", "--address", address, "--workflow-id", workflow_id]

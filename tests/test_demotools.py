@@ -158,6 +158,9 @@ async def test_get_order_status_returns_selected_fields(registry: ToolRegistry, 
         facts["tracking_number"],
     )
     assert (out["total_cents"], out["currency"], len(out["items"])) == (facts["total_cents"], "EUR", facts["items"])
+    # What an approval policy reads of it (config/policies/demo.cedar).
+    assert (out["paid_from"], out["late"], out["refundable_cents"]) == (facts["paid_from"], True, facts["total_cents"])
+    assert out["promised_by"] == facts["promised_by"]
 
 
 async def test_not_yours_and_missing_give_the_same_not_available(
@@ -194,6 +197,7 @@ async def test_list_my_orders_applies_defaults(registry: ToolRegistry, service: 
 async def test_get_ticket_and_find_free_slots(registry: ToolRegistry, service: httpx.AsyncClient) -> None:
     ticket = await run(registry, ctx_for(service), "get_ticket", '{"ticketId":"T1001"}')
     assert (ticket["subject"], ticket["version"], len(ticket["notes"])) == ("Package arrived damaged", 1, 1)
+    assert ticket["owner"] == "u1"  # only its owner can read it
     slots = await run(registry, ctx_for(service), "find_free_slots", FREE_SLOTS_ARGS)
     assert [(s["start"], s["end"]) for s in slots["slots"]] == [tuple(s) for s in SEED_FACTS["cal_u1_free_2026_12_01"]]
     assert (slots["from"], slots["to"], slots["truncated"]) == ("2026-12-01T00:00:00Z", "2026-12-02T00:00:00Z", False)

@@ -130,7 +130,7 @@ def test_write_tools_are_side_effecting_with_strict_schemas(registry: ToolRegist
     expected_props = {
         "append_ticket_note": ["ticketId", "text", "expectedVersion"],
         "create_calendar_event": ["calendarId", "title", "start", "end", "attendees"],
-        "refund_order": ["orderId", "amountCents", "reason"],
+        "refund_order": ["orderId", "amountCents", "reason", "toAccount"],
     }
     for name in WRITE_TOOLS:
         spec = spec_of(registry, name)
@@ -227,6 +227,7 @@ async def test_event_and_refund_outputs(registry: ToolRegistry, service: httpx.A
     _, refund = await run_write(registry, service, "refund_order", REFUND, "op-r")
     total = SEED_FACTS["order_a100"]["total_cents"]
     assert (refund["amount_cents"], refund["refunded_cents"], refund["refundable_cents"]) == (500, 500, total - 500)
+    assert refund["to_account"] == SEED_FACTS["order_a100"]["paid_from"]
 
 
 @pytest.mark.parametrize("attendees", ["omitted", None, []], ids=["omitted", "null", "empty"])
@@ -509,7 +510,8 @@ async def read_back(
     [
         ("append_ticket_note", NOTE, "note_id", {"text"}),
         ("create_calendar_event", EVENT, "event_id", {"calendar", "title", "start", "end", "attendees"}),
-        ("refund_order", REFUND, "refund_id", {"amount", "reason"}),
+        ("refund_order", REFUND, "refund_id", {"amount", "reason", "to_account"}),
+        ("refund_order", {**REFUND, "toAccount": "acct-u1-0002"}, "refund_id", {"amount", "reason", "to_account"}),
     ],
 )
 async def test_read_back_verifies_the_approved_state(
@@ -537,6 +539,9 @@ async def test_read_back_verifies_the_approved_state(
         ("create_calendar_event", EVENT, {"attendees": ["ops@example.com"]}, "attendees"),
         ("create_calendar_event", EVENT, {"title": "Other"}, "title"),
         ("refund_order", REFUND, {"amountCents": 499}, "amount"),
+        # No toAccount approved means the paying account: a refund that went elsewhere is not that one.
+        ("refund_order", {**REFUND, "toAccount": "acct-u1-0002"}, {"toAccount": None}, "to_account"),
+        ("refund_order", REFUND, {"toAccount": "acct-u1-0002"}, "to_account"),
     ],
 )
 async def test_read_back_of_a_different_state_is_not_verified(
@@ -583,6 +588,7 @@ async def test_read_back_failures(registry: ToolRegistry) -> None:
     args, _ = checked(registry, "refund_order", REFUND)
     output = {"ok": True, "refund_id": "R-1", "order_id": "A100", "amount_cents": 500, "reason": "damaged box"}
     output |= {"refunded_cents": 500, "refundable_cents": 1, "created_at": "2026-01-01T00:00:00Z"}
+    output |= {"to_account": "acct-u1-0001"}
 
     def reset(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadError("reset", request=request)

@@ -120,7 +120,7 @@ async def test_the_worker_logs_json_with_the_call_fields_and_serves_metrics(
         "refund_order",
         "yes",
     )
-    assert attempt["arguments"] == {"orderId": "A100", "amountCents": MASK, "reason": MASK}
+    assert attempt["arguments"] == {"orderId": "A100", "amountCents": MASK, "reason": MASK, "toAccount": None}
     # The masked values appear nowhere in the worker's log.
     assert "a very private reason" not in log.read_text()
 

@@ -204,7 +204,12 @@ async def test_a_write_approved_on_the_page_is_done_once_and_shown_verified(
         await expect(request.locator('[data-field="question"]')).to_have_text(REFUND)
         payload = await check_approval_card(page, http, request_id)
         assert (payload["tool"], payload["target"]) == ("refund_order", "POST /orders/A100/refunds")
-        assert payload["arguments"] == {"orderId": "A100", "amountCents": 500, "reason": "it arrived late"}
+        assert payload["arguments"] == {
+            "orderId": "A100",
+            "amountCents": 500,
+            "reason": "it arrived late",
+            "toAccount": None,
+        }
         card = request.locator(".approval")
         await expect(card.locator('tr[data-arg="orderId"] [data-field="arg-value"]')).to_have_text('"A100"')
         await expect(card.locator('tr[data-arg="amountCents"] [data-field="arg-value"]')).to_have_text("500")

@@ -80,8 +80,12 @@ class Order(BaseModel):
     items: list[OrderItem]
     total_cents: int
     refunded_cents: int
+    refundable_cents: int
     currency: str
     version: int
+    paid_from: str
+    promised_by: str
+    late: bool
 
 
 class OrderSummary(BaseModel):
@@ -109,6 +113,7 @@ class TicketNote(BaseModel):
 
 class Ticket(BaseModel):
     ticket_id: str
+    owner: str  # the owner's user id (only the owner can read it)
     subject: str
     status: str
     priority: str
@@ -131,6 +136,7 @@ class Refund(BaseModel):
     refund_id: str
     amount_cents: int
     reason: str
+    to_account: str
     created_at: str
 
 
@@ -139,6 +145,7 @@ class OrderRefunds(BaseModel):
     refunds: list[Refund]
     refunded_cents: int
     total_cents: int
+    paid_from: str
 
 
 class Slot(BaseModel):

@@ -5,12 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from demo.bizservice.store import Store, iso_utc
+from demo.bizservice.store import Store, default_paid_from, default_promised_by, iso_utc
 
 SEED_FACTS: Final[dict[str, Any]] = {
     # Who exists: tenant -> users. "u1" exists in both tenants as two different people (and owns nothing
     # in globex): identity is always the (tenant, user) pair.
     "tenants": {"acme": ["u1", "u2"], "globex": ["u3", "u1"]},
+    # One manager per tenant (a user of the service too; config/api_tokens.json gives them the role).
+    "managers": {"acme": ("m1", "Margaret Hamilton"), "globex": ("m1", "Katherine Johnson")},
     "order_a100": {
         "order_id": "A100",
         "owner": ("u1", "acme"),
@@ -20,9 +22,22 @@ SEED_FACTS: Final[dict[str, Any]] = {
         "total_cents": 12999,
         "currency": "EUR",
         "items": 2,
+        "paid_from": "acct-u1-0001",
+        # Shipped, not delivered, and promised by 2026-01-09: late from then on.
+        "promised_by": "2026-01-09T11:00:00Z",
+        "late": True,
     },
-    "order_a101": {"order_id": "A101", "owner": ("u2", "acme"), "status": "placed"},
-    "order_a102": {"order_id": "A102", "owner": ("u1", "acme"), "status": "delivered"},
+    "order_a101": {"order_id": "A101", "owner": ("u2", "acme"), "status": "placed", "paid_from": "acct-u2-0002"},
+    # Delivered a day before its promised time: not late.
+    "order_a102": {
+        "order_id": "A102",
+        "owner": ("u1", "acme"),
+        "status": "delivered",
+        "paid_from": "acct-u1-0001",
+        "total_cents": 2599,
+        "promised_by": "2026-01-11T13:00:00Z",
+        "late": False,
+    },
     # Orders per user (u1 has 25, so page_size 20 gives pages of 20 and 5).
     "order_counts": {"u1": 25, "u2": 9, "u3": 7},
     "missing_order_id": "A999",
@@ -55,6 +70,7 @@ _USERS = [
     ("u2", "acme", "Grace Hopper"),
     ("u3", "globex", "Hank Scorpio"),
     ("u1", "globex", "Ulla Eins"),
+    *((user_id, tenant_id, name) for tenant_id, (user_id, name) in SEED_FACTS["managers"].items()),
 ]
 _BASE = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 _STATUS_CYCLE = ("delivered", "shipped", "placed", "cancelled")
@@ -95,8 +111,11 @@ def _orders() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
             total = 1000 + (n * 377) % 9000
         shipped = iso_utc(placed + timedelta(days=1)) if status in ("shipped", "delivered") else None
         delivered = iso_utc(placed + timedelta(days=3)) if status == "delivered" else None
+        placed_at = iso_utc(placed)
+        paid_from, promised_by = default_paid_from(user_id, order_id), default_promised_by(placed_at)
         orders.append(
-            (order_id, user_id, tenant_id, status, carrier, tracking, iso_utc(placed), shipped, delivered, total, "EUR")
+            (order_id, user_id, tenant_id, status, carrier, tracking, placed_at, shipped, delivered, total, "EUR")
+            + (paid_from, promised_by)
         )
         if n == 100:
             items += [
@@ -119,7 +138,8 @@ def seed(store: Store) -> bool:
         orders, items = _orders()
         conn.executemany(
             "INSERT INTO orders (order_id, user_id, tenant_id, status, carrier, tracking_number, placed_at,"
-            " shipped_at, delivered_at, total_cents, currency) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " shipped_at, delivered_at, total_cents, currency, paid_from, promised_by)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             orders,
         )
         conn.executemany(

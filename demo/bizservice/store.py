@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ CREATE TABLE IF NOT EXISTS users (
     name      TEXT NOT NULL,
     PRIMARY KEY (tenant_id, user_id)
 );
+-- An order's paid_from is the account it was paid from (a refund goes there unless told otherwise), its
+-- promised_by when its delivery was promised by (whether it is late is computed when it is read).
 CREATE TABLE IF NOT EXISTS orders (
     order_id        TEXT PRIMARY KEY,
     user_id         TEXT NOT NULL,
@@ -40,7 +42,9 @@ CREATE TABLE IF NOT EXISTS orders (
     total_cents     INTEGER NOT NULL CHECK (total_cents >= 0),
     refunded_cents  INTEGER NOT NULL DEFAULT 0 CHECK (refunded_cents >= 0 AND refunded_cents <= total_cents),
     currency        TEXT NOT NULL,
-    version         INTEGER NOT NULL DEFAULT 1
+    version         INTEGER NOT NULL DEFAULT 1,
+    paid_from       TEXT,
+    promised_by     TEXT
 );
 CREATE INDEX IF NOT EXISTS orders_by_owner ON orders (tenant_id, user_id, placed_at DESC, order_id);
 CREATE TABLE IF NOT EXISTS order_items (
@@ -103,7 +107,8 @@ CREATE TABLE IF NOT EXISTS refunds (
     created_at   TEXT NOT NULL,
     operation_id TEXT,
     actor_user   TEXT,
-    actor_tenant TEXT
+    actor_tenant TEXT,
+    to_account   TEXT
 );
 CREATE INDEX IF NOT EXISTS refunds_by_order ON refunds (order_id, created_at, refund_id);
 CREATE TABLE IF NOT EXISTS request_log (
@@ -142,7 +147,14 @@ _ADDED_COLUMNS = [
     ("fault_rules", "first_fired_at", "REAL"),
     ("request_log", "idempotency_key", "TEXT"),
     ("request_log", "body_digest", "TEXT"),
+    # Filled in for existing rows by _backfill (an order's paid_from and promised_by follow the seed's rule;
+    # a refund made before destinations were recorded went to the order's paid_from).
+    ("orders", "paid_from", "TEXT"),
+    ("orders", "promised_by", "TEXT"),
+    ("refunds", "to_account", "TEXT"),
 ]
+# How long after it was placed a seeded order's delivery is promised by.
+PROMISED_AFTER = timedelta(days=4)
 _EFFECT_INDEXES = """
 CREATE INDEX IF NOT EXISTS notes_by_operation ON ticket_notes (operation_id);
 CREATE INDEX IF NOT EXISTS events_by_operation ON calendar_events (operation_id);
@@ -157,6 +169,48 @@ def iso_utc(moment: datetime) -> str:
 
 def parse_utc(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+
+
+def default_paid_from(user_id: str, order_id: str) -> str:
+    """The account an order was paid from, as the demo data has it: acct-<user>-0001 for even order
+    numbers, acct-<user>-0002 for odd ones."""
+    return f"acct-{user_id}-{'0001' if int(order_id[1:]) % 2 == 0 else '0002'}"
+
+
+def default_promised_by(placed_at: str) -> str:
+    """When an order's delivery was promised by, as the demo data has it: 4 days after it was placed."""
+    return iso_utc(parse_utc(placed_at) + PROMISED_AFTER)
+
+
+def is_late(status: str, delivered_at: str | None, promised_by: str | None, now: datetime) -> bool:
+    """Late: delivered after the promised time, or not delivered (nor cancelled) and the time has passed."""
+    if promised_by is None or status == "cancelled":
+        return False
+    promised = parse_utc(promised_by)
+    if delivered_at is not None:
+        return parse_utc(delivered_at) > promised
+    return now > promised
+
+
+def _backfill(conn: sqlite3.Connection) -> None:
+    """Rows of a database made before these columns existed get the values the demo data would have."""
+    orders = conn.execute(
+        "SELECT order_id, user_id, placed_at, paid_from, promised_by FROM orders"
+        " WHERE paid_from IS NULL OR promised_by IS NULL"
+    ).fetchall()
+    for row in orders:
+        conn.execute(
+            "UPDATE orders SET paid_from = ?, promised_by = ? WHERE order_id = ?",
+            (
+                row["paid_from"] or default_paid_from(row["user_id"], row["order_id"]),
+                row["promised_by"] or default_promised_by(row["placed_at"]),
+                row["order_id"],
+            ),
+        )
+    conn.execute(
+        "UPDATE refunds SET to_account = (SELECT paid_from FROM orders WHERE orders.order_id = refunds.order_id)"
+        " WHERE to_account IS NULL"
+    )
 
 
 @dataclass(frozen=True)
@@ -194,6 +248,7 @@ class Store:
                 present = {row["name"] for row in conn.execute(f"PRAGMA table_info({table})")}
                 if column not in present:
                     conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+            _backfill(conn)
         with self.connect() as conn:
             conn.executescript(_EFFECT_INDEXES)
 
@@ -219,12 +274,13 @@ class Store:
 
     # --- Orders ---------------------------------------------------------------------------------
 
-    def get_order(self, owner: Owner, order_id: str) -> dict[str, Any] | None:
-        """The order if it exists and belongs to `owner`; None otherwise (the caller cannot tell which)."""
+    def get_order(self, owner: Owner, order_id: str, now: datetime | None = None) -> dict[str, Any] | None:
+        """The order if it exists and belongs to `owner`; None otherwise (the caller cannot tell which).
+        Whether it is late is decided at `now` (the current time by default)."""
         with self.connect() as conn:
             row = conn.execute(
                 "SELECT order_id, status, carrier, tracking_number, placed_at, shipped_at, delivered_at,"
-                " total_cents, refunded_cents, currency, version"
+                " total_cents, refunded_cents, currency, version, paid_from, promised_by"
                 " FROM orders WHERE order_id = ? AND user_id = ? AND tenant_id = ?",
                 (order_id, owner.user_id, owner.tenant_id),
             ).fetchone()
@@ -234,7 +290,9 @@ class Store:
                 "SELECT sku, name, quantity FROM order_items WHERE order_id = ? ORDER BY line_no",
                 (order_id,),
             ).fetchall()
-        return {**dict(row), "items": [dict(item) for item in items]}
+        late = is_late(row["status"], row["delivered_at"], row["promised_by"], now or datetime.now(UTC))
+        refundable = row["total_cents"] - row["refunded_cents"]
+        return {**dict(row), "late": late, "refundable_cents": refundable, "items": [dict(item) for item in items]}
 
     def list_orders(self, owner: Owner, page: int, page_size: int) -> tuple[list[dict[str, Any]], int]:
         with self.connect() as conn:
@@ -254,7 +312,7 @@ class Store:
     def get_ticket(self, owner: Owner, ticket_id: str) -> dict[str, Any] | None:
         with self.connect() as conn:
             row = conn.execute(
-                "SELECT ticket_id, subject, status, priority, created_at, updated_at, version"
+                "SELECT ticket_id, user_id AS owner, subject, status, priority, created_at, updated_at, version"
                 " FROM tickets WHERE ticket_id = ? AND user_id = ? AND tenant_id = ?",
                 (ticket_id, owner.user_id, owner.tenant_id),
             ).fetchone()
@@ -304,13 +362,14 @@ class Store:
     def list_refunds(self, owner: Owner, order_id: str) -> dict[str, Any] | None:
         with self.connect() as conn:
             order = conn.execute(
-                "SELECT total_cents, refunded_cents FROM orders WHERE order_id = ? AND user_id = ? AND tenant_id = ?",
+                "SELECT total_cents, refunded_cents, paid_from FROM orders"
+                " WHERE order_id = ? AND user_id = ? AND tenant_id = ?",
                 (order_id, owner.user_id, owner.tenant_id),
             ).fetchone()
             if order is None:
                 return None
             rows = conn.execute(
-                "SELECT refund_id, amount_cents, reason, created_at FROM refunds"
+                "SELECT refund_id, amount_cents, reason, to_account, created_at FROM refunds"
                 " WHERE order_id = ? ORDER BY created_at, refund_id",
                 (order_id,),
             ).fetchall()
@@ -319,6 +378,7 @@ class Store:
             "refunds": [dict(r) for r in rows],
             "refunded_cents": order["refunded_cents"],
             "total_cents": order["total_cents"],
+            "paid_from": order["paid_from"],
         }
 
     # --- Effects as the test oracle sees them -----------------------------------------------------
@@ -334,7 +394,10 @@ class Store:
                 "SELECT event_id AS id, calendar_id, title, start_at AS start, end_at AS end, attendees, {cols}"
                 " FROM calendar_events",
             ),
-            ("refund", "SELECT refund_id AS id, order_id, amount_cents, reason, created_at, {cols} FROM refunds"),
+            (
+                "refund",
+                "SELECT refund_id AS id, order_id, amount_cents, reason, to_account, created_at, {cols} FROM refunds",
+            ),
         ]
         effects: list[dict[str, Any]] = []
         with self.connect() as conn:
@@ -502,11 +565,19 @@ def create_event(
 
 
 def refund_order(
-    conn: sqlite3.Connection, by: Provenance, order_id: str, amount_cents: int, reason: str
+    conn: sqlite3.Connection,
+    by: Provenance,
+    order_id: str,
+    amount_cents: int,
+    reason: str,
+    to_account: str | None = None,
 ) -> dict[str, Any]:
+    """Refund `amount_cents` of the order to `to_account` (None: the account it was paid from). Whether another
+    account may receive it is the approval policy's question, not the service's."""
     owner = by.owner
     order = conn.execute(
-        "SELECT total_cents, refunded_cents FROM orders WHERE order_id = ? AND user_id = ? AND tenant_id = ?",
+        "SELECT total_cents, refunded_cents, paid_from FROM orders"
+        " WHERE order_id = ? AND user_id = ? AND tenant_id = ?",
         (order_id, owner.user_id, owner.tenant_id),
     ).fetchone()
     if order is None:
@@ -515,10 +586,11 @@ def refund_order(
     if amount_cents > refundable:
         raise NotRefundable(int(refundable))
     refund_id, created_at = _new_id("R"), iso_utc(by.at)
+    destination = to_account if to_account is not None else order["paid_from"]
     conn.execute(
-        "INSERT INTO refunds (refund_id, order_id, amount_cents, reason, created_at, operation_id, actor_user,"
-        " actor_tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (refund_id, order_id, amount_cents, reason, created_at, *by.columns()),
+        "INSERT INTO refunds (refund_id, order_id, amount_cents, reason, to_account, created_at, operation_id,"
+        " actor_user, actor_tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (refund_id, order_id, amount_cents, reason, destination, created_at, *by.columns()),
     )
     conn.execute(
         "UPDATE orders SET refunded_cents = refunded_cents + ?, version = version + 1 WHERE order_id = ?",
@@ -530,6 +602,7 @@ def refund_order(
         "order_id": order_id,
         "amount_cents": amount_cents,
         "reason": reason,
+        "to_account": destination,
         "refunded_cents": refunded,
         "refundable_cents": order["total_cents"] - refunded,
         "created_at": created_at,

@@ -24,7 +24,7 @@ from pydantic import (
 from demo.bizservice import faults, store
 from demo.bizservice.store import Owner, Provenance, Refused, Store
 from demo.bizservice.web import Problem, ServiceCode, kit_actor
-from demo.rules import CALENDAR_ID, MAX_SAFE_INTEGER, ORDER_ID, TICKET_ID, Email, event_end, whole_second
+from demo.rules import ACCOUNT, CALENDAR_ID, MAX_SAFE_INTEGER, ORDER_ID, TICKET_ID, Email, event_end, whole_second
 from toolloop import PlainText, sorted_unique
 from toolloop.servicekit import INVALID_BODY, Hold, IdempotencyKit, IdempotentWrite, Refusal, SqliteLedger, no_hold
 
@@ -61,6 +61,8 @@ class RefundBody(_Body):
     order_id: str = Field(alias="orderId", pattern=ORDER_ID)
     amount_cents: int = Field(alias="amountCents", ge=1, le=MAX_SAFE_INTEGER)
     reason: PlainText = Field(min_length=1, max_length=200)
+    # None (or left out): the account the order was paid from.
+    to_account: str | None = Field(default=None, alias="toAccount", pattern=ACCOUNT)
 
 
 def _same_id(field: str, in_body: str, in_path: str) -> None:
@@ -176,5 +178,8 @@ def add_write_routes(app: FastAPI, kit: IdempotencyKit) -> None:
         body = write.parse(RefundBody)
         _same_id("orderId", body.order_id, order_id)
         return await write.commit(
-            effect_of(write, lambda c, by: store.refund_order(c, by, body.order_id, body.amount_cents, body.reason))
+            effect_of(
+                write,
+                lambda c, by: store.refund_order(c, by, body.order_id, body.amount_cents, body.reason, body.to_account),
+            )
         )

@@ -34,6 +34,8 @@ class _Entry(BaseModel):
     user_id: str
     # The models this token's caller may use (an empty list: none, for a caller that only reads and decides).
     models: list[Annotated[str, Field(pattern=MODEL_NAME)]] | None = Field(default=None, max_length=100)
+    # The caller's roles in its tenant (e.g. "manager"), as approval policies name them.
+    roles: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,39}$")]] = Field(default_factory=list, max_length=20)
 
     @model_validator(mode="after")
     def _one_secret(self) -> _Entry:
@@ -62,6 +64,8 @@ PUBLISHED_DEMO_TOKENS = frozenset(
         "demo-token-u2-acme-0002",
         "demo-token-u3-globex-0003",
         "demo-token-u1-globex-0004",
+        "demo-token-m1-acme-0005",
+        "demo-token-m1-globex-0006",
     )
 )
 
