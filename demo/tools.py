@@ -23,7 +23,7 @@ from pydantic_core import PydanticCustomError
 
 import toolloop
 from demo.rules import ACCOUNT, CALENDAR_ID, MAX_SAFE_INTEGER, ORDER_ID, TICKET_ID, Email, event_end, whole_second
-from toolloop import Arguments, Instant, PlainText, ReadBack, ResultCode, ToolContext, sorted_unique
+from toolloop import Arguments, Instant, PlainText, PolicyFact, ReadBack, ResultCode, ToolContext, sorted_unique
 
 MAX_SLOT_RANGE = timedelta(days=14)
 
@@ -350,6 +350,8 @@ def demo_tools(service_url: str) -> toolloop.Toolset:
         ),
         read_back=ReadBack("/tickets/{ticketId}", _TicketNotes, _note_matches),
         summary=lambda a: f"append_ticket_note {a.ticket_id}",
+        # What the approval policy may decide it on (config/policies/demo.cedar): the ticket as read earlier.
+        policy_facts=[PolicyFact(name="ticket", tool="get_ticket", match={"ticketId": "ticketId"}, fields=["owner"])],
     )
     tools.http_write(
         "create_calendar_event",
@@ -376,5 +378,14 @@ def demo_tools(service_url: str) -> toolloop.Toolset:
         ),
         read_back=ReadBack("/orders/{orderId}/refunds", _OrderRefunds, _refund_matches),
         summary=lambda a: f"refund_order {a.order_id} {a.amount_cents}",
+        # The order as read earlier: whether it is late, who paid it, and what it can still refund.
+        policy_facts=[
+            PolicyFact(
+                name="order",
+                tool="get_order_status",
+                match={"orderId": "orderId"},
+                fields=["late", "paid_from", "refundable_cents"],
+            )
+        ],
     )
     return tools

@@ -430,13 +430,20 @@ def start_business_service(
     log_path: Path | None = None,
     cwd: Path | None = None,
     timeout: float = 30.0,
+    policy_verify_key: str | None = None,
+    policy_file: Path | None = None,
 ) -> ManagedProcess:
-    """Start `python -m demo.bizservice` and return once GET /healthz answers {"ok": true}."""
+    """Start `python -m demo.bizservice` and return once GET /healthz answers {"ok": true}. With a policy verify
+    key (and the policy file whose rules it knows), its writes are decided by policy."""
     db_file.parent.mkdir(parents=True, exist_ok=True)
     log = log_path if log_path is not None else db_file.parent / "logs" / "service.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "BIZSERVICE_ADMIN_TOKEN": admin_token}
     if approval_verify_key is not None:
         env["BIZSERVICE_APPROVAL_VERIFY_KEY"] = approval_verify_key
+    if policy_verify_key is not None:
+        env["BIZSERVICE_POLICY_VERIFY_KEY"] = policy_verify_key
+    if policy_file is not None:
+        env["BIZSERVICE_POLICY_FILE"] = str(policy_file)
     cmd = business_service_command(db_file, port)
     if retention_seconds is not None:
         cmd += ["--idempotency-retention-seconds", str(retention_seconds)]

@@ -105,13 +105,13 @@ def test_a_larger_refund_asks_a_manager_not_the_requester(policies: Policies) ->
     assert verdict.rules == ["manager-decides-larger-refunds"]
 
 
-def test_above_20000_cents_two_people_must_approve(policies: Policies) -> None:
+def test_above_20000_cents_the_requester_confirms_and_a_manager_countersigns(policies: Policies) -> None:
     big_order = {**LATE_ORDER, "refundable_cents": 100000}
     at = policies.evaluate(_refund(20000, order=big_order))
     assert _asked(at) == (False, ["manager"], 1)
     above = policies.evaluate(_refund(20001, order=big_order))
-    assert _asked(above) == (False, ["manager"], 2)
-    assert above.rules == ["manager-decides-larger-refunds", "four-eyes-over-200"]
+    assert _asked(above) == (True, ["manager"], 2)
+    assert above.rules == ["requester-decides-the-rest", "manager-decides-larger-refunds", "four-eyes-over-200"]
 
 
 def test_a_note_on_the_requesters_own_ticket_is_allowed_and_without_the_read_asks_them(policies: Policies) -> None:

@@ -13,11 +13,14 @@ import uvicorn
 import toolloop
 from demo.bizservice.app import create_app
 from demo.bizservice.writes import CLAIM_LEASE_SECONDS
-from toolloop.servicekit import FileHolds, check_verify_key, no_hold
+from toolloop.servicekit import FileHolds, check_verify_key, no_hold, policy_rule_ids
 
 logger = logging.getLogger("bizservice")
 
 APPROVAL_VERIFY_KEY_ENV = "BIZSERVICE_APPROVAL_VERIFY_KEY"
+# Decide writes by policy: the policy evaluator's public key, and the policy file whose rules it knows.
+POLICY_VERIFY_KEY_ENV = "BIZSERVICE_POLICY_VERIFY_KEY"
+POLICY_FILE_ENV = "BIZSERVICE_POLICY_FILE"
 HOLD_DIR_ENV = "BIZSERVICE_HOLD_DIR"
 
 
@@ -72,7 +75,19 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"error: {APPROVAL_VERIFY_KEY_ENV}: {exc}", file=sys.stderr)
             return 2
+    policy_key = os.environ.get(POLICY_VERIFY_KEY_ENV) or None
+    policy_file = os.environ.get(POLICY_FILE_ENV) or None
+    policy_rules = None
+    try:
+        if policy_key is not None:
+            check_verify_key(policy_key)
+        if policy_file is not None:
+            policy_rules = policy_rule_ids(policy_file)
+    except ValueError as exc:  # a PolicyError is one
+        print(f"error: {POLICY_VERIFY_KEY_ENV if policy_file is None else POLICY_FILE_ENV}: {exc}", file=sys.stderr)
+        return 2
     logger.info("admin token %s", "set" if args.admin_token else "unset")
+    logger.info("policy verify key %s", "set: writes are decided by policy" if policy_key else "unset")
     logger.info("approval verify key %s", "set" if verify_key else "unset: every write is refused")
     # Test-bed hold points (toolloop.servicekit.FileHolds): only when a directory is given.
     hold_dir = os.environ.get(HOLD_DIR_ENV) or None
@@ -82,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         args.db,
         admin_token=args.admin_token or None,
         approval_verify_key=verify_key,
+        policy_verify_key=policy_key,
+        policy_rules=policy_rules,
         idempotency_retention_seconds=args.idempotency_retention_seconds,
         claim_lease_seconds=args.claim_lease_seconds,
         hold=FileHolds(hold_dir) if hold_dir is not None else no_hold,

@@ -9,7 +9,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as clock
 from http import HTTPStatus
@@ -233,11 +233,15 @@ def create_app(
     idempotency_retention_seconds: float = 86400.0,
     claim_lease_seconds: float = CLAIM_LEASE_SECONDS,
     hold: Hold = no_hold,
+    policy_verify_key: str | None = None,
+    policy_rules: Iterable[str] | None = None,
 ) -> FaultBoundary:
     """The service on `db_path` (schema created and demo data seeded if missing), as an ASGI app. With no
     `admin_token` the /admin API does not exist; with no `approval_verify_key` (the approval channel's public
     key) every write is refused (403).
-    Completed idempotency records are kept `idempotency_retention_seconds`."""
+    Completed idempotency records are kept `idempotency_retention_seconds`. With `policy_verify_key` (the
+    policy evaluator's public key) writes are decided by policy, and a decision naming a rule outside
+    `policy_rules` is refused."""
     store = Store(db_path)
     store.init()
     seed(store)
@@ -410,7 +414,15 @@ def create_app(
             raise not_available("order", order_id)
         return refunds
 
-    kit = write_kit(store, approval_verify_key, idempotency_retention_seconds, claim_lease_seconds, hold)
+    kit = write_kit(
+        store,
+        approval_verify_key,
+        idempotency_retention_seconds,
+        claim_lease_seconds,
+        hold,
+        policy_verify_key=policy_verify_key,
+        policy_rules=policy_rules,
+    )
     add_write_routes(app, kit)
 
     # --- Admin (test bed controls) ---

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -116,8 +117,11 @@ def write_kit(
     retention_seconds: float,
     claim_lease_seconds: float = CLAIM_LEASE_SECONDS,
     hold: Hold = no_hold,
+    policy_verify_key: str | None = None,
+    policy_rules: Iterable[str] | None = None,
 ) -> IdempotencyKit:
-    """The kit on the service's own database file (the ledger's tables beside the business tables)."""
+    """The kit on the service's own database file (the ledger's tables beside the business tables). With a
+    policy verify key, writes are decided by policy (the policy's signed decision first)."""
     return IdempotencyKit(
         SqliteLedger(db.db_path),
         approval_verify_key=approval_verify_key,
@@ -127,6 +131,8 @@ def write_kit(
         actor=kit_actor,
         hold=hold,
         after_claim=_after_claim_fault(db),
+        policy_verify_key=policy_verify_key,
+        policy_rules=policy_rules,
     )
 
 

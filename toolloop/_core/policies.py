@@ -176,6 +176,19 @@ class Policies:
         return PolicyVerdict(verdict="deny", rules=rules, version=self.version, reason=reason)
 
 
+def policy_rule_ids(policy_file: str | Path) -> frozenset[str]:
+    """The rules (their @id, else Cedar's own id) of the policy in `policy_file`: what a service that checks
+    policy decisions knows as rules (IdempotencyKit(policy_rules=...)). Raises PolicyError (one line)."""
+    path = Path(policy_file)
+    try:
+        parsed = json.loads(cedarpy.policies_to_json_str(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"{path}: cannot be read ({exc.__class__.__name__})") from None
+    except ValueError as exc:
+        raise PolicyError(f"{path}: the policy does not parse: {_first_line(exc)}") from None
+    return frozenset(Policies._name(parsed, pid) for pid in parsed.get("staticPolicies", {}))
+
+
 def load_policies(policy_file: str | Path, schema_file: str | Path) -> Policies:
     """The policy set in `policy_file` (Cedar) checked against `schema_file` (a Cedar schema, in Cedar's
     schema syntax or its JSON form). Raises PolicyError (one line) if it cannot be read, parsed or validated."""

@@ -22,7 +22,14 @@ database, so effects and records commit together.
 
 from typing import TYPE_CHECKING
 
-from toolloop._core.approvals import APPROVAL_EXPIRED, APPROVAL_UNKNOWN_KEY, APPROVAL_WRONG_AUDIENCE, check_verify_key
+from toolloop._core.approvals import (
+    APPROVAL_EXPIRED,
+    APPROVAL_UNKNOWN_KEY,
+    APPROVAL_WRONG_AUDIENCE,
+    POLICY_DECISION_INVALID,
+    POLICY_DECISION_REQUIRED,
+    check_verify_key,
+)
 from toolloop._core.problems import (
     APPROVAL_REQUIRED,
     IN_PROGRESS,
@@ -49,6 +56,7 @@ from toolloop.servicekit._sql import SqlLedger
 from toolloop.servicekit._sqlite import SqliteLedger
 
 if TYPE_CHECKING:
+    from toolloop._core.policies import policy_rule_ids
     from toolloop.servicekit._postgres import PostgresLedger
 
 __all__ = [
@@ -83,6 +91,9 @@ __all__ = [
     "APPROVAL_EXPIRED",
     "APPROVAL_WRONG_AUDIENCE",
     "APPROVAL_UNKNOWN_KEY",
+    "POLICY_DECISION_REQUIRED",
+    "POLICY_DECISION_INVALID",
+    "policy_rule_ids",
     "INVALID_BODY",
 ]
 
@@ -95,4 +106,9 @@ if not TYPE_CHECKING:  # type checkers see the import above, and still flag a na
             from toolloop.servicekit._postgres import PostgresLedger
 
             return PostgresLedger
+        # Reading a Cedar policy's rules imports cedarpy: only a service that checks policy decisions needs it.
+        if name == "policy_rule_ids":
+            from toolloop._core.policies import policy_rule_ids
+
+            return policy_rule_ids
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
