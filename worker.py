@@ -1,9 +1,13 @@
 """Entry point: run a worker for any user's tools against TEMPORAL_ADDRESS.
 
     python worker.py --tools package.module:build
+    python worker.py --policy
 
 `build()` returns a toolloop.Toolset or a toolloop.AgentSpec (tools, models, instructions); the bundled demo
-is `--tools demo.agent:build`. TOOLLOOP_TOOLS sets the default."""
+is `--tools demo.agent:build`. TOOLLOOP_TOOLS sets the default. `--policy` runs the approval policy's
+evaluator instead (TOOLLOOP_POLICY_FILE, TOOLLOOP_POLICY_SCHEMA, TOOLLOOP_POLICY_SIGNING_KEY,
+TOOLLOOP_POLICY_TASK_QUEUE; docs/POLICIES.md): the only process that holds the policy's signing key. A policy
+that does not load stops it at once, in one line."""
 
 from __future__ import annotations
 
@@ -15,9 +19,11 @@ import sys
 
 from pydantic import ValidationError
 
-from toolloop._core.approvals import check_verify_key, verify_key_set
+from toolloop._core.approvals import check_verify_key, verify_key_for, verify_key_set
+from toolloop._core.policies import PolicyError
 from toolloop._temporal.logs import configure_logging
-from toolloop._temporal.settings import WorkerSettings, settings_error
+from toolloop._temporal.policy_worker import running_policy_worker
+from toolloop._temporal.settings import PolicySettings, WorkerSettings, settings_error
 from toolloop._temporal.telemetry import configure_otlp_tracing, metrics_runtime
 from toolloop._temporal.worker_factory import (
     ToolsLoadError,
@@ -27,6 +33,7 @@ from toolloop._temporal.worker_factory import (
     running_worker,
 )
 from toolloop._tools.toolset import AgentSpec
+from toolloop.activities.policy import PolicySource
 
 TOOLS_ENV = "TOOLLOOP_TOOLS"
 
@@ -45,16 +52,67 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=os.environ.get(TOOLS_ENV) or None,
         help=f"package.module:function building the tools (default: ${TOOLS_ENV}); the demo: demo.agent:build",
     )
+    parser.add_argument(
+        "--policy",
+        action="store_true",
+        help="run the approval policy's evaluator (TOOLLOOP_POLICY_FILE, _SCHEMA, _SIGNING_KEY, _TASK_QUEUE)",
+    )
     return parser.parse_args(argv)
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _run_policy(settings: PolicySettings, source: PolicySource, signing_key: str) -> None:
+    client = await connect(settings)
+    stop = _stop_on_signals()
+    async with running_policy_worker(client, source, signing_key, settings.policy_task_queue):
+        print(
+            f"policy worker ready task_queue={settings.policy_task_queue} temporal={settings.temporal_address} "
+            f"policy={settings.policy_file} version={source.current().version} "
+            f"verify_key={verify_key_for(signing_key)}",
+            flush=True,
+        )
+        await stop.wait()
+    print("policy worker stopped", flush=True)
+
+
+def _policy_main() -> int:
+    try:
+        settings = PolicySettings()
+    except ValidationError as exc:
+        print(f"error: {settings_error(exc)}", file=sys.stderr)
+        return 2
+    configure_logging("policy")
+    signing_key = settings.policy_signing_key.get_secret_value()
+    try:
+        verify_key_for(signing_key)
+        source = PolicySource(settings.policy_file, settings.policy_schema)
+    except PolicyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError:
+        print("error: TOOLLOOP_POLICY_SIGNING_KEY: not a base64url Ed25519 key of 32 bytes", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_run_policy(settings, source, signing_key))
+    except RuntimeError as exc:  # the Temporal client's connection errors
+        print(
+            f"error: cannot reach Temporal at {settings.temporal_address}: {str(exc).splitlines()[0]}", file=sys.stderr
+        )
+        return 1
+    return 0
 
 
 async def _run(settings: WorkerSettings, spec: AgentSpec, target: str) -> None:
     # Temporal's runtime serves the Prometheus endpoint: its own metrics and toolloop's counts.
     client = await connect(settings, metrics_runtime(settings.metrics_address))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = _stop_on_signals()
     async with running_worker(client, settings, spec):
         print(
             f"worker ready task_queue={settings.task_queue} temporal={settings.temporal_address} tools={target} "
@@ -62,7 +120,8 @@ async def _run(settings: WorkerSettings, spec: AgentSpec, target: str) -> None:
             f"named_models={','.join(sorted(settings.named_models)) or 'none'} "
             f"metrics={settings.metrics_address or 'off'} tracing={'on' if settings.otel else 'off'} "
             f"approval_verify_keys={len(verify_key_set(settings.approval_verify_key)) or 'unset'} "
-            f"scripted_models={'on' if settings.allow_scripted_models else 'off'}",
+            f"scripted_models={'on' if settings.allow_scripted_models else 'off'} "
+            f"policy={settings.policy_task_queue or 'off'}",
             flush=True,
         )
         await stop.wait()
@@ -71,6 +130,8 @@ async def _run(settings: WorkerSettings, spec: AgentSpec, target: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
+    if args.policy:
+        return _policy_main()
     if not args.tools:
         print(
             f"error: --tools is required (or ${TOOLS_ENV}); the bundled demo is --tools demo.agent:build",

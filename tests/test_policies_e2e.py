@@ -1,0 +1,407 @@
+"""End to end: approval policies on the real stack - the Temporal dev server, the demo business service
+deciding its writes by policy (its kit holds the policy's public key and knows its rules), a policy evaluator
+worker holding the policy's signing key, and the demo's worker, which holds neither.
+
+Each test asserts what the service itself recorded (its effect table), the exact result code, and that the
+run's history replays."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import Replayer
+
+from demo.agent import build as build_demo
+from devstack.processes import ManagedProcess, free_port, start_business_service
+from tests.agent_helpers import effects, start_agent, waiting_operation
+from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, REPO_ROOT, TemporalServer
+from toolloop import ApprovalRefused, request_result
+from toolloop._core.approvals import (
+    PolicyClaims,
+    generate_signing_key,
+    http_subject,
+    join_tokens,
+    mint_approval_token,
+    payload_digest,
+    verify_key_for,
+)
+from toolloop._core.contracts import Actor, AgentResult, Limits, OperationRecord
+from toolloop._temporal.converter import data_converter
+from toolloop._temporal.plugin import workflow_runner
+from toolloop._temporal.policy_worker import running_policy_worker
+from toolloop._temporal.settings import Settings
+from toolloop._temporal.worker_factory import running_worker
+from toolloop.activities.policy import PolicySource
+from toolloop.testing import call, decide, say, script
+from toolloop.workflows.agent import AgentWorkflow
+
+POLICY_KEY = generate_signing_key()
+POLICY_VERIFY_KEY = verify_key_for(POLICY_KEY)
+DEMO_POLICY = REPO_ROOT / "config" / "policies"
+MANAGER = Actor(user_id="m1", tenant_id="acme")
+U1 = Actor(user_id="u1", tenant_id="acme")
+
+
+@dataclass
+class PolicyStack:
+    client: Client
+    settings: Settings
+    service_url: str
+    admin: httpx.AsyncClient
+    policy_file: Path
+
+
+@pytest.fixture
+def policy_files(tmp_path: Path) -> Path:
+    """A copy of the demo policy (so a test may change it), in its own folder."""
+    folder = tmp_path / "policy"
+    shutil.copytree(DEMO_POLICY, folder)
+    return folder
+
+
+@pytest.fixture
+def policy_service(tmp_path: Path, policy_files: Path) -> Iterator[tuple[str, str]]:
+    port, token = free_port(), uuid.uuid4().hex
+    process: ManagedProcess = start_business_service(
+        tmp_path / "service" / "service.sqlite",
+        port,
+        token,
+        approval_verify_key=APPROVAL_VERIFY_KEY,
+        policy_verify_key=POLICY_VERIFY_KEY,
+        policy_file=policy_files / "demo.cedar",
+        cwd=REPO_ROOT,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}", token
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+async def stack(
+    client: Client, temporal_server: TemporalServer, policy_service: tuple[str, str], policy_files: Path
+) -> AsyncIterator[PolicyStack]:
+    url, admin_token = policy_service
+    queue = f"test-{uuid.uuid4().hex[:10]}"
+    settings = Settings.model_validate(
+        {
+            "TEMPORAL_ADDRESS": temporal_server.address,
+            "TOOLLOOP_TASK_QUEUE": queue,
+            "TOOLLOOP_SERVICE_URL": url,
+            "TOOLLOOP_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY,
+            "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
+            "TOOLLOOP_POLICY_TASK_QUEUE": f"{queue}-policy",
+        }
+    )
+    source = PolicySource(policy_files / "demo.cedar", policy_files / "demo.cedarschema")
+    async with (
+        httpx.AsyncClient(base_url=url, headers={"X-Admin-Token": admin_token}, timeout=10) as admin,
+        running_policy_worker(client, source, POLICY_KEY, f"{queue}-policy"),
+        running_worker(client, settings, build_demo(url)),
+    ):
+        yield PolicyStack(client, settings, url, admin, policy_files / "demo.cedar")
+
+
+def read_order(order_id: str, call_id: str) -> dict[str, Any]:
+    return call("get_order_status", {"orderId": order_id}, call_id)
+
+
+def refund(order_id: str, cents: int, call_id: str, to_account: str | None = None) -> dict[str, Any]:
+    arguments: dict[str, Any] = {"orderId": order_id, "amountCents": cents, "reason": "late delivery"}
+    if to_account is not None:
+        arguments["toAccount"] = to_account
+    return call("refund_order", arguments, call_id)
+
+
+async def start(stack: PolicyStack, *turns: list[dict[str, Any]], **limits: Any) -> WorkflowHandle[Any, AgentResult]:
+    return await start_agent(
+        stack.client, stack.settings, "refund", model=script(*turns, [say("done")]), limits=Limits(**limits)
+    )
+
+
+async def finished(handle: WorkflowHandle[Any, AgentResult]) -> AgentResult:
+    result = await asyncio.wait_for(request_result(handle), timeout=120)
+    replayer = Replayer(workflows=[AgentWorkflow], data_converter=data_converter(), workflow_runner=workflow_runner())
+    await replayer.replay_workflow(await handle.fetch_history())
+    return result
+
+
+async def refunds_made(stack: PolicyStack, op: OperationRecord) -> list[dict[str, Any]]:
+    return await effects(stack.admin, op.operation_id)
+
+
+def answered_once(result: AgentResult) -> None:
+    ids = [c.call_id for c in result.calls]
+    assert len(ids) == len(set(ids)), ids
+
+
+async def test_a_small_refund_on_a_late_order_is_approved_by_its_rule_with_no_person(stack: PolicyStack) -> None:
+    handle = await start(stack, [read_order("A100", "r1")], [refund("A100", 500, "w1")])
+    result = await finished(handle)
+    [op] = result.operations
+    assert op.state == "verified" and op.transitions[:3] == ["proposed", "validated", "approved"]
+    assert op.policy is not None and (op.policy.verdict, op.policy.rules) == ("allow", ["small-late-refund"])
+    assert op.policy.version.startswith("sha256:")
+    assert op.approval is not None and op.approval.by == "rule small-late-refund"
+    [made] = await refunds_made(stack, op)
+    assert made["operation_id"] == op.operation_id
+    answered_once(result)
+
+
+async def test_without_reading_the_order_first_the_rule_cannot_allow_and_the_requester_decides(
+    stack: PolicyStack,
+) -> None:
+    handle = await start(stack, [refund("A100", 500, "w1")])
+    op = await waiting_operation(handle)
+    assert op.policy is not None and op.policy.verdict == "ask"
+    assert op.policy.rules == ["requester-decides-the-rest"]
+    # Another user of the tenant is neither the requester nor a manager: nothing is signed for them.
+    with pytest.raises(ApprovalRefused, match="may not decide"):
+        await decide(handle, op.operation_id, signing_key=APPROVAL_KEY, decider=Actor(user_id="u2", tenant_id="acme"))
+    await decide(handle, op.operation_id, signing_key=APPROVAL_KEY, decider=U1)
+    result = await finished(handle)
+    [done] = result.operations
+    assert done.state == "verified" and done.approval is not None and done.approval.by == "u1 via test"
+    assert len(await refunds_made(stack, done)) == 1
+
+
+async def test_a_refund_to_an_account_that_did_not_pay_is_denied_by_rule_and_never_sent(stack: PolicyStack) -> None:
+    # An injected instruction would ask for exactly this: a refund under the threshold, to the attacker.
+    handle = await start(stack, [read_order("A100", "r1")], [refund("A100", 900, "w1", to_account="acct-mallory-1")])
+    result = await finished(handle)
+    [op] = result.operations
+    assert op.state == "denied" and op.attempts == 0
+    assert op.output is not None and op.output["code"] == "POLICY_DENIED"
+    assert op.policy is not None and op.policy.rules == ["refund-to-payer-only"]
+    assert await refunds_made(stack, op) == []
+
+
+async def test_a_larger_refund_waits_for_a_manager_and_the_requester_cannot_decide_it(stack: PolicyStack) -> None:
+    handle = await start(stack, [read_order("A100", "r1")], [refund("A100", 4000, "w1")])
+    op = await waiting_operation(handle)
+    assert op.policy is not None and op.policy.deciders is not None
+    assert (op.policy.deciders.requester, op.policy.deciders.roles) == (False, ["manager"])
+    with pytest.raises(ApprovalRefused, match="u1 may not decide"):
+        await decide(handle, op.operation_id, signing_key=APPROVAL_KEY, decider=U1)
+    # The manager of another tenant may not decide either.
+    with pytest.raises(ApprovalRefused, match="may not decide"):
+        await decide(
+            handle,
+            op.operation_id,
+            signing_key=APPROVAL_KEY,
+            decider=Actor(user_id="m1", tenant_id="globex"),
+            roles=["manager"],
+        )
+    await decide(handle, op.operation_id, signing_key=APPROVAL_KEY, decider=MANAGER, roles=["manager"])
+    result = await finished(handle)
+    [done] = result.operations
+    assert done.state == "verified" and done.approval is not None and done.approval.by == "m1 via test"
+    assert done.policy is not None and done.policy.approved_by == ["m1"]
+    assert len(await refunds_made(stack, done)) == 1
+
+
+def lower_four_eyes(policy: str) -> str:
+    """The demo policy with four eyes from 50.00 (the demo's orders are too small for its 200.00)."""
+    return policy.replace("amountCents <= 20000", "amountCents <= 5000").replace(
+        "amountCents > 20000", "amountCents > 5000"
+    )
+
+
+async def test_four_eyes_needs_the_requester_first_and_a_manager_second(stack: PolicyStack) -> None:
+    text = stack.policy_file.read_text()
+    stack.policy_file.write_text(lower_four_eyes(text))
+    handle = await start(stack, [read_order("A100", "r1")], [refund("A100", 6000, "w1")], approval_ttl_seconds=8)
+    op = await waiting_operation(handle)
+    assert op.policy is not None and op.policy.deciders is not None and op.policy.deciders.approvals == 2
+    assert "four-eyes-over-200" in op.policy.rules
+    # The manager approves first: one of two.
+    receipt = await decide(handle, op.operation_id, signing_key=APPROVAL_KEY, decider=MANAGER, roles=["manager"])
+    assert receipt.state == "awaiting_approval"
+    # The requester would be the second person now: refused, and nothing is sent.
+    with pytest.raises(ApprovalRefused, match="u1 may not decide"):
+        await decide(handle, op.operation_id, signing_key=APPROVAL_KEY, decider=U1)
+    # The same manager again counts once.
+    with pytest.raises(ApprovalRefused, match="m1 may not decide"):
+        await decide(handle, op.operation_id, signing_key=APPROVAL_KEY, decider=MANAGER, roles=["manager"])
+    result = await finished(handle)
+    [expired] = result.operations
+    assert expired.state == "expired" and expired.policy is not None and expired.policy.approved_by == ["m1"]
+    assert await refunds_made(stack, expired) == []
+
+
+async def test_four_eyes_with_the_requester_first_then_the_manager_is_sent_with_both_decisions(
+    stack: PolicyStack,
+) -> None:
+    text = stack.policy_file.read_text()
+    stack.policy_file.write_text(lower_four_eyes(text))
+    handle = await start(stack, [read_order("A100", "r1")], [refund("A100", 6000, "w1")])
+    op = await waiting_operation(handle)
+    first = await decide(handle, op.operation_id, signing_key=APPROVAL_KEY, decider=U1)
+    assert first.state == "awaiting_approval"
+    await decide(handle, op.operation_id, signing_key=APPROVAL_KEY, decider=MANAGER, roles=["manager"])
+    result = await finished(handle)
+    [done] = result.operations
+    assert done.state == "verified" and done.policy is not None and done.policy.approved_by == ["u1", "m1"]
+    assert done.approval is not None and done.approval.by == "u1 via test and m1 via test"
+    assert len(await refunds_made(stack, done)) == 1
+
+
+async def test_a_changed_policy_applies_to_writes_asked_after_the_change_only(stack: PolicyStack) -> None:
+    # Two refunds, each decided when it is proposed: the first under the demo policy (a manager decides),
+    # the second after the file changed so that the manager's rule is gone and refunds go to the requester.
+    handle = await start(stack, [read_order("A100", "r1")], [refund("A100", 4000, "w1")], [refund("A100", 3000, "w2")])
+    first = await waiting_operation(handle)
+    assert first.policy is not None and first.policy.rules == ["manager-decides-larger-refunds"]
+    before = first.policy.version
+    text = stack.policy_file.read_text()
+    stack.policy_file.write_text(
+        text.replace('principal in Role::"manager"', 'principal in Role::"auditor"').replace(
+            "context.arguments.amountCents > 1000 && context.arguments.amountCents <= 20000", "false"
+        )
+    )
+    # The waiting operation keeps the rule it was asked under: the manager decides it.
+    await decide(handle, first.operation_id, signing_key=APPROVAL_KEY, decider=MANAGER, roles=["manager"])
+    second = await _next_waiting(handle, first.operation_id)
+    assert second.policy is not None and second.policy.version != before
+    assert second.policy.deciders is not None
+    assert (second.policy.deciders.requester, second.policy.deciders.roles) == (True, ["auditor"])
+    await decide(handle, second.operation_id, signing_key=APPROVAL_KEY, decider=U1)
+    result = await finished(handle)
+    assert [op.state for op in result.operations] == ["verified", "verified"]
+    assert [op.policy.version == before for op in result.operations if op.policy] == [True, False]
+
+
+async def _next_waiting(handle: WorkflowHandle[Any, Any], after: str) -> OperationRecord:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ops = [op for op in await handle.query("get_ledger", result_type=list[OperationRecord])]
+        waiting = [op for op in ops if op.operation_id != after and op.state == "awaiting_approval"]
+        if waiting:
+            return waiting[0]
+        await asyncio.sleep(0.2)
+    raise AssertionError("no second operation waited for approval")
+
+
+def _policy_token(digest: str, operation_id: str, key: str, **change: Any) -> str:
+    now = time.time()
+    claims: dict[str, Any] = {
+        "aud": "bizservice",
+        "user_id": "u1",
+        "tenant_id": "acme",
+        "operation_id": operation_id,
+        "digest": digest,
+        "verdict": "allow",
+        "rules": ["small-late-refund"],
+        "policy_version": "sha256:forged",
+        "iat": now,
+        "exp": now + 60,
+        **change,
+    }
+    return mint_approval_token(key, PolicyClaims.model_validate(claims))
+
+
+@pytest.mark.parametrize(
+    ("forgery", "code"),
+    [
+        ("none", "POLICY_DECISION_REQUIRED"),
+        ("another key", "POLICY_DECISION_INVALID"),
+        ("a rule that does not exist", "POLICY_DECISION_INVALID"),
+        ("another payload", "POLICY_DECISION_INVALID"),
+        ("expired", "POLICY_DECISION_INVALID"),
+        ("a person's approval instead", "POLICY_DECISION_INVALID"),
+    ],
+)
+async def test_the_service_refuses_a_forged_policy_decision_with_its_own_code(
+    stack: PolicyStack, forgery: str, code: str
+) -> None:
+    body = {"orderId": "A100", "amountCents": 500, "reason": "late", "toAccount": None}
+    path = "/orders/A100/refunds"
+    digest = payload_digest(http_subject("POST", path), body)
+    operation_id = f"op_forged_{uuid.uuid4().hex[:8]}"
+    tokens = {
+        "none": "",
+        "another key": _policy_token(digest, operation_id, APPROVAL_KEY),
+        "a rule that does not exist": _policy_token(digest, operation_id, POLICY_KEY, rules=["refund-anything"]),
+        "another payload": _policy_token("sha256:" + "0" * 64, operation_id, POLICY_KEY),
+        "expired": _policy_token(digest, operation_id, POLICY_KEY, exp=time.time() - 1),
+        "a person's approval instead": _person_token(digest, operation_id),
+    }
+    headers = {"Idempotency-Key": operation_id, "X-Actor-User": "u1", "X-Actor-Tenant": "acme"}
+    if tokens[forgery]:
+        headers["X-Approval-Token"] = tokens[forgery]
+    async with httpx.AsyncClient(base_url=stack.service_url, timeout=10) as http:
+        refused = await http.post(path, json=body, headers=headers)
+        assert (refused.status_code, refused.json()["code"]) == (403, code)
+        # The same write with the policy's own decision is taken: the refusals were the forgeries'.
+        headers["X-Approval-Token"] = _policy_token(digest, operation_id, POLICY_KEY)
+        taken = await http.post(path, json=body, headers=headers)
+        assert taken.status_code == 201, taken.text
+    assert len(await effects(stack.admin, operation_id)) == 1
+
+
+def _person_token(digest: str, operation_id: str) -> str:
+    from toolloop._core.approvals import ApprovalClaims
+
+    now = time.time()
+    claims = ApprovalClaims.model_validate(
+        {
+            "aud": "bizservice",
+            "user_id": "u1",
+            "tenant_id": "acme",
+            "operation_id": operation_id,
+            "digest": digest,
+            "approved_by": "u1",
+            "iat": now,
+            "exp": now + 60,
+        }
+    )
+    return join_tokens([mint_approval_token(APPROVAL_KEY, claims)])
+
+
+@pytest.mark.parametrize(
+    ("policy", "said"),
+    [
+        ("permit(principal, action, resource", "the policy does not parse: unexpected end of input"),
+        (
+            '@id("typo")\npermit(principal, action == Action::"refund_order", resource)\n'
+            'when { context.arguments.amountCents <= "ten" };',
+            "policy typo: ",
+        ),
+    ],
+    ids=["does_not_parse", "does_not_validate"],
+)
+def test_a_policy_evaluator_whose_policy_does_not_load_does_not_start(tmp_path: Path, policy: str, said: str) -> None:
+    (tmp_path / "p.cedar").write_text(policy)
+    env = {
+        **os.environ,
+        "TOOLLOOP_POLICY_FILE": str(tmp_path / "p.cedar"),
+        "TOOLLOOP_POLICY_SCHEMA": str(DEMO_POLICY / "demo.cedarschema"),
+        "TOOLLOOP_POLICY_SIGNING_KEY": POLICY_KEY,
+        # Nothing listens there: a policy that loaded would fail later, on connecting, with exit code 1.
+        "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}",
+    }
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "worker.py"), "--policy"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: {tmp_path / 'p.cedar'}: ") and said in line
+    assert "Traceback" not in done.stderr and done.stdout == ""
