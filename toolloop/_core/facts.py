@@ -1,9 +1,9 @@
 """Pure: the facts a write's approval policy decides on, taken from what the request itself read earlier.
 
-A write tool names them (ToolSpec.policy_facts, a list of PolicyFact): for "the refund is within what the
-order can still refund", `PolicyFact(name="order", tool="get_order_status", match={"orderId": "orderId"},
-fields=["late", "refundable_cents", "paid_from"])` makes facts["order"] the newest successful output of
-get_order_status for the same orderId, with those fields only (the policy's schema declares them). A fact
+A write tool names them (ToolSpec.policy_facts, a list of PolicyFact): for "the payment is within what the
+invoice still owes", `PolicyFact(name="invoice", tool="get_invoice", match={"invoiceId": "invoiceId"},
+fields=["open_cents", "payee"])` makes facts["invoice"] the newest successful output of get_invoice for the
+same invoiceId, with those fields only (the policy's schema declares them). A fact
 the request has not read is absent, so a rule that needs it does not match: it can only ask, never allow.
 
 The outputs are the tool activities' results, as the workflow holds them: what the service answered this
