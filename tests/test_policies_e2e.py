@@ -26,8 +26,10 @@ from temporalio.worker import Replayer
 
 from demo.agent import build as build_demo
 from devstack.processes import ManagedProcess, free_port, start_business_service
-from tests.agent_helpers import effects, start_agent, waiting_operation
-from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, REPO_ROOT, TemporalServer
+from tests.agent_helpers import assert_eventually, effects, start_agent, waiting_operation
+from tests.api_helpers import U1 as U1_TOKEN
+from tests.api_helpers import U2, assert_problem, pending_operation, running_api
+from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, REPO_ROOT, BusinessService, TemporalServer
 from toolloop import ApprovalRefused, request_result
 from toolloop._core.approvals import (
     PolicyClaims,
@@ -39,6 +41,7 @@ from toolloop._core.approvals import (
     verify_key_for,
 )
 from toolloop._core.contracts import Actor, AgentResult, Limits, OperationRecord
+from toolloop._core.names import POLICY_RULES_SEARCH_ATTRIBUTE
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.plugin import workflow_runner
 from toolloop._temporal.policy_worker import running_policy_worker
@@ -405,3 +408,81 @@ def test_a_policy_evaluator_whose_policy_does_not_load_does_not_start(tmp_path: 
     [line] = done.stderr.strip().splitlines()
     assert line.startswith(f"error: {tmp_path / 'p.cedar'}: ") and said in line
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+# --- The people who may decide, through the HTTP API (their tokens carry their roles) -------------------------
+
+M1 = {"Authorization": "Bearer demo-token-m1-acme-0005"}
+M1_GLOBEX = {"Authorization": "Bearer demo-token-m1-globex-0006"}
+
+
+async def test_a_manager_finds_decides_and_is_named_for_a_refund_the_policy_left_to_managers(
+    client: Client,
+    temporal_server: TemporalServer,
+    policy_service: tuple[str, str],
+    policy_files: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    url, admin_token = policy_service
+    service = BusinessService(url, admin_token, APPROVAL_KEY, Path("unused"), None)  # type: ignore[arg-type]
+    policy_queue = f"policy-{uuid.uuid4().hex[:8]}"
+    source = PolicySource(policy_files / "demo.cedar", policy_files / "demo.cedarschema")
+    async with (
+        running_policy_worker(client, source, POLICY_KEY, policy_queue),
+        running_api(
+            temporal_server,
+            service,
+            client,
+            tmp_path_factory,
+            worker_env={"TOOLLOOP_POLICY_TASK_QUEUE": policy_queue},
+        ) as api,
+        httpx.AsyncClient(base_url=api.url, timeout=30, trust_env=False) as http,
+    ):
+        assert (await http.get("/v1/me", headers=M1)).json()["roles"] == ["manager"]
+        question = {"question": "Refund 40.00 EUR on order A100 because it arrived late"}
+        started = await http.post("/v1/requests", json=question, headers=U1_TOKEN)
+        assert started.status_code == 201, started.text
+        request_id = started.json()["id"]
+        op = await pending_operation(http, request_id, U1_TOKEN)
+        assert op["policy"]["rules"] == ["manager-decides-larger-refunds"]
+        approve = {"decision": "approve", "digest": op["digest"]}
+        # Its requester may not decide it: it looks like a missing operation.
+        own = f"/v1/requests/{request_id}/operations/{op['operation_id']}/decision"
+        assert_problem(await http.post(own, json=approve, headers=U1_TOKEN), 404, "NOT_FOUND")
+
+        listed: list[dict[str, Any]] = []
+
+        async def manager_sees_it() -> bool:
+            listed[:] = (await http.get("/v1/approvals", headers=M1)).json()["approvals"]
+            return bool(listed)
+
+        await assert_eventually(manager_sees_it, within=60, what="the manager's list shows the refund")
+        [item] = listed
+        assert (item["requester"], item["operation"]["operation_id"]) == ("u1", op["operation_id"])
+        # Nobody else of the tenant, and no other tenant's manager, sees or decides it.
+        assert (await http.get("/v1/approvals", headers=U2)).json()["approvals"] == []
+        path = f"/v1/approvals/{item['workflow_id']}/{op['operation_id']}"
+        for stranger in (U2, M1_GLOBEX, U1_TOKEN):
+            assert_problem(await http.get(path, headers=stranger), 404, "NOT_FOUND")
+            assert_problem(await http.post(f"{path}/decision", json=approve, headers=stranger), 404, "NOT_FOUND")
+        assert (await http.get(path, headers=M1)).json()["digest"] == op["digest"]
+        decided = await http.post(f"{path}/decision", json=approve, headers=M1)
+        assert decided.status_code == 200, decided.text
+        assert decided.json()["approval"]["by"] == "m1 via api"
+
+        async def finished_view() -> bool:
+            view = (await http.get(f"/v1/requests/{request_id}", headers=U1_TOKEN)).json()
+            return bool(view["status"] != "running")
+
+        await assert_eventually(finished_view, within=60, what="the request finished")
+        view = (await http.get(f"/v1/requests/{request_id}", headers=U1_TOKEN)).json()
+        [done] = view["operations"]
+        assert done["state"] == "verified" and done["approval"]["by"] == "m1 via api"
+        assert done["policy"]["approved_by"] == ["m1"] and done["policy"]["version"].startswith("sha256:")
+
+        # An operator finds the requests a rule decided (Temporal's visibility, ToolloopPolicyRules).
+        async def found_by_rule() -> bool:
+            query = f'{POLICY_RULES_SEARCH_ATTRIBUTE} = "manager-decides-larger-refunds"'
+            return any([e.id == item["workflow_id"] async for e in client.list_workflows(query)])
+
+        await assert_eventually(found_by_rule, within=60, what="the request is found by its rule")

@@ -79,6 +79,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from toolloop._core.registry import Evidence, OperationStatus
     from toolloop._core.threads import earlier_operations
+    from toolloop._temporal.search_attributes import DECIDERS_KEY, POLICY_RULES_KEY
 
 from toolloop.workflows.narration import Narrator
 from toolloop.workflows.retries import io_retry_policy
@@ -130,6 +131,8 @@ class OperationStateMachine:
         self.policy_task_queue: str | None = None
         # This request's successful reads, which a write's policy facts are taken from (only with a policy).
         self.reads: list[Read] = []
+        # What the search attributes say now (with a policy): who may decide what waits, which rules decided.
+        self._published: tuple[list[str], list[str]] = ([], [])
         # Per payload of a tool whose identical calls are distinct: how many proposals of it came so far.
         self._occurrences: dict[str, int] = {}
         self._arguments: dict[str, dict[str, Any]] = {}
@@ -754,6 +757,24 @@ class OperationStateMachine:
         op.transitions.append(state)
         if self._narrator is not None:
             self._narrator.operation(op)
+        if self.policy_task_queue is not None:
+            self._publish_policy()
+
+    def _publish_policy(self) -> None:
+        """With a policy, as search attributes: who may decide the operations waiting now (what a manager's
+        list of approvals asks for) and the rules that decided this request's writes (what an operator filters
+        on: ToolloopPolicyRules = "small-late-refund"). Upserted only when they change."""
+        deciders: set[str] = set()
+        for waiting in self.ledger.values():
+            if waiting.state == "awaiting_approval":
+                deciders.update(decider_entries(waiting, self._actor))
+        rules = {rule for op in self.ledger.values() if op.policy is not None for rule in op.policy.rules}
+        published = (sorted(deciders), sorted(rules))
+        if published != self._published:
+            self._published = published
+            workflow.upsert_search_attributes(
+                [DECIDERS_KEY.value_set(published[0]), POLICY_RULES_KEY.value_set(published[1])]
+            )
 
     def _op_error(self, op: OperationRecord, code: ResultCode, why: str, message: str | None = None) -> dict[str, Any]:
         """Record why on the operation and tell the model (message defaults to why)."""
@@ -796,6 +817,14 @@ _NOTHING_MORE_SENT = {
 
 # The evidence of a read-back activity that failed: made up here, so not in history.
 _NOT_READ_BACK = Evidence(verified=False, detail="the read-back could not see the effect")
+
+
+def decider_entries(op: OperationRecord, actor: Actor) -> list[str]:
+    """Who may decide `op`, as the ToolloopDeciders search attribute lists it: "user:<id>", "role:<name>"."""
+    deciders = op.policy.deciders if op.policy is not None else None
+    if deciders is None:
+        return [f"user:{actor.user_id}"]
+    return ([f"user:{actor.user_id}"] if deciders.requester else []) + [f"role:{role}" for role in deciders.roles]
 
 
 def _ms_since(started: datetime) -> int:

@@ -191,6 +191,21 @@ class Me(BaseModel):
     models: list[str] | None = None
     # The model a request that names none gets, when the caller may use it (else it must name one).
     default_model: str | None = None
+    # The caller's roles in its tenant, as its token gives them (an approval policy may let a role decide).
+    roles: list[str] = Field(default_factory=list)
+
+
+class Decidable(BaseModel):
+    """An operation waiting now that the caller may decide: in one of their own requests, or in another's of
+    their tenant whose approval policy names them or one of their roles."""
+
+    workflow_id: str
+    requester: str  # the user the write acts for
+    operation: ApprovalRequest
+
+
+class DecidablePage(BaseModel):
+    approvals: list[Decidable]
 
 
 # --- Settings -------------------------------------------------------------------------------------------------
@@ -401,6 +416,7 @@ CallerGrant = Annotated[Grant, Depends(grant)]
 RequestId = Annotated[str, PathParam(pattern=REQUEST_ID.pattern, max_length=64)]
 ThreadId = Annotated[str, PathParam(pattern=THREAD_ID.pattern, max_length=64)]
 OperationId = Annotated[str, PathParam(max_length=100)]
+WorkflowId = Annotated[str, PathParam(pattern=r"^[A-Za-z0-9_.@-]{1,200}$")]
 
 
 # --- The app --------------------------------------------------------------------------------------------------
@@ -541,6 +557,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             tenant_id=actor.tenant_id,
             models=sorted(usable) if usable is not None else None,
             default_model=config.default_model if usable is None or default in usable else None,
+            roles=sorted(granted.roles),
         )
 
     @app.post(
@@ -752,6 +769,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         operation_id: OperationId,
         body: DecisionBody,
         actor: Caller,
+        granted: CallerGrant,
     ) -> DecisionReceipt:
         if toolloop_client.signing_key is None:
             raise Problem(503, "NO_APPROVAL_KEY", "this API holds no approval key; it cannot decide")
@@ -759,7 +777,10 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         if description.status != WorkflowExecutionStatus.RUNNING:
             raise _finished(request_id)
         pending = await request.approval(operation_id)
-        if pending is None:
+        if pending is None or (
+            pending.state == "awaiting_approval" and not pending.may_decide(actor.user_id, granted.roles)
+        ):
+            # One its policy leaves to others (a manager, a second person) looks like none, to its requester too.
             raise Problem(404, "NOT_FOUND", f"request {request_id} has no operation {operation_id}")
         if pending.state != "awaiting_approval":
             raise Problem(
@@ -771,9 +792,88 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             config.meter.create_counter(API_DECISIONS, "decisions sent by the API").add(1, {"decision": body.decision})
         try:
             # Signed for the caller, on exactly the payload checked above: recorded as "<user> via api".
-            return await request.decide(pending, approve=body.decision == "approve", decider=actor)
+            return await request.decide(
+                pending, approve=body.decision == "approve", decider=actor, roles=sorted(granted.roles)
+            )
         except RequestFinished:
             raise _finished(request_id) from None
+        except (ApprovalRefused, WorkflowUpdateFailedError) as exc:
+            reason = exc.cause if isinstance(exc, WorkflowUpdateFailedError) else exc
+            raise Problem(409, "DECISION_REFUSED", f"the decision was not recorded: {reason}") from None
+
+    # --- Approvals for whoever may decide (docs/API.md, "Approvals"; docs/POLICIES.md) -------------------------
+
+    @app.get("/v1/approvals", response_model=DecidablePage, responses=problems(*CALLER_CODES))
+    async def list_approvals(actor: Caller, granted: CallerGrant) -> DecidablePage:
+        """Every operation waiting now that the caller may decide, across their tenant's running requests."""
+        found = await toolloop_client.to_decide(actor, sorted(granted.roles))
+        return DecidablePage(
+            approvals=[
+                Decidable(workflow_id=request.handle.id, requester=request.actor.user_id, operation=approval)
+                for request, approval in found
+            ]
+        )
+
+    async def decidable(
+        actor: Actor, roles: frozenset[str], workflow_id: str, operation_id: str
+    ) -> tuple[ToolloopRequest, ApprovalRequest]:
+        """The operation, if the caller may decide it now; 404 otherwise: the same answer for an operation they
+        may not decide, another tenant's request, and none."""
+        request = await toolloop_client.request_to_decide(workflow_id, actor)
+        approval = await request.approval(operation_id) if request is not None else None
+        if request is None or approval is None or not approval.may_decide(actor.user_id, roles):
+            raise Problem(404, "NOT_FOUND", f"no operation {operation_id} waits for your decision in {workflow_id}")
+        return request, approval
+
+    @app.get(
+        "/v1/approvals/{workflow_id}/{operation_id}",
+        response_model=ApprovalRequest,
+        responses=problems(*CALLER_CODES, "NOT_FOUND", "REQUEST_UNREADABLE"),
+    )
+    async def get_approval(
+        workflow_id: WorkflowId, operation_id: OperationId, actor: Caller, granted: CallerGrant
+    ) -> ApprovalRequest:
+        """The whole payload of an operation the caller may decide (unredacted: the decider sees what is signed)."""
+        _, approval = await decidable(actor, granted.roles, workflow_id, operation_id)
+        return approval
+
+    @app.post(
+        "/v1/approvals/{workflow_id}/{operation_id}/decision",
+        response_model=DecisionReceipt,
+        responses=problems(
+            *CALLER_CODES,
+            "NOT_FOUND",
+            "DIGEST_MISMATCH",
+            "NOT_PENDING",
+            "DECISION_REFUSED",
+            "REQUEST_FINISHED",
+            "BODY_TOO_LARGE",
+            "REQUEST_UNREADABLE",
+            "NO_APPROVAL_KEY",
+        ),  # fmt: skip
+    )
+    async def decide_approval(
+        workflow_id: WorkflowId, operation_id: OperationId, body: DecisionBody, actor: Caller, granted: CallerGrant
+    ) -> DecisionReceipt:
+        """Approve or reject an operation the caller may decide: signed for the person the write acts for, as
+        decided by the caller with their token's roles; the workflow checks both again."""
+        if toolloop_client.signing_key is None:
+            raise Problem(503, "NO_APPROVAL_KEY", "this API holds no approval key; it cannot decide")
+        request, pending = await decidable(actor, granted.roles, workflow_id, operation_id)
+        if pending.state != "awaiting_approval":
+            raise Problem(
+                409, "NOT_PENDING", f"operation {operation_id} is {pending.state}, not waiting for a decision"
+            )
+        if body.digest != pending.digest:
+            raise Problem(409, "DIGEST_MISMATCH", "the digest is not the pending operation's; fetch it again")
+        if config.meter is not None:
+            config.meter.create_counter(API_DECISIONS, "decisions sent by the API").add(1, {"decision": body.decision})
+        try:
+            return await request.decide(
+                pending, approve=body.decision == "approve", decider=actor, roles=sorted(granted.roles)
+            )
+        except RequestFinished:
+            raise _finished(workflow_id) from None
         except (ApprovalRefused, WorkflowUpdateFailedError) as exc:
             reason = exc.cause if isinstance(exc, WorkflowUpdateFailedError) else exc
             raise Problem(409, "DECISION_REFUSED", f"the decision was not recorded: {reason}") from None

@@ -72,10 +72,12 @@ PUBLISHED_DEMO_TOKENS = frozenset(
 
 @dataclass(frozen=True)
 class Grant:
-    """What a token stands for: whom, and the models it may use (None: every model the API knows)."""
+    """What a token stands for: whom, the models it may use (None: every model the API knows), and its roles in
+    its tenant (what an approval policy may let decide an operation: docs/POLICIES.md)."""
 
     actor: Actor
     models: frozenset[str] | None = None
+    roles: frozenset[str] = frozenset()
 
 
 class TokenMap:
@@ -105,7 +107,7 @@ class TokenMap:
                 ) from None
             digest = bytes.fromhex(entry.token_sha256) if entry.token_sha256 else _digest(entry.token or "")
             models = frozenset(entry.models) if entry.models is not None else None
-            entries.append((digest, Grant(actor, models)))
+            entries.append((digest, Grant(actor, models, frozenset(entry.roles))))
         return cls(entries)
 
     def grants(self) -> Iterator[Grant]:

@@ -31,12 +31,18 @@ OUTCOME_SEARCH_ATTRIBUTE = "ToolloopOutcome"
 UNSETTLED_SEARCH_ATTRIBUTE = "ToolloopUnsettled"  # Bool: a side effect is unknown or done but not verified
 # Keyword: the thread a request is a message of (set on the thread's workflow too)
 THREAD_SEARCH_ATTRIBUTE = "ToolloopThread"
+# KeywordList, set only where an approval policy decides writes: who may decide the operations waiting now
+# ("user:u1", "role:manager"; empty once none waits), and the rules that decided the request's writes.
+DECIDERS_SEARCH_ATTRIBUTE = "ToolloopDeciders"
+POLICY_RULES_SEARCH_ATTRIBUTE = "ToolloopPolicyRules"
 SEARCH_ATTRIBUTES = {
     USER_SEARCH_ATTRIBUTE: "Keyword",
     TENANT_SEARCH_ATTRIBUTE: "Keyword",
     OUTCOME_SEARCH_ATTRIBUTE: "Keyword",
     UNSETTLED_SEARCH_ATTRIBUTE: "Bool",
     THREAD_SEARCH_ATTRIBUTE: "Keyword",
+    DECIDERS_SEARCH_ATTRIBUTE: "KeywordList",
+    POLICY_RULES_SEARCH_ATTRIBUTE: "KeywordList",
 }
 # Metric names (Prometheus, through Temporal's metric meter).
 TOOL_RESULTS_METRIC = "toolloop_tool_results"

@@ -88,6 +88,7 @@ from toolloop._temporal.following import (
 )
 from toolloop._temporal.requests import (
     acts_for,
+    decidable_query,
     readable_request_id,
     request_id_of,
     request_search_attributes,
@@ -581,6 +582,33 @@ class ToolloopClient:
         description = await handle.describe()
         request_id = await description.memo_value("request_id", default=workflow_id, type_hint=str)
         return ToolloopRequest(self._channel, handle, actor, request_id, self.live_text)
+
+    async def to_decide(
+        self, decider: Actor, roles: Sequence[str] = (), *, limit: int = 50
+    ) -> list[tuple[ToolloopRequest, ApprovalRequest]]:
+        """The operations waiting now that `decider` (holding `roles`, as their identity gives them) may decide,
+        across the running requests of their tenant (at most `limit` requests): their own, and those whose
+        approval policy names them or one of their roles. Each with its request, to decide it through
+        (`request.decide(approval, decider=decider, roles=roles)`)."""
+        found: list[tuple[ToolloopRequest, ApprovalRequest]] = []
+        async for execution in self.temporal.list_workflows(decidable_query(decider, roles), limit=limit):
+            request = await self.request_to_decide(execution.id, decider)
+            if request is None:
+                continue
+            for approval in await request.pending_approvals():
+                if approval.may_decide(decider.user_id, roles):
+                    found.append((request, approval))
+        return found
+
+    async def request_to_decide(self, workflow_id: str, decider: Actor) -> ToolloopRequest | None:
+        """The request a workflow id names if it is one of `decider`'s tenant (read from the run's own start
+        event); None otherwise. Whether they may decide one of its operations is the operation's to say
+        (ApprovalRequest.may_decide), and the workflow checks it again."""
+        handle = self.temporal.get_workflow_handle(workflow_id, result_type=AgentResult)
+        requester = await acts_for(self.temporal, handle)
+        if requester is None or requester.tenant_id != decider.tenant_id:
+            return None
+        return ToolloopRequest(self._channel, handle, requester, request_id_of(requester, workflow_id), self.live_text)
 
     async def _owned(self, workflow_id: str, actor: Actor) -> WorkflowHandle[Any, AgentResult]:
         """The workflow's handle if it acts for `actor` (its start event says so); RequestNotFound otherwise."""

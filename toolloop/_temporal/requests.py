@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import unicodedata
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import ValidationError
@@ -19,6 +20,7 @@ from toolloop._core import request_naming as naming
 from toolloop._core.contracts import Actor, AgentInput
 from toolloop._core.names import (
     AGENT_WORKFLOW,
+    DECIDERS_SEARCH_ATTRIBUTE,
     SEARCH_ATTRIBUTES,
     TENANT_SEARCH_ATTRIBUTE,
     THREAD_WORKFLOW,
@@ -133,6 +135,18 @@ def thread_list_query(actor: Actor) -> str:
     return (
         f'WorkflowType = "{THREAD_WORKFLOW}" AND {TENANT_SEARCH_ATTRIBUTE} = "{actor.tenant_id}" '
         f'AND {USER_SEARCH_ATTRIBUTE} = "{actor.user_id}" AND ExecutionStatus = "Running"'
+    )
+
+
+def decidable_query(decider: Actor, roles: Iterable[str] = ()) -> str:
+    """The visibility query of the running requests of `decider`'s tenant in which `decider` may decide
+    something now: their own, and those whose policy names them or one of their roles (ToolloopDeciders).
+    Role names and ids are ASCII letters, digits and _ - (the tokens file checks them): nothing to escape."""
+    named = ", ".join(f'"{entry}"' for entry in [f"user:{decider.user_id}", *(f"role:{r}" for r in sorted(roles))])
+    return (
+        f'WorkflowType = "{AGENT_WORKFLOW}" AND {TENANT_SEARCH_ATTRIBUTE} = "{decider.tenant_id}" '
+        f'AND ExecutionStatus = "Running" '
+        f'AND ({USER_SEARCH_ATTRIBUTE} = "{decider.user_id}" OR {DECIDERS_SEARCH_ATTRIBUTE} IN ({named}))'
     )
 
 

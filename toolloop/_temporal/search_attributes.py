@@ -7,7 +7,9 @@ from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSear
 
 from toolloop._core.contracts import Actor
 from toolloop._core.names import (
+    DECIDERS_SEARCH_ATTRIBUTE,
     OUTCOME_SEARCH_ATTRIBUTE,
+    POLICY_RULES_SEARCH_ATTRIBUTE,
     TENANT_SEARCH_ATTRIBUTE,
     THREAD_SEARCH_ATTRIBUTE,
     UNSETTLED_SEARCH_ATTRIBUTE,
@@ -19,6 +21,8 @@ TENANT_KEY = SearchAttributeKey.for_keyword(TENANT_SEARCH_ATTRIBUTE)
 OUTCOME_KEY = SearchAttributeKey.for_keyword(OUTCOME_SEARCH_ATTRIBUTE)
 UNSETTLED_KEY = SearchAttributeKey.for_bool(UNSETTLED_SEARCH_ATTRIBUTE)
 THREAD_KEY = SearchAttributeKey.for_keyword(THREAD_SEARCH_ATTRIBUTE)
+DECIDERS_KEY = SearchAttributeKey.for_keyword_list(DECIDERS_SEARCH_ATTRIBUTE)
+POLICY_RULES_KEY = SearchAttributeKey.for_keyword_list(POLICY_RULES_SEARCH_ATTRIBUTE)
 
 
 def request_search_attributes(actor: Actor, thread_id: str | None = None) -> TypedSearchAttributes:
