@@ -453,7 +453,7 @@ def start_business_service(
 
 
 # Private keys that sign approvals: only the approval channel holds them.
-_APPROVAL_KEY_VARIABLES = ("TOOLLOOP_APPROVAL_KEY",)
+_APPROVAL_KEY_VARIABLES = ("TOOLLOOP_APPROVAL_KEY", "TOOLLOOP_POLICY_SIGNING_KEY")
 
 
 # The local stack runs the bundled demo's tools (demo/agent.py).

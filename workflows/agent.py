@@ -239,7 +239,9 @@ class AgentWorkflow:
                 break
             model_label = turn.model_label or model_label
             self._end_hook |= turn.end_hook
-            self._writes.policy_task_queue = turn.policy_task_queue
+            # Once a turn's worker named a policy evaluator, the request keeps it: a worker of the pool that lacks
+            # the setting does not turn policies off for the rest of the request.
+            self._writes.policy_task_queue = turn.policy_task_queue or self._writes.policy_task_queue
             self._progress.usage = self._progress.usage.plus(turn.usage, turn.cost)
 
             if not turn.calls:

@@ -68,9 +68,12 @@ class Narrator:
         )
 
     def operation(self, op: OperationRecord) -> None:
-        decided = {"decided_by": op.approval.by} if op.approval is not None else {}
+        decided: dict[str, Any] = {"decided_by": op.approval.by} if op.approval is not None else {}
+        if op.policy is not None:  # what the approval policy decided, by which rules and version
+            decided["policy"] = op.policy.model_dump(mode="json")
         self.emit("operation", operation_id=op.operation_id, tool=op.tool, state=op.state, **decided)
         if op.state == "awaiting_approval":
+            asked = {"policy": decided["policy"]} if op.policy is not None else {}
             self.emit(
                 "approval_needed",
                 operation_id=op.operation_id,
@@ -79,6 +82,7 @@ class Narrator:
                 arguments=op.arguments,  # redacted; the approver fetches the whole payload
                 digest=op.digest,
                 expires_at=op.approval_expires_at.isoformat() if op.approval_expires_at else None,
+                **asked,
             )
         self.show()
 
@@ -109,5 +113,8 @@ class Narrator:
                 line = f"- {markdown_literal(op.tool)} {short}: {op.state} {mark}".rstrip()
                 if op.approval is not None:  # who decided, from the verified token
                     line += f" ({op.approval.decision} by {markdown_literal(op.approval.by)})"
+                if op.policy is not None:  # by which rules, under which version of the policy
+                    version = op.policy.version.removeprefix("sha256:")[:12]
+                    line += f"; policy {markdown_literal(version)}: {markdown_literal(op.policy.decided())}"
                 lines.append(line)
         workflow.set_current_details("\n".join(lines))

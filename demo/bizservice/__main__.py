@@ -78,14 +78,18 @@ def main(argv: list[str] | None = None) -> int:
     policy_key = os.environ.get(POLICY_VERIFY_KEY_ENV) or None
     policy_file = os.environ.get(POLICY_FILE_ENV) or None
     policy_rules = None
-    try:
-        if policy_key is not None:
+    if policy_key is not None:
+        try:
             check_verify_key(policy_key)
-        if policy_file is not None:
+        except ValueError as exc:
+            print(f"error: {POLICY_VERIFY_KEY_ENV}: {exc}", file=sys.stderr)
+            return 2
+    if policy_file is not None:
+        try:
             policy_rules = policy_rule_ids(policy_file)
-    except ValueError as exc:  # a PolicyError is one
-        print(f"error: {POLICY_VERIFY_KEY_ENV if policy_file is None else POLICY_FILE_ENV}: {exc}", file=sys.stderr)
-        return 2
+        except ValueError as exc:  # a PolicyError, in one line
+            print(f"error: {POLICY_FILE_ENV}: {exc}", file=sys.stderr)
+            return 2
     logger.info("admin token %s", "set" if args.admin_token else "unset")
     logger.info("policy verify key %s", "set: writes are decided by policy" if policy_key else "unset")
     logger.info("approval verify key %s", "set" if verify_key else "unset: every write is refused")

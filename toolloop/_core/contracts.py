@@ -509,7 +509,7 @@ class PolicyInput(BaseModel):
     audience: str
     actor: Actor
     facts: dict[str, Any] = Field(default_factory=dict)
-    # The decision's token expires by then (the operation's approval window, never past the deadline).
+    # The decision's token expires by then (the request's deadline; the evaluator caps it at a day).
     expires_at: datetime
 
 

@@ -19,7 +19,14 @@ from typing import Any, Literal, TypeVar
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from toolloop._core.approvals import APPROVAL_EXPIRED, APPROVAL_UNKNOWN_KEY, APPROVAL_WRONG_AUDIENCE, http_subject
+from toolloop._core.approvals import (
+    APPROVAL_EXPIRED,
+    APPROVAL_UNKNOWN_KEY,
+    APPROVAL_WRONG_AUDIENCE,
+    POLICY_DECISION_INVALID,
+    POLICY_DECISION_REQUIRED,
+    http_subject,
+)
 from toolloop._core.codes import ResultCode
 from toolloop._core.contracts import Actor, error_output, ok_output
 from toolloop._core.problems import APPROVAL_REQUIRED, IN_PROGRESS, KEY_REQUIRED, KEY_REUSED, MAX_DETAIL_CHARS
@@ -41,7 +48,13 @@ _MAX_RETRY_AFTER_SECONDS = 300.0
 # Failures that happen before a single byte of the request is sent.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
-_APPROVAL_REFUSALS = (APPROVAL_EXPIRED, APPROVAL_WRONG_AUDIENCE, APPROVAL_UNKNOWN_KEY)
+_APPROVAL_REFUSALS = (
+    APPROVAL_EXPIRED,
+    APPROVAL_WRONG_AUDIENCE,
+    APPROVAL_UNKNOWN_KEY,
+    POLICY_DECISION_REQUIRED,
+    POLICY_DECISION_INVALID,
+)
 
 
 def default_actor_headers(actor: Actor) -> dict[str, str]:
