@@ -71,11 +71,14 @@ def _stop_on_signals() -> asyncio.Event:
 async def _run_policy(settings: PolicySettings, source: PolicySource, signing_key: str) -> None:
     client = await connect(settings)
     stop = _stop_on_signals()
-    async with running_policy_worker(client, source, signing_key, settings.policy_task_queue):
+    async with running_policy_worker(
+        client, source, signing_key, settings.policy_task_queue, settings.approval_verify_key
+    ):
         print(
             f"policy worker ready task_queue={settings.policy_task_queue} temporal={settings.temporal_address} "
             f"policy={settings.policy_file} version={source.current().version} "
-            f"verify_key={verify_key_for(signing_key)}",
+            f"verify_key={verify_key_for(signing_key)} "
+            f"grants={'on' if settings.approval_verify_key else 'off (no TOOLLOOP_APPROVAL_VERIFY_KEY)'}",
             flush=True,
         )
         await stop.wait()

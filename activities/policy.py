@@ -12,15 +12,23 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from toolloop._core.approvals import PolicyClaims, mint_approval_token, payload_digest
+from toolloop._core.approvals import (
+    ApprovalInvalid,
+    PolicyClaims,
+    mint_approval_token,
+    payload_digest,
+    verify_key_set,
+    verify_token_signature,
+)
 from toolloop._core.contracts import PolicyDecision, PolicyInput, PolicyRecord
 from toolloop._core.names import DECIDE_BY_POLICY_ACTIVITY
-from toolloop._core.policies import Policies, PolicyError, WriteProposal, load_policies
+from toolloop._core.policies import Policies, PolicyError, PolicyVerdict, WriteProposal, load_policies
 
 logger = logging.getLogger("toolloop.policy")
 
@@ -51,9 +59,15 @@ class PolicySource:
 
 
 class PolicyActivities:
-    def __init__(self, source: PolicySource, signing_key: str) -> None:
+    """`approval_verify_key`: the approval channel's public keys, to honour the grants people give with their
+    approvals (docs/POLICIES.md, "Grants"); None: grants are not honoured."""
+
+    def __init__(
+        self, source: PolicySource, signing_key: str, approval_verify_key: str | Iterable[str] | None = None
+    ) -> None:
         self._source = source
         self._signing_key = signing_key
+        self._approval_keys: Mapping[str, str] = verify_key_set(approval_verify_key)
 
     @activity.defn(name=DECIDE_BY_POLICY_ACTIVITY)
     def decide_by_policy(self, inp: PolicyInput) -> PolicyDecision:
@@ -75,14 +89,16 @@ class PolicyActivities:
             facts=inp.facts,
         )
         verdict = policies.evaluate(proposal)
+        grant, granted_by = self._granted(inp, verdict) if verdict.verdict == "ask" else (None, None)
         record = PolicyRecord(
-            verdict=verdict.verdict,
+            verdict="allow" if granted_by is not None else verdict.verdict,
             rules=verdict.rules,
             version=verdict.version,
-            deciders=verdict.deciders,
+            deciders=None if granted_by is not None else verdict.deciders,
             reason=verdict.reason,
+            granted_by=granted_by,
         )
-        if verdict.verdict == "deny":
+        if record.verdict == "deny":
             return PolicyDecision(record=record)
         now = time.time()
         claims = PolicyClaims(
@@ -91,11 +107,36 @@ class PolicyActivities:
             tenant_id=inp.actor.tenant_id,
             operation_id=inp.operation_id,
             digest=inp.digest,
-            verdict=verdict.verdict,
-            rules=verdict.rules,
-            policy_version=verdict.version,
-            deciders=verdict.deciders,
+            verdict=record.verdict,
+            rules=record.rules,
+            policy_version=record.version,
+            deciders=record.deciders,
             decided_at=now,
             expires_at=min(inp.expires_at.timestamp(), now + MAX_DECISION_SECONDS),
+            granted_by=granted_by,
         )
-        return PolicyDecision(record=record, token=mint_approval_token(self._signing_key, claims))
+        return PolicyDecision(record=record, token=mint_approval_token(self._signing_key, claims), grant=grant)
+
+    def _granted(self, inp: PolicyInput, verdict: PolicyVerdict) -> tuple[int | None, str | None]:
+        """The first grant of this request that covers the write (its index, and who gave it), if the policy would
+        ask its giver about it and no second person is needed; (None, None) otherwise."""
+        deciders = verdict.deciders
+        if deciders is None or deciders.approvals != 1 or not self._approval_keys:
+            return None, None
+        # The request is Temporal's word for whose activity this is, never the workflow's input.
+        request = activity.info().workflow_id
+        for index, (token, used) in enumerate(zip(inp.grants, inp.grant_uses, strict=False)):
+            try:
+                claims = verify_token_signature(self._approval_keys, token)
+            except ApprovalInvalid:
+                continue
+            grant = claims.grant
+            if grant is None or claims.decision != "approve" or grant.request != request or used >= grant.uses:
+                continue
+            if (claims.user_id, claims.tenant_id) != (inp.actor.user_id, inp.actor.tenant_id):
+                continue
+            if grant.covers(inp.tool, inp.arguments) and deciders.admits(
+                inp.actor.user_id, claims.approved_by, claims.roles
+            ):
+                return index, claims.approved_by
+        return None, None

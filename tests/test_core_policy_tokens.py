@@ -16,6 +16,7 @@ from toolloop._core.approvals import (
     ApprovalClaims,
     ApprovalInvalid,
     Deciders,
+    GrantClaims,
     PolicyClaims,
     counted_approvers,
     join_tokens,
@@ -138,3 +139,14 @@ def test_counted_approvers_skip_rejections_strangers_and_repeats() -> None:
         )
     ]
     assert counted_approvers(deciders, "u1", claims) == ["u1", "m2"]
+
+
+def test_a_grant_covers_only_its_tool_within_its_bounds() -> None:
+    grant = GrantClaims(request="wf", tool="refund_order", uses=2, max={"amountCents": 2000}, same={"orderId": "A1"})
+    assert grant.covers("refund_order", {"orderId": "A1", "amountCents": 2000})
+    assert not grant.covers("refund_order", {"orderId": "A1", "amountCents": 2001})
+    assert not grant.covers("refund_order", {"orderId": "A2", "amountCents": 5})
+    assert not grant.covers("refund_order", {"orderId": "A1"})  # a bound on a missing argument fails
+    assert not grant.covers("refund_order", {"orderId": "A1", "amountCents": True})
+    assert not grant.covers("refund_order", {"orderId": "A1", "amountCents": "5"})
+    assert not grant.covers("append_ticket_note", {"orderId": "A1", "amountCents": 5})

@@ -40,7 +40,7 @@ from toolloop._core.approvals import (
     payload_digest,
     verify_key_for,
 )
-from toolloop._core.contracts import Actor, AgentResult, Limits, OperationRecord
+from toolloop._core.contracts import Actor, AgentResult, GrantTerms, Limits, OperationRecord
 from toolloop._core.names import POLICY_RULES_SEARCH_ATTRIBUTE
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.plugin import workflow_runner
@@ -112,7 +112,7 @@ async def stack(
     source = PolicySource(policy_files / "demo.cedar", policy_files / "demo.cedarschema")
     async with (
         httpx.AsyncClient(base_url=url, headers={"X-Admin-Token": admin_token}, timeout=10) as admin,
-        running_policy_worker(client, source, POLICY_KEY, f"{queue}-policy"),
+        running_policy_worker(client, source, POLICY_KEY, f"{queue}-policy", APPROVAL_VERIFY_KEY),
         running_worker(client, settings, build_demo(url)),
     ):
         yield PolicyStack(client, settings, url, admin, policy_files / "demo.cedar")
@@ -285,6 +285,42 @@ async def test_a_changed_policy_applies_to_writes_asked_after_the_change_only(st
     result = await finished(handle)
     assert [op.state for op in result.operations] == ["verified", "verified"]
     assert [op.policy.version == before for op in result.operations if op.policy] == [True, False]
+
+
+async def test_a_managers_grant_approves_the_next_writes_within_its_bounds_and_then_asks_again(
+    stack: PolicyStack,
+) -> None:
+    handle = await start(
+        stack,
+        [read_order("A100", "r1")],
+        [refund("A100", 1500, "w1")],
+        [refund("A100", 1200, "w2")],
+        [refund("A100", 1100, "w3")],
+        [refund("A100", 1300, "w4")],
+    )
+    first = await waiting_operation(handle)
+    terms = GrantTerms(uses=2, max={"amountCents": 2000}, same=["orderId"])
+    # The requester cannot give what is not theirs to decide, grant or no grant.
+    with pytest.raises(ApprovalRefused, match="u1 may not decide"):
+        await decide(handle, first.operation_id, signing_key=APPROVAL_KEY, decider=U1, grant=terms)
+    await decide(handle, first.operation_id, signing_key=APPROVAL_KEY, decider=MANAGER, roles=["manager"], grant=terms)
+    # Two more refunds go through on the grant; the fourth asks the manager again, who says no.
+    fourth = await _next_waiting(handle, first.operation_id)
+    await decide(
+        handle, fourth.operation_id, signing_key=APPROVAL_KEY, decider=MANAGER, roles=["manager"], approve=False
+    )
+    result = await finished(handle)
+    states = [(op.state, op.approval.by if op.approval else None) for op in result.operations]
+    assert states == [
+        ("verified", "m1 via test"),
+        ("verified", "m1's grant"),
+        ("verified", "m1's grant"),
+        ("denied", "m1 via test"),
+    ]
+    granted = result.operations[1].policy
+    assert granted is not None and (granted.verdict, granted.granted_by) == ("allow", "m1")
+    made = [len(await refunds_made(stack, op)) for op in result.operations]
+    assert made == [1, 1, 1, 0]
 
 
 async def _next_waiting(handle: WorkflowHandle[Any, Any], after: str) -> OperationRecord:

@@ -46,6 +46,7 @@ from toolloop._core.contracts import (
     DecisionReceipt,
     FunctionCallItem,
     FunctionCallOutputItem,
+    GrantTerms,
     Limits,
     ModelSpec,
     ModelTurnInput,
@@ -319,6 +320,7 @@ async def decide(
     approve: bool = True,
     ttl: float = 600,
     roles: Sequence[str] = (),
+    grant: GrantTerms | None = None,
 ) -> DecisionReceipt:
     """What the trusted approval channel does, through toolloop's client: fetch the whole payload, check its
     digest, sign `decider`'s decision (with their `roles`), send it (recorded as "<decider> via test")."""
@@ -326,7 +328,7 @@ async def decide(
     approval = await request.approval(operation_id)
     if approval is None:
         raise LookupError(f"no operation {operation_id}")
-    return await request.decide(approval, approve=approve, roles=roles)
+    return await request.decide(approval, approve=approve, roles=roles, grant=grant)
 
 
 @contextlib.asynccontextmanager

@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
 
     from toolloop._core.approvals import (
         ApprovalInvalid,
+        GrantClaims,
         approval_wait_summary,
         check_approval_claims,
         counted_approvers,
@@ -131,6 +132,8 @@ class OperationStateMachine:
         self.policy_task_queue: str | None = None
         # This request's successful reads, which a write's policy facts are taken from (only with a policy).
         self.reads: list[Read] = []
+        # Grants people gave with their approvals in this request: [token, how many writes it has approved since].
+        self._grants: list[tuple[str, GrantClaims, list[int]]] = []
         # What the search attributes say now (with a policy): who may decide what waits, which rules decided.
         self._published: tuple[list[str], list[str]] = ([], [])
         # Per payload of a tool whose identical calls are distinct: how many proposals of it came so far.
@@ -248,6 +251,13 @@ class OperationStateMachine:
             )
         except ApprovalInvalid as exc:
             raise ApplicationError(str(exc), type=exc.code, non_retryable=True) from None
+        if claims.grant is not None and (
+            not decision.approve
+            or op.policy is None
+            or claims.grant.request != workflow.info().workflow_id
+            or claims.grant.tool != op.tool
+        ):
+            raise ValueError("a grant comes with an approval of a write its policy asked about, for its own tool")
         if not self._may_decide(op, claims.approved_by, claims.roles):
             # Someone the policy does not name (or the requester as a second approver): told exactly what a
             # missing operation is told.
@@ -280,6 +290,9 @@ class OperationStateMachine:
             self._move(op, "approved")
             return op
         approvals = [read_approval_claims(token) for token in tokens]
+        granted = approvals[-1].grant
+        if granted is not None:
+            self._grants.append((decision.token, granted, [0]))
         policy.approved_by = counted_approvers(policy.deciders, self._actor.user_id, approvals)
         if len(policy.approved_by) < policy.deciders.approvals:
             if self._narrator is not None:
@@ -311,6 +324,7 @@ class OperationStateMachine:
         within the approval window: nothing is sent (fail closed)."""
         assert self.policy_task_queue is not None and op.approval_expires_at is not None
         facts = policy_facts(call.policy_facts, self._arguments[op.operation_id], self.reads)
+        grants = [(token, used) for token, grant, used in self._grants if grant.tool == op.tool]
         window = max(op.approval_expires_at - workflow.now(), _MIN_TIMEOUT)
         try:
             decision: PolicyDecision = await workflow.execute_activity(
@@ -325,6 +339,8 @@ class OperationStateMachine:
                     actor=self._actor,
                     facts=facts,
                     expires_at=self._deadline,
+                    grants=[token for token, _ in grants],
+                    grant_uses=[used[0] for _, used in grants],
                 ),
                 result_type=PolicyDecision,
                 task_queue=self.policy_task_queue,
@@ -347,10 +363,13 @@ class OperationStateMachine:
             return self._op_error(op, ResultCode.POLICY_DENIED, why)
         assert decision.token is not None
         self._policy_tokens[op.operation_id] = decision.token
+        if decision.grant is not None and 0 <= decision.grant < len(grants):
+            grants[decision.grant][1][0] += 1  # one use of that grant
         if decision.record.verdict == "allow":
+            granted_by = decision.record.granted_by
             op.approval = ApprovalRecord(
                 decision="approved",
-                by=f"rule {', '.join(decision.record.rules)}",
+                by=f"{granted_by}'s grant" if granted_by else f"rule {', '.join(decision.record.rules)}",
                 at=workflow.now(),
                 expires_at=datetime.fromtimestamp(self._policy_expiry(op), tz=UTC),
             )

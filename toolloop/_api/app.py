@@ -68,6 +68,7 @@ from toolloop._core.contracts import (
     CallRecord,
     DecisionReceipt,
     EventsPage,
+    GrantTerms,
     Limits,
     ModelSpec,
     OperationRecord,
@@ -148,6 +149,9 @@ class DecisionBody(BaseModel):
 
     decision: Literal["approve", "reject"]
     digest: str = Field(min_length=1, max_length=200)
+    # With an approval, where a policy asked: the next writes of the same tool in this request approved in
+    # advance (docs/POLICIES.md, "Grants").
+    grant: GrantTerms | None = None
 
 
 class RequestSummary(BaseModel):
@@ -793,7 +797,11 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         try:
             # Signed for the caller, on exactly the payload checked above: recorded as "<user> via api".
             return await request.decide(
-                pending, approve=body.decision == "approve", decider=actor, roles=sorted(granted.roles)
+                pending,
+                approve=body.decision == "approve",
+                decider=actor,
+                roles=sorted(granted.roles),
+                grant=body.grant,
             )
         except RequestFinished:
             raise _finished(request_id) from None
@@ -870,7 +878,11 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             config.meter.create_counter(API_DECISIONS, "decisions sent by the API").add(1, {"decision": body.decision})
         try:
             return await request.decide(
-                pending, approve=body.decision == "approve", decider=actor, roles=sorted(granted.roles)
+                pending,
+                approve=body.decision == "approve",
+                decider=actor,
+                roles=sorted(granted.roles),
+                grant=body.grant,
             )
         except RequestFinished:
             raise _finished(workflow_id) from None

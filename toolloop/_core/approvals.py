@@ -70,6 +70,33 @@ def approval_wait_summary(tool: str, operation_id: str, until: str) -> str:
     return f"waiting for approval of {tool} {short_operation_id(operation_id)} until {until}"
 
 
+class GrantClaims(BaseModel):
+    """A per-request grant a person gives with an approval: "approve this and the next `uses` writes of the same
+    tool in this request, within these bounds". Signed with the approval it comes with; honoured only by the
+    policy evaluator, only in the request it names (so it ends with the request), only for writes the policy
+    would ask this person about (never four eyes, never against a forbid)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    request: str = Field(min_length=1, max_length=200)  # the request's workflow id
+    tool: str = Field(min_length=1, max_length=200)
+    uses: int = Field(ge=1, le=100)
+    # Each named argument at most this number.
+    max: dict[str, float] = Field(default_factory=dict, max_length=20)
+    # Each named argument exactly this value (the approved write's, e.g. the same order).
+    same: dict[str, Any] = Field(default_factory=dict, max_length=20)
+
+    def covers(self, tool: str, arguments: Mapping[str, Any]) -> bool:
+        """True if a write of `tool` with `arguments` is within this grant's bounds (its uses are counted apart)."""
+        if tool != self.tool:
+            return False
+        for name, most in self.max.items():
+            value = arguments.get(name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value > most:
+                return False
+        return all(name in arguments and arguments[name] == value for name, value in self.same.items())
+
+
 class ApprovalClaims(BaseModel):
     """What a decision token claims. On the wire it is a JWT (RFC 7519) signed with EdDSA (Ed25519): the
     standard claims under their registered names (`aud`, `exp`, `iat`), toolloop's own under theirs."""
@@ -95,6 +122,8 @@ class ApprovalClaims(BaseModel):
     # Deciders admit besides the requester. `user_id` is the person the write acts for, `approved_by` the
     # person who decided (the same person where no policy names others).
     roles: list[str] = Field(default_factory=list, max_length=20)
+    # With an approval only: the next writes of the same tool this person approves in advance (GrantClaims).
+    grant: GrantClaims | None = None
 
     @property
     def decided_by(self) -> str:
@@ -349,6 +378,8 @@ class PolicyClaims(BaseModel):
     deciders: Deciders | None = None
     decided_at: float = Field(alias="iat")
     expires_at: float = Field(alias="exp")
+    # An allow that rests on a person's grant in this request (GrantClaims): who gave it.
+    granted_by: str | None = None
 
 
 POLICY_DECISION_REQUIRED = "POLICY_DECISION_REQUIRED"

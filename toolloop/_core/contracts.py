@@ -344,16 +344,33 @@ class PolicyRecord(BaseModel):
     reason: str = ""  # for "deny"
     # The people whose approvals count so far (four eyes: the first, until the second decides).
     approved_by: list[str] = Field(default_factory=list)
+    # An allow that rests on a person's grant given earlier in this request (GrantTerms): who gave it.
+    granted_by: str | None = None
 
     def decided(self) -> str:
         """One line for receipts and the UI: by which rules, or who may decide."""
         rules = ", ".join(self.rules) or "no rule"
+        if self.verdict == "allow" and self.granted_by is not None:
+            return f"allowed by {self.granted_by}'s grant (asked by rule {rules})"
         if self.verdict == "allow":
             return f"allowed by rule {rules}"
         if self.verdict == "deny":
             return f"denied by rule {rules}" + (f" ({self.reason})" if self.reason else "")
         asked = self.deciders.describe() if self.deciders is not None else "nobody"
         return f"asked by rule {rules}: {asked}"
+
+
+class GrantTerms(BaseModel):
+    """What a person grants with an approval (docs/POLICIES.md, "Grants"): the next `uses` writes of the same tool
+    in this request are approved without asking again, if each argument named in `max` is at most its number and
+    each named in `same` equals the approved write's. The policy still decides: a forbid wins, four eyes are
+    never granted away, and only a person the policy would ask can grant."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    uses: int = Field(ge=1, le=100)
+    max: dict[str, float] = Field(default_factory=dict, max_length=20)
+    same: list[str] = Field(default_factory=list, max_length=20)
 
 
 class StatusCheck(BaseModel):
@@ -511,6 +528,10 @@ class PolicyInput(BaseModel):
     facts: dict[str, Any] = Field(default_factory=dict)
     # The decision's token expires by then (the request's deadline; the evaluator caps it at a day).
     expires_at: datetime
+    # Grants people gave earlier in this request for this tool (their signed approvals), and how many writes
+    # each has approved since: the evaluator checks them and may allow by one.
+    grants: list[str] = Field(default_factory=list)
+    grant_uses: list[int] = Field(default_factory=list)
 
 
 class PolicyDecision(BaseModel):
@@ -518,6 +539,8 @@ class PolicyDecision(BaseModel):
 
     record: PolicyRecord
     token: str | None = None
+    # The grant (its index in PolicyInput.grants) an allow rests on; None: a rule's own verdict.
+    grant: int | None = None
 
 
 class WriteInput(BaseModel):

@@ -12,7 +12,7 @@ from typing import Any
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError
 
-from toolloop._core.approvals import ApprovalClaims, mint_approval_token, payload_digest
+from toolloop._core.approvals import ApprovalClaims, GrantClaims, mint_approval_token, payload_digest
 from toolloop._core.contracts import (
     Actor,
     ApprovalDecision,
@@ -20,6 +20,7 @@ from toolloop._core.contracts import (
     ApprovalWait,
     DecisionAnswer,
     DecisionReceipt,
+    GrantTerms,
     approval_record,
 )
 from toolloop._core.names import APPROVE_OPERATION_UPDATE, GET_APPROVAL_REQUEST_QUERY
@@ -61,6 +62,7 @@ def sign_decision(
     channel: str = "cli",
     ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
     roles: Sequence[str] = (),
+    grant: GrantClaims | None = None,
 ) -> str:
     """A token for `decider`'s decision on exactly this payload. It never outlives the request's deadline,
     so nothing can be committed after it, and it names the end of the operation's approval window: a
@@ -96,8 +98,19 @@ def sign_decision(
         decision="approve" if approve else "reject",
         channel=channel,
         decide_by=decide_by,
+        grant=grant if approve else None,
     )
     return mint_approval_token(signing_key, claims)
+
+
+def grant_claims(terms: GrantTerms, request: ApprovalRequest, workflow_id: str) -> GrantClaims:
+    """What a person grants with their approval of `request`, in the request `workflow_id`: the next writes of
+    its tool within `terms` (the arguments named in `same` keep the approved write's values)."""
+    missing = [name for name in terms.same if name not in request.arguments]
+    if missing:
+        raise ApprovalRefused(f"operation {request.operation_id}: it has no argument {', '.join(missing)}")
+    same = {name: request.arguments[name] for name in terms.same}
+    return GrantClaims(request=workflow_id, tool=request.tool, uses=terms.uses, max=terms.max, same=same)
 
 
 async def fetch_approval_request(handle: WorkflowHandle[Any, Any], operation_id: str) -> ApprovalRequest | None:
@@ -120,10 +133,15 @@ async def send_decision(
     channel: str = "cli",
     ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
     roles: Sequence[str] = (),
+    grant: GrantTerms | None = None,
 ) -> DecisionReceipt:
-    """Approve or reject; the operation's state right after. Raises temporalio's WorkflowUpdateFailedError
-    if the workflow refuses it, and RequestFinished if the request ended before the decision reached it."""
-    receipt, _ = await _send(handle, request, approve, decider, key, channel, ttl_seconds, roles, then_wait=None)
+    """Approve or reject; the operation's state right after. `grant` (with an approval): the next writes of the
+    same tool in this request that the decider approves in advance (docs/POLICIES.md, "Grants"). Raises
+    temporalio's WorkflowUpdateFailedError if the workflow refuses it, and RequestFinished if the request ended
+    before the decision reached it."""
+    receipt, _ = await _send(
+        handle, request, approve, decider, key, channel, ttl_seconds, roles, then_wait=None, grant=grant
+    )
     return receipt
 
 
@@ -160,10 +178,14 @@ async def _send(
     ttl_seconds: float,
     roles: Sequence[str],
     then_wait: ApprovalWait | None,
+    grant: GrantTerms | None = None,
 ) -> tuple[DecisionReceipt, DecisionAnswer]:
     if key is None:
         raise ApprovalRefused("no approval key: set TOOLLOOP_APPROVAL_KEY or use the local stack")
-    token = sign_decision(request, decider, key, approve=approve, channel=channel, ttl_seconds=ttl_seconds, roles=roles)
+    granted = grant_claims(grant, request, handle.id) if grant is not None and approve else None
+    token = sign_decision(
+        request, decider, key, approve=approve, channel=channel, ttl_seconds=ttl_seconds, roles=roles, grant=granted
+    )
     decision = ApprovalDecision(
         operation_id=request.operation_id,
         digest=request.digest,

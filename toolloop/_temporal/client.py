@@ -47,6 +47,7 @@ from toolloop._core.contracts import (
     ApprovalWait,
     DecisionReceipt,
     EventsPage,
+    GrantTerms,
     Limits,
     ModelSpec,
     NextApproval,
@@ -336,13 +337,20 @@ class ToolloopRequest:
         check_shown_payload(approval)
 
     async def decide(
-        self, approval: ApprovalRequest, *, approve: bool, decider: Actor | None = None, roles: Sequence[str] = ()
+        self,
+        approval: ApprovalRequest,
+        *,
+        approve: bool,
+        decider: Actor | None = None,
+        roles: Sequence[str] = (),
+        grant: GrantTerms | None = None,
     ) -> DecisionReceipt:
         """Approve or reject exactly the payload in `approval` (what the approver was shown): the client's
         approval channel checks its digest, signs it for `decider` (default: the request's own user) and
         sends it. `roles` are the decider's, as their identity gives them: an operation a policy leaves to a role
         (docs/POLICIES.md) is decided by its members. The workflow checks the signature, that the digest is still
-        the operation's and that the decider may decide it. Raises
+        the operation's and that the decider may decide it. `grant` (with an approval, where a policy asked):
+        the next writes of the same tool in this request the decider approves in advance (GrantTerms). Raises
         ApprovalRefused (nothing signed: no key, a payload that does not match its digest, a closed window),
         RequestFinished, or temporalio's WorkflowUpdateFailedError when the workflow refuses the decision."""
         return await send_decision(
@@ -354,6 +362,7 @@ class ToolloopRequest:
             channel=self._channel.name,
             ttl_seconds=self._channel.ttl_seconds,
             roles=roles,
+            grant=grant,
         )
 
     async def decide_each(

@@ -241,6 +241,8 @@ class PolicySettings(TemporalSettings):
     policy_schema: Path = Field(validation_alias="TOOLLOOP_POLICY_SCHEMA")
     policy_signing_key: SecretStr = Field(validation_alias="TOOLLOOP_POLICY_SIGNING_KEY")
     policy_task_queue: str = Field(default="toolloop-policy", validation_alias="TOOLLOOP_POLICY_TASK_QUEUE")
+    # The approval channel's public key(s): the grants people give with their approvals are honoured only then.
+    approval_verify_key: str | None = Field(default=None, validation_alias="TOOLLOOP_APPROVAL_VERIFY_KEY")
 
 
 class ApiSettings(TemporalSettings):
