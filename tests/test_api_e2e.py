@@ -81,9 +81,12 @@ async def test_a_missing_or_wrong_token_is_401_and_a_valid_one_says_who(http: ht
     )
     assert_problem(await http.get("/v1/requests", headers={"Authorization": "Basic dTE6eA=="}), 401, "UNAUTHORIZED")
     # The demo's tokens list no models: every model the API knows is theirs, and its default.
-    models = {"models": ["offline", "script"], "default_model": "offline"}
+    models = {"models": ["offline", "script"], "default_model": "offline", "roles": []}
     assert (await http.get("/v1/me", headers=U1)).json() == {"user_id": "u1", "tenant_id": "acme", **models}
     assert (await http.get("/v1/me", headers=U1_GLOBEX)).json() == {"user_id": "u1", "tenant_id": "globex", **models}
+    # A manager's token carries its role (config/api_tokens.json): what an approval policy may let decide.
+    manager = (await http.get("/v1/me", headers={"Authorization": "Bearer demo-token-m1-acme-0005"})).json()
+    assert (manager["user_id"], manager["roles"]) == ("m1", ["manager"])
 
 
 async def test_another_users_or_tenants_request_is_answered_like_a_missing_one(http: httpx.AsyncClient) -> None:
@@ -371,8 +374,8 @@ async def test_the_openapi_document_says_bearer_problem_json_and_event_stream(ht
     problem = document["components"]["schemas"]["Problem"]
     assert {"type", "title", "status", "code", "detail"} <= set(problem["properties"])
     operations = {(path, method): op for path, item in document["paths"].items() for method, op in item.items()}
-    # The request routes (7) and the thread routes (5).
-    assert len(operations) == 12
+    # The request routes (7), the thread routes (5) and the approvals for whoever may decide (3).
+    assert len(operations) == 15
     for (path, method), op in operations.items():
         # Every route needs the token, and says so, and every error it can give is problem+json.
         assert op["security"] == [{"bearer": []}], (path, method)
@@ -460,6 +463,12 @@ def test_the_api_will_not_start_with_the_published_demo_tokens_unless_told_it_is
     try:
         me = httpx.get(f"http://127.0.0.1:{port}/v1/me", headers={"Authorization": "Bearer a-token-of-our-own-0001"})
         # Not told the workers' models, and the token lists none: any model, the default included.
-        assert me.json() == {"user_id": "u1", "tenant_id": "acme", "models": None, "default_model": "offline"}
+        assert me.json() == {
+            "user_id": "u1",
+            "tenant_id": "acme",
+            "models": None,
+            "default_model": "offline",
+            "roles": [],
+        }
     finally:
         process.stop()
