@@ -285,7 +285,7 @@ def _only_deciders_decided(facts: RunFacts) -> Check:
     for op in facts.operations:
         people = list(op.approved_by) or people_of(op.decided_by)
         if op.policy in ("allow", "deny"):
-            if people and not (op.policy == "allow" and op.decided_by.startswith("rule ")):
+            if people:
                 problems.append(f"{op.operation_id}: the policy decided it ({op.policy}), yet {people} decided it")
             continue
         if op.policy == "ask" and op.deciders is not None:
