@@ -1263,6 +1263,14 @@ def chaos(
         str | None,
         typer.Option(help="Your own chaos target, package.module:function returning a faultbed.ChaosTarget."),
     ] = None,
+    policies: Annotated[
+        bool,
+        typer.Option(
+            "--policies",
+            help="Decide the writes by the demo's approval policy (a policy evaluator, the service checking its "
+            "decisions); adds the policy scenarios to the default matrix. Naming a policy scenario turns it on.",
+        ),
+    ] = False,
 ) -> None:
     """Break the agent on purpose: run fault scenarios x seeds through the real workflow on a stack of its
     own, check every invariant from the service's records and the histories, and exit non-zero if one broke
@@ -1272,7 +1280,7 @@ def chaos(
     from faultbed.target import TargetError
 
     try:
-        choice = chaos_cli.choose(scenarios, seeds, seed, plan, out, save_histories, tools)
+        choice = chaos_cli.choose(scenarios, seeds, seed, plan, out, save_histories, tools, policies)
     except (chaos_cli.ChaosUsageError, PlanError, TargetError) as exc:
         # One line per problem (a plan may have several bad fields), then exit 2.
         *first, last = str(exc).splitlines()

@@ -22,6 +22,7 @@ from faultbed.report import (
     NOT_ON_LOG,
     NOTHING_BROKE,
     checked_on_service_log,
+    decision_counts,
     headline,
     render_markdown,
     to_json,
@@ -29,7 +30,7 @@ from faultbed.report import (
     what_broke,
 )
 from faultbed.runner import RunOutcome, chaos_stack, run_matrix, save_histories
-from faultbed.scenarios import BUILT_IN, Scenario, find
+from faultbed.scenarios import BUILT_IN, POLICY_SCENARIOS, Scenario, find, find_any
 from faultbed.target import ChaosTarget, load_target
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
@@ -49,6 +50,8 @@ class ChaosChoice:
     target: ChaosTarget = DEMO
     # How the scenarios were chosen when not by name, for the replay commands (`--plan F --tools T`).
     replay_source: str = ""
+    # The writes are decided by the demo's approval policy (the stack runs a policy evaluator).
+    policies: bool = False
 
 
 def choose(
@@ -59,6 +62,7 @@ def choose(
     out: Path,
     save_histories: Path | None = None,
     tools: str | None = None,
+    policies: bool = False,
 ) -> ChaosChoice:
     if seeds < 1:
         raise ChaosUsageError("--seeds: must be at least 1")
@@ -79,11 +83,18 @@ def choose(
         chosen = [s for s in BUILT_IN if is_generic(s.plan) and s.thread is None]
         default_seed = 0
     else:
+        names = [n.strip() for n in scenarios.split(",") if n.strip()]
         try:
-            chosen = find([n.strip() for n in scenarios.split(",") if n.strip()])
+            chosen = find_any(names) if names else [*find([]), *(POLICY_SCENARIOS if policies else ())]
         except KeyError as exc:
             raise ChaosUsageError(f"--scenarios: {exc.args[0]}") from None
         default_seed = 0
+    # A policy scenario runs on a stack with policies on: naming one turns them on for the whole run.
+    policies = policies or any(s.policy is not None for s in chosen)
+    if policies and not target.bundled:
+        raise ChaosUsageError(
+            "--policies: the policy runs need the bundled service, which checks the policy's decisions"
+        )
     picked = [seed] if seed is not None else [default_seed + i for i in range(seeds)]
     if not target.bundled:
         needs = [f"{s.name}: {why}" for s in chosen for why in needs_bundled_service(s.plan)]
@@ -92,11 +103,16 @@ def choose(
         ]
         if needs:
             raise ChaosUsageError("\n".join(needs))
-    source = " ".join(
-        part for part in (f"--plan {plan}" if plan is not None else "", f"--tools {tools}" if tools else "") if part
-    )
+    parts = (f"--plan {plan}" if plan is not None else "", f"--tools {tools}" if tools else "")
+    source = " ".join(part for part in (*parts, "--policies" if policies else "") if part)
     return ChaosChoice(
-        scenarios=chosen, seeds=picked, out=out, save_histories=save_histories, target=target, replay_source=source
+        scenarios=chosen,
+        seeds=picked,
+        out=out,
+        save_histories=save_histories,
+        target=target,
+        replay_source=source,
+        policies=policies,
     )
 
 
@@ -123,6 +139,31 @@ def needs_bundled_service(plan: FaultPlan) -> list[str]:
     return problems
 
 
+def policy_problems(scenarios: Sequence[Scenario], outcomes: Sequence[RunOutcome]) -> list[str]:
+    """Policy runs whose writes were not decided and did not end as their scenario is named for (its verdict
+    and final state per write), and a policy changed mid-run that did not decide the later write by its new
+    version while the waiting one kept the old."""
+    plans = {s.name: s.policy for s in scenarios if s.policy is not None}
+    problems = []
+    for o in outcomes:
+        plan = plans.get(o.scenario)
+        if plan is None or o.workflow_id == "-":
+            continue
+        got = sorted((w["verdict"], w["state"]) for w in o.policy_writes)
+        if got != sorted(plan.expect):
+            problems.append(
+                f"{o.scenario} seed {o.seed}: expected its writes decided and ended as {sorted(plan.expect)} "
+                f"(verdict, state); they were {got}"
+            )
+        versions = [w["version"] for w in o.policy_writes]
+        if plan.change_when_asked and (len(versions) < 2 or versions[0] == versions[-1]):
+            problems.append(
+                f"{o.scenario} seed {o.seed}: expected the write asked after the policy changed to be decided by "
+                f"the new version; the versions were {versions}"
+            )
+    return problems
+
+
 def branch_problems(scenarios: Sequence[Scenario], outcomes: Sequence[RunOutcome]) -> list[str]:
     """Runs whose write did not end the way its scenario is named for (the fault did not lead there)."""
     expected = {s.name: s.expect for s in scenarios if s.expect}
@@ -138,7 +179,7 @@ async def run_chaos(choice: ChaosChoice, say: Callable[[str], None]) -> int:
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     began = time.monotonic()
     say(f"chaos: {len(choice.scenarios)} scenario(s) x {len(choice.seeds)} seed(s); starting a stack of its own")
-    async with chaos_stack(choice.target) as stack:
+    async with chaos_stack(choice.target, policies=choice.policies) as stack:
         outcomes = await run_matrix(stack, choice.scenarios, choice.seeds, say)
         if choice.save_histories is not None:
             for path in await save_histories(stack, outcomes, choice.save_histories):
@@ -147,11 +188,13 @@ async def run_chaos(choice: ChaosChoice, say: Callable[[str], None]) -> int:
     if choice.target.bundled:
         # The endings the built-in scenarios expect are those of the demo's workload.
         problems += branch_problems(choice.scenarios, outcomes)
+        problems += policy_problems(choice.scenarios, outcomes)
     meta = {
         "started_at": started,
         "seconds": round(time.monotonic() - began),
         "scenarios": len(choice.scenarios),
         "seeds": ",".join(map(str, choice.seeds)),
+        "policies": "on" if choice.policies else "off",
     }
     choice.out.mkdir(parents=True, exist_ok=True)
     (choice.out / "chaos.json").write_text(
@@ -171,6 +214,11 @@ async def run_chaos(choice: ChaosChoice, say: Callable[[str], None]) -> int:
     say("headline:")
     for name, value in headline(outcomes).items():
         say(f"  {name}: {value}")
+    counts = decision_counts(outcomes)
+    if counts:
+        say("decisions by rule and by person:")
+        for decision, n in counts.items():
+            say(f"  {decision}: {n}")
     if not checked_on_service_log(outcomes):
         say(NOT_ON_LOG)
     say(f"wrote {choice.out / 'chaos.json'} and {choice.out / 'chaos.md'}")

@@ -45,7 +45,7 @@ ServiceFault = Literal[
     "status_down",  # the operation-status endpoint answers 503
     "latency",  # `latency_ms` before the call is handled
 ]
-WireFault = Literal["latency", "refused", "reset", "timeout", "cut_reply", "down", "plant"]
+WireFault = Literal["latency", "refused", "reset", "timeout", "cut_reply", "down", "plant", "forge_token"]
 ModelFault = Literal[
     "status_429",
     "status_500",

@@ -19,6 +19,10 @@ number acts on it (faultbed.plan.fault_fires: the Nth matching call, or a seeded
   (appended to a string there, else in its place) - hostile content in a tool's output, as if the service's
   data held it. A reply that is not a JSON object with a Content-Length passes unchanged (and the fault does
   not count as fired).
+- `forge_token`: the write reaches the service with its policy decision (the first token of its
+  `X-Approval-Token`) re-signed with a key of the proxy's own: the same claims, a forged signature, as an
+  attacker on the wire or a compromised model worker would send it. A request without a decision passes
+  unchanged (and the fault does not count as fired).
 """
 
 from __future__ import annotations
@@ -35,6 +39,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faultbed.plan import WireFaultSpec, fault_fires
+from toolloop._core.approvals import (
+    PolicyDecisionInvalid,
+    generate_signing_key,
+    join_tokens,
+    mint_approval_token,
+    read_policy_claims,
+    split_tokens,
+)
 
 _MAX_HEAD_BYTES = 64 * 1024
 _MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -81,6 +93,8 @@ class FaultProxy:
     _port: int = 0
     _idle: set[asyncio.StreamWriter] = field(default_factory=set)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    # The key a forge_token fault signs with: no service knows it.
+    _forger: str = field(default_factory=generate_signing_key)
 
     @property
     def port(self) -> int:
@@ -137,6 +151,13 @@ class FaultProxy:
                         assert fault is not None
                         await self._go_away(fault.spec.latency_ms / 1000)
                     return
+                if kind == "forge_token":
+                    assert fault is not None
+                    forged = forged_decision(request.raw, self._forger)
+                    if forged is None:
+                        self.fired[fault.index] -= 1
+                    else:
+                        request = _Message(raw=forged, start_line=request.start_line, close=request.close)
                 if upstream is None:
                     upstream = await asyncio.open_connection(self.upstream_host, self.upstream_port)
                 up_reader, up_writer = upstream
@@ -219,6 +240,27 @@ class FaultProxy:
         self._idle.clear()
         await asyncio.sleep(seconds)
         self._server = await asyncio.start_server(self._serve, self._host, self._port, reuse_address=True)
+
+
+def forged_decision(raw: bytes, key: str) -> bytes | None:
+    """The request with the policy decision in its `X-Approval-Token` (the first token) re-signed with `key`,
+    the people's approvals after it kept; None if it carries no policy decision."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    for number, line in enumerate(lines[1:], start=1):
+        name, _, value = line.partition(":")
+        if name.strip().lower() != "x-approval-token":
+            continue
+        tokens = split_tokens(value)
+        try:
+            claims = read_policy_claims(tokens[0]) if tokens else None
+        except PolicyDecisionInvalid:
+            return None  # a person's approval (no policy on this service): not a policy decision
+        if claims is None:
+            return None
+        lines[number] = f"{name}: {join_tokens([mint_approval_token(key, claims), *tokens[1:]])}"
+        return "\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + body
+    return None
 
 
 def _planted(raw: bytes, field: str, text: str) -> bytes | None:

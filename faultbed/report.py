@@ -10,7 +10,16 @@ from dataclasses import asdict
 from typing import Any
 
 from faultbed.catalog import CoveredByTest, coverage
-from faultbed.invariants import IN_ORDER, NEVER_OVERLAP, NEVER_REDONE, PARTIAL_CALLS, REPLAYS, SHOWN_AS_RECORDED
+from faultbed.invariants import (
+    EFFECT_DENIED,
+    IN_ORDER,
+    NEVER_OVERLAP,
+    NEVER_REDONE,
+    PARTIAL_CALLS,
+    REPLAYS,
+    SHOWN_AS_RECORDED,
+    UNENTITLED_DECISIONS,
+)
 from faultbed.runner import RunOutcome
 from faultbed.scenarios import Scenario
 
@@ -66,7 +75,18 @@ def headline(outcomes: Sequence[RunOutcome]) -> dict[str, int]:
         "histories not replaying": broken[REPLAYS],
         "stuck requests": broken["no stuck request"],
         "runs not judged": broken["the run could be judged"],
+        # With policies on (0 in a run without them, which has none of these checks).
+        "effects a rule denied": broken[EFFECT_DENIED],
+        "decisions by someone who may not decide": broken[UNENTITLED_DECISIONS],
+        "decisions by rule": sum(1 for o in outcomes for d in o.decisions if d.startswith("rule ")),
+        "decisions by people": sum(1 for o in outcomes for d in o.decisions if d.startswith("person ")),
+        "decisions refused at the approval channel": sum(len(o.refused) for o in outcomes),
     }
+
+
+def decision_counts(outcomes: Sequence[RunOutcome]) -> dict[str, int]:
+    """How many decisions each rule and each person took over the runs ("rule small-late-refund: allow" -> 3)."""
+    return dict(sorted(Counter(d for o in outcomes for d in o.decisions).items()))
 
 
 def replay_command(outcome: RunOutcome, source: str = "") -> str:
@@ -86,6 +106,7 @@ def to_json(
     return {
         "meta": meta,
         "headline": headline(outcomes),
+        "decisions": decision_counts(outcomes),
         "problems": list(problems),
         "catalog": [dict(zip(("id", "covered_by", "note"), row, strict=True)) for row in catalog_rows(scenarios)],
         "scenarios": [
@@ -218,6 +239,14 @@ def render_markdown(
                 for o in runs
             ],
         )
+    counts = decision_counts(outcomes)
+    if counts:
+        lines += ["", "## Decisions by rule and by person", ""]
+        rows = [[*d.split(": ", 1), str(n)] for d, n in counts.items()]
+        lines += _table(["decided by", "decision", "count"], rows)
+        refused = [f"- {o.scenario} seed {o.seed}: {r}" for o in outcomes for r in o.refused]
+        if refused:
+            lines += ["", "Decisions the approval channel refused to sign (never sent to the workflow):", "", *refused]
     cells = Counter(cell for o in outcomes for cell in o.honesty)
     lines += ["", "## What was reported against what the service holds", ""]
     lines += _table(
@@ -259,6 +288,8 @@ BAD = frozenset(
         "histories not replaying",
         "stuck requests",
         "runs not judged",
+        "effects a rule denied",
+        "decisions by someone who may not decide",
     }
 )
 

@@ -17,6 +17,8 @@ import json
 import logging
 import os
 import secrets
+import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -26,19 +28,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from temporalio.client import Client, WorkflowUpdateRPCTimeoutOrCancelledError
+from temporalio.client import Client, WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError
 
 from devstack.processes import (
+    WORKER_READY_LINE,
     ManagedProcess,
     free_port,
     start_business_service,
     start_temporal_dev_server,
     start_worker,
     wait_for_http_ok,
+    wait_for_log_line,
 )
 from faultbed.demo import DEMO
-from faultbed.invariants import Check, OperationFacts, Received, RunFacts, honesty_cell, judge
+from faultbed.invariants import Check, OperationFacts, Received, RunFacts, decisions, honesty_cell, judge
 from faultbed.model_endpoint import ScriptedModelEndpoint, endpoint_faults
 from faultbed.plan import (
     ENDPOINT_FAULTS,
@@ -50,7 +54,18 @@ from faultbed.plan import (
     service_rules,
 )
 from faultbed.proxy import FaultProxy, WireFault
-from faultbed.scenarios import CHAOS_LIMITS, Scenario, with_model_faults
+from faultbed.scenarios import (
+    CHAOS_LIMITS,
+    PEOPLE,
+    PolicyPlan,
+    Scenario,
+    policy_text,
+    policy_turns,
+    policy_wanted,
+    refund_to_attacker,
+    with_model_faults,
+    withdraw_auto_refunds,
+)
 from faultbed.strikes import (
     ApprovalGate,
     ProcessFault,
@@ -62,15 +77,18 @@ from faultbed.strikes import (
     strike,
     wire_holds,
 )
-from faultbed.target import ChaosTarget, EffectQuery
+from faultbed.target import ChaosTarget, EffectQuery, Workload
+from toolloop import ApprovalRefused
 from toolloop._core.approvals import generate_signing_key, payload_digest, verify_key_for
 from toolloop._core.contracts import (
+    Actor,
     AgentResult,
     ConversationItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     Limits,
     ModelSpec,
+    OperationRecord,
 )
 from toolloop._temporal.client import ToolloopClient, ToolloopRequest
 from toolloop._temporal.converter import data_converter
@@ -83,6 +101,9 @@ RUN_SECONDS = 90.0
 SETTLE_SECONDS = 45.0
 # The approval channel the runner's user decides through: each decision is recorded "<user> via chaos".
 CHAOS_CHANNEL = "chaos"
+# The demo's approval policy (docs/POLICIES.md), which a stack with policies on copies and decides by.
+DEMO_POLICY_DIR = REPO_ROOT / "config" / "policies"
+POLICY_FILE, POLICY_SCHEMA = "demo.cedar", "demo.cedarschema"
 
 
 @dataclass
@@ -105,6 +126,12 @@ class RunOutcome:
     strikes: list[dict[str, Any]] = field(default_factory=list)
     # A thread run's: the workflow ids of its messages' requests, in order (workflow_id is the thread's).
     requests: list[str] = field(default_factory=list)
+    # With policies on: who decided each write ("rule <id>: allow", "person <user>: approve", ...), each
+    # decision the approval channel refused to sign ("<user> on <operation id>: <why>"), and each write's
+    # (tool, verdict, rules, policy version, final state).
+    decisions: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    policy_writes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -130,6 +157,13 @@ class ChaosStack:
     # "temporal", "service", "worker": the processes of the stack, and how each one is started again.
     processes: dict[str, ManagedProcess]
     starters: dict[str, Callable[[], ManagedProcess]]
+    # With policies on: the folder of the policy the evaluator and the service decide by (its copy of the demo's).
+    policy_dir: Path | None = None
+
+    @property
+    def policy_file(self) -> Path:
+        assert self.policy_dir is not None
+        return self.policy_dir / POLICY_FILE
 
     async def crash_and_restart(self, name: str) -> Restart:
         """SIGKILL the process, start it again as before (same files, same port)."""
@@ -141,9 +175,14 @@ class ChaosStack:
 
 
 @contextlib.asynccontextmanager
-async def chaos_stack(target: ChaosTarget | None = None, root: Path | None = None) -> AsyncIterator[ChaosStack]:
+async def chaos_stack(
+    target: ChaosTarget | None = None, root: Path | None = None, *, policies: bool = False
+) -> AsyncIterator[ChaosStack]:
     """Everything a chaos run of `target` (the bundled demo by default) needs, on free loopback ports,
-    stopped (by PID) when the block ends."""
+    stopped (by PID) when the block ends. `policies`: the writes are decided by the demo's approval policy -
+    the service checks policy decisions (its verify key, the policy's rules), a policy evaluator
+    (`worker.py --policy`, the only holder of the policy's signing key) decides on its own task queue, and the
+    worker asks it there."""
     target = target or DEMO
     processes: dict[str, ManagedProcess] = {}
     with contextlib.ExitStack() as undo:
@@ -158,9 +197,17 @@ async def chaos_stack(target: ChaosTarget | None = None, root: Path | None = Non
         proxy = FaultProxy("127.0.0.1", service_port, [])
         endpoint = ScriptedModelEndpoint()
         queue = f"chaos-{uuid.uuid4().hex[:8]}"
+        policy_dir = base / "policy" if policies else None
+        policy_key = generate_signing_key()
+        if policy_dir is not None:
+            if not target.bundled:
+                raise ValueError("policies on need the bundled service (it checks the policy's decisions)")
+            shutil.copytree(DEMO_POLICY_DIR, policy_dir)
         starters: dict[str, Callable[[], ManagedProcess]] = {
             "temporal": lambda: start_temporal_dev_server(base / "temporal", port, ui_port=None),
-            "service": lambda: _start_service(target, service_dir, service_port, admin_token, signing_key),
+            "service": lambda: _start_service(
+                target, service_dir, service_port, admin_token, signing_key, policy_dir, verify_key_for(policy_key)
+            ),
         }
         processes["temporal"] = starters["temporal"]()
         processes["service"] = starters["service"]()
@@ -179,8 +226,21 @@ async def chaos_stack(target: ChaosTarget | None = None, root: Path | None = Non
             # A test bed: its requests are scripted (the script model, or the scripted model endpoint).
             "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
         }
+        if policy_dir is not None:
+            # The worker asks the policy evaluator on its queue; it holds no key of the policy's.
+            env["TOOLLOOP_POLICY_TASK_QUEUE"] = f"{queue}-policy"
+            policy_env = {
+                "TEMPORAL_ADDRESS": env["TEMPORAL_ADDRESS"],
+                "TOOLLOOP_POLICY_TASK_QUEUE": env["TOOLLOOP_POLICY_TASK_QUEUE"],
+                "TOOLLOOP_POLICY_FILE": str(policy_dir / POLICY_FILE),
+                "TOOLLOOP_POLICY_SCHEMA": str(policy_dir / POLICY_SCHEMA),
+                "TOOLLOOP_POLICY_SIGNING_KEY": policy_key,
+            }
+            starters["policy"] = lambda: start_policy_evaluator(policy_env, base / "logs" / "policy.log")
         starters["worker"] = lambda: start_worker(REPO_ROOT, env, base / "logs" / "worker.log", tools=target.tools)
         try:
+            if policy_dir is not None:
+                processes["policy"] = await asyncio.to_thread(starters["policy"])
             processes["worker"] = await asyncio.to_thread(starters["worker"])
             client = await Client.connect(f"127.0.0.1:{port}", data_converter=data_converter())
             service_url = f"http://127.0.0.1:{service_port}"
@@ -206,6 +266,7 @@ async def chaos_stack(target: ChaosTarget | None = None, root: Path | None = Non
                     verify_key=verify_key_for(signing_key),
                     processes=processes,
                     starters=starters,
+                    policy_dir=policy_dir,
                 )
         finally:
             await endpoint.stop()
@@ -213,13 +274,26 @@ async def chaos_stack(target: ChaosTarget | None = None, root: Path | None = Non
 
 
 def _start_service(
-    target: ChaosTarget, directory: Path, port: int, admin_token: str, signing_key: str
+    target: ChaosTarget,
+    directory: Path,
+    port: int,
+    admin_token: str,
+    signing_key: str,
+    policy_dir: Path | None = None,
+    policy_verify_key: str | None = None,
 ) -> ManagedProcess:
-    """The target's service on `port` with its data in `directory` (kept across a restart)."""
+    """The target's service on `port` with its data in `directory` (kept across a restart); with `policy_dir`,
+    deciding its writes by that policy (the demo's service reads its rules when it starts)."""
     verify_key = verify_key_for(signing_key)
     if target.service is None:
         return start_business_service(
-            directory / "service.sqlite", port, admin_token, approval_verify_key=verify_key, cwd=REPO_ROOT
+            directory / "service.sqlite",
+            port,
+            admin_token,
+            approval_verify_key=verify_key,
+            cwd=REPO_ROOT,
+            policy_verify_key=policy_verify_key if policy_dir is not None else None,
+            policy_file=policy_dir / POLICY_FILE if policy_dir is not None else None,
         )
     spec = target.service
     directory.mkdir(parents=True, exist_ok=True)
@@ -235,8 +309,23 @@ def _start_service(
     return proc
 
 
+def start_policy_evaluator(env: dict[str, str], log_path: Path) -> ManagedProcess:
+    """`python worker.py --policy` (the policy evaluator) with `env` laid over os.environ; returns once it
+    logs that it is ready."""
+    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    proc = ManagedProcess.spawn(
+        "policy", [sys.executable, str(REPO_ROOT / "worker.py"), "--policy"], log_path, env=full_env, cwd=REPO_ROOT
+    )
+    try:
+        wait_for_log_line(log_path, WORKER_READY_LINE, 60.0, proc, start_offset=proc.log_offset)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
 def _stop_all(processes: dict[str, ManagedProcess]) -> None:
-    for name in ("worker", "service", "temporal"):
+    for name in ("worker", "policy", "service", "temporal"):
         if name in processes:
             processes[name].stop()
 
@@ -269,9 +358,15 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
     stack.proxy.matched.clear()
     stack.proxy.fired.clear()
     stack.proxy.first_fired_at.clear()
-    limits = Limits(**CHAOS_LIMITS)
+    policy = scenario.policy
+    if policy is not None and stack.policy_dir is None:
+        raise ValueError(f"{scenario.name} is a policy scenario: the stack must run with policies on")
+    if stack.policy_dir is not None:
+        await asyncio.to_thread(set_policy, stack.policy_file, policy)
+    ttl = {"approval_ttl_seconds": policy.approval_ttl_seconds} if policy and policy.approval_ttl_seconds else {}
+    limits = Limits(**CHAOS_LIMITS, **ttl)
     actor = stack.target.actor
-    work = stack.target.workload(tag)
+    work = policy_workload(tag, policy) if policy is not None else stack.target.workload(tag)
     turns, model_fired = with_model_faults(plan, work.turns, work.injected)
     stack.endpoint.load(turns, endpoint_faults(plan.faults), seed)
     model = ModelSpec(provider="openai", name="chaos-script") if uses_endpoint(plan) else script(*turns)
@@ -287,7 +382,11 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
     context, by_fault = start_strikes(stack, len(rules), strikes, gate)
     striking = list(by_fault.values())
     shown: dict[str, str] = {}
-    approver = asyncio.create_task(_decide_each(request, work.wanted, gate, shown))
+    refused: list[str] = []
+    if policy is None:
+        approver = asyncio.create_task(_decide_each(request, work.wanted, gate, shown))
+    else:
+        approver = asyncio.create_task(_decide_as_people(stack, request, work.wanted, policy, shown, refused))
     result: AgentResult | None = None
     try:
         result = await _result_within(request, RUN_SECONDS)
@@ -311,6 +410,8 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
         with contextlib.suppress(Exception):
             await request.handle.terminate("chaos run: no result once the faults cleared")
     facts = await _facts(stack, scenario, seed, request, result, tag, limits, shown, turns)
+    if policy is not None:
+        facts.writes = len(policy.refunds) + int(policy.event)
     operations = result.operations if result else []
     write = next((op for op in operations if work.wanted(op.tool, op.arguments)), None)
     return RunOutcome(
@@ -325,7 +426,85 @@ async def run_one(stack: ChaosStack, scenario: Scenario, seed: int) -> RunOutcom
         effects=len(facts.effects),
         recovery_seconds=round(ended_at - first_fault, 2) if result is not None and first_fault else None,
         strikes=[{"fault": s.index, "process": s.process, **dataclasses.asdict(s.restart)} for s in struck],
+        decisions=decisions(facts.operations) if facts.policies else [],
+        refused=refused,
+        policy_writes=[policy_write(op) for op in operations if op.policy is not None],
     )
+
+
+def policy_write(op: OperationRecord) -> dict[str, Any]:
+    """What the policy decided of one write and how it ended, for the results (and the scenario's expectations)."""
+    assert op.policy is not None
+    return {
+        "operation_id": op.operation_id,
+        "tool": op.tool,
+        "verdict": op.policy.verdict,
+        "rules": list(op.policy.rules),
+        "version": op.policy.version,
+        "approved_by": list(op.policy.approved_by),
+        "state": op.state,
+        "code": (op.output or {}).get("code"),
+    }
+
+
+def set_policy(policy_file: Path, plan: PolicyPlan | None) -> None:
+    """The policy a run starts with: the demo's, or the scenario's variant of it (written only when it differs,
+    so the evaluator reloads only for a change)."""
+    text = policy_text((DEMO_POLICY_DIR / POLICY_FILE).read_text(encoding="utf-8"), plan) if plan else None
+    wanted = text if text is not None else (DEMO_POLICY_DIR / POLICY_FILE).read_text(encoding="utf-8")
+    if policy_file.read_text(encoding="utf-8") != wanted:
+        policy_file.write_text(wanted, encoding="utf-8")
+
+
+def policy_workload(tag: str, plan: PolicyPlan) -> Workload:
+    return Workload(turns=policy_turns(tag, plan), wanted=policy_wanted(tag, plan), injected=refund_to_attacker)
+
+
+async def _decide_as_people(
+    stack: ChaosStack,
+    request: ToolloopRequest,
+    wanted: Callable[[str, dict[str, Any]], bool],
+    plan: PolicyPlan,
+    shown: dict[str, str],
+    refused: list[str],
+) -> None:
+    """The people of a policy scenario at the client's approval channel: for the Nth write that waits for
+    people, each of `plan.deciders[N]` in turn decides it as they want it (approve what the run's user asked
+    for, reject anything else), signed with the roles their identity gives them (PEOPLE), on the approval
+    request as it stands just then. A decision the channel or the workflow refuses is recorded in `refused`
+    (the invariants judge what the ledger holds). With `change_when_asked`, the policy file changes as soon as
+    the first write waits, before anyone decides it."""
+    asked: list[str] = []
+    while True:
+        try:
+            async for approval in request.approvals():
+                if approval.operation_id in asked:
+                    continue
+                shown[approval.operation_id] = payload_digest(approval.digest_subject, approval.arguments)
+                if not asked and plan.change_when_asked:
+                    await asyncio.to_thread(_withdraw_auto_refunds, stack.policy_file)
+                people = plan.deciders[len(asked)] if len(asked) < len(plan.deciders) else ()
+                asked.append(approval.operation_id)
+                for person in people:
+                    current = await request.approval(approval.operation_id)
+                    if current is None or current.state != "awaiting_approval":
+                        break
+                    try:
+                        await request.decide(
+                            current,
+                            approve=wanted(current.tool, current.arguments),
+                            decider=Actor(user_id=person, tenant_id=request.actor.tenant_id),
+                            roles=PEOPLE.get(person, ()),
+                        )
+                    except (ApprovalRefused, WorkflowUpdateFailedError) as exc:
+                        refused.append(f"{person} on {approval.operation_id}: {str(exc).splitlines()[0][:200]}")
+            return
+        except (RPCError, WorkflowUpdateRPCTimeoutOrCancelledError):
+            await asyncio.sleep(0.5)
+
+
+def _withdraw_auto_refunds(policy_file: Path) -> None:
+    policy_file.write_text(withdraw_auto_refunds(policy_file.read_text(encoding="utf-8")), encoding="utf-8")
 
 
 async def _settled(task: asyncio.Task[Strike | None]) -> Strike | None:
@@ -478,14 +657,7 @@ async def _facts(
         seed=seed,
         finished=result is not None,
         stop_reason=result.stop_reason if result else None,
-        operations=[
-            OperationFacts(
-                operation_id=op.operation_id,
-                state=op.state,
-                approved=op.approval is not None and op.approval.decision == "approved",
-            )
-            for op in (result.operations if result else [])
-        ],
+        operations=[operation_facts(op) for op in (result.operations if result else [])],
         effects=effects,
         calls=calls,
         answered=[c.call_id for c in (result.calls if result else [])],
@@ -508,6 +680,22 @@ async def _facts(
             if item.get("type") == "function_call"
         },
         recorded_arguments=recorded,
+        policies=stack.policy_dir is not None,
+        roles=dict(PEOPLE),
+    )
+
+
+def operation_facts(op: OperationRecord) -> OperationFacts:
+    return OperationFacts(
+        operation_id=op.operation_id,
+        state=op.state,
+        approved=op.approval is not None and op.approval.decision == "approved",
+        policy=op.policy.verdict if op.policy else None,
+        rules=tuple(op.policy.rules) if op.policy else (),
+        deciders=op.policy.deciders if op.policy else None,
+        approved_by=tuple(op.policy.approved_by) if op.policy else (),
+        decided_by=op.approval.by if op.approval else "",
+        rejected=op.approval is not None and op.approval.decision == "rejected",
     )
 
 

@@ -207,7 +207,7 @@ def test_a_bad_plan_is_refused_with_a_line_per_bad_field(tmp_path: Path) -> None
     assert code == 2 and results is None
     assert err.splitlines() == [
         f"error: {plan}: faults[0].fault: Input should be 'latency', 'refused', 'reset', 'timeout', 'cut_reply', "
-        "'down' or 'plant'",
+        "'down', 'plant' or 'forge_token'",
         f"error: {plan}: faults[1].at: Field required",
     ]
     assert "Traceback" not in err
