@@ -53,7 +53,7 @@ def test_the_policy_scenarios_hold_every_invariant_and_the_report_counts_decisio
     # A policy decision re-signed on the wire: the service refuses it; nothing is made.
     forged = runs["policy-forged-token"]
     assert forged["fired"] == {"0": 1} and forged["effects"] == 0
-    assert writes("policy-forged-token") == [("allow", "failed", ["small-late-refund"], "FORBIDDEN")]
+    assert writes("policy-forged-token") == [("allow", "failed", ["small-late-refund"], "CONFIRMATION_REQUIRED")]
     assert forged["honesty"] == [["not_done", "not_done"]]
     # The policy file changed while the first refund waited for the manager: the second was decided by the new
     # version (asked of the requester, where the old one's rule would have approved it alone).
