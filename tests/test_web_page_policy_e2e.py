@@ -5,6 +5,7 @@ sees on the page, and by the service's own effect table."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -34,6 +35,8 @@ U1 = {"Authorization": f"Bearer {U1_TOKEN}"}
 # The offline model asks 4000 cents for this: over 10.00, which the demo policy leaves to a manager.
 LARGER_REFUND = "Refund 40.00 EUR on order A100 because it arrived late"
 RULE = "manager-decides-larger-refunds"
+# 500 cents, with no read of the order first (the offline model does not read it): the requester decides.
+SMALL_REFUND = "Refund 5 EUR on order A100 because it arrived late"
 
 
 @pytest.fixture
@@ -90,6 +93,24 @@ async def test_a_manager_approves_on_the_page_a_refund_left_to_managers_and_the_
         # u1 asks; the page shows the refund waiting, whom for and by which rule, and offers u1 no buttons.
         await log_in_as(page, U1_TOKEN, "Logged in as u1 in tenant acme")
         await expect(page.locator("#decisions-section")).to_be_hidden()
+        # A write the policy leaves to its requester is decided in the request's own card, as without a policy.
+        small_id = await ask(page, SMALL_REFUND)
+        small = page.locator(f'[data-request-id="{small_id}"]')
+        own = small.locator('.approval[data-ready="true"]')
+        await expect(own).to_have_attribute("data-yours", "true", timeout=WAIT_MS)
+        await expect(own.locator('[data-field="approval-rules"]')).to_have_text(
+            "the policy's rule requester-decides-the-rest"
+        )
+        await expect(own.locator('[data-field="approval-deciders"]')).to_have_text("the requester")
+        await own.locator('[data-action="approve"]').click()
+        await expect(small).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
+        await expect(small.locator('.operation [data-field="decided"]')).to_have_text(
+            "Approved by u1 via api (rule requester-decides-the-rest asked the requester)"
+        )
+        await expect(small.locator('.operation [data-field="policy-version"]')).to_have_text(
+            re.compile(r"^policy sha256:")
+        )
+
         request_id = await ask(page, LARGER_REFUND)
         request = page.locator(f'[data-request-id="{request_id}"]')
         card = request.locator('.approval[data-ready="true"]')

@@ -484,7 +484,8 @@
     const by = op.approval ? op.approval.by : op.decided_by || "";
     const rejected = op.approval ? op.approval.decision === "rejected" : op.state === "denied";
     if (policy && policy.verdict === "deny") {
-      return `Denied by the policy's ${ruleWords(policy.rules)}${policy.reason ? ` (${policy.reason})` : ""}`;
+      const rules = (policy.rules || []).length ? `'s ${ruleWords(policy.rules)}` : "";
+      return `Denied by the policy${rules}${policy.reason ? ` (${policy.reason})` : ""}`;
     }
     if (policy && policy.verdict === "allow") return `Approved by the policy's ${ruleWords(policy.rules)}, no person asked`;
     const asked = policy ? `${ruleWords(policy.rules)} asked ${deciderWords(policy.deciders)}` : "";
