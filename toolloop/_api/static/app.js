@@ -1603,9 +1603,9 @@
     return card;
   }
 
-  function noteDecided(text) {
+  function noteDecided(text, failed = false) {
     const log = $("decided");
-    log.prepend(el("li", { text }));
+    log.prepend(el("li", { className: failed ? "failed" : null, text }));
     while (log.children.length > DECIDED_KEPT) log.lastElementChild.remove();
     log.hidden = false;
   }
@@ -1637,8 +1637,11 @@
       $("decisions-empty").hidden = $("decisions").children.length > 0;
     } catch (error) {
       if (mine !== session) return;
-      // 404: it waits for the caller no more (decided by another, expired, its request finished).
-      showError(errorNode, `The decision was not recorded: ${describe(error)}`);
+      // 404: it waits for the caller no more (decided by another, expired, its request finished). Said in the
+      // card and in the log, which outlives the card when the list read next leaves it out.
+      const words = `The decision was not recorded: ${describe(error)}`;
+      showError(errorNode, words);
+      noteDecided(`${payload.tool} (${payload.target || payload.tool}) for ${item.requester}: ${words}`, true);
       for (const button of buttons) button.disabled = button.dataset.action === "approve" && known.check === "mismatch";
     } finally {
       known.deciding = false;
