@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import pytest
@@ -93,6 +93,13 @@ async def http(api: Api) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
+class Served(Protocol):
+    """Whatever serves the page: an API process at `url`."""
+
+    @property
+    def url(self) -> str: ...
+
+
 @dataclass
 class Browsed:
     page: Page
@@ -109,7 +116,7 @@ def require_chromium() -> None:
 
 
 @asynccontextmanager
-async def browse(api: Api) -> AsyncIterator[Browsed]:
+async def browse(api: Served) -> AsyncIterator[Browsed]:
     """A page in a fresh headless Chromium; collects uncaught errors and CSP violations, and the event-stream
     requests it makes."""
     require_chromium()
@@ -140,7 +147,7 @@ async def browse(api: Api) -> AsyncIterator[Browsed]:
                 yield browsed
                 assert browsed.errors == []
                 # Nothing the server sent was ever turned into markup.
-                assert await page.locator("#requests img, #requests b").count() == 0
+                assert await page.locator("#requests img, #requests b, #decisions img, #decisions b").count() == 0
             finally:
                 await context.close()
 

@@ -13,10 +13,16 @@
   // Reconnects in a row without receiving anything, before the page stops and offers a button.
   const MAX_RETRIES = 6;
   const MAX_LINE_BUFFER = 1 << 20;
+  // How often the list of what waits for the caller's decision is read again (also after each decision and on
+  // its Refresh button), while the tab is visible; only for a caller with roles, as only a role lets anyone
+  // decide another person's writes.
+  const DECISIONS_MS = 30000;
+  const DECIDED_KEPT = 10;
 
   const $ = (id) => document.getElementById(id);
 
   let token = null;
+  let me = null; // {user_id, tenant_id, roles} of the signed-in caller (GET /v1/me)
   let session = 0; // bumped on logout: work started under an older session stops
   let nextPageToken = null;
   const requests = new Map(); // request id -> Req
@@ -287,7 +293,8 @@
       op = { operation_id: id, tool: "", state: "", payload: null, fetching: false, deciding: false, error: "" };
       req.ops.set(id, op);
     }
-    for (const key of ["tool", "state", "target", "digest", "arguments", "approval_expires_at", "approval", "note"]) {
+    const keys = ["tool", "state", "target", "digest", "arguments", "approval_expires_at", "approval", "note", "policy", "decided_by"];
+    for (const key of keys) {
       if (data[key] !== undefined) op[key] = data[key];
     }
     if (op.state !== "awaiting_approval") {
@@ -369,7 +376,7 @@
   // --- Words for outcomes ----------------------------------------------------------------------------------
 
   // [data-outcome, words, explanation] of one operation.
-  function operationOutcome(state, finished) {
+  function operationOutcome(state, finished, yours = true) {
     switch (state) {
       case "verified":
         return ["verified", "verified", "done and verified by read-back"];
@@ -388,7 +395,7 @@
           ? ["not-verified", "not verified", "done, but the read-back did not confirm it"]
           : ["pending", "checking", "done; reading it back"];
       case "awaiting_approval":
-        return ["pending", "waiting for your decision", ""];
+        return yours ? ["pending", "waiting for your decision", ""] : ["pending", "waiting for a decision", ""];
       default:
         return ["pending", "in progress", ""];
     }
@@ -426,6 +433,75 @@
       words += `; cost ${Number(usage.cost).toLocaleString("en-US", { maximumFractionDigits: 6 })}`;
     }
     return words;
+  }
+
+  // --- Approval policies in words ---------------------------------------------------------------------------
+
+  // Whether the signed-in caller may decide this waiting operation (an ApprovalRequest) now: the same rule as
+  // the API's ApprovalRequest.may_decide, so the page offers buttons only where a decision can be recorded
+  // (the API and the workflow check it again).
+  function mayDecide(approval) {
+    if (!me || !approval) return false;
+    const requester = approval.actor && approval.actor.user_id ? approval.actor.user_id : me.user_id;
+    const policy = approval.policy;
+    if (!policy || !policy.deciders) return me.user_id === requester;
+    const approved = policy.approved_by || [];
+    if (approved.includes(me.user_id)) return false;
+    if (me.user_id === requester && approved.length) return false; // the requester counts only as the first
+    const deciders = policy.deciders;
+    return (Boolean(deciders.requester) && me.user_id === requester) || (deciders.roles || []).some((r) => me.roles.includes(r));
+  }
+
+  // Who may decide, as the API's Deciders.describe says it.
+  function deciderWords(deciders) {
+    if (!deciders) return "the requester";
+    const who = (deciders.requester ? ["the requester"] : []).concat((deciders.roles || []).map((role) => `a ${role}`));
+    const text = who.join(" or ") || "nobody";
+    return deciders.approvals === 2 ? `two people (${text}; the requester never second)` : text;
+  }
+
+  function ruleWords(rules) {
+    const list = rules || [];
+    if (!list.length) return "no rule";
+    return `${list.length === 1 ? "rule" : "rules"} ${list.join(", ")}`;
+  }
+
+  // A policy version ("sha256:<64 hex>") short enough to read; the whole one is the element's title.
+  function shortVersion(version) {
+    if (!version) return "";
+    return version.length > 19 ? `${version.slice(0, 18)}…` : version;
+  }
+
+  function approvedSoFar(policy) {
+    const people = (policy && policy.approved_by) || [];
+    return people.length ? people.join(" and ") : "nobody yet";
+  }
+
+  // Which rule or which people decided a write (or, while it waits, whom it waits for), from the operation's
+  // policy and approval records (or an `operation` event's decided_by); "" when nothing is known yet.
+  function decidedWords(op) {
+    const policy = op.policy || null;
+    const by = op.approval ? op.approval.by : op.decided_by || "";
+    const rejected = op.approval ? op.approval.decision === "rejected" : op.state === "denied";
+    if (policy && policy.verdict === "deny") {
+      const rules = (policy.rules || []).length ? `'s ${ruleWords(policy.rules)}` : "";
+      return `Denied by the policy${rules}${policy.reason ? ` (${policy.reason})` : ""}`;
+    }
+    if (policy && policy.verdict === "allow") return `Approved by the policy's ${ruleWords(policy.rules)}, no person asked`;
+    const asked = policy ? `${ruleWords(policy.rules)} asked ${deciderWords(policy.deciders)}` : "";
+    if (op.state === "awaiting_approval") {
+      // A first approval of four eyes is recorded while the operation still waits for the second.
+      if (!asked) return "";
+      const twoPeople = policy.deciders && policy.deciders.approvals === 2;
+      return `Waiting: the policy's ${asked}${twoPeople ? `; approved so far by ${approvedSoFar(policy)}` : ""}`;
+    }
+    if (by) {
+      const who = `${rejected ? "Rejected" : "Approved"} by ${by}`;
+      return asked ? `${who} (${asked})` : who;
+    }
+    if (!asked) return "";
+    if (op.state === "expired") return `The policy's ${asked}; nobody decided in time`;
+    return `The policy's ${asked}`;
   }
 
   // --- Rendering -------------------------------------------------------------------------------------------
@@ -602,10 +678,18 @@
           " ",
           el("span", { className: "why", "data-field": "why" }),
           el("p", { className: "note", "data-field": "note", hidden: true }),
+          el(
+            "p",
+            { className: "decided", "data-field": "decided-line", hidden: true },
+            el("span", { "data-field": "decided" }),
+            " ",
+            el("code", { className: "policy-version", "data-field": "policy-version" }),
+          ),
         );
         list.append(item);
       }
-      const [outcome, words, why] = operationOutcome(op.state, req.done);
+      const yours = !(op.state === "awaiting_approval" && op.payload && !mayDecide(op.payload));
+      const [outcome, words, why] = operationOutcome(op.state, req.done, yours);
       item.dataset.state = op.state;
       item.dataset.outcome = outcome;
       setText(field(item, "tool"), op.tool);
@@ -615,6 +699,14 @@
       const note = field(item, "note");
       setText(note, op.note || "");
       note.hidden = !op.note;
+      const decided = decidedWords(op);
+      const version = op.policy && op.policy.version ? op.policy.version : "";
+      setText(field(item, "decided"), decided);
+      const versionNode = field(item, "policy-version");
+      setText(versionNode, version ? `policy ${shortVersion(version)}` : "");
+      if (version) versionNode.title = `policy version ${version}`;
+      else versionNode.removeAttribute("title");
+      field(item, "decided-line").hidden = !decided && !version;
       renderApproval(req, op, item);
     }
   }
@@ -643,7 +735,7 @@
       showError(field(card, "approval-error"), op.error);
       return;
     }
-    if (card && card.dataset.ready === "true" && card.dataset.digest === op.payload.digest) {
+    if (card && card.dataset.ready === "true" && card.dataset.shape === approvalShape(op.payload)) {
       showError(field(card, "approval-error"), op.error);
       for (const button of card.querySelectorAll("button[data-action]")) {
         button.disabled = op.deciding || (button.dataset.action === "approve" && op.check === "mismatch");
@@ -655,6 +747,13 @@
     else item.append(fresh);
   }
 
+  // What a built card depends on besides its operation's state: the payload's digest, whether it is the
+  // caller's to decide, and who has approved so far (four eyes).
+  function approvalShape(payload) {
+    const approved = (payload.policy && payload.policy.approved_by) || [];
+    return JSON.stringify([payload.digest, mayDecide(payload), approved]);
+  }
+
   async function fetchPayload(req, op) {
     op.fetching = true;
     op.error = "";
@@ -662,15 +761,7 @@
     try {
       const payload = await api(`${requestPath(req.id)}/operations/${encodeURIComponent(op.operation_id)}`);
       if (mine !== session) return;
-      let check = "unavailable";
-      if (window.crypto && crypto.subtle) {
-        try {
-          const digest = await payloadDigest(payload.target || payload.tool, payload.arguments);
-          check = digest === payload.digest ? "ok" : "mismatch";
-        } catch {
-          check = "unavailable";
-        }
-      }
+      const check = await digestCheck(payload);
       if (payload.state !== "awaiting_approval") {
         // Decided or expired meanwhile: the server's word is newer than the events seen so far.
         op.state = payload.state;
@@ -678,6 +769,7 @@
       } else {
         op.payload = payload;
         op.check = check;
+        if (payload.policy !== undefined) op.policy = payload.policy;
       }
     } catch (error) {
       op.error = `Could not load the operation: ${describe(error)}`;
@@ -698,19 +790,30 @@
     return escapeHidden(text === undefined ? String(value) : text);
   }
 
-  function buildApprovalCard(req, op) {
-    const payload = op.payload;
-    const titleId = `approval-${op.operation_id}`;
-    const args = payload.arguments || {};
-    const canonical = canonicalJson(args);
-    const hidden = hasHidden(canonical);
-    const target = payload.target || payload.tool;
-    const checkWords = {
+  function checkWords(check) {
+    return {
       ok: "matches the arguments shown (recomputed in this page)",
       mismatch: "DOES NOT MATCH the arguments shown: do not approve",
       unavailable: "not recomputed in this browser (needs a secure context); the API checks it before signing",
-    }[op.check];
+    }[check];
+  }
 
+  // "ok", "mismatch" or "unavailable": the payload's digest recomputed here from what is shown.
+  async function digestCheck(payload) {
+    if (!(window.crypto && crypto.subtle)) return "unavailable";
+    try {
+      const digest = await payloadDigest(payload.target || payload.tool, payload.arguments);
+      return digest === payload.digest ? "ok" : "mismatch";
+    } catch {
+      return "unavailable";
+    }
+  }
+
+  // Every argument, each value as its exact JSON text; a warning when any holds hidden characters; and the
+  // exact text the digest covers.
+  function payloadParts(payload) {
+    const args = payload.arguments || {};
+    const target = payload.target || payload.tool;
     const rows = Object.keys(args).map((name) =>
       el(
         "tr",
@@ -719,62 +822,7 @@
         el("td", {}, el("code", { className: "value", "data-field": "arg-value", text: valueText(args[name]) })),
       ),
     );
-
-    const approve = el("button", {
-      type: "button",
-      className: "approve",
-      "data-action": "approve",
-      "aria-describedby": titleId,
-      text: "Approve",
-    });
-    const reject = el("button", {
-      type: "button",
-      className: "reject",
-      "data-action": "reject",
-      "aria-describedby": titleId,
-      text: "Reject",
-    });
-    approve.disabled = op.check === "mismatch" || op.deciding;
-    reject.disabled = op.deciding;
-    approve.addEventListener("click", () => decide(req, op, "approve"));
-    reject.addEventListener("click", () => decide(req, op, "reject"));
-
-    const card = el(
-      "section",
-      {
-        className: "approval",
-        "data-operation-id": op.operation_id,
-        "data-ready": "true",
-        "data-digest": payload.digest,
-        "data-check": op.check,
-        "aria-labelledby": titleId,
-        role: "group",
-      },
-      el("h5", { id: titleId, text: `Approval needed: ${payload.tool} (${target})` }),
-      el(
-        "dl",
-        {},
-        el("dt", { text: "Tool" }),
-        el("dd", {}, el("code", { "data-field": "approval-tool", text: payload.tool })),
-        el("dt", { text: "Request" }),
-        el("dd", {}, el("code", { "data-field": "approval-target", text: target })),
-        el("dt", { text: "Operation" }),
-        el("dd", {}, el("code", { "data-field": "approval-operation", text: payload.operation_id })),
-        el("dt", { text: "Digest" }),
-        el("dd", {}, el("code", { className: "digest", "data-field": "approval-digest", text: payload.digest })),
-        el("dt", { text: "Digest check" }),
-        el("dd", { "data-field": "digest-check", "data-check": op.check, className: `check ${op.check}`, text: checkWords }),
-        el("dt", { text: "Approval expires" }),
-        el("dd", {
-          "data-field": "approval-expires",
-          "data-expires-at": payload.approval_expires_at || null,
-          text: payload.approval_expires_at ? formatTime(payload.approval_expires_at) : "no expiry given",
-        }),
-        el("dt", { text: "Request deadline" }),
-        el("dd", { "data-field": "approval-deadline", text: payload.deadline ? formatTime(payload.deadline) : "none" }),
-        el("dt", { text: "You decide as" }),
-        el("dd", { "data-field": "approval-decider", text: $("who").dataset.actor || "" }),
-      ),
+    return [
       el(
         "table",
         { className: "arguments", "data-field": "approval-arguments" },
@@ -782,7 +830,7 @@
         el("thead", {}, el("tr", {}, el("th", { scope: "col", text: "Name" }), el("th", { scope: "col", text: "Value (JSON)" }))),
         el("tbody", {}, ...rows),
       ),
-      hidden
+      hasHidden(canonicalJson(args))
         ? el("p", {
             className: "warning",
             "data-field": "hidden-characters",
@@ -799,7 +847,115 @@
           text: escapeHidden(canonicalJson({ tool: target, arguments: args })),
         }),
       ),
-      el("div", { className: "actions" }, approve, reject),
+    ];
+  }
+
+  // What the approval policy asked for (dt/dd pairs): the rules, who decides, for four eyes who has approved
+  // so far, and the policy's version. None without a policy (the requester decides).
+  function policyFacts(policy) {
+    if (!policy) return [];
+    const facts = [
+      el("dt", { text: "Asked by" }),
+      el("dd", { "data-field": "approval-rules", text: `the policy's ${ruleWords(policy.rules)}` }),
+      el("dt", { text: "Who decides" }),
+      el("dd", { "data-field": "approval-deciders", text: deciderWords(policy.deciders) }),
+    ];
+    if (policy.deciders && policy.deciders.approvals === 2) {
+      facts.push(
+        el("dt", { text: "Approved so far" }),
+        el("dd", { "data-field": "approval-approved-so-far", text: approvedSoFar(policy) }),
+      );
+    }
+    if (policy.version) {
+      facts.push(
+        el("dt", { text: "Policy version" }),
+        el("dd", {}, el("code", { "data-field": "approval-policy-version", title: policy.version, text: shortVersion(policy.version) })),
+      );
+    }
+    return facts;
+  }
+
+  function decisionButtons(describedBy, disabled, onDecide) {
+    const approve = el("button", {
+      type: "button",
+      className: "approve",
+      "data-action": "approve",
+      "aria-describedby": describedBy,
+      text: "Approve",
+    });
+    const reject = el("button", {
+      type: "button",
+      className: "reject",
+      "data-action": "reject",
+      "aria-describedby": describedBy,
+      text: "Reject",
+    });
+    approve.disabled = disabled.approve;
+    reject.disabled = disabled.reject;
+    approve.addEventListener("click", () => onDecide("approve"));
+    reject.addEventListener("click", () => onDecide("reject"));
+    return el("div", { className: "actions" }, approve, reject);
+  }
+
+  function buildApprovalCard(req, op) {
+    const payload = op.payload;
+    const titleId = `approval-${op.operation_id}`;
+    const target = payload.target || payload.tool;
+    const yours = mayDecide(payload);
+    const actions = yours
+      ? decisionButtons(titleId, { approve: op.check === "mismatch" || op.deciding, reject: op.deciding }, (decision) =>
+          decide(req, op, decision),
+        )
+      : el("p", {
+          className: "not-yours",
+          "data-field": "approval-not-yours",
+          text:
+            `Not yours to decide: the approval policy leaves it to ${deciderWords(payload.policy && payload.policy.deciders)}` +
+            (payload.policy && (payload.policy.approved_by || []).length ? ` (approved so far by ${approvedSoFar(payload.policy)})` : "") +
+            ". This card shows the decision once it is made.",
+        });
+
+    const card = el(
+      "section",
+      {
+        className: "approval",
+        "data-operation-id": op.operation_id,
+        "data-ready": "true",
+        "data-digest": payload.digest,
+        "data-shape": approvalShape(payload),
+        "data-check": op.check,
+        "data-yours": yours ? "true" : "false",
+        "aria-labelledby": titleId,
+        role: "group",
+      },
+      el("h5", { id: titleId, text: `${yours ? "Approval needed" : "Waiting for approval"}: ${payload.tool} (${target})` }),
+      el(
+        "dl",
+        {},
+        el("dt", { text: "Tool" }),
+        el("dd", {}, el("code", { "data-field": "approval-tool", text: payload.tool })),
+        el("dt", { text: "Request" }),
+        el("dd", {}, el("code", { "data-field": "approval-target", text: target })),
+        el("dt", { text: "Operation" }),
+        el("dd", {}, el("code", { "data-field": "approval-operation", text: payload.operation_id })),
+        el("dt", { text: "Digest" }),
+        el("dd", {}, el("code", { className: "digest", "data-field": "approval-digest", text: payload.digest })),
+        el("dt", { text: "Digest check" }),
+        el("dd", { "data-field": "digest-check", "data-check": op.check, className: `check ${op.check}`, text: checkWords(op.check) }),
+        el("dt", { text: "Approval expires" }),
+        el("dd", {
+          "data-field": "approval-expires",
+          "data-expires-at": payload.approval_expires_at || null,
+          text: payload.approval_expires_at ? formatTime(payload.approval_expires_at) : "no expiry given",
+        }),
+        el("dt", { text: "Request deadline" }),
+        el("dd", { "data-field": "approval-deadline", text: payload.deadline ? formatTime(payload.deadline) : "none" }),
+        ...policyFacts(payload.policy),
+        yours ? el("dt", { text: "You decide as" }) : null,
+        yours ? el("dd", { "data-field": "approval-decider", text: $("who").dataset.actor || "" }) : null,
+      ),
+      ...payloadParts(payload),
+      actions,
       el("p", { className: "error", role: "alert", "data-field": "approval-error", hidden: !op.error, text: op.error }),
     );
     updateExpiry(card);
@@ -820,6 +976,8 @@
       });
       if (mine !== session) return;
       mergeOperation(req, record);
+      // Still waiting (four eyes: the first of two approvals): read it again, with who has approved so far.
+      if (record.state === "awaiting_approval") op.payload = null;
       announce(`${decision === "approve" ? "Approved" : "Rejected"}: ${record.tool}`);
     } catch (error) {
       if (mine !== session) return;
@@ -1334,17 +1492,198 @@
     }
   }
 
+  // --- What waits for the caller's decision (other people's requests) ---------------------------------------
+
+  // GET /v1/approvals: every operation waiting now that the caller may decide across their tenant. A caller's
+  // own requests' writes are decided in their own cards (the list leaves them out); only a role lets anyone
+  // decide another person's writes, so the list is read for callers with roles alone. It is read on logging
+  // in, after each decision, on its Refresh button and every DECISIONS_MS while the tab is visible; never
+  // twice at once.
+  const decisions = new Map(); // "workflow_id/operation_id" -> {item, text, check, deciding, error, el}
+  let decisionsLoading = false;
+  let decisionsTimer = null;
+  const approvalPath = (workflowId, operationId) =>
+    `/v1/approvals/${encodeURIComponent(workflowId)}/${encodeURIComponent(operationId)}`;
+
+  function decides() {
+    return Boolean(me && me.roles.length);
+  }
+
+  async function loadDecisions() {
+    if (decisionsLoading || !decides()) return;
+    decisionsLoading = true;
+    const mine = session;
+    const errorNode = $("decisions-error");
+    const button = $("decisions-refresh");
+    button.disabled = true;
+    try {
+      const page = await api("/v1/approvals");
+      if (mine !== session) return;
+      const items = (page.approvals || []).filter((item) => item.requester !== me.user_id);
+      const cards = [];
+      for (const item of items) {
+        const key = `${item.workflow_id}/${item.operation.operation_id}`;
+        const text = canonicalJson(item);
+        let known = decisions.get(key);
+        if (!known || known.text !== text) {
+          known = { key, item, text, check: await digestCheck(item.operation), deciding: false, error: "" };
+          if (mine !== session) return;
+          known.el = buildDecisionCard(known);
+          decisions.set(key, known);
+        }
+        cards.push(known);
+      }
+      const listed = new Set(cards.map((known) => known.key));
+      for (const key of Array.from(decisions.keys())) if (!listed.has(key)) decisions.delete(key);
+      $("decisions").replaceChildren(...cards.map((known) => known.el));
+      $("decisions-empty").hidden = cards.length > 0;
+      showError(errorNode, "");
+    } catch (error) {
+      if (mine === session) showError(errorNode, `Could not list what waits for your decision: ${describe(error)}`);
+    } finally {
+      if (mine === session) {
+        decisionsLoading = false;
+        button.disabled = false;
+      }
+    }
+  }
+
+  function buildDecisionCard(known) {
+    const { item } = known;
+    const payload = item.operation;
+    const target = payload.target || payload.tool;
+    const titleId = `decide-${item.workflow_id}-${payload.operation_id}`;
+    const card = el(
+      "li",
+      {
+        className: "request decision",
+        "data-workflow-id": item.workflow_id,
+        "data-operation-id": payload.operation_id,
+        "data-requester": item.requester,
+        "data-digest": payload.digest,
+        "data-check": known.check,
+      },
+      el(
+        "article",
+        { className: "approval", "aria-labelledby": titleId, role: "group" },
+        el("h3", { id: titleId, "data-field": "decision-title", text: `${payload.tool} (${target}) for ${item.requester}` }),
+        el(
+          "dl",
+          {},
+          el("dt", { text: "Requested by" }),
+          el("dd", { "data-field": "decision-requester", text: `${item.requester} in tenant ${payload.actor ? payload.actor.tenant_id : ""}` }),
+          el("dt", { text: "Tool" }),
+          el("dd", {}, el("code", { "data-field": "approval-tool", text: payload.tool })),
+          el("dt", { text: "Request" }),
+          el("dd", {}, el("code", { "data-field": "approval-target", text: target })),
+          el("dt", { text: "Operation" }),
+          el("dd", {}, el("code", { "data-field": "approval-operation", text: payload.operation_id })),
+          el("dt", { text: "Workflow" }),
+          el("dd", {}, el("code", { "data-field": "decision-workflow", text: item.workflow_id })),
+          ...policyFacts(payload.policy),
+          el("dt", { text: "Digest" }),
+          el("dd", {}, el("code", { className: "digest", "data-field": "approval-digest", text: payload.digest })),
+          el("dt", { text: "Digest check" }),
+          el("dd", { "data-field": "digest-check", "data-check": known.check, className: `check ${known.check}`, text: checkWords(known.check) }),
+          el("dt", { text: "Approval expires" }),
+          el("dd", {
+            "data-field": "approval-expires",
+            "data-expires-at": payload.approval_expires_at || null,
+            text: payload.approval_expires_at ? formatTime(payload.approval_expires_at) : "no expiry given",
+          }),
+          el("dt", { text: "You decide as" }),
+          el("dd", { "data-field": "approval-decider", text: $("who").dataset.actor || "" }),
+        ),
+        ...payloadParts(payload),
+        decisionButtons(titleId, { approve: known.check === "mismatch", reject: false }, (decision) => decideFor(known, decision)),
+        el("p", { className: "error", role: "alert", "data-field": "approval-error", hidden: true }),
+      ),
+    );
+    updateExpiry(card);
+    return card;
+  }
+
+  function noteDecided(text, failed = false) {
+    const log = $("decided");
+    log.prepend(el("li", { className: failed ? "failed" : null, text }));
+    while (log.children.length > DECIDED_KEPT) log.lastElementChild.remove();
+    log.hidden = false;
+  }
+
+  async function decideFor(known, decision) {
+    if (known.deciding) return;
+    if (decision === "approve" && known.check === "mismatch") return;
+    const { item } = known;
+    const payload = item.operation;
+    const buttons = known.el.querySelectorAll("button[data-action]");
+    const errorNode = field(known.el, "approval-error");
+    known.deciding = true;
+    for (const button of buttons) button.disabled = true;
+    showError(errorNode, "");
+    const mine = session;
+    try {
+      const receipt = await api(`${approvalPath(item.workflow_id, payload.operation_id)}/decision`, {
+        method: "POST",
+        body: { decision, digest: payload.digest },
+      });
+      if (mine !== session) return;
+      const verb = decision === "approve" ? "Approved" : "Rejected";
+      const by = receipt.approval ? `, recorded as decided by ${receipt.approval.by}` : "";
+      const words = `${verb}: ${payload.tool} (${payload.target || payload.tool}) for ${item.requester}${by}; now ${receipt.state}`;
+      noteDecided(words);
+      announce(words);
+      decisions.delete(known.key);
+      known.el.remove();
+      $("decisions-empty").hidden = $("decisions").children.length > 0;
+    } catch (error) {
+      if (mine !== session) return;
+      // 404: it waits for the caller no more (decided by another, expired, its request finished). Said in the
+      // card and in the log, which outlives the card when the list read next leaves it out.
+      const words = `The decision was not recorded: ${describe(error)}`;
+      showError(errorNode, words);
+      noteDecided(`${payload.tool} (${payload.target || payload.tool}) for ${item.requester}: ${words}`, true);
+      for (const button of buttons) button.disabled = button.dataset.action === "approve" && known.check === "mismatch";
+    } finally {
+      known.deciding = false;
+    }
+    if (mine === session) loadDecisions();
+  }
+
+  function startDecisions() {
+    clearInterval(decisionsTimer);
+    decisionsTimer = null;
+    $("decisions-section").hidden = !decides();
+    if (!decides()) return;
+    setText($("decisions-every"), String(DECISIONS_MS / 1000));
+    loadDecisions();
+    decisionsTimer = setInterval(() => {
+      if (document.visibilityState === "visible") loadDecisions();
+    }, DECISIONS_MS);
+  }
+
+  function stopDecisions() {
+    clearInterval(decisionsTimer);
+    decisionsTimer = null;
+    decisions.clear();
+    decisionsLoading = false;
+    $("decisions").replaceChildren();
+    $("decided").replaceChildren();
+    $("decided").hidden = true;
+    $("decisions-section").hidden = true;
+    showError($("decisions-error"), "");
+  }
+
   // --- Logging in and out ----------------------------------------------------------------------------------
 
   async function logIn(candidate, remember) {
     const errorNode = $("login-error");
     showError(errorNode, "");
     token = candidate;
-    let me;
     try {
       me = await api("/v1/me", { quiet401: true });
     } catch (error) {
       token = null;
+      me = null;
       sessionStorage.removeItem(TOKEN_KEY);
       const words =
         error instanceof ApiError && error.status === 401
@@ -1355,25 +1694,31 @@
       return;
     }
     if (remember) sessionStorage.setItem(TOKEN_KEY, candidate);
+    me = { user_id: me.user_id, tenant_id: me.tenant_id, roles: Array.isArray(me.roles) ? me.roles : [] };
     const who = $("who");
     who.dataset.state = "signed-in";
     who.dataset.user = me.user_id;
     who.dataset.tenant = me.tenant_id;
     who.dataset.actor = `${me.user_id} in tenant ${me.tenant_id}`;
-    setText(who, `Logged in as ${me.user_id} in tenant ${me.tenant_id}`);
+    who.dataset.roles = me.roles.join(" ");
+    const roles = me.roles.length ? ` (${me.roles.join(", ")})` : "";
+    setText(who, `Logged in as ${me.user_id} in tenant ${me.tenant_id}${roles}`);
     $("token").value = "";
     $("login").hidden = true;
     $("logout").hidden = false;
     $("app").hidden = false;
     $("question").focus();
     loadThreads();
+    startDecisions();
     await loadList();
   }
 
   function signedOut(message) {
     session += 1;
     token = null;
+    me = null;
     sessionStorage.removeItem(TOKEN_KEY);
+    stopDecisions();
     for (const req of requests.values()) {
       if (req.abort) req.abort.abort();
       clearTimeout(req.pollTimer);
@@ -1390,6 +1735,7 @@
     delete who.dataset.user;
     delete who.dataset.tenant;
     delete who.dataset.actor;
+    delete who.dataset.roles;
     setText(who, "Not logged in");
     $("logout").hidden = true;
     $("app").hidden = true;
@@ -1418,6 +1764,7 @@
     $("thread-new").addEventListener("click", () => openThread(newKey().replace("web-", "thread-")));
     $("message-form").addEventListener("submit", sendMessage);
     $("refresh").addEventListener("click", () => loadList());
+    $("decisions-refresh").addEventListener("click", () => loadDecisions());
     $("more").addEventListener("click", () => loadList(true));
     setInterval(() => updateExpiry(document), 1000);
     const saved = sessionStorage.getItem(TOKEN_KEY);
