@@ -211,13 +211,13 @@ def _check_local_worker_has(spec: ModelSpec, allow_tool: list[str] | None, setti
         _fail(f"--model {spec.provider}:{spec.name}: {why}")
 
 
-def _up(settings: Settings, quiet: bool) -> StackStatus:
+def _up(settings: Settings, quiet: bool, policy: bool | None = None) -> StackStatus:
     stack = LocalStack(settings, REPO_ROOT)
     try:
         if quiet:
-            return stack.up()
+            return stack.up(policy=policy)
         with err_console.status("starting the local stack...") as status:
-            return stack.up(on_step=lambda step: status.update(step))
+            return stack.up(on_step=lambda step: status.update(step), policy=policy)
     except StackError as exc:
         _fail(str(exc))
 
@@ -229,6 +229,18 @@ def _check_user(settings: Settings, actor: Actor, local_stack: bool) -> None:
         return
     try:
         LocalStack(settings, REPO_ROOT).check_user(actor)
+    except StackError as exc:
+        _fail(str(exc))
+
+
+def _session_roles(settings: Settings, actor: Actor, local_stack: bool) -> tuple[str, ...]:
+    """The session's roles in its tenant (an approval policy may leave a write to a role, e.g. manager): on the
+    local stack, those its API tokens file gives this tenant's user; never from the command line. A deployment's
+    starter passes its users' roles to the library itself (roles=)."""
+    if not local_stack:
+        return ()
+    try:
+        return tuple(sorted(LocalStack(settings, REPO_ROOT).roles_of(actor)))
     except StackError as exc:
         _fail(str(exc))
 
@@ -338,6 +350,8 @@ class ApprovalMode:
     auto: bool
     interactive: bool
     stdin: _StdinLines | None = None
+    # The session's roles (_session_roles): an operation the policy leaves to others is not asked about here.
+    roles: tuple[str, ...] = ()
 
 
 @dataclass
@@ -368,9 +382,34 @@ def _show_request(request: ApprovalRequest, workflow_id: str, actor: Actor) -> N
     err_console.print(Text(f"  digest:    {request.digest}"))
     if request.approval_expires_at is not None:
         err_console.print(Text(f"  waits until {request.approval_expires_at.isoformat()}"))
+    if request.policy is not None:
+        err_console.print(Text(f"  policy:    {request.policy.decided()}"))
+        if request.policy.approved_by:
+            err_console.print(Text(f"  approved so far by: {', '.join(request.policy.approved_by)}"))
     approve, reject = _decide_commands(workflow_id, request.operation_id, actor)
     # Unstyled: these lines are meant to be copied into another shell as they are.
     err_console.print(Text(f"  approve:   {approve}\n  reject:    {reject}"))
+
+
+def _show_left_to_others(request: ApprovalRequest, workflow_id: str) -> None:
+    """An operation of the session's request that its approval policy leaves to other people (a manager, a
+    second person): said once, with no prompt and no command the session could not use."""
+    err_console.print(Text.assemble(("Approval needed", "bold yellow"), f" in request {workflow_id}"))
+    err_console.print(Text(f"  operation: {request.operation_id} ({request.tool}) waits for others"))
+    if request.policy is not None:
+        err_console.print(Text(f"  policy:    {request.policy.decided()}"))
+        if request.policy.approved_by:
+            err_console.print(Text(f"  approved so far by: {', '.join(request.policy.approved_by)}"))
+    if request.approval_expires_at is not None:
+        err_console.print(Text(f"  waits until {request.approval_expires_at.isoformat()}"))
+
+
+def _not_yours(request: ApprovalRequest, user: str) -> str:
+    """Why the session's own request's operation is not the session's to decide, in one line."""
+    if request.policy is not None and user in request.policy.approved_by:
+        return f"operation {request.operation_id}: {user} has approved it already; it waits for another person"
+    decided = request.policy.decided() if request.policy is not None else "no policy"
+    return f"operation {request.operation_id}: {user} may not decide it ({decided})"
 
 
 _DECIDED_ELSEWHERE = {
@@ -476,6 +515,12 @@ async def _answer_approval(
     approval = await request.approval(operation_id)
     if approval is None or approval.state != "awaiting_approval":
         return
+    if not approval.may_decide(request.actor.user_id, mode.roles):
+        # Left to others by the approval policy: the request waits for them; nothing to ask or sign here.
+        view.stop()
+        _show_left_to_others(approval, request.workflow_id)
+        view.start()
+        return
     view.stop()
     # A Ctrl-C here leaves it waiting, and the interrupt's message says how to decide it later.
     session.pending.add(operation_id)
@@ -509,7 +554,7 @@ async def _decide_shown(request: ToolloopRequest, approval: ApprovalRequest, mod
     else:
         return
     try:
-        await request.decide(approval, approve=approve)
+        receipt = await request.decide(approval, approve=approve, roles=mode.roles)
     except WorkflowUpdateFailedError as exc:
         now = await request.approval(operation_id)
         if now is not None and now.state != "awaiting_approval":
@@ -520,7 +565,8 @@ async def _decide_shown(request: ToolloopRequest, approval: ApprovalRequest, mod
     except (ApprovalRefused, RPCError) as exc:
         err_console.print(Text(f"  not recorded: {exc}", style="red"))
         return
-    err_console.print(Text(f"  {'approved' if approve else 'rejected'}", style="green" if approve else "yellow"))
+    waits = "; it waits for another person" if receipt.state == "awaiting_approval" else ""
+    err_console.print(Text(f"  {'approved' if approve else 'rejected'}{waits}", style="green" if approve else "yellow"))
 
 
 # --- ask ----------------------------------------------------------------------------------------------
@@ -768,6 +814,38 @@ def _print_receipt(operations: list[OperationRecord]) -> None:
         approval = f"{op.approval.decision} by {op.approval.by}" if op.approval else "none"
         checks = ", ".join(c.state for c in op.status_checks) or "none"
         err_console.print(Text(f"    approval: {approval}; attempts: {op.attempts}; status checks: {checks}"))
+        line = _policy_line(op)
+        if line is not None:
+            err_console.print(Text(f"    {line}"))
+
+
+def _short_version(version: str) -> str:
+    """A policy version as the receipt shows it: its digest's first 12 hex digits ("sha256:1a2b3c4d5e6f")."""
+    kind, sep, digest = version.partition(":")
+    return f"{kind}:{digest[:12]}" if sep else version[:12]
+
+
+def _policy_line(op: OperationRecord) -> str | None:
+    """For a write decided by the approval policy: which rule decided it, or which people did under which
+    rule, and the policy's version (short). None without a policy."""
+    policy = op.policy
+    if policy is None:
+        return None
+    rules = ", ".join(policy.rules) or "no rule"
+    if policy.verdict == "allow":
+        decided = f"approved by rule {rules}"
+    elif policy.verdict == "deny":
+        decided = f"denied by rule {rules}" + (f" ({policy.reason})" if policy.reason else "")
+    elif op.approval is not None and op.approval.decision == "approved":
+        # The people whose approvals counted (four eyes: both, in order).
+        decided = f"approved by {', '.join(policy.approved_by) or op.approval.by} under rule {rules}"
+    elif op.approval is not None:
+        decided = f"rejected by {op.approval.by} under rule {rules}"
+    else:
+        asked = policy.deciders.describe() if policy.deciders is not None else "nobody"
+        so_far = f"; approved so far by {', '.join(policy.approved_by)}" if policy.approved_by else ""
+        decided = f"left to {asked} by rule {rules}, not decided{so_far}"
+    return f"policy: {decided}; version {_short_version(policy.version)}"
 
 
 def _interrupted(session: _Session, actor: Actor) -> NoReturn:
@@ -896,7 +974,11 @@ def ask(
     _check_signing_key(key)
     _check_user(settings, actor, local_stack)
     show = not as_json and sys.stderr.isatty()
-    mode = ApprovalMode(auto=auto_approve, interactive=sys.stdin.isatty() and sys.stderr.isatty())
+    mode = ApprovalMode(
+        auto=auto_approve,
+        interactive=sys.stdin.isatty() and sys.stderr.isatty(),
+        roles=_session_roles(settings, actor, local_stack),
+    )
     session = _Session()
     try:
         outcome = asyncio.run(
@@ -952,33 +1034,52 @@ def ask(
 
 
 async def _decide_from_shell(
-    workflow_id: str, operation_id: str, approve: bool, actor: Actor, settings: Settings, key: str
+    workflow_id: str,
+    operation_id: str,
+    approve: bool,
+    actor: Actor,
+    roles: tuple[str, ...],
+    settings: Settings,
+    key: str,
 ) -> DecisionReceipt:
     client = await _connect(settings, signing_key=key)
-    # Whose request it is is checked before anything is shown.
-    request = await _own_request(client, workflow_id, actor)
-    await request.raise_if_finished()
-    approval = await request.approval(operation_id)
-    if approval is None:
-        names = ", ".join(op.operation_id for op in await request.operations()) or "none"
-        _fail(f"request {workflow_id} has no operation {operation_id}; it has: {names}")
+    # Whose request it is, and whether the session may decide the operation, is checked before anything is shown.
+    request = await client.request_to_decide(workflow_id, actor)
+    if request is None:  # none, or another tenant's
+        _not_found(workflow_id, actor)
+    if request.actor != actor:
+        # Another user's request of the tenant: only an operation its policy leaves to this session (by name or
+        # role); anything else gets exactly the answer a missing request gets, and nothing of it is shown.
+        approval = await request.approval(operation_id)
+        if approval is None or not approval.may_decide(actor.user_id, roles):
+            _not_found(workflow_id, actor)
+        await request.raise_if_finished()
+    else:
+        await request.raise_if_finished()
+        approval = await request.approval(operation_id)
+        if approval is None:
+            names = ", ".join(op.operation_id for op in await request.operations()) or "none"
+            _fail(f"request {workflow_id} has no operation {operation_id}; it has: {names}")
+        if approval.state == "awaiting_approval" and not approval.may_decide(actor.user_id, roles):
+            _fail(_not_yours(approval, actor.user_id), code=1)
     _show_request(approval, workflow_id, actor)
-    return await request.decide(approval, approve=approve)
+    return await request.decide(approval, approve=approve, decider=actor, roles=roles)
 
 
 def _decide(
     workflow_id: str, operation_id: str, approve: bool, user: str | None, tenant: str, local_stack: bool
 ) -> None:
     actor = _actor(user, tenant)
-    settings = _read(Settings)
-    if local_stack:
-        settings = _settings_for_local_stack(settings)
+    raw = _read(Settings)
+    _printed_for(raw, local_stack)
+    settings = _settings_for_local_stack(raw) if local_stack else raw
     key = _approval_key(settings, local_stack)
     if key is None:
         _fail("no approval key: set TOOLLOOP_APPROVAL_KEY, or use the local stack")
     _check_user(settings, actor, local_stack)
+    roles = _session_roles(settings, actor, local_stack)
     try:
-        op = asyncio.run(_decide_from_shell(workflow_id, operation_id, approve, actor, settings, key))
+        op = asyncio.run(_decide_from_shell(workflow_id, operation_id, approve, actor, roles, settings, key))
     except WorkflowUpdateFailedError as exc:
         _fail(f"the workflow refused it: {exc.cause}", code=1)
     except ApprovalRefused as exc:
@@ -989,11 +1090,18 @@ def _decide(
         raise
     except RuntimeError as exc:
         _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
-    err_console.print(Text(f"{op.operation_id} is now {op.state}", style="green"))
+    waits = "; it waits for another person" if op.state == "awaiting_approval" else ""
+    err_console.print(Text(f"{op.operation_id} is now {op.state}{waits}", style="green"))
 
 
 _DecideUser = Annotated[
-    str | None, typer.Option("--user", "--as", help="The session's user: only the request's own user decides.")
+    str | None,
+    typer.Option(
+        "--user",
+        "--as",
+        help="The session's user: the request's own user decides, or whom its approval policy names (by name, or "
+        "by a role the local stack's tokens file gives them).",
+    ),
 ]
 _DecideTenant = Annotated[str, typer.Option(help="The session's tenant.")]
 
@@ -1006,7 +1114,8 @@ def approve(
     tenant: _DecideTenant = "acme",
     local_stack: Annotated[bool, typer.Option(help="Use the local stack's address and approval key.")] = True,
 ) -> None:
-    """Approve one side effect of your running request: shows it whole, signs exactly it, sends it."""
+    """Approve one side effect of your running request, or one an approval policy leaves to you (see
+    `approvals`): shows it whole, signs exactly it, sends it."""
     _decide(workflow_id, operation_id, True, user, tenant, local_stack)
 
 
@@ -1018,8 +1127,63 @@ def reject(
     tenant: _DecideTenant = "acme",
     local_stack: Annotated[bool, typer.Option(help="Use the local stack's address and approval key.")] = True,
 ) -> None:
-    """Reject one side effect of your running request (signed like an approval): nothing is sent."""
+    """Reject one side effect of your running request, or one an approval policy leaves to you (signed like an
+    approval): nothing is sent."""
     _decide(workflow_id, operation_id, False, user, tenant, local_stack)
+
+
+@app.command()
+def approvals(
+    user: Annotated[str | None, typer.Option("--user", "--as", help="The session's user: the decider.")] = None,
+    tenant: _DecideTenant = "acme",
+    local_stack: Annotated[bool, typer.Option(help="Use the local stack's address and tokens file.")] = True,
+) -> None:
+    """List the side effects waiting now that you may decide across your tenant's running requests: your own,
+    and those whose approval policy names you or a role of yours (on the local stack, the roles its tokens
+    file gives you). Each with its request, requester, tool, the rule that asked, who approved it so far, and
+    the exact approve/reject commands."""
+    actor = _actor(user, tenant)
+    raw = _read(Settings)
+    _printed_for(raw, local_stack)
+    settings = _settings_for_local_stack(raw) if local_stack else raw
+    _check_user(settings, actor, local_stack)
+    roles = _session_roles(settings, actor, local_stack)
+    try:
+        found = asyncio.run(_to_decide(actor, roles, settings))
+    except RPCError as exc:
+        _fail(f"Temporal refused it: {exc}", code=1)
+    except RuntimeError as exc:
+        _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
+    as_whom = f"{actor.user_id} in tenant {actor.tenant_id}" + (f" (roles: {', '.join(roles)})" if roles else "")
+    if not found:
+        print(f"nothing waits for a decision of {as_whom}")
+        return
+    print(f"{len(found)} operation(s) wait for a decision of {as_whom}:")
+    for workflow_id, requester, approval in found:
+        print(f"request {workflow_id} (requested by {requester})")
+        print(f"  operation: {approval.operation_id}")
+        print(f"  tool:      {approval.tool}")
+        print(f"  arguments: {json.dumps(approval.arguments, ensure_ascii=False, sort_keys=True)}")
+        if approval.policy is not None:
+            asked = approval.policy.deciders.describe() if approval.policy.deciders is not None else "nobody"
+            print(f"  rules:     {', '.join(approval.policy.rules) or 'none'} (it waits for {asked})")
+            if approval.policy.approved_by:
+                print(f"  approved so far by: {', '.join(approval.policy.approved_by)}")
+        if approval.approval_expires_at is not None:
+            print(f"  waits until {approval.approval_expires_at.isoformat()}")
+        approve_command, reject_command = _decide_commands(workflow_id, approval.operation_id, actor)
+        print(f"  approve:   {approve_command}\n  reject:    {reject_command}")
+
+
+async def _to_decide(
+    actor: Actor, roles: tuple[str, ...], settings: Settings
+) -> list[tuple[str, str, ApprovalRequest]]:
+    """(workflow id, requester, operation) of each operation waiting for the session's decision."""
+    client = await _connect(settings)
+    return [
+        (request.workflow_id, request.actor.user_id, approval)
+        for request, approval in await client.to_decide(actor, roles)
+    ]
 
 
 @app.command()
@@ -1086,11 +1250,24 @@ async def _own_report(workflow_id: str, actor: Actor, settings: Settings, *, can
 
 
 @app.command()
-def up() -> None:
-    """Start (or reuse) the local stack: Temporal dev server with UI, business service, worker."""
-    settings = _settings_for_local_stack(_read(Settings))
-    _up(settings, quiet=False)
-    status()
+def up(
+    policy: Annotated[
+        bool | None,
+        typer.Option(
+            "--policy/--no-policy",
+            help="Decide writes by the demo's approval policy (config/policies/demo.cedar): also runs its policy "
+            "worker, with a policy key kept in the data dir, and gives the service and the worker the policy. The "
+            "choice is kept in the data dir (ask keeps it) until --no-policy. Default: as the stack was (off).",
+        ),
+    ] = None,
+) -> None:
+    """Start (or reuse) the local stack: Temporal dev server with UI, business service, worker, HTTP API (and
+    with --policy the approval policy's worker)."""
+    raw = _read(Settings)
+    _printed_for(raw, local_stack=True)
+    settings = _settings_for_local_stack(raw)
+    _up(settings, quiet=False, policy=policy)
+    _print_status(settings)
 
 
 @app.command()
@@ -1134,7 +1311,12 @@ def _held(stack: LocalStack) -> str:
 def status() -> None:
     """Show which processes of this data dir's stack run, as checked now: each recorded process (alive and
     still running its recorded command), its address (answering or not), and any port held by another program."""
-    settings = _settings_for_local_stack(_read(Settings))
+    raw = _read(Settings)
+    _printed_for(raw, local_stack=True)
+    _print_status(_settings_for_local_stack(raw))
+
+
+def _print_status(settings: Settings) -> None:
     stack = LocalStack(settings, REPO_ROOT)
     try:
         report = stack.status()
@@ -1152,6 +1334,10 @@ def status() -> None:
         print(f"no process of data dir {report.data_dir} runs{_held(stack)}")
     elif report.temporal.running:
         print(f"Temporal UI: {settings.ui_url()}")
+    if report.policy_on:
+        print(f"approval policy: on ({report.policy_file})")
+    else:
+        print(f"approval policy: off; turn it on with: {_cli_command()} up --policy")
 
 
 # --- the HTTP API ---------------------------------------------------------------------------------------

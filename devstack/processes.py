@@ -452,8 +452,9 @@ def start_business_service(
     return proc
 
 
-# Private keys that sign approvals: only the approval channel holds them.
+# Private keys that sign approvals: only the approval channel holds them (the policy's, the policy worker).
 _APPROVAL_KEY_VARIABLES = ("TOOLLOOP_APPROVAL_KEY", "TOOLLOOP_POLICY_SIGNING_KEY")
+POLICY_WORKER_READY_LINE = "policy worker ready"
 
 
 # The local stack runs the bundled demo's tools (demo/agent.py).
@@ -486,6 +487,27 @@ def start_worker(
     )
     _ready_or_stop(
         proc, lambda: wait_for_log_line(log_path, WORKER_READY_LINE, timeout, proc, start_offset=proc.log_offset)
+    )
+    return proc
+
+
+def policy_worker_command(repo_root: Path) -> list[str]:
+    return [sys.executable, str(repo_root / "worker.py"), "--policy"]
+
+
+def start_policy_worker(
+    repo_root: Path, env: Mapping[str, str], log_path: Path, detached: bool = False, *, timeout: float = 60.0
+) -> ManagedProcess:
+    """Start `python worker.py --policy` (the approval policy's evaluator: TOOLLOOP_POLICY_* in env) and return
+    once it logs "policy worker ready". It is the only process given the policy's signing key; it gets no
+    approval key."""
+    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    full_env.pop("TOOLLOOP_APPROVAL_KEY", None)
+    proc = ManagedProcess.spawn(
+        "policy", policy_worker_command(repo_root), log_path, env=full_env, cwd=repo_root, detached=detached
+    )
+    _ready_or_stop(
+        proc, lambda: wait_for_log_line(log_path, POLICY_WORKER_READY_LINE, timeout, proc, start_offset=proc.log_offset)
     )
     return proc
 

@@ -18,6 +18,7 @@ from typing import Literal
 import httpx
 from pydantic import BaseModel, Field, ValidationError
 
+from toolloop._api.tokens import TokenMap, TokensFileError
 from toolloop._core.approvals import generate_signing_key, verify_key_for
 from toolloop._core.contracts import Actor
 from toolloop._temporal.settings import Settings
@@ -32,11 +33,13 @@ from .processes import (
     cmdline_matches,
     http_ok,
     pid_alive,
+    policy_worker_command,
     port_accepts,
     port_in_use,
     run_coroutine_blocking,
     start_api,
     start_business_service,
+    start_policy_worker,
     start_temporal_dev_server,
     start_worker,
     temporal_dev_server_command,
@@ -44,14 +47,20 @@ from .processes import (
     worker_command,
 )
 
-ComponentName = Literal["temporal", "service", "worker", "api"]
-_START_ORDER: tuple[ComponentName, ...] = ("temporal", "service", "worker", "api")
+ComponentName = Literal["temporal", "service", "policy", "worker", "api"]
+# The policy worker runs only in a stack started with `up --policy` (StackState.policy).
+_START_ORDER: tuple[ComponentName, ...] = ("temporal", "service", "policy", "worker", "api")
 _LABELS: dict[ComponentName, str] = {
     "temporal": "Temporal dev server",
     "service": "business service",
+    "policy": "policy worker",
     "worker": "worker",
     "api": "HTTP API",
 }
+# The demo's approval policy (README, "Approval policies"), relative to the repository.
+DEMO_POLICY_FILE = Path("config/policies/demo.cedar")
+DEMO_POLICY_SCHEMA = Path("config/policies/demo.cedarschema")
+DEFAULT_POLICY_TASK_QUEUE = "toolloop-policy"
 _LOCK_TIMEOUT = 120.0  # another `up` may legitimately take a while on a cold start
 
 
@@ -68,6 +77,11 @@ class _ComponentRecord(BaseModel):
 class _StateFile(BaseModel):
     admin_token: str | None = None
     approval_key: str | None = None
+    # The approval policy's signing key (only the policy worker gets it), generated once like the approval key.
+    policy_key: str | None = None
+    # Whether this stack decides writes by the demo policy: set by `up --policy` / `up --no-policy`, kept until
+    # changed (so `ask`, which reuses the stack, keeps it).
+    policy: bool = False
     components: dict[str, _ComponentRecord] = Field(default_factory=dict)
 
 
@@ -99,10 +113,16 @@ class StackSecrets:
 
     admin_token: str
     approval_key: str
+    # The policy's signing key: the policy worker's alone; the service gets its public half.
+    policy_key: str = ""
 
     @property
     def approval_verify_key(self) -> str:
         return verify_key_for(self.approval_key)
+
+    @property
+    def policy_verify_key(self) -> str:
+        return verify_key_for(self.policy_key)
 
 
 @dataclass(frozen=True)
@@ -151,10 +171,16 @@ class StackStatus:
     data_dir: Path
     # The components the `up` call that produced this status started (the others were reused).
     started: tuple[ComponentName, ...] = ()
+    # The policy worker: None for a stack without policies that records none.
+    policy: ComponentStatus | None = None
+    # Whether the stack decides writes by the demo policy (`up --policy`), and that policy's file.
+    policy_on: bool = False
+    policy_file: Path | None = None
 
     @property
     def components(self) -> tuple[ComponentStatus, ...]:
-        return (self.temporal, self.service, self.worker, self.api)
+        policy = (self.policy,) if self.policy is not None else ()
+        return (self.temporal, self.service, *policy, self.worker, self.api)
 
     @property
     def all_running(self) -> bool:
@@ -193,6 +219,18 @@ class LocalStack:
         if response.status_code != 200:
             raise StackError(f"cannot check the user: the business service answered HTTP {response.status_code}")
 
+    def roles_of(self, actor: Actor) -> frozenset[str]:
+        """The session's roles in its tenant, as the stack's API tokens file gives them (TOOLLOOP_API_TOKENS,
+        config/api_tokens.json): the roles of that file's entries for this tenant and user, as the API gives
+        them to the holder of any of those tokens. Never from the command line."""
+        s = self._settings
+        path = s.api_tokens if s.api_tokens.is_absolute() else self._repo_root / s.api_tokens
+        try:
+            tokens = TokenMap.load(path)
+        except TokensFileError as exc:
+            raise StackError(str(exc)) from None
+        return frozenset(role for grant in tokens.grants() if grant.actor == actor for role in grant.roles)
+
     # -- addresses ------------------------------------------------------------------------------
 
     @property
@@ -218,7 +256,21 @@ class LocalStack:
             return self.service_url
         if name == "api":
             return self.api_url
+        if name == "policy":
+            return f"task queue {self.policy_task_queue!r}"
         return f"task queue {self._settings.task_queue!r}"
+
+    @property
+    def policy_task_queue(self) -> str:
+        return self._settings.policy_task_queue or DEFAULT_POLICY_TASK_QUEUE
+
+    @property
+    def policy_file(self) -> Path:
+        return self._repo_root / DEMO_POLICY_FILE
+
+    @property
+    def policy_schema(self) -> Path:
+        return self._repo_root / DEMO_POLICY_SCHEMA
 
     def _log_path(self, name: ComponentName) -> Path:
         return self.logs_dir / f"{name}.log"
@@ -240,18 +292,25 @@ class LocalStack:
             self._save(state)
             return creds
 
-    def up(self, on_step: Callable[[str], None] | None = None) -> StackStatus:
+    def up(self, on_step: Callable[[str], None] | None = None, *, policy: bool | None = None) -> StackStatus:
         """Reuse each healthy component we started before; start the missing ones (detached). If one
-        cannot start, the ones this call started are stopped again: a failed `up` leaves nothing behind."""
+        cannot start, the ones this call started are stopped again: a failed `up` leaves nothing behind.
+        `policy` True/False turns the demo's approval policy on or off for this stack (kept in its state);
+        None keeps what the stack had (off for a new one)."""
         step = on_step if on_step is not None else (lambda _msg: None)
         with self._locked():
             state = self._load()
             token = self._ensure_token(state)
+            if policy is not None:
+                state.policy = policy
             self._save(state)
             started: list[ComponentName] = []
             try:
                 for name in _START_ORDER:
-                    if self._ensure_component(name, state, token, step):
+                    if name == "policy" and not state.policy:
+                        self._stop_recorded(name, state, step)
+                        continue
+                    if self._ensure_component(name, state, token, step, state.policy):
                         started.append(name)
             except StackError:
                 for name in reversed(started):
@@ -263,6 +322,16 @@ class LocalStack:
                 raise
             return dataclasses.replace(self._status_from(state), started=tuple(started))
 
+    def _stop_recorded(self, name: ComponentName, state: _StateFile, step: Callable[[str], None]) -> None:
+        """Stop `name`'s recorded process, if it is still ours, and forget it (a policy worker turned off)."""
+        record = state.components.pop(name, None)
+        if record is None:
+            return
+        if self._is_ours(record):
+            step(f"stopping {_LABELS[name]} (pid {record.pid})...")
+            self._as_process(name, record).stop()
+        self._save(state)
+
     def down(self, on_step: Callable[[str], None] | None = None) -> DownReport:
         """Stop our recorded processes, worker first; data files and logs are kept. Says, per component, what
         it did: only a process this data dir recorded, and that still runs its recorded command, is stopped."""
@@ -270,6 +339,7 @@ class LocalStack:
         done: dict[ComponentName, ComponentStop] = {
             name: ComponentStop(name, _LABELS[name], "none recorded", None, self._address(name))
             for name in _START_ORDER
+            if name != "policy"  # reported only when recorded: a stack without policies has none
         }
         if not self.state_path.exists():
             return DownReport(self.data_dir, tuple(done.values()))  # creates nothing where nothing was
@@ -287,7 +357,7 @@ class LocalStack:
                 done[name] = ComponentStop(name, _LABELS[name], outcome, record.pid, record.address)
                 del state.components[name]
                 self._save(state)
-        return DownReport(self.data_dir, tuple(done.values()))
+        return DownReport(self.data_dir, tuple(done[name] for name in _START_ORDER if name in done))
 
     def ports_held(self) -> list[str]:
         """The ports these settings name that something listens on or holds, e.g. "7233 (Temporal gRPC,
@@ -300,7 +370,7 @@ class LocalStack:
 
     # -- per component --------------------------------------------------------------------------
 
-    def _desired(self, name: ComponentName, token: StackSecrets) -> tuple[list[str], str]:
+    def _desired(self, name: ComponentName, token: StackSecrets, policy: bool) -> tuple[list[str], str]:
         s = self._settings
         if name == "temporal":
             cmd = temporal_dev_server_command(
@@ -309,17 +379,22 @@ class LocalStack:
             return cmd, ""
         if name == "service":
             cmd = business_service_command(self.data_dir / "service.sqlite", s.service_port)
-            return cmd, _digest({"admin_token": token.admin_token, "approval_key": token.approval_verify_key})
+            values = {"admin_token": token.admin_token, "approval_key": token.approval_verify_key}
+            if policy:  # only then: a stack without policies keeps its service's configuration digest
+                values |= {"policy_key": token.policy_verify_key, "policy_file": str(self.policy_file)}
+            return cmd, _digest(values)
         if name == "api":
             return api_command(self._repo_root, s.api_port), _digest(self._api_env(token))
-        return worker_command(self._repo_root), _digest(self._worker_env(token))
+        if name == "policy":
+            return policy_worker_command(self._repo_root), _digest(self._policy_env(token))
+        return worker_command(self._repo_root), _digest(self._worker_env(token, policy))
 
     def _ensure_component(
-        self, name: ComponentName, state: _StateFile, token: StackSecrets, step: Callable[[str], None]
+        self, name: ComponentName, state: _StateFile, token: StackSecrets, step: Callable[[str], None], policy: bool
     ) -> bool:
         """Make `name` run; True when a process was started for it (not reused)."""
         label = _LABELS[name]
-        cmd, digest = self._desired(name, token)
+        cmd, digest = self._desired(name, token, policy)
         record = state.components.get(name)
         if record is not None and self._is_ours(record):
             if record.cmd == cmd and record.config_digest == digest and self._healthy(name, record, grace=5.0):
@@ -334,7 +409,7 @@ class LocalStack:
 
         self._check_ports_free(name)
         step(f"starting {label} on {self._address(name)}...")
-        proc = self._start(name, token)
+        proc = self._start(name, token, policy)
         state.components[name] = _ComponentRecord(
             pid=proc.pid,
             cmd=proc.cmd,
@@ -346,7 +421,7 @@ class LocalStack:
         self._save(state)
         return True
 
-    def _start(self, name: ComponentName, token: StackSecrets) -> ManagedProcess:
+    def _start(self, name: ComponentName, token: StackSecrets, policy: bool) -> ManagedProcess:
         s = self._settings
         try:
             if name == "temporal":
@@ -367,15 +442,33 @@ class LocalStack:
                     approval_verify_key=token.approval_verify_key,
                     log_path=self._log_path(name),
                     cwd=self._repo_root,
+                    policy_verify_key=token.policy_verify_key if policy else None,
+                    policy_file=self.policy_file if policy else None,
                 )
             if name == "api":
                 env = self._api_env(token)
                 return start_api(self._repo_root, env, s.api_port, self._log_path(name), detached=True)
-            return start_worker(self._repo_root, self._worker_env(token), self._log_path(name), detached=True)
+            if name == "policy":
+                env = self._policy_env(token)
+                return start_policy_worker(self._repo_root, env, self._log_path(name), detached=True)
+            env = self._worker_env(token, policy)
+            return start_worker(self._repo_root, env, self._log_path(name), detached=True)
         except ProcessStartError as exc:
             raise StackError(f"could not start the {_LABELS[name]}: {exc}") from exc
 
-    def _worker_env(self, token: StackSecrets) -> dict[str, str]:
+    def _policy_env(self, token: StackSecrets) -> dict[str, str]:
+        """The policy evaluator's: the only process that holds the policy's signing key."""
+        s = self._settings
+        return {
+            "TEMPORAL_ADDRESS": self.temporal_address,
+            "TEMPORAL_NAMESPACE": s.temporal_namespace,
+            "TOOLLOOP_POLICY_FILE": str(self.policy_file),
+            "TOOLLOOP_POLICY_SCHEMA": str(self.policy_schema),
+            "TOOLLOOP_POLICY_SIGNING_KEY": token.policy_key,
+            "TOOLLOOP_POLICY_TASK_QUEUE": self.policy_task_queue,
+        }
+
+    def _worker_env(self, token: StackSecrets, policy: bool = False) -> dict[str, str]:
         s = self._settings
         env = {
             "TEMPORAL_ADDRESS": self.temporal_address,
@@ -415,6 +508,9 @@ class LocalStack:
         if s.model_prices:
             prices = {name: price.model_dump(exclude_none=True) for name, price in s.model_prices.items()}
             env["TOOLLOOP_MODEL_PRICES"] = json.dumps(prices, sort_keys=True)
+        # Only with policies on: where the policy worker decides (the worker holds no key of it).
+        if policy:
+            env["TOOLLOOP_POLICY_TASK_QUEUE"] = self.policy_task_queue
         return env
 
     def _api_env(self, token: StackSecrets) -> dict[str, str]:
@@ -449,6 +545,7 @@ class LocalStack:
                 (s.ui_port, "Temporal UI", "TOOLLOOP_UI_PORT"),
             ],
             "service": [(s.service_port, "business service", "TOOLLOOP_SERVICE_PORT")],
+            "policy": [],
             "worker": [],
             "api": [(s.api_port, "HTTP API", "TOOLLOOP_API_PORT")],
         }
@@ -472,7 +569,7 @@ class LocalStack:
             elif name == "api":
                 ok = http_ok(f"{self.api_url}/healthz")
             else:
-                ok = self._is_ours(record)  # a worker has no probe; alive and ours is the best we know
+                ok = self._is_ours(record)  # a worker (model or policy) has no probe: alive and ours is all we know
             if ok or time.monotonic() >= deadline or not self._is_ours(record):
                 return ok
             time.sleep(0.3)
@@ -518,6 +615,9 @@ class LocalStack:
             api=one("api"),
             ui_url=self.ui_url,
             data_dir=self.data_dir,
+            policy=one("policy") if state.policy or "policy" in state.components else None,
+            policy_on=state.policy,
+            policy_file=self.policy_file if state.policy else None,
         )
 
     # -- state and lock -------------------------------------------------------------------------
@@ -527,11 +627,14 @@ class LocalStack:
             state.admin_token = secrets.token_urlsafe(32)
         if state.approval_key is None:
             state.approval_key = generate_signing_key()
+        if state.policy_key is None:
+            state.policy_key = generate_signing_key()
         admin = self._settings.service_admin_token
         approval = self._settings.approval_key
         return StackSecrets(
             admin_token=admin.get_secret_value() if admin is not None else state.admin_token,
             approval_key=approval.get_secret_value() if approval is not None else state.approval_key,
+            policy_key=state.policy_key,
         )
 
     def _load(self) -> _StateFile:

@@ -986,3 +986,113 @@ def test_ask_shows_the_answer_as_it_is_written_then_prints_it_once(
     # The live view is gone; the answer is on the screen once.
     assert sum(line.count(STREAMED_ANSWER) for line in screen) == 1, "\n".join(screen)
     assert not any("writing" in line for line in screen)
+
+
+# --- approval policies on the local stack (`up --policy`) ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def policy_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A local stack of its own that decides writes by the demo policy."""
+    env = stack_env(tmp_path_factory.mktemp("cli-policy-stack"))
+    up = run_cli(env, "up", "--policy")
+    assert up.returncode == 0, up.stderr
+    yield env
+    run_cli(env, "down", timeout=60)
+
+
+def test_a_manager_finds_and_approves_a_refund_the_policy_leaves_to_managers(policy_env: dict[str, str]) -> None:
+    status = run_cli(policy_env, "status")
+    assert re.search(r"^policy worker: running \(pid \d+, task queue 'toolloop-policy'\)", status.stdout, re.M)
+    assert "approval policy: on (" in status.stdout and "demo.cedar" in status.stdout
+    # The offline model asks 4000 cents: over 10.00, which the demo policy leaves to a manager of the tenant.
+    ask = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "starter.py"), "ask", "--user", "u1", "--json"]
+        + ["Refund 40.00 EUR on order A100 because it arrived late"],
+        env=policy_env,
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert ask.stderr is not None
+        # The requester is told it waits for others, and is offered no command to decide it.
+        seen = []
+        for line in ask.stderr:
+            seen.append(line)
+            if "asked by rule" in line:
+                break
+        shown = "".join(seen)
+        assert "waits for others" in shown and "manager-decides-larger-refunds: a manager" in shown, shown
+        assert " approve " not in shown
+        [workflow_id] = re.findall(r"in request (\S+)", shown)
+        [operation_id] = re.findall(r"operation: (op_\w+)", shown)
+
+        listed = run_cli(policy_env, "approvals", "--user", "m1", "--tenant", "acme")
+        assert listed.returncode == 0, listed.stderr
+        assert f"request {workflow_id} (requested by u1)" in listed.stdout
+        assert f"operation: {operation_id}" in listed.stdout and "tool:      refund_order" in listed.stdout
+        assert "rules:     manager-decides-larger-refunds (it waits for a manager)" in listed.stdout
+        [approve] = re.findall(r"^  approve:\s+(.+)$", listed.stdout, re.M)
+        assert f" approve {workflow_id} {operation_id} --user m1 --tenant acme" in approve
+
+        # Another user of the tenant, and the manager of another tenant, are told what a missing request gets.
+        assert run_cli(policy_env, "approvals", "--user", "u2").stdout.startswith("nothing waits for a decision")
+        for who in (["--user", "u2"], ["--user", "m1", "--tenant", "globex"]):
+            theirs = run_cli(policy_env, "approve", workflow_id, operation_id, *who)
+            missing = run_cli(policy_env, "approve", "ask-acme-u1-nope-0", operation_id, *who)
+            assert theirs.returncode == missing.returncode == 2
+            assert theirs.stderr.replace(workflow_id, "X") == missing.stderr.replace("ask-acme-u1-nope-0", "X")
+            assert "refund_order" not in theirs.stderr
+        # The requester may not decide it either: one line, nothing signed.
+        own = run_cli(policy_env, "approve", workflow_id, operation_id, "--user", "u1")
+        assert own.returncode == 1 and own.stderr.strip() == (
+            f"error: operation {operation_id}: u1 may not decide it "
+            "(asked by rule manager-decides-larger-refunds: a manager)"
+        )
+        assert admin_effects(policy_env, operation_id) == []
+
+        # The manager's command, run as printed from a plain shell.
+        approved = plain_shell(policy_env, approve)
+        assert approved.returncode == 0, approved.stderr
+        assert f"{operation_id} is now approved" in approved.stderr
+        stdout, _ = ask.communicate(timeout=120)
+    finally:
+        if ask.poll() is None:
+            ask.kill()
+            ask.wait()
+
+    assert ask.returncode == 0
+    [op] = json.loads(stdout)["operations"]
+    assert (op["state"], op["approval"]["by"], op["policy"]["approved_by"]) == ("verified", "m1 via cli", ["m1"])
+    assert len(admin_effects(policy_env, operation_id)) == 1
+    # The receipt names the manager, the rule and the policy's version.
+    receipt = run_cli(policy_env, "result", workflow_id, "--user", "u1")
+    assert receipt.returncode == 0, receipt.stderr
+    version = op["policy"]["version"].split(":")[1][:12]
+    assert (
+        f"policy: approved by m1 under rule manager-decides-larger-refunds; version sha256:{version}" in receipt.stderr
+    )
+    assert run_cli(policy_env, "approvals", "--user", "m1").stdout.startswith("nothing waits for a decision")
+
+
+def test_down_stops_the_policy_worker_and_up_no_policy_turns_policies_off(policy_env: dict[str, str]) -> None:
+    state = json.loads((Path(policy_env["TOOLLOOP_DATA_DIR"]) / "state.json").read_text())
+    policy_pid = state["components"]["policy"]["pid"]
+    assert state["policy"] is True and state["policy_key"]
+    down = run_cli(policy_env, "down")
+    assert down.returncode == 0, down.stderr
+    assert f"stopped policy worker (pid {policy_pid}, task queue 'toolloop-policy')" in down.stdout
+    assert not pid_alive(policy_pid)
+
+    up = run_cli(policy_env, "up", "--no-policy")
+    assert up.returncode == 0, up.stderr
+    assert "policy worker" not in up.stdout
+    assert "approval policy: off; turn it on with: " in up.stdout and up.stdout.rstrip().endswith(" up --policy")
+    # Without a policy the requester decides their own refund (and nobody else may): as before.
+    done = run_cli(policy_env, "ask", "--user", "u1", "--json", "--auto-approve", "Refund 30.00 EUR on order A100")
+    assert done.returncode == 0, done.stderr
+    [op] = json.loads(done.stdout)["operations"]
+    assert (op["state"], op["approval"]["by"], op["policy"]) == ("verified", "u1 via cli", None)

@@ -111,3 +111,72 @@ def test_request_ids_are_scoped_by_tenant_and_user() -> None:
     a = request_workflow_id(Actor(user_id="b-c", tenant_id="a"), "d")
     b = request_workflow_id(Actor(user_id="b", tenant_id="a"), "c-d")
     assert a.startswith("ask-a-b-c-d-") and b.startswith("ask-a-b-c-d-") and a != b
+
+
+def decided(verdict: str, approval: dict[str, Any] | None = None, **policy: Any) -> OperationRecord:
+    record: dict[str, Any] = {"verdict": verdict, "version": "sha256:" + "ab12" * 16, **policy}
+    changes: dict[str, Any] = {"policy": record}
+    if approval is not None:
+        changes["approval"] = {"at": "2026-01-01T00:00:00Z", **approval}
+    return OperationRecord.model_validate({**op("verified").model_dump(), **changes})
+
+
+MANAGERS = {"deciders": {"roles": ["manager"]}}
+FOUR_EYES = {"deciders": {"requester": True, "roles": ["manager"], "approvals": 2}}
+
+
+@pytest.mark.parametrize(
+    ("record", "line"),
+    [
+        (
+            decided("allow", {"decision": "approved", "by": "rule small-late-refund"}, rules=["small-late-refund"]),
+            "policy: approved by rule small-late-refund; version sha256:ab12ab12ab12",
+        ),
+        (
+            decided(
+                "ask",
+                {"decision": "approved", "by": "m1 via cli"},
+                rules=["manager-decides-larger-refunds"],
+                approved_by=["m1"],
+                **MANAGERS,
+            ),
+            "policy: approved by m1 under rule manager-decides-larger-refunds; version sha256:ab12ab12ab12",
+        ),
+        (
+            decided(
+                "ask",
+                {"decision": "approved", "by": "m1 via api"},
+                rules=["four-eyes-over-200", "requester-decides-the-rest"],
+                approved_by=["u1", "m1"],
+                **FOUR_EYES,
+            ),
+            "policy: approved by u1, m1 under rule four-eyes-over-200, requester-decides-the-rest; "
+            "version sha256:ab12ab12ab12",
+        ),
+        (
+            decided("ask", {"decision": "rejected", "by": "m1 via cli"}, rules=["manager-decides-larger-refunds"]),
+            "policy: rejected by m1 via cli under rule manager-decides-larger-refunds; version sha256:ab12ab12ab12",
+        ),
+        (
+            decided("ask", None, rules=["four-eyes-over-200"], approved_by=["u1"], **FOUR_EYES),
+            "policy: left to two people (the requester or a manager; the requester never second) by rule "
+            "four-eyes-over-200, not decided; approved so far by u1; version sha256:ab12ab12ab12",
+        ),
+        (
+            decided("deny", None, rules=["refund-to-payer-only"]),
+            "policy: denied by rule refund-to-payer-only; version sha256:ab12ab12ab12",
+        ),
+    ],
+)
+def test_the_receipt_says_which_rule_or_which_people_decided_a_write_and_the_policy_version(
+    record: OperationRecord, line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    starter._print_receipt([record])
+    _, err = capsys.readouterr()
+    assert f"\n    {line}\n" in err
+
+
+def test_a_write_without_a_policy_has_no_policy_line(capsys: pytest.CaptureFixture[str]) -> None:
+    starter._print_receipt([op("verified")])
+    _, err = capsys.readouterr()
+    assert "policy:" not in err
