@@ -271,9 +271,10 @@ async def test_a_changed_policy_applies_to_writes_asked_after_the_change_only(st
     before = first.policy.version
     text = stack.policy_file.read_text()
     stack.policy_file.write_text(
-        text.replace('principal in Role::"manager"', 'principal in Role::"auditor"').replace(
-            "context.arguments.amountCents > 1000 && context.arguments.amountCents <= 20000", "false"
-        )
+        text.replace('principal in Role::"manager"', 'principal in Role::"auditor"')
+        .replace("context.arguments.amountCents > 1000 && context.arguments.amountCents <= 20000", "false")
+        # A rule of a new name: the service follows its policy file, so it knows it at once.
+        .replace('@id("requester-decides-the-rest")', '@id("requester-decides-every-write")')
     )
     # The waiting operation keeps the rule it was asked under: the manager decides it.
     await decide(handle, first.operation_id, signing_key=APPROVAL_KEY, decider=MANAGER, roles=["manager"])
@@ -281,6 +282,7 @@ async def test_a_changed_policy_applies_to_writes_asked_after_the_change_only(st
     assert second.policy is not None and second.policy.version != before
     assert second.policy.deciders is not None
     assert (second.policy.deciders.requester, second.policy.deciders.roles) == (True, ["auditor"])
+    assert "requester-decides-every-write" in second.policy.rules
     await decide(handle, second.operation_id, signing_key=APPROVAL_KEY, decider=U1)
     result = await finished(handle)
     assert [op.state for op in result.operations] == ["verified", "verified"]

@@ -13,7 +13,7 @@ import uvicorn
 import toolloop
 from demo.bizservice.app import create_app
 from demo.bizservice.writes import CLAIM_LEASE_SECONDS
-from toolloop.servicekit import FileHolds, check_verify_key, no_hold, policy_rule_ids
+from toolloop.servicekit import FileHolds, PolicyRuleIds, check_verify_key, no_hold
 
 logger = logging.getLogger("bizservice")
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if policy_file is not None:
         try:
-            policy_rules = policy_rule_ids(policy_file)
+            policy_rules = PolicyRuleIds(policy_file)  # follows the file as it changes
         except ValueError as exc:  # a PolicyError, in one line
             print(f"error: {POLICY_FILE_ENV}: {exc}", file=sys.stderr)
             return 2

@@ -234,7 +234,7 @@ def create_app(
     claim_lease_seconds: float = CLAIM_LEASE_SECONDS,
     hold: Hold = no_hold,
     policy_verify_key: str | None = None,
-    policy_rules: Iterable[str] | None = None,
+    policy_rules: Iterable[str] | Callable[[], Iterable[str]] | None = None,
 ) -> FaultBoundary:
     """The service on `db_path` (schema created and demo data seeded if missing), as an ASGI app. With no
     `admin_token` the /admin API does not exist; with no `approval_verify_key` (the approval channel's public

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -118,7 +118,7 @@ def write_kit(
     claim_lease_seconds: float = CLAIM_LEASE_SECONDS,
     hold: Hold = no_hold,
     policy_verify_key: str | None = None,
-    policy_rules: Iterable[str] | None = None,
+    policy_rules: Iterable[str] | Callable[[], Iterable[str]] | None = None,
 ) -> IdempotencyKit:
     """The kit on the service's own database file (the ledger's tables beside the business tables). With a
     policy verify key, writes are decided by policy (the policy's signed decision first)."""

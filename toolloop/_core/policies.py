@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ import cedarpy
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolloop._core.approvals import Deciders
+
+logger = logging.getLogger("toolloop.policy")
 
 Verdict = Literal["allow", "deny", "ask"]
 
@@ -187,6 +190,31 @@ def policy_rule_ids(policy_file: str | Path) -> frozenset[str]:
     except ValueError as exc:
         raise PolicyError(f"{path}: the policy does not parse: {_first_line(exc)}") from None
     return frozenset(Policies._name(parsed, pid) for pid in parsed.get("staticPolicies", {}))
+
+
+class PolicyRuleIds:
+    """The rule ids of a policy file as it is now: read again when the file changed (a service that checks
+    policy decisions knows a new rule as soon as its file has it). A file that no longer parses keeps the ids
+    it last had, and says so in the log."""
+
+    def __init__(self, policy_file: str | Path) -> None:
+        self.policy_file = Path(policy_file)
+        self._seen = self._stat()
+        self._ids = policy_rule_ids(self.policy_file)
+
+    def _stat(self) -> tuple[int, int]:
+        stat = self.policy_file.stat()
+        return stat.st_mtime_ns, stat.st_size
+
+    def __call__(self) -> frozenset[str]:
+        try:
+            seen = self._stat()
+            if seen != self._seen:
+                self._ids = policy_rule_ids(self.policy_file)
+                self._seen = seen
+        except (OSError, PolicyError) as exc:
+            logger.error("the policy file cannot be read again; its last rule ids are kept", extra={"why": str(exc)})
+        return self._ids
 
 
 def load_policies(policy_file: str | Path, schema_file: str | Path) -> Policies:

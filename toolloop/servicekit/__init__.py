@@ -56,7 +56,7 @@ from toolloop.servicekit._sql import SqlLedger
 from toolloop.servicekit._sqlite import SqliteLedger
 
 if TYPE_CHECKING:
-    from toolloop._core.policies import policy_rule_ids
+    from toolloop._core.policies import PolicyRuleIds, policy_rule_ids
     from toolloop.servicekit._postgres import PostgresLedger
 
 __all__ = [
@@ -94,6 +94,7 @@ __all__ = [
     "POLICY_DECISION_REQUIRED",
     "POLICY_DECISION_INVALID",
     "policy_rule_ids",
+    "PolicyRuleIds",
     "INVALID_BODY",
 ]
 
@@ -107,8 +108,8 @@ if not TYPE_CHECKING:  # type checkers see the import above, and still flag a na
 
             return PostgresLedger
         # Reading a Cedar policy's rules imports cedarpy: only a service that checks policy decisions needs it.
-        if name == "policy_rule_ids":
-            from toolloop._core.policies import policy_rule_ids
+        if name in ("policy_rule_ids", "PolicyRuleIds"):
+            from toolloop._core import policies
 
-            return policy_rule_ids
+            return getattr(policies, name)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

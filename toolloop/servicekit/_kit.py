@@ -234,7 +234,14 @@ class IdempotencyKit:
     is refused (403 APPROVAL_WRONG_AUDIENCE). `retention_seconds` is how long a
     completed key is kept (declared on every status answer); `hold` and `after_claim` are failure-injection
     hooks for a test bed. `actor` is required: the FastAPI dependency that answers whom a request acts for
-    (a KitActor), from a credential the service verifies; `insecure_actor_from_headers` is for local demos."""
+    (a KitActor), from a credential the service verifies; `insecure_actor_from_headers` is for local demos.
+
+    `policy_verify_key` (the policy evaluator's public key, or several) makes the service decide writes by
+    policy (docs/POLICIES.md): each write then needs the policy's signed decision first in `X-Approval-Token`
+    (403 POLICY_DECISION_REQUIRED without one, POLICY_DECISION_INVALID for a forged or misbound one) and, for
+    a decision that asks people, their approvals after it, comma-separated. `policy_rules`, the rule ids of the
+    deployment's policy (policy_rule_ids reads them), makes a decision naming any other rule invalid; a
+    callable is asked at each write (PolicyRuleIds follows a policy file as it changes)."""
 
     def __init__(
         self,
@@ -250,7 +257,7 @@ class IdempotencyKit:
         hold: Hold = no_hold,
         after_claim: Callable[[IdempotentWrite], None] | None = None,
         policy_verify_key: str | Iterable[str] | None = None,
-        policy_rules: Iterable[str] | None = None,
+        policy_rules: Iterable[str] | Callable[[], Iterable[str]] | None = None,
     ) -> None:
         if retention_seconds <= 0 or claim_lease_seconds <= 0:
             raise ValueError("retention_seconds and claim_lease_seconds must be positive")
@@ -259,7 +266,8 @@ class IdempotencyKit:
         self.ledger = ledger
         self.verify_keys = verify_key_set(approval_verify_key)
         self.policy_keys = verify_key_set(policy_verify_key)
-        self.policy_rules = frozenset(policy_rules) if policy_rules is not None else None
+        # A callable is asked each time (a policy file the service follows as it changes).
+        self.policy_rules = policy_rules if callable(policy_rules) or policy_rules is None else frozenset(policy_rules)
         self.audience = audience
         self.retention_seconds = retention_seconds
         self.claim_lease_seconds = claim_lease_seconds
@@ -401,7 +409,7 @@ class IdempotencyKit:
                 now=now,
                 audience=self.audience,
                 expected=expected,
-                known_rules=self.policy_rules,
+                known_rules=self.policy_rules() if callable(self.policy_rules) else self.policy_rules,
             )
         except ApprovalInvalid as exc:
             # The reasons are our own short sentences ("the approval has expired", ...); the code says which.
