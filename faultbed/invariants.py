@@ -269,8 +269,9 @@ def _no_effect_a_rule_denied(facts: RunFacts) -> Check:
 
 
 def people_of(decided_by: str) -> list[str]:
-    """The people an approval record names ("u1 via chaos and m1 via chaos" -> [u1, m1]); none for a rule's."""
-    if not decided_by or decided_by.startswith("rule "):
+    """The people an approval record names ("u1 via chaos and m1 via chaos" -> [u1, m1]); none for a rule's or a
+    grant's (the policy's allow: the grant's giver decided an earlier write)."""
+    if not decided_by or decided_by.startswith("rule ") or decided_by.endswith("'s grant"):
         return []
     return [part.split(" via ")[0].strip() for part in decided_by.split(" and ")]
 

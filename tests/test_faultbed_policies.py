@@ -184,6 +184,7 @@ def test_decisions_are_counted_by_rule_and_by_person() -> None:
         "person u1: reject",
     ]
     assert people_of("u1 via chaos and m1 via test") == ["u1", "m1"] and people_of("rule a, b") == []
+    assert people_of("m1's grant") == []  # an allow resting on a grant: no person decided this write
 
 
 def policy_outcome(scenario: str, seed: int, writes: list[tuple[str, str, str]], **kw: object) -> RunOutcome:
