@@ -32,6 +32,8 @@ class Bug:
     bug: str
     scenario: str
     figure: str
+    # More of the same bug elsewhere: (file, the code as it is, the bug).
+    also: tuple[tuple[str, str, str], ...] = ()
 
 
 BUGS = (
@@ -89,6 +91,44 @@ BUGS = (
         "thread-unknown-reproposed",
         "writes shown done, not verified",
     ),
+    # Policies: an evaluator that signs what its policy denied, and a workflow that sends it anyway...
+    Bug(
+        "denied-write-sent",
+        "activities/policy.py",
+        '        if record.verdict == "deny":\n            return PolicyDecision(record=record)\n',
+        "",
+        "policy-injected-refund",
+        "effects a rule denied",
+        also=(
+            ("activities/policy.py", "            verdict=record.verdict,\n", '            verdict="allow",\n'),
+            (
+                "workflows/operations.py",
+                '        if decision.record.verdict == "deny":\n',
+                '        if decision.record.verdict == "deny" and decision.token is None:\n',
+            ),
+            (
+                "workflows/operations.py",
+                '        if decision.record.verdict == "allow":\n',
+                '        if decision.record.verdict in ("allow", "deny"):\n',
+            ),
+        ),
+    ),
+    # ...and four eyes where the requester counts as the second person, on every side.
+    Bug(
+        "requester-counts-second",
+        "toolloop/_core/contracts.py",
+        "            return False  # the requester counts only as the first approval\n",
+        "            pass  # planted: the requester counts as the second too\n",
+        "policy-requester-second",
+        "decisions by someone who may not decide",
+        also=(
+            (
+                "toolloop/_core/approvals.py",
+                "        if claims.approved_by == requester and people:\n            continue\n",
+                "",
+            ),
+        ),
+    ),
 )
 
 
@@ -101,11 +141,12 @@ def planted_copy(root: Path, bug: Bug) -> Path:
             shutil.copytree(source, root / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(source, root / name)
-    target = root / bug.file
-    text = target.read_text()
-    # The code changed: this bug would plant nothing, so it must be written anew for the code of today.
-    assert text.count(bug.code) == 1, f"{bug.name}: the code it replaces is not in {bug.file} exactly once"
-    target.write_text(text.replace(bug.code, bug.bug))
+    for file, code, planted in ((bug.file, bug.code, bug.bug), *bug.also):
+        target = root / file
+        text = target.read_text()
+        # The code changed: this bug would plant nothing, so it must be written anew for the code of today.
+        assert text.count(code) == 1, f"{bug.name}: the code it replaces is not in {file} exactly once"
+        target.write_text(text.replace(code, planted))
     return root
 
 
@@ -115,7 +156,8 @@ def test_a_planted_bug_fails_the_chaos_run_and_is_named_under_what_broke(tmp_pat
     for attempt in range(2):
         out = tmp_path / f"results-{attempt}"
         done = subprocess.run(
-            [sys.executable, str(root / "starter.py"), "chaos", "--scenarios", bug.scenario, "--out", str(out)],
+            [sys.executable, str(root / "starter.py"), "chaos", "--scenarios", bug.scenario, "--out", str(out)]
+            + (["--policies"] if bug.scenario.startswith("policy-") else []),
             cwd=tmp_path,
             capture_output=True,
             text=True,
