@@ -11,6 +11,7 @@ load denies every write until it is fixed: it never falls open."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -28,7 +29,7 @@ from toolloop._core.approvals import (
 )
 from toolloop._core.contracts import PolicyDecision, PolicyInput, PolicyRecord
 from toolloop._core.names import DECIDE_BY_POLICY_ACTIVITY
-from toolloop._core.policies import Policies, PolicyError, PolicyVerdict, WriteProposal, load_policies
+from toolloop._core.policies import Policies, PolicyError, PolicyVerdict, WriteProposal
 
 logger = logging.getLogger("toolloop.policy")
 
@@ -43,19 +44,28 @@ class PolicySource:
     def __init__(self, policy_file: str | Path, schema_file: str | Path) -> None:
         self.policy_file = Path(policy_file)
         self.schema_file = Path(schema_file)
-        self._texts: tuple[bytes, bytes] | None = None
-        self._policies: Policies | None = None
+        self._loaded: tuple[bytes, bytes, Policies] | None = None
+        # Decisions run in a thread pool: one load at a time, and each sees a whole policy set.
+        self._lock = threading.Lock()
         self.current()
 
     def current(self) -> Policies:
         """The policy set as the files now hold it. Raises PolicyError if they no longer load."""
-        texts = (self.policy_file.read_bytes(), self.schema_file.read_bytes())
-        if texts != self._texts or self._policies is None:
-            self._policies = None
-            self._texts = texts
-            self._policies = load_policies(self.policy_file, self.schema_file)
-            logger.info("policy loaded", extra={"policy_version": self._policies.version})
-        return self._policies
+        with self._lock:
+            try:
+                texts = (self.policy_file.read_bytes(), self.schema_file.read_bytes())
+            except OSError as exc:
+                raise PolicyError(f"{self.policy_file}: cannot be read ({exc.__class__.__name__})") from None
+            if self._loaded is None or texts != self._loaded[:2]:
+                try:
+                    decoded = [text.decode("utf-8") for text in texts]
+                except UnicodeDecodeError:
+                    raise PolicyError(f"{self.policy_file}: not UTF-8") from None
+                # Built from the very bytes compared: the version names what is evaluated.
+                policies = Policies(decoded[0], decoded[1], str(self.policy_file))
+                self._loaded = (*texts, policies)
+                logger.info("policy loaded", extra={"policy_version": policies.version})
+            return self._loaded[2]
 
 
 class PolicyActivities:
@@ -74,6 +84,8 @@ class PolicyActivities:
         # The evaluator signs what it evaluated: the digest must be the digest of these very arguments.
         if payload_digest(inp.target or inp.tool, inp.arguments) != inp.digest:
             raise ApplicationError("the digest is not the arguments' digest", non_retryable=True)
+        if not inp.audience:
+            raise ApplicationError("the write names no audience to sign its decision for", non_retryable=True)
         try:
             policies = self._source.current()
         except (PolicyError, OSError) as exc:

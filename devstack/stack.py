@@ -466,6 +466,8 @@ class LocalStack:
             "TOOLLOOP_POLICY_SCHEMA": str(self.policy_schema),
             "TOOLLOOP_POLICY_SIGNING_KEY": token.policy_key,
             "TOOLLOOP_POLICY_TASK_QUEUE": self.policy_task_queue,
+            # The approval channel's public key: the grants people give are honoured.
+            "TOOLLOOP_APPROVAL_VERIFY_KEY": token.approval_verify_key,
         }
 
     def _worker_env(self, token: StackSecrets, policy: bool = False) -> dict[str, str]:

@@ -103,3 +103,15 @@ def test_the_version_is_the_files_hash(tmp_path: Path) -> None:
     first = _load(tmp_path)
     assert first.version == _load(tmp_path).version
     assert _load(tmp_path, POLICY + "\n// changed\n").version != first.version
+
+
+def test_two_people_where_only_the_requester_may_decide_is_denied_not_left_waiting(tmp_path: Path) -> None:
+    alone = """
+@id("requester-decides")
+permit(principal, action == Action::"refund_order", resource == Approval::"person")
+when { principal == context.requester };
+@id("four-eyes")
+permit(principal, action == Action::"refund_order", resource == Approval::"second_person");
+"""
+    denied = _load(tmp_path, policy=alone).evaluate(_refund(300))
+    assert (denied.verdict, denied.reason) == ("deny", "it needs two people, and only the requester may decide it")

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import jwt
 import pytest
 
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, OTHER_SIGNING_KEY
 from toolloop._core.approvals import (
     APPROVAL_REQUIRED,
     APPROVAL_UNKNOWN_KEY,
+    MAX_GRANT_USES,
     POLICY_DECISION_INVALID,
     POLICY_DECISION_REQUIRED,
     ApprovalClaims,
@@ -26,6 +28,7 @@ from toolloop._core.approvals import (
     verify_key_set,
     verify_write_decisions,
 )
+from toolloop._core.contracts import GrantTerms
 
 POLICY_KEY = OTHER_SIGNING_KEY
 PEOPLE = verify_key_set(APPROVAL_VERIFY_KEY)
@@ -150,3 +153,30 @@ def test_a_grant_covers_only_its_tool_within_its_bounds() -> None:
     assert not grant.covers("refund_order", {"orderId": "A1", "amountCents": True})
     assert not grant.covers("refund_order", {"orderId": "A1", "amountCents": "5"})
     assert not grant.covers("append_ticket_note", {"orderId": "A1", "amountCents": 5})
+
+
+def test_a_requester_holding_the_role_is_admitted_only_as_the_requester() -> None:
+    # A refund the policy leaves to managers: the manager who asked for it may not decide it.
+    managers = Deciders(requester=False, roles=["manager"], approvals=1)
+    assert not managers.admits("m1", "m1", ["manager"]) and managers.admits("m1", "m2", ["manager"])
+    own = read_approval_claims(_person("m1", ["manager"], user_id="m1"))
+    assert counted_approvers(managers, "m1", [own]) == []
+
+
+def test_a_decision_where_no_policy_is_carries_only_the_claims_it_always_had() -> None:
+    # An older verifier forbids claims it does not know: roles and grant appear only when they say something.
+    plain = jwt.decode(_person("u1"), options={"verify_signature": False})
+    assert set(plain) == {
+        "v", "aud", "user_id", "tenant_id", "operation_id", "digest", "approved_by", "iat", "exp", "decision",
+        "channel", "decide_by",
+    }  # fmt: skip
+    assert "roles" in jwt.decode(_person("m1", ["manager"]), options={"verify_signature": False})
+
+
+def test_a_grant_without_bounds_or_with_too_many_uses_is_refused() -> None:
+    with pytest.raises(ValueError, match="a grant needs bounds"):
+        GrantTerms(uses=2)
+    with pytest.raises(ValueError):
+        GrantTerms(uses=MAX_GRANT_USES + 1, same=["orderId"])
+    with pytest.raises(ValueError):
+        GrantTerms(uses=1, max={"amountCents": float("inf")})

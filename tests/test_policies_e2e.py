@@ -325,6 +325,44 @@ async def test_a_managers_grant_approves_the_next_writes_within_its_bounds_and_t
     assert made == [1, 1, 1, 0]
 
 
+async def test_a_manager_who_asks_for_a_refund_left_to_managers_cannot_decide_it(stack: PolicyStack) -> None:
+    handle = await start_agent(
+        stack.client,
+        stack.settings,
+        "refund",
+        user="m1",
+        model=script([refund("A100", 4000, "w1")], [say("done")]),
+        limits=Limits(approval_ttl_seconds=4),
+    )
+    op = await waiting_operation(handle)
+    assert op.policy is not None and op.policy.deciders is not None and not op.policy.deciders.requester
+    with pytest.raises(ApprovalRefused, match="m1 may not decide"):
+        await decide(handle, op.operation_id, signing_key=APPROVAL_KEY, decider=MANAGER, roles=["manager"])
+    result = await finished(handle)
+    assert result.operations[0].state == "expired" and await refunds_made(stack, result.operations[0]) == []
+
+
+async def test_a_grant_holds_only_once_the_write_it_came_with_is_approved(stack: PolicyStack) -> None:
+    # Four eyes from 50.00, and no refund allowed by rule: the requester decides small refunds themselves.
+    text = lower_four_eyes(stack.policy_file.read_text())
+    stack.policy_file.write_text(text.replace("context.facts has order && context.facts.order.late &&", "false &&"))
+    handle = await start(stack, [read_order("A100", "r1")], [refund("A100", 6000, "w1")], [refund("A100", 900, "w2")])
+    first = await waiting_operation(handle)
+    # The requester approves first, with a grant that would cover the next small refund; the manager says no.
+    terms = GrantTerms(uses=1, max={"amountCents": 6000}, same=["orderId"])
+    await decide(handle, first.operation_id, signing_key=APPROVAL_KEY, decider=U1, grant=terms)
+    await decide(
+        handle, first.operation_id, signing_key=APPROVAL_KEY, decider=MANAGER, roles=["manager"], approve=False
+    )
+    # The write it came with was denied: the grant never held, and the next refund asks the requester.
+    second = await _next_waiting(handle, first.operation_id)
+    assert second.policy is not None and second.policy.verdict == "ask"
+    await decide(handle, second.operation_id, signing_key=APPROVAL_KEY, decider=U1, approve=False)
+    result = await finished(handle)
+    assert [op.state for op in result.operations] == ["denied", "denied"]
+    assert all(op.policy is not None and op.policy.granted_by is None for op in result.operations)
+
+
 async def _next_waiting(handle: WorkflowHandle[Any, Any], after: str) -> OperationRecord:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -507,6 +545,8 @@ async def test_a_manager_finds_decides_and_is_named_for_a_refund_the_policy_left
         decided = await http.post(f"{path}/decision", json=approve, headers=M1)
         assert decided.status_code == 200, decided.text
         assert decided.json()["approval"]["by"] == "m1 via api"
+        # Decided, it waits for nobody: its payload is no longer shown to the people who could have decided it.
+        assert_problem(await http.get(path, headers=M1), 404, "NOT_FOUND")
 
         async def finished_view() -> bool:
             view = (await http.get(f"/v1/requests/{request_id}", headers=U1_TOKEN)).json()

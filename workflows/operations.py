@@ -60,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         OperationState,
         PolicyDecision,
         PolicyInput,
+        PolicyRecord,
         ReadBackInput,
         StatusCheck,
         ThreadContext,
@@ -290,15 +291,18 @@ class OperationStateMachine:
             self._move(op, "approved")
             return op
         approvals = [read_approval_claims(token) for token in tokens]
-        granted = approvals[-1].grant
-        if granted is not None:
-            self._grants.append((decision.token, granted, [0]))
         policy.approved_by = counted_approvers(policy.deciders, self._actor.user_id, approvals)
         if len(policy.approved_by) < policy.deciders.approvals:
             if self._narrator is not None:
                 self._narrator.operation(op)
+            if self.policy_task_queue is not None:
+                self._publish_policy()
             return op  # four eyes: the second person has yet to decide
         counted = [claims for claims in approvals if claims.approved_by in policy.approved_by]
+        # A grant holds from the approval of the write it came with, and only from an approval that counts.
+        for token, claims in zip(tokens, approvals, strict=True):
+            if claims.grant is not None and claims.approved_by in policy.approved_by:
+                self._grants.append((token, claims.grant, [0]))
         expires_at = min([c.expires_at for c in counted] + [self._policy_expiry(op)])
         op.approval = ApprovalRecord(
             decision="approved",
@@ -351,11 +355,14 @@ class OperationStateMachine:
             )
         except ActivityError:
             self._move(op, "expired")
-            return self._refusal(op, "the approval policy did not decide in time; nothing was sent.")
+            return self._refusal(op, "the approval policy gave no decision in time; nothing was sent.")
         except asyncio.CancelledError as cancelled:
             self.absorb_cancel(cancelled)
             self._move(op, "expired")
             return self._refusal(op, "the request was cancelled before this was sent; nothing was sent.")
+        if decision.record.verdict != "deny" and not _binds(decision.token, op):
+            # An answer that is not a policy decision on this very write: nothing is sent (fail closed).
+            decision = PolicyDecision(record=PolicyRecord(verdict="deny", reason="the policy's answer is not valid"))
         op.policy = decision.record
         if decision.record.verdict == "deny":
             self._move(op, "denied")
@@ -836,6 +843,18 @@ _NOTHING_MORE_SENT = {
 
 # The evidence of a read-back activity that failed: made up here, so not in history.
 _NOT_READ_BACK = Evidence(verified=False, detail="the read-back could not see the effect")
+
+
+def _binds(token: str | None, op: OperationRecord) -> bool:
+    """True if `token` reads as a policy decision on `op`'s operation and payload (its signature is the
+    service's to verify: the workflow holds no policy key)."""
+    if token is None:
+        return False
+    try:
+        claims = read_policy_claims(token)
+    except ApprovalInvalid:
+        return False
+    return (claims.operation_id, claims.digest, claims.audience) == (op.operation_id, op.digest, op.audience)
 
 
 def decider_entries(op: OperationRecord, actor: Actor) -> list[str]:

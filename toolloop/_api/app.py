@@ -829,7 +829,12 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         may not decide, another tenant's request, and none."""
         request = await toolloop_client.request_to_decide(workflow_id, actor)
         approval = await request.approval(operation_id) if request is not None else None
-        if request is None or approval is None or not approval.may_decide(actor.user_id, roles):
+        if (
+            request is None
+            or approval is None
+            or approval.state != "awaiting_approval"
+            or not approval.may_decide(actor.user_id, roles)
+        ):
             raise Problem(404, "NOT_FOUND", f"no operation {operation_id} waits for your decision in {workflow_id}")
         return request, approval
 
@@ -852,7 +857,6 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             *CALLER_CODES,
             "NOT_FOUND",
             "DIGEST_MISMATCH",
-            "NOT_PENDING",
             "DECISION_REFUSED",
             "REQUEST_FINISHED",
             "BODY_TOO_LARGE",
@@ -868,10 +872,6 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         if toolloop_client.signing_key is None:
             raise Problem(503, "NO_APPROVAL_KEY", "this API holds no approval key; it cannot decide")
         request, pending = await decidable(actor, granted.roles, workflow_id, operation_id)
-        if pending.state != "awaiting_approval":
-            raise Problem(
-                409, "NOT_PENDING", f"operation {operation_id} is {pending.state}, not waiting for a decision"
-            )
         if body.digest != pending.digest:
             raise Problem(409, "DIGEST_MISMATCH", "the digest is not the pending operation's; fetch it again")
         if config.meter is not None:

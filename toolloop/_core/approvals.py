@@ -20,7 +20,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -70,6 +70,10 @@ def approval_wait_summary(tool: str, operation_id: str, until: str) -> str:
     return f"waiting for approval of {tool} {short_operation_id(operation_id)} until {until}"
 
 
+# A grant approves a few writes in advance, never a blank cheque.
+MAX_GRANT_USES = 20
+
+
 class GrantClaims(BaseModel):
     """A per-request grant a person gives with an approval: "approve this and the next `uses` writes of the same
     tool in this request, within these bounds". Signed with the approval it comes with; honoured only by the
@@ -80,9 +84,9 @@ class GrantClaims(BaseModel):
 
     request: str = Field(min_length=1, max_length=200)  # the request's workflow id
     tool: str = Field(min_length=1, max_length=200)
-    uses: int = Field(ge=1, le=100)
+    uses: int = Field(ge=1, le=MAX_GRANT_USES)
     # Each named argument at most this number.
-    max: dict[str, float] = Field(default_factory=dict, max_length=20)
+    max: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(default_factory=dict, max_length=20)
     # Each named argument exactly this value (the approved write's, e.g. the same order).
     same: dict[str, Any] = Field(default_factory=dict, max_length=20)
 
@@ -239,6 +243,11 @@ def mint_approval_token(signing_key: str, claims: ApprovalClaims | PolicyClaims)
     header names the key's id."""
     kid = key_id(verify_key_for(signing_key))
     payload = claims.model_dump(by_alias=True)
+    # Claims at their defaults are left out, so a decision made where no policy is has the claims it always had
+    # (an older verifier, which forbids claims it does not know, still reads it).
+    for optional in ("roles", "grant", "granted_by"):
+        if optional in payload and not payload[optional]:
+            del payload[optional]
     return jwt.encode(payload, _private_key(signing_key), algorithm=_ALGORITHM, headers={"kid": kid})
 
 
@@ -334,8 +343,12 @@ class Deciders(BaseModel):
     approvals: int = Field(default=1, ge=1, le=2)
 
     def admits(self, requester: str, decider: str, roles: Iterable[str]) -> bool:
-        """True if `decider` (holding `roles`) may decide an operation `requester` asked for."""
-        return (self.requester and decider == requester) or bool(set(self.roles) & set(roles))
+        """True if `decider` (holding `roles`) may decide an operation `requester` asked for. The requester is
+        admitted as the requester only, whatever roles they hold: a write the policy leaves to managers is never
+        decided by the manager who asked for it."""
+        if decider == requester:
+            return self.requester
+        return bool(set(self.roles) & set(roles))
 
     def describe(self) -> str:
         who = (["the requester"] if self.requester else []) + [f"a {role}" for role in self.roles]

@@ -21,9 +21,10 @@ from pydantic import (
     Field,
     Tag,
     computed_field,
+    model_validator,
 )
 
-from toolloop._core.approvals import Deciders, read_approval_claims
+from toolloop._core.approvals import MAX_GRANT_USES, Deciders, read_approval_claims
 from toolloop._core.usage import RequestUsage, TokenUsage
 
 # --- Conversation items (OpenAI Responses shape) -------------------------------------------------
@@ -368,9 +369,15 @@ class GrantTerms(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    uses: int = Field(ge=1, le=100)
-    max: dict[str, float] = Field(default_factory=dict, max_length=20)
+    uses: int = Field(ge=1, le=MAX_GRANT_USES)
+    max: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(default_factory=dict, max_length=20)
     same: list[str] = Field(default_factory=list, max_length=20)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> GrantTerms:
+        if not self.max and not self.same:
+            raise ValueError("a grant needs bounds: name arguments in max (at most) or same (the approved value)")
+        return self
 
 
 class StatusCheck(BaseModel):

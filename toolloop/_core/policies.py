@@ -169,6 +169,9 @@ class Policies:
         second = self._ask(requester, SECOND_PERSON, proposal)
         if second.allowed:
             asked += [name for name in self._names(second) if name not in asked]
+            if not roles:
+                # Two distinct people, of whom only the requester may be one: nobody could ever approve it.
+                return self._deny(asked, "it needs two people, and only the requester may decide it")
         deciders = Deciders(requester=requester_decides, roles=roles, approvals=2 if second.allowed else 1)
         return PolicyVerdict(verdict="ask", rules=asked, version=self.version, deciders=deciders)
 
