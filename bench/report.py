@@ -410,6 +410,8 @@ class PolicyRound:
             return None if ours_rule is None or ours_reads is None else ours_rule - ours_reads
         if what == "write_ms_floor":
             return None if floor_rule is None or floor_reads is None else floor_rule - floor_reads
+        if what == "added_over_floor":
+            return ratio(self.value("write_ms_ours"), self.value("write_ms_floor"))
         raise ValueError(what)
 
 
@@ -419,6 +421,7 @@ POLICY_FIGURES = {
     "reads_over_floor": "reads only: toolloop / floor",
     "rule_over_floor": "write by rule: toolloop / floor",
     "overhead_over_floor": "(toolloop write by rule / reads only) / (floor's)",
+    "added_over_floor": "what the write adds: toolloop / floor",
     "write_ms_ours": "what the write adds, toolloop (ms)",
     "write_ms_floor": "what the write adds, floor (ms)",
 }
@@ -1366,6 +1369,7 @@ def _policy_section(policy: PolicyBench, sizes: Mapping[str, Any]) -> list[str]:
             "reads: toolloop / floor",
             "by rule: toolloop / floor",
             "overheads: toolloop / floor",
+            "added ms: toolloop / floor",
             "other load, toolloop window (load avg)",
             "other load, floor window (load avg)",
         ],
@@ -1413,6 +1417,7 @@ _POLICY_RATIO_COLUMNS = (
     "reads_over_floor",
     "rule_over_floor",
     "overhead_over_floor",
+    "added_over_floor",
 )
 
 

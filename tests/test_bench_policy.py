@@ -83,6 +83,7 @@ def test_the_three_readings_of_1_1x_are_judged_on_the_medians_of_the_rounds() ->
     overheads = found["(toolloop write by rule / reads only) / (floor's)"]
     assert overheads.measured == pytest.approx(1.5 / 1.6) and overheads.met is True  # of 0.94, 2.81, 0.79
     assert policy.median_value("write_ms_ours") == 100 and policy.median_value("write_ms_floor") == 90
+    assert policy.median_value("added_over_floor") == pytest.approx(100 / 90)  # of 1.11, 7.78, 0.2
     doc = json.loads(json.dumps(to_json(results)))
     assert doc["policy_figures"]["ours_rule_over_reads"]["rounds"] == pytest.approx([1.5, 4.5, 1.05])
     text = render_markdown(results)
