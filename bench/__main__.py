@@ -1,7 +1,10 @@
 """Entry point: the benchmark of issue 9 - toolloop (a) against the floor (b) and a plain asyncio loop (c),
 side by side in one run on one machine; results as JSON, a Markdown report and PNG plots.
 
-    python -m bench [--quick] [--out DIR] [--only stacks,parallel,growth,handoff,scale,recovery,streaming,threads]
+    python -m bench [--quick] [--out DIR] [--only PHASES]
+
+PHASES: a comma list of stacks, parallel, growth, handoff, scale, recovery, streaming, threads, policy (all by
+default).
 
 It asserts nothing about the figures: each target is printed with its measured value and "met" or "not met".
 Exit 0, or 1 when something broke (a request failed outside the scale phase, a recovery did not count one

@@ -32,6 +32,7 @@ from bench.scenarios import (
     calls_for_turn,
     report_output,
     write_body,
+    write_call,
 )
 from demo.bizservice.writes import AUDIENCE as DEMO_AUDIENCE
 from toolloop import testing
@@ -64,6 +65,8 @@ class Outcome:
     timer_seen_at: float | None = None
     operation_id: str | None = None
     final_state: str | None = None
+    # Who approved the write, as the report says ((a) only): "rule <id>" when its policy decided it.
+    approved_by: str | None = None
 
 
 @dataclass
@@ -88,6 +91,8 @@ class History:
     # Unix time of the first TimerCanceled event ((a)'s approval wait ended by the decision).
     first_timer_canceled_at: float | None = None
     child_initiated_at: dict[str, float] = field(default_factory=dict)
+    # Per activity type: seconds from each completed activity's scheduling to its completion, summed.
+    activity_s: dict[str, float] = field(default_factory=dict)
 
 
 class Stack(Protocol):
@@ -148,6 +153,7 @@ class OursStack:
         signing_key: str,
         model: ModelSpec | None = None,
         answer: str = ANSWER,
+        approve: bool = True,
     ) -> None:
         self.client = client
         # toolloop's client: starts the requests and is their approval channel ("u1 via bench").
@@ -156,6 +162,8 @@ class OursStack:
         self.model = model or ModelSpec(provider="bench")
         # What a request's answer must be to count as answered.
         self.answer = answer
+        # False: no person in the loop (the policy phase: its writes are decided by rule).
+        self.approve = approve
 
     async def begin(self, scenario: Scenario, request_id: str) -> ToolloopRequest:
         """Start one request through toolloop's client: its workflow id scoped to the user, the search
@@ -184,7 +192,7 @@ class OursStack:
             if not trace:
                 # One call, as a client application runs a request with writes (its first approval wait
                 # starts with the request).
-                approver = _approve_at_once(approvals) if scenario.write else None
+                approver = _approve_at_once(approvals) if scenario.write and self.approve else None
                 result = await asyncio.wait_for(
                     self.requests.run(
                         scenario.request_text(),
@@ -198,7 +206,7 @@ class OursStack:
                 )
             else:
                 request = await self.begin(scenario, request_id)
-                if scenario.write:
+                if scenario.write and self.approve:
                     helpers.append(asyncio.create_task(request.decide_each(_approve_at_once(approvals))))
                     helpers.append(asyncio.create_task(_first_timer(request.handle, timers)))
                 result = await asyncio.wait_for(request.result(), REQUEST_TIMEOUT_S)
@@ -256,6 +264,7 @@ def outcome_of_result(
         result.workflow_id,
         operation_id=op.operation_id if op else None,
         final_state=op.state if op else None,
+        approved_by=op.approval.by if op and op.approval else None,
     )
 
 
@@ -265,10 +274,12 @@ def outcome_of_result(
 class FloorStack:
     name = "floor"
 
-    def __init__(self, client: Client, task_queue: str, signing_key: str) -> None:
+    def __init__(self, client: Client, task_queue: str, signing_key: str, approve: bool = True) -> None:
         self.client = client
         self._queue = task_queue
         self._signing_key = signing_key
+        # False: no person in the loop (the policy phase: its worker signs the rule's decision itself).
+        self._approve = approve
 
     def workflow_id(self, request_id: str) -> str:
         return f"floor-{request_id}"
@@ -281,9 +292,9 @@ class FloorStack:
             task_queue=self._queue,
             result_type=str,
         )
-        if scenario.write:
+        if scenario.write and self._approve:
             # The user approves up front; the workflow holds the token until its write.
-            call = _write_call(scenario)
+            call = write_call(scenario)
             key = operation_key(handle.id, call.call_id)
             await handle.execute_update(
                 APPROVE_UPDATE, approval_token(self._signing_key, key, write_body(call.arguments))
@@ -301,7 +312,7 @@ class FloorStack:
         latency = time.perf_counter() - started
         ok = answer == ANSWER
         # The calls answered are counted from its history afterwards (floor_answered); none until then.
-        operation_id = operation_key(handle.id, _write_call(scenario).call_id) if scenario.write else None
+        operation_id = operation_key(handle.id, write_call(scenario).call_id) if scenario.write else None
         return Outcome(
             self.name,
             request_id,
@@ -317,12 +328,6 @@ class FloorStack:
 def floor_answered(history: History) -> int:
     """Calls the floor answered: each read, and each write once read back."""
     return history.completed_activities["floor_read"] + history.completed_activities["floor_read_back"]
-
-
-def _write_call(scenario: Scenario) -> Call:
-    calls = calls_for_turn(scenario, scenario.rounds + 1)
-    assert calls is not None and calls[0].name == WRITE_TOOL
-    return calls[0]
 
 
 # --- (c) the plain asyncio loop -----------------------------------------------------------------------------
@@ -395,6 +400,7 @@ async def history_of(client: Client, workflow_id: str) -> History:
     handle = client.get_workflow_handle(workflow_id)
     history = History(events=0, bytes=0)
     activity_types: dict[int, str] = {}
+    scheduled_at: dict[int, float] = {}
     async for event in handle.fetch_history_events():
         size = event.ByteSize()
         history.events += 1
@@ -409,9 +415,12 @@ async def history_of(client: Client, workflow_id: str) -> History:
             history.workflow_tasks += 1
         if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             activity_types[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
+            scheduled_at[event.event_id] = at
         elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             scheduled = event.activity_task_completed_event_attributes.scheduled_event_id
             history.completed_activities[activity_types.get(scheduled, "?")] += 1
+            name = activity_types.get(scheduled, "?")
+            history.activity_s[name] = history.activity_s.get(name, 0.0) + at - scheduled_at.get(scheduled, at)
         elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
             if event.workflow_execution_update_accepted_event_attributes.accepted_request.input.name == SEND_MESSAGE:
                 history.sends_accepted_at.append(at)

@@ -12,6 +12,8 @@ class FloorCall:
     arguments: dict[str, Any]
     call_id: str
     write: bool = False
+    # Decided by rule (the policy phase's floor): no person's approval to wait for, the write activity signs.
+    by_rule: bool = False
 
 
 @dataclass
@@ -32,7 +34,8 @@ class FloorTurn:
 class FloorWrite:
     key: str
     arguments: dict[str, Any]
-    token: str
+    # The person's approval; None: the write is decided by rule, and the activity signs the rule's decision.
+    token: str | None = None
 
 
 @dataclass

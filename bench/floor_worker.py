@@ -4,6 +4,9 @@ default sandbox - so the two workers differ only in the workflow and activities 
 
     TEMPORAL_ADDRESS=127.0.0.1:7233 TOOLLOOP_TASK_QUEUE=floor TOOLLOOP_SERVICE_URL=http://127.0.0.1:8701 \\
         python -m bench.floor_worker
+
+With BENCH_FLOOR_POLICY_KEY (a policy's signing key) and BENCH_FLOOR_POLICY_RULE (the rule its decisions name)
+its writes are decided by rule, signed in the write activity (the policy phase, bench/policy.py).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from bench.floor_activities import FloorActivities
 from bench.floor_workflow import FloorLoop
 from devstack.processes import WORKER_READY_LINE
 from toolloop._temporal.settings import Settings
+
+POLICY_KEY_ENV, POLICY_RULE_ENV = "BENCH_FLOOR_POLICY_KEY", "BENCH_FLOOR_POLICY_RULE"
 
 
 async def _run(settings: Settings) -> None:
@@ -40,7 +45,7 @@ async def _run(settings: Settings) -> None:
             client,
             task_queue=settings.task_queue,
             workflows=[FloorLoop],
-            activities=FloorActivities(http).all(),
+            activities=FloorActivities(http, _policy()).all(),
             # The same workflow cache as toolloop's worker (TOOLLOOP_MAX_CACHED_WORKFLOWS), so at scale the
             # two differ in their code, not in how many runs they keep in memory.
             max_cached_workflows=settings.max_cached_workflows,
@@ -50,6 +55,11 @@ async def _run(settings: Settings) -> None:
             await stop.wait()
         # Leaving the block shut the worker down explicitly, before the interpreter exits.
     print("worker stopped", flush=True)
+
+
+def _policy() -> tuple[str, str] | None:
+    key, rule = os.environ.get(POLICY_KEY_ENV), os.environ.get(POLICY_RULE_ENV)
+    return (key, rule) if key and rule else None
 
 
 def main() -> int:

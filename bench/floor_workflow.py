@@ -1,7 +1,8 @@
 """Workflow (deterministic): the benchmark's floor - the smallest hand-written Temporal loop that makes the
 same business calls as toolloop: a model activity per turn, one activity per read (in parallel), and for
-the write one Update as its approval, the write with its idempotency key, and the read-back GET, each
-its own activity. No validation, no ledger and no status machinery."""
+the write one Update as its approval (none for a write decided by rule: its write activity signs the rule's
+decision), the write with its idempotency key, and the read-back GET, each its own activity. No validation, no
+ledger and no status machinery."""
 
 from __future__ import annotations
 
@@ -55,14 +56,15 @@ class FloorLoop:
                 outputs.append(await self._write(call))
 
     async def _write(self, call: FloorCall) -> str:
-        await workflow.wait_condition(lambda: self._token is not None)
-        assert self._token is not None
+        if not call.by_rule:
+            await workflow.wait_condition(lambda: self._token is not None)
+            assert self._token is not None
         event_id: str = await workflow.execute_activity(
             "floor_write",
             FloorWrite(
                 key=operation_key(workflow.info().workflow_id, call.call_id),
                 arguments=call.arguments,
-                token=self._token,
+                token=None if call.by_rule else self._token,
             ),
             result_type=str,
             start_to_close_timeout=_TIMEOUT,

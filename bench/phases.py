@@ -30,6 +30,7 @@ from bench.clients import (
 )
 from bench.floor_workflow import FLOOR_WORKFLOW
 from bench.meter import CLIENT, ProcessMeter
+from bench.policy import policy
 from bench.report import (
     FLOOR,
     MIB,
@@ -510,4 +511,5 @@ PHASES: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "recovery": recovery,
     "streaming": streaming,
     "threads": threads,
+    "policy": policy,
 }

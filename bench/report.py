@@ -49,6 +49,8 @@ class Sizes:
     thread_chains: int = 20
     thread_latency_chains: int = 4
     thread_warmup_chains: int = 1
+    # The policy phase: rounds of one window per stack, each `spaced` requests of each kind, interleaved.
+    policy_rounds: int = 5
 
 
 QUICK = Sizes(
@@ -68,6 +70,7 @@ QUICK = Sizes(
     thread_chains=3,
     thread_latency_chains=1,
     thread_warmup_chains=0,
+    policy_rounds=2,
 )
 
 
@@ -351,6 +354,108 @@ class Threads:
         return _median(threads_value(r, what) for r in self.runs(scenario, mode))
 
 
+# The policy phase's two requests (bench/policy.py), on a stack that decides writes by policy: reads only, and the
+# same request with one write in the same model turn that the policy allows by rule (no person in the loop).
+POLICY_READS, BY_RULE = "reads", "by_rule"
+POLICY_KINDS = (POLICY_READS, BY_RULE)
+POLICY_STACKS = (OURS, FLOOR)
+POLICY_KIND_LABELS = {POLICY_READS: "reads only", BY_RULE: "write by rule"}
+
+
+@dataclass
+class PolicyRun:
+    """One stack's requests of one kind in one round of the policy phase; per request, means."""
+
+    stack: str
+    kind: str
+    requests: int
+    errors: int
+    latency: Latency | None
+    history_events: float | None = None
+    history_bytes: float | None = None
+    workflow_tasks: float | None = None
+    actions: float | None = None
+    # Per activity type: how many completed, and the milliseconds from scheduling to completion (summed).
+    activities: dict[str, float] = field(default_factory=dict)
+    activity_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class PolicyRound:
+    # Per stack, per kind.
+    runs: dict[str, dict[str, PolicyRun]] = field(default_factory=dict)
+    # Per stack's window: the cores other processes kept busy, and the 1-minute load average at its start and end.
+    other_load_cores: dict[str, float | None] = field(default_factory=dict)
+    load_average: dict[str, list[float]] = field(default_factory=dict)
+
+    def latency(self, stack: str, kind: str) -> float | None:
+        run = self.runs.get(stack, {}).get(kind)
+        return run.latency.median_ms if run is not None and run.latency is not None else None
+
+    def value(self, what: str) -> float | None:
+        """One of POLICY_FIGURES, from this round's median latencies."""
+        ours_reads, ours_rule = self.latency(OURS, POLICY_READS), self.latency(OURS, BY_RULE)
+        floor_reads, floor_rule = self.latency(FLOOR, POLICY_READS), self.latency(FLOOR, BY_RULE)
+        if what == "ours_rule_over_reads":
+            return ratio(ours_rule, ours_reads)
+        if what == "floor_rule_over_reads":
+            return ratio(floor_rule, floor_reads)
+        if what == "reads_over_floor":
+            return ratio(ours_reads, floor_reads)
+        if what == "rule_over_floor":
+            return ratio(ours_rule, floor_rule)
+        if what == "overhead_over_floor":
+            return ratio(ratio(ours_rule, ours_reads), ratio(floor_rule, floor_reads))
+        if what == "write_ms_ours":
+            return None if ours_rule is None or ours_reads is None else ours_rule - ours_reads
+        if what == "write_ms_floor":
+            return None if floor_rule is None or floor_reads is None else floor_rule - floor_reads
+        if what == "added_over_floor":
+            return ratio(self.value("write_ms_ours"), self.value("write_ms_floor"))
+        raise ValueError(what)
+
+
+POLICY_FIGURES = {
+    "ours_rule_over_reads": "toolloop: write by rule / reads only",
+    "floor_rule_over_reads": "floor: write by rule / reads only",
+    "reads_over_floor": "reads only: toolloop / floor",
+    "rule_over_floor": "write by rule: toolloop / floor",
+    "overhead_over_floor": "(toolloop write by rule / reads only) / (floor's)",
+    "added_over_floor": "what the write adds: toolloop / floor",
+    "write_ms_ours": "what the write adds, toolloop (ms)",
+    "write_ms_floor": "what the write adds, floor (ms)",
+}
+# Issue 27: a write decided by rule costs no more than 1.1x a reads-only request's latency, against the floor in
+# one run. Three readings, each judged: toolloop's own ratio, toolloop's write by rule against the floor's, and
+# toolloop's ratio against the floor's ratio (what the floor pays for the same write is not toolloop's cost).
+_POLICY_TARGETS = ("ours_rule_over_reads", "rule_over_floor", "overhead_over_floor")
+
+
+@dataclass
+class PolicyBench:
+    rule: str = ""
+    rounds: list[PolicyRound] = field(default_factory=list)
+
+    def round_values(self, what: str) -> list[float]:
+        return [v for v in (r.value(what) for r in self.rounds) if v is not None]
+
+    def median_value(self, what: str) -> float | None:
+        return _median(self.round_values(what))
+
+    def runs(self, stack: str, kind: str) -> list[PolicyRun]:
+        return [r.runs[stack][kind] for r in self.rounds if kind in r.runs.get(stack, {})]
+
+    def median(self, stack: str, kind: str, what: str) -> float | None:
+        """The median over the rounds of one figure of a PolicyRun ("latency": its median ms)."""
+        runs = self.runs(stack, kind)
+        if what == "latency":
+            return _median(r.latency.median_ms if r.latency else None for r in runs)
+        if what.startswith("activities:") or what.startswith("activity_ms:"):
+            field_name, activity = what.split(":", 1)
+            return _median(getattr(r, field_name).get(activity, 0.0) for r in runs)
+        return _median(getattr(r, what) for r in runs)
+
+
 Comparison = Literal["max", "min", "eq"]
 
 
@@ -389,6 +494,7 @@ class Results:
     handoff: Handoff | None = None
     streaming: Streaming | None = None
     threads: Threads | None = None
+    policy: PolicyBench | None = None
     # Anything that broke (a request that failed outside the scale phase, a recovery with != 1 effect).
     problems: list[str] = field(default_factory=list)
 
@@ -569,6 +675,10 @@ def targets(results: Results) -> list[Target]:
                 measured = results.threads.median_ratio(scenario, what)
                 name = f"{_THREADS_NAMES[what]}: a message vs a single request"
                 out.append(Target(area, name, measured, limit, "max", "x"))
+    if results.policy is not None:
+        for what in _POLICY_TARGETS:
+            measured = results.policy.median_value(what)
+            out.append(Target("policy, latency", POLICY_FIGURES[what], measured, 1.1, "max", "x"))
     if results.handoff is not None:
         spaced = results.handoff.spaced
         measured = spaced.p95_ms if spaced else None
@@ -602,6 +712,11 @@ def to_json(results: Results) -> dict[str, Any]:
                 for what in _THREADS_NAMES
             }
             for scenario in results.threads.scenarios()
+        }
+    if results.policy is not None:
+        doc["policy_figures"] = {
+            what: {"median": results.policy.median_value(what), "rounds": results.policy.round_values(what)}
+            for what in POLICY_FIGURES
         }
     doc["targets"] = [asdict(t) for t in targets(results)]
     return doc
@@ -988,6 +1103,9 @@ def render_markdown(results: Results, plots: Sequence[str] = ()) -> str:
     if results.threads is not None and results.threads.rounds:
         lines += _threads_section(results.threads, meta.get("sizes", {}))
 
+    if results.policy is not None and results.policy.rounds:
+        lines += _policy_section(results.policy, meta.get("sizes", {}))
+
     found = targets(results)
     if found:
         lines += ["## Targets", ""]
@@ -1199,3 +1317,113 @@ def _event_difference(threads: Threads, scenario: str, kind: str) -> float:
         )
 
     return median(THREAD, True) + median(THREAD, False) - median(SINGLE, True)
+
+
+def _policy_section(policy: PolicyBench, sizes: Mapping[str, Any]) -> list[str]:
+    lines = [
+        "## Approval policies: a write decided by rule",
+        "",
+        "One stack that decides writes by policy: a business service in policy mode, a policy evaluator "
+        f"(`python worker.py --policy`, rule `{policy.rule}`), toolloop's worker naming its task queue, and the "
+        "floor's worker, which signs the rule's decision in its write activity (it evaluates no policy). Two "
+        "requests: reads only (3 reads, then the answer) and the same with one write in the reads' model turn, "
+        "after them, that the policy allows by rule (no person in the loop), and its read-back. Per round and "
+        f"stack, one window of {sizes.get('spaced', '?')} requests of each kind, the kinds alternating, "
+        f"{sizes.get('spacing_s', '?')} s apart, after {sizes.get('warmup', '?')} warm-up requests of each; the "
+        "stack order reversed every other round. Latency from the start to the result, at the client; medians.",
+        "",
+    ]
+    rows = []
+    for number, measured in enumerate(policy.rounds, start=1):
+        load = [
+            f"{fmt(measured.other_load_cores.get(stack), 2)} "
+            f"({'-'.join(fmt(v, 2) for v in measured.load_average.get(stack, []))})"
+            for stack in POLICY_STACKS
+        ]
+        rows.append(
+            [
+                str(number),
+                *(fmt(measured.latency(stack, kind)) for stack in POLICY_STACKS for kind in POLICY_KINDS),
+                *(fmt_ratio(measured.value(what)) for what in _POLICY_RATIO_COLUMNS),
+                *load,
+            ]
+        )
+    rows.append(
+        [
+            "**median**",
+            *(fmt(policy.median(stack, kind, "latency")) for stack in POLICY_STACKS for kind in POLICY_KINDS),
+            *(f"**{fmt_ratio(policy.median_value(what))}**" for what in _POLICY_RATIO_COLUMNS),
+            "",
+            "",
+        ]
+    )
+    lines += _table(
+        [
+            "round",
+            "toolloop reads ms",
+            "toolloop by rule ms",
+            "floor reads ms",
+            "floor by rule ms",
+            "toolloop by rule / reads",
+            "floor by rule / reads",
+            "reads: toolloop / floor",
+            "by rule: toolloop / floor",
+            "overheads: toolloop / floor",
+            "added ms: toolloop / floor",
+            "other load, toolloop window (load avg)",
+            "other load, floor window (load avg)",
+        ],
+        rows,
+    )
+    ours_ms, floor_ms = policy.median_value("write_ms_ours"), policy.median_value("write_ms_floor")
+    lines += [
+        "",
+        f"The write adds {fmt(ours_ms)} ms to toolloop's request and {fmt(floor_ms)} ms to the floor's (medians of "
+        "the rounds' differences). Ratios are the medians of the rounds' ratios; load: the cores processes outside "
+        "the benchmark kept busy during the window, and the 1-minute load average at its start and end.",
+        "",
+        "Per request, from the histories (medians of the rounds' means): activities by type, as count x ms from "
+        "scheduling to completion.",
+        "",
+    ]
+    rows = []
+    for stack in POLICY_STACKS:
+        for kind in POLICY_KINDS:
+            runs = policy.runs(stack, kind)
+            types = sorted({t for r in runs for t in r.activities})
+            done = ", ".join(
+                f"{t} {fmt(policy.median(stack, kind, 'activities:' + t))} x "
+                f"{fmt(_per_activity_ms(policy, stack, kind, t))} ms"
+                for t in types
+            )
+            rows.append(
+                [
+                    f"{STACK_LABELS[stack]}, {POLICY_KIND_LABELS[kind]}",
+                    fmt(policy.median(stack, kind, "workflow_tasks")),
+                    fmt(policy.median(stack, kind, "history_events")),
+                    fmt(_kib(policy.median(stack, kind, "history_bytes")), 2),
+                    fmt(policy.median(stack, kind, "actions")),
+                    done,
+                ]
+            )
+    lines += _table(["requests", "workflow tasks", "events", "history KiB", "actions", "activities"], rows)
+    lines.append("")
+    return lines
+
+
+_POLICY_RATIO_COLUMNS = (
+    "ours_rule_over_reads",
+    "floor_rule_over_reads",
+    "reads_over_floor",
+    "rule_over_floor",
+    "overhead_over_floor",
+    "added_over_floor",
+)
+
+
+def _per_activity_ms(policy: PolicyBench, stack: str, kind: str, activity: str) -> float | None:
+    count, total = (
+        policy.median(stack, kind, "activities:" + activity),
+        policy.median(stack, kind, "activity_ms:" + activity),
+    )
+    return total / count if count and total is not None else None

@@ -2,7 +2,8 @@
 the hand-written floor and the plain asyncio loop make exactly the same business calls.
 
 A request is `reads` parallel reads in each of `rounds` rounds, then optionally one approved write (an
-event in u1's calendar, read back by GET), then the final answer. `output_bytes` > 0 makes the reads
+event in u1's calendar, read back by GET) - in a model turn of its own, or (`write_in_round`) in the last round's
+turn after its reads - then the final answer. `output_bytes` > 0 makes the reads
 return that much text each (the growth measurement) instead of calling the service."""
 
 from __future__ import annotations
@@ -29,13 +30,19 @@ class Scenario:
     output_bytes: int = 0
     # Makes each request's write a distinct event (and its operation id distinct).
     tag: str = ""
+    # The write in the same model turn as the last round's reads (after them, as a side effect is a barrier),
+    # not in a turn of its own: the request is then a reads-only request's turns plus the write.
+    write_in_round: bool = False
 
     def request_text(self) -> str:
-        return _PREFIX + json.dumps(asdict(self), sort_keys=True)
+        fields = asdict(self)
+        if not self.write_in_round:
+            del fields["write_in_round"]  # the other phases' requests keep their text (and history size)
+        return _PREFIX + json.dumps(fields, sort_keys=True)
 
     @property
     def model_turns(self) -> int:
-        return self.rounds + (1 if self.write else 0) + 1
+        return self.rounds + (1 if self.write and not self.write_in_round else 0) + 1
 
     @property
     def calls(self) -> int:
@@ -75,16 +82,31 @@ def calls_for_turn(scenario: Scenario, turn: int) -> list[Call] | None:
     """The calls the model makes on its `turn`-th call (from 1); None: it answers."""
     if turn <= scenario.rounds:
         if scenario.output_bytes:
-            return [
+            reads = [
                 Call(REPORT_TOOL, {"reportId": f"R{turn}-{i}", "size": scenario.output_bytes}, f"c{turn}-{i}")
                 for i in range(scenario.reads)
             ]
-        return [
-            Call(READ_TOOL, {"orderId": U1_ORDERS[i % len(U1_ORDERS)]}, f"c{turn}-{i}") for i in range(scenario.reads)
-        ]
-    if scenario.write and turn == scenario.rounds + 1:
+        else:
+            reads = [
+                Call(READ_TOOL, {"orderId": U1_ORDERS[i % len(U1_ORDERS)]}, f"c{turn}-{i}")
+                for i in range(scenario.reads)
+            ]
+        if scenario.write and scenario.write_in_round and turn == scenario.rounds:
+            reads.append(Call(WRITE_TOOL, write_arguments(scenario), f"c{turn}-w"))
+        return reads
+    if scenario.write and not scenario.write_in_round and turn == scenario.rounds + 1:
         return [Call(WRITE_TOOL, write_arguments(scenario), f"c{turn}-w")]
     return None
+
+
+def write_call(scenario: Scenario) -> Call:
+    """The request's write (it must have one)."""
+    turn = 0
+    while (calls := calls_for_turn(scenario, turn := turn + 1)) is not None:
+        for call in calls:
+            if call.name == WRITE_TOOL:
+                return call
+    raise ValueError("this request makes no write")
 
 
 def report_text(report_id: str, size: int) -> str:

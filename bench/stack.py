@@ -115,16 +115,7 @@ class BenchStack:
         return proc
 
     def start_floor_worker(self) -> ManagedProcess:
-        log = self.root / "logs" / "worker-floor.log"
-        env = {**os.environ, **self._worker_env(self.floor_queue), "PYTHONUNBUFFERED": "1"}
-        proc = ManagedProcess.spawn(
-            "floor-worker", [sys.executable, "-m", "bench.floor_worker"], log, env=env, cwd=REPO_ROOT
-        )
-        try:
-            wait_for_log_line(log, WORKER_READY_LINE, 60.0, proc, start_offset=proc.log_offset)
-        except BaseException:
-            proc.stop(timeout=5.0)
-            raise
+        proc = spawn_floor_worker(self._worker_env(self.floor_queue), self.root / "logs" / "worker-floor.log")
         self.floor_worker = proc
         return proc
 
@@ -137,6 +128,20 @@ class BenchStack:
         return httpx.AsyncClient(
             base_url=self.service_url, headers={"X-Admin-Token": self.admin_token}, timeout=30, trust_env=False
         )
+
+
+def spawn_floor_worker(env: dict[str, str], log: Path) -> ManagedProcess:
+    """`python -m bench.floor_worker` with `env` over this process's environment, once it is ready."""
+    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    proc = ManagedProcess.spawn(
+        "floor-worker", [sys.executable, "-m", "bench.floor_worker"], log, env=full_env, cwd=REPO_ROOT
+    )
+    try:
+        wait_for_log_line(log, WORKER_READY_LINE, 60.0, proc, start_offset=proc.log_offset)
+    except BaseException:
+        proc.stop(timeout=5.0)
+        raise
+    return proc
 
 
 async def reset_service(admin: httpx.AsyncClient, *first_rules: dict[str, Any]) -> None:
