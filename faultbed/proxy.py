@@ -7,8 +7,8 @@ number acts on it (faultbed.plan.fault_fires: the Nth matching call, or a seeded
 
 - `latency`: the request waits `latency_ms`, then goes through; a client that hangs up meanwhile (a worker
   killed while its request waits) never had it sent, and the service never sees it;
-- `reset`: the request reaches the service, then the client's connection is reset before any byte of the
-  reply (the service may have acted: an unknown outcome for the client);
+- `reset`: the request reaches the service and the service answers; the client's connection is reset before
+  any byte of that answer (the service has acted: an unknown outcome for the client);
 - `timeout`: the request reaches the service and the reply is withheld; the connection stays open and
   silent until the client gives up;
 - `cut_reply`: the request reaches the service; half of its reply is sent, then the connection closes;
@@ -164,8 +164,10 @@ class FaultProxy:
                 up_writer.write(request.raw)
                 await up_writer.drain()
                 if kind == "reset":
+                    # The service answers first, then the client's connection is reset before any byte of that
+                    # answer: the reply is lost after the service acted, whatever the machine's load.
+                    await _read_message(up_reader, is_request=False)
                     _reset(client)
-                    await _read_message(up_reader, is_request=False)  # let the service finish its answer
                     return
                 reply = await _read_message(up_reader, is_request=False)
                 if reply is None:

@@ -134,7 +134,7 @@ async def test_an_allowed_model_runs_on_its_configured_provider_model(
 
 async def test_me_lists_the_callers_models_and_the_default_only_when_it_is_theirs(http: httpx.AsyncClient) -> None:
     me = (await http.get("/v1/me", headers=SMALL_ONLY)).json()
-    assert me == {"user_id": "u1", "tenant_id": "acme", "models": ["small"], "default_model": None}
+    assert me == {"user_id": "u1", "tenant_id": "acme", "models": ["small"], "default_model": None, "roles": []}
     me = (await http.get("/v1/me", headers=EVERY_MODEL)).json()
     assert me["models"] == ["large", "offline", "script", "small"] and me["default_model"] == "offline"
 

@@ -18,6 +18,7 @@ import inspect
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
@@ -27,6 +28,7 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateHandle,
     WorkflowUpdateRPCTimeoutOrCancelledError,
@@ -58,6 +60,7 @@ from toolloop._core.names import (
     AGENT_WORKFLOW,
     GET_EVENTS_QUERY,
     GET_LEDGER_QUERY,
+    GET_PENDING_APPROVALS_QUERY,
     GET_PROGRESS_QUERY,
     GET_THREAD_QUERY,
     NEXT_APPROVAL_UPDATE,
@@ -107,6 +110,8 @@ _TRANSIENT = frozenset({RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEED
 _THREAD_CHANGED = CLOSED_EVENTS | {EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED}
 
 DEFAULT_TASK_QUEUE = "toolloop"
+# How long a decider's list waits for one request's answer (a run whose workers are gone answers nothing).
+_DECIDABLE_QUERY_TIMEOUT = timedelta(seconds=5)
 NO_SIGNING_KEY = "this client holds no approval signing key: it cannot decide"
 
 # What an approver answers for one operation it was shown: approve, reject, or leave it to someone else.
@@ -599,15 +604,20 @@ class ToolloopClient:
         across the running requests of their tenant (at most `limit` requests): their own, and those whose
         approval policy names them or one of their roles. Each with its request, to decide it through
         (`request.decide(approval, decider=decider, roles=roles)`)."""
-        found: list[tuple[ToolloopRequest, ApprovalRequest]] = []
-        async for execution in self.temporal.list_workflows(decidable_query(decider, roles), limit=limit):
-            request = await self.request_to_decide(execution.id, decider)
-            if request is None:
-                continue
-            for approval in await request.pending_approvals():
-                if approval.may_decide(decider.user_id, roles):
-                    found.append((request, approval))
-        return found
+        requests = [
+            request
+            async for execution in self.temporal.list_workflows(decidable_query(decider, roles), limit=limit)
+            if (request := await self.request_to_decide(execution.id, decider)) is not None
+        ]
+        # Asked together, each for a short while: a run no worker serves now (its workers are gone) is left out
+        # of this answer rather than holding up everyone else's.
+        pending = await asyncio.gather(*(_pending_now(request) for request in requests))
+        return [
+            (request, approval)
+            for request, approvals in zip(requests, pending, strict=True)
+            for approval in approvals
+            if approval.may_decide(decider.user_id, roles)
+        ]
 
     async def request_to_decide(self, workflow_id: str, decider: Actor) -> ToolloopRequest | None:
         """The request a workflow id names if it is one of `decider`'s tenant (read from the run's own start
@@ -667,6 +677,19 @@ def _request_input(
         allowed_tools=list(tools) if tools is not None else None,
         metadata=dict(metadata or {}),
     )
+
+
+async def _pending_now(request: ToolloopRequest) -> list[ApprovalRequest]:
+    """The run's operations waiting now, if a worker answers within a few seconds; none otherwise."""
+    try:
+        found: list[ApprovalRequest] = await request.handle.query(
+            GET_PENDING_APPROVALS_QUERY, result_type=list[ApprovalRequest], rpc_timeout=_DECIDABLE_QUERY_TIMEOUT
+        )
+    except (RPCError, WorkflowQueryFailedError) as exc:
+        why = {"workflow_id": request.handle.id, "why": str(exc)}
+        logger.warning("a request's pending approvals are not known now", extra=why)
+        return []
+    return found
 
 
 async def _finish(request: ToolloopRequest, approver: Approver | None, decider: Actor | None) -> AgentResult:
