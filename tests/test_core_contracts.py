@@ -144,3 +144,17 @@ def test_fields_renamed_for_clarity_still_read_under_their_old_names() -> None:
         }
     )
     assert write.round == 3 and "keep_output_round" not in write.model_dump()
+
+
+def test_every_contract_is_fully_defined_at_import() -> None:
+    # A field naming a model defined further down is resolved only on first use, and inside Temporal's workflow
+    # sandbox that may fail ("CheckedCall is not fully defined"): every model must be complete once imported.
+    import inspect
+
+    from pydantic import BaseModel
+
+    from toolloop._core import contracts
+
+    models = [m for _, m in inspect.getmembers(contracts, inspect.isclass) if issubclass(m, BaseModel)]
+    incomplete = [m.__name__ for m in models if m.__module__ == contracts.__name__ and not m.__pydantic_complete__]
+    assert incomplete == []

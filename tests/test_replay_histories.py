@@ -12,7 +12,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-from faultbed.scenarios import BUILT_IN
+from faultbed.scenarios import BUILT_IN, POLICY_SCENARIOS
 from tests.drifted_workflow import DriftedAgentWorkflow
 from tests.record_histories import HISTORIES, SCENARIOS
 from toolloop._core.codes import ErrorType
@@ -25,6 +25,9 @@ from toolloop.workflows.thread import ThreadWorkflow
 # The chaos runner's: one run of each built-in scenario (`starter.py chaos --save-histories`); a thread
 # scenario's is a directory: its thread's workflow (thread.json) and each message's request (m1.json, ...).
 CHAOS_HISTORIES = HISTORIES / "chaos"
+# The chaos runner's policy scenarios (`starter.py chaos --policies --save-histories ...`): writes decided by
+# a rule, by a manager, by four eyes, denied, and a policy changed mid-run.
+POLICY_HISTORIES = HISTORIES / "chaos_policies"
 # Write requests followed live under load (tests/test_replay_under_load_e2e.py with
 # TOOLLOOP_SAVE_LOAD_HISTORIES): queries arrived while their workflow tasks were open.
 LOAD_HISTORIES = HISTORIES / "under_load"
@@ -34,6 +37,7 @@ FILES = (
     sorted(HISTORIES.glob("*.json"))
     + sorted(CHAOS_HISTORIES.glob("*.json"))
     + sorted(CHAOS_HISTORIES.glob("*/m*.json"))
+    + sorted(POLICY_HISTORIES.glob("*.json"))
     + sorted(LOAD_HISTORIES.glob("*.json"))
 )
 
@@ -53,6 +57,7 @@ def test_every_scenario_family_has_a_committed_history() -> None:
         saved = {path.name for path in (CHAOS_HISTORIES / scenario.name).glob("*.json")}
         assert saved == {"thread.json", *(f"m{n}.json" for n in range(1, len(scenario.thread.messages) + 1))}
     assert len([path for path in FILES if path.parent == LOAD_HISTORIES]) >= 4
+    assert {path.stem for path in FILES if path.parent == POLICY_HISTORIES} == {s.name for s in POLICY_SCENARIOS}
 
 
 def _replayer(*workflows: type) -> Replayer:

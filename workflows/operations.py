@@ -365,6 +365,10 @@ class OperationStateMachine:
             decision = PolicyDecision(record=PolicyRecord(verdict="deny", reason="the policy's answer is not valid"))
         op.policy = decision.record
         if decision.record.verdict == "deny":
+            # A decision like a person's rejection, named for what made it: the rules (or the policy's failure).
+            rules = ", ".join(decision.record.rules)
+            by = f"rule {rules}" if rules else f"the approval policy ({decision.record.reason or 'no rule'})"
+            op.approval = ApprovalRecord(decision="rejected", by=by, at=workflow.now())
             self._move(op, "denied")
             why = f"the approval policy does not allow this ({decision.record.decided()}); nothing was sent."
             return self._op_error(op, ResultCode.POLICY_DENIED, why)

@@ -230,6 +230,18 @@ class ModelTurnInput(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
 
 
+class PolicyFact(BaseModel):
+    """One fact a write's policy decides on: `fields` of the newest output of the read `tool` whose arguments
+    agree with the write's on `match` ({read's argument: write's argument}), as facts[`name`]."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")
+    tool: str
+    match: dict[str, str]
+    fields: list[str] = Field(min_length=1)
+
+
 class CheckedCall(BaseModel):
     """A function call after validation: either runnable (`arguments` set) or `rejection` set."""
 
@@ -257,18 +269,6 @@ class CheckedCall(BaseModel):
     has_read_back: bool = True
     # The facts a policy decides this write on, from the request's earlier reads (ToolSpec.policy_facts).
     policy_facts: list[PolicyFact] = Field(default_factory=list)
-
-
-class PolicyFact(BaseModel):
-    """One fact a write's policy decides on: `fields` of the newest output of the read `tool` whose arguments
-    agree with the write's on `match` ({read's argument: write's argument}), as facts[`name`]."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,39}$")
-    tool: str
-    match: dict[str, str]
-    fields: list[str] = Field(min_length=1)
 
 
 class ModelTurnResult(BaseModel):
