@@ -228,6 +228,11 @@ class OperationStateMachine:
             raise ApplicationError(f"{reason}; nothing was recorded", type=code, non_retryable=True)
         if decision.token in self._tokens.get(op.operation_id, []):
             return  # the same decision again: accepted, recorded once
+        # Read (its signature verified above) before anything about the operation is told: someone the policy does
+        # not name (or the requester as a second approver) is told exactly what a missing operation is told.
+        signed = read_approval_claims(decision.token)
+        if not self._may_decide(op, signed.approved_by, signed.roles):
+            raise ValueError(f"unknown operation {decision.operation_id!r} in this request")
         if op.state != "awaiting_approval":
             raise ValueError(f"operation {op.operation_id} is not waiting for approval (state: {op.state})")
         # Whatever the approval timer's state: a decision that arrives once the window has closed sends nothing.
@@ -259,10 +264,6 @@ class OperationStateMachine:
             or claims.grant.tool != op.tool
         ):
             raise ValueError("a grant comes with an approval of a write its policy asked about, for its own tool")
-        if not self._may_decide(op, claims.approved_by, claims.roles):
-            # Someone the policy does not name (or the requester as a second approver): told exactly what a
-            # missing operation is told.
-            raise ValueError(f"unknown operation {decision.operation_id!r} in this request")
         if decision.approve and claims.expires_at > self._deadline.timestamp() + _CLOCK_TOLERANCE_SECONDS:
             raise ValueError("the approval would outlive the request's deadline; it must expire by then")
         if window_end is not None and (
