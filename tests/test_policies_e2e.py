@@ -164,6 +164,31 @@ async def test_a_small_refund_on_a_late_order_is_approved_by_its_rule_with_no_pe
     answered_once(result)
 
 
+async def test_a_refund_sent_outdates_the_order_it_was_decided_on_until_the_order_is_read_again(
+    stack: PolicyStack,
+) -> None:
+    handle = await start(
+        stack,
+        [read_order("A100", "r1")],
+        [refund("A100", 500, "w1")],
+        [refund("A100", 600, "w2")],
+        [read_order("A100", "r2")],
+        [refund("A100", 700, "w3")],
+    )
+    # The second small refund is not judged on the order as it was before the first: the requester is asked.
+    second = await waiting_operation(handle)
+    assert second.call_ids == ["w2"] and second.policy is not None and second.policy.verdict == "ask"
+    await decide(handle, second.operation_id, signing_key=APPROVAL_KEY, decider=U1)
+    result = await finished(handle)
+    by = [(op.call_ids[0], op.state, op.approval.by if op.approval else None) for op in result.operations]
+    assert by == [
+        ("w1", "verified", "rule small-late-refund"),
+        ("w2", "verified", "u1 via test"),
+        # Read again, the order's refundable amount is what the service now says: the rule decides.
+        ("w3", "verified", "rule small-late-refund"),
+    ]
+
+
 async def test_without_reading_the_order_first_the_rule_cannot_allow_and_the_requester_decides(
     stack: PolicyStack,
 ) -> None:

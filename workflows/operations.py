@@ -72,7 +72,7 @@ with workflow.unsafe.imports_passed_through():
         error_output,
         verified_write_output,
     )
-    from toolloop._core.facts import Read, policy_facts
+    from toolloop._core.facts import Read, outdated_by, policy_facts
     from toolloop._core.names import (
         DECIDE_BY_POLICY_ACTIVITY,
         EXECUTE_WRITE_ACTIVITY,
@@ -633,6 +633,11 @@ class OperationStateMachine:
 
     async def _send(self, op: OperationRecord, call: CheckedCall) -> WriteOutcome:
         op.attempts += 1
+        if op.attempts == 1 and call.policy_facts:
+            # What this write may change is no longer a fact for the next one (two small refunds are not each
+            # judged on the order as it was before both): a later write is decided on a new read, or asks.
+            stale = outdated_by(call.policy_facts, self._arguments[op.operation_id], self.reads)
+            self.reads = [read for read in self.reads if read not in stale]
         if op.first_sent_at is None:
             op.first_sent_at = workflow.now()
         self._move(op, "sent")

@@ -28,18 +28,28 @@ class Read:
     output: Mapping[str, Any]
 
 
+def outdated_by(written: Iterable[PolicyFact], arguments: Mapping[str, Any], reads: Iterable[Read]) -> list[Read]:
+    """The reads a write sent with `arguments` may have made untrue: those its own facts would be taken from (a
+    refund changes the order it was decided on). A later write must not be decided on them; a new read is."""
+    written = list(written)
+    return [read for read in reads if any(_read_for(fact, arguments, read) for fact in written)]
+
+
 def policy_facts(wanted: Iterable[PolicyFact], arguments: Mapping[str, Any], reads: Iterable[Read]) -> dict[str, Any]:
     """facts[name] for each wanted fact the request has read (the newest matching read wins)."""
     newest_first = list(reads)[::-1]
     facts: dict[str, Any] = {}
     for fact in wanted:
         for read in newest_first:
-            if read.tool != fact.tool or read.output.get("ok") is not True:
-                continue
-            if all(
-                name in read.arguments and read.arguments[name] == arguments.get(write_name)
-                for name, write_name in fact.match.items()
-            ):
+            if read.output.get("ok") is True and _read_for(fact, arguments, read):
                 facts[fact.name] = {field: read.output[field] for field in fact.fields if field in read.output}
                 break
     return facts
+
+
+def _read_for(fact: PolicyFact, arguments: Mapping[str, Any], read: Read) -> bool:
+    """True if `read` is of the fact's tool and agrees with a write's `arguments` on the fact's `match`."""
+    return read.tool == fact.tool and all(
+        name in read.arguments and read.arguments[name] == arguments.get(write_name)
+        for name, write_name in fact.match.items()
+    )
