@@ -790,12 +790,24 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             raise Problem(
                 409, "NOT_PENDING", f"operation {operation_id} is {pending.state}, not waiting for a decision"
             )
+        return await send_decision(request, pending, body, actor, granted, request_id)
+
+    async def send_decision(
+        request: ToolloopRequest,
+        pending: ApprovalRequest,
+        body: DecisionBody,
+        actor: Actor,
+        granted: Grant,
+        named: str,
+    ) -> DecisionReceipt:
+        """The caller's decision on exactly the payload checked (`pending`), signed for the write's requester as
+        decided by the caller with their token's roles: recorded as "<user> via api". The workflow checks the
+        signature, the digest and that the caller may decide, again."""
         if body.digest != pending.digest:
             raise Problem(409, "DIGEST_MISMATCH", "the digest is not the pending operation's; fetch it again")
         if config.meter is not None:
             config.meter.create_counter(API_DECISIONS, "decisions sent by the API").add(1, {"decision": body.decision})
         try:
-            # Signed for the caller, on exactly the payload checked above: recorded as "<user> via api".
             return await request.decide(
                 pending,
                 approve=body.decision == "approve",
@@ -804,7 +816,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                 grant=body.grant,
             )
         except RequestFinished:
-            raise _finished(request_id) from None
+            raise _finished(named) from None
         except (ApprovalRefused, WorkflowUpdateFailedError) as exc:
             reason = exc.cause if isinstance(exc, WorkflowUpdateFailedError) else exc
             raise Problem(409, "DECISION_REFUSED", f"the decision was not recorded: {reason}") from None
@@ -872,23 +884,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         if toolloop_client.signing_key is None:
             raise Problem(503, "NO_APPROVAL_KEY", "this API holds no approval key; it cannot decide")
         request, pending = await decidable(actor, granted.roles, workflow_id, operation_id)
-        if body.digest != pending.digest:
-            raise Problem(409, "DIGEST_MISMATCH", "the digest is not the pending operation's; fetch it again")
-        if config.meter is not None:
-            config.meter.create_counter(API_DECISIONS, "decisions sent by the API").add(1, {"decision": body.decision})
-        try:
-            return await request.decide(
-                pending,
-                approve=body.decision == "approve",
-                decider=actor,
-                roles=sorted(granted.roles),
-                grant=body.grant,
-            )
-        except RequestFinished:
-            raise _finished(workflow_id) from None
-        except (ApprovalRefused, WorkflowUpdateFailedError) as exc:
-            reason = exc.cause if isinstance(exc, WorkflowUpdateFailedError) else exc
-            raise Problem(409, "DECISION_REFUSED", f"the decision was not recorded: {reason}") from None
+        return await send_decision(request, pending, body, actor, granted, workflow_id)
 
     # --- Threads (docs/API.md, "Threads") ------------------------------------------------------------------
 

@@ -101,9 +101,11 @@ class GrantClaims(BaseModel):
         return all(name in arguments and arguments[name] == value for name, value in self.same.items())
 
 
-class ApprovalClaims(BaseModel):
-    """What a decision token claims. On the wire it is a JWT (RFC 7519) signed with EdDSA (Ed25519): the
-    standard claims under their registered names (`aud`, `exp`, `iat`), toolloop's own under theirs."""
+class BoundClaims(BaseModel):
+    """What every decision token (a person's, a policy's) is bound to: the service it is for, the person the
+    write acts for, the operation and its payload's digest. On the wire a JWT (RFC 7519) signed with EdDSA
+    (Ed25519): the standard claims under their registered names (`aud`, `exp`, `iat`), toolloop's own under
+    theirs."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -114,6 +116,11 @@ class ApprovalClaims(BaseModel):
     tenant_id: str
     operation_id: str
     digest: str
+
+
+class ApprovalClaims(BoundClaims):
+    """What a person's decision token claims."""
+
     approved_by: str  # who decided
     approved_at: float = Field(alias="iat")  # unix seconds
     expires_at: float = Field(alias="exp")  # unix seconds
@@ -371,20 +378,12 @@ def counted_approvers(deciders: Deciders, requester: str, approvals: Iterable[Ap
     return people
 
 
-class PolicyClaims(BaseModel):
+class PolicyClaims(BoundClaims):
     """What a policy's decision token claims: signed by the policy evaluator's own key (never the approval
     channel's, never a model worker's), bound like a person's to the audience, the actor, the operation and
     its digest, and naming the rules and the policy's version. `allow` is enough on its own; `ask` names the
     people (Deciders) whose approvals must come with it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
-
-    v: int = 1
-    audience: str = Field(alias="aud", min_length=1, max_length=200)
-    user_id: str
-    tenant_id: str
-    operation_id: str
-    digest: str
     verdict: Literal["allow", "ask"]
     rules: list[str] = Field(max_length=50)
     policy_version: str = Field(max_length=100)
