@@ -333,18 +333,24 @@ async def decide(
 
 @contextlib.asynccontextmanager
 async def approve_all(
-    handle: WorkflowHandle[Any, Any], *, signing_key: str, approver: Actor, ttl: float = 600
+    handle: WorkflowHandle[Any, Any],
+    *,
+    signing_key: str,
+    approver: Actor,
+    ttl: float = 600,
+    roles: Sequence[str] = (),
 ) -> AsyncIterator[list[str]]:
-    """Approve every operation the request asks about while the block runs, through toolloop's client (each
-    recorded as "<approver> via test"); yields the operation ids approved so far. A decision the workflow
-    refuses is raised when the block ends."""
+    """Approve every operation the request asks `approver` (with `roles`) about while the block runs, through
+    toolloop's client (each recorded as "<approver> via test"); one its policy leaves to others is left to them.
+    Yields the operation ids approved so far. A decision the workflow refuses is raised when the block ends."""
     request = _request(handle, approver, signing_key=signing_key, ttl=ttl)
     approved: list[str] = []
 
     async def loop() -> None:
         async for approval in request.approvals():
-            await request.decide(approval, approve=True)
-            approved.append(approval.operation_id)
+            if approval.may_decide(approver.user_id, roles):
+                await request.decide(approval, approve=True, roles=roles)
+                approved.append(approval.operation_id)
 
     task = asyncio.create_task(loop())
     try:
