@@ -67,9 +67,11 @@ class ModelActivities:
         prices: PriceTable | None = None,
         live_text: LiveTextStore | None = None,
         policy_task_queue: str | None = None,
+        policy_verify_key: str | None = None,
     ) -> None:
         self._registry = registry
         self._policy_task_queue = policy_task_queue
+        self._policy_verify_key = policy_verify_key
         self._live_text = live_text
         self._models = dict(models)
         self._disabled = frozenset(disabled)
@@ -165,6 +167,7 @@ class ModelActivities:
         checked = checked_turn(self._registry, items, label, inp.turn, usage)
         checked.end_hook = self._end_hook
         checked.policy_task_queue = self._policy_task_queue
+        checked.policy_verify_key = self._policy_verify_key
         if usage is not None:
             price = self._prices.get((answer.model if answer is not None else None) or inp.model_name or "")
             checked.usage = usage

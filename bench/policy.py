@@ -124,7 +124,12 @@ async def policy_stacks(bench: Bench) -> AsyncIterator[PolicyStacks]:
             "TOOLLOOP_APPROVAL_VERIFY_KEY": stack.verify_key,
             "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
         }
-        ours_env = {**env, "TOOLLOOP_TASK_QUEUE": queues[OURS], "TOOLLOOP_POLICY_TASK_QUEUE": evaluator_queue}
+        ours_env = {
+            **env,
+            "TOOLLOOP_TASK_QUEUE": queues[OURS],
+            "TOOLLOOP_POLICY_TASK_QUEUE": evaluator_queue,
+            "TOOLLOOP_POLICY_VERIFY_KEY": verify_key_for(policy_key),
+        }
         ours = await asyncio.to_thread(
             start_worker, REPO_ROOT, ours_env, stack.root / "logs" / f"{WORKERS[OURS]}.log", tools=OURS_TOOLS
         )

@@ -513,6 +513,7 @@ class LocalStack:
         # Only with policies on: where the policy worker decides (the worker holds no key of it).
         if policy:
             env["TOOLLOOP_POLICY_TASK_QUEUE"] = self.policy_task_queue
+            env["TOOLLOOP_POLICY_VERIFY_KEY"] = token.policy_verify_key
         return env
 
     def _api_env(self, token: StackSecrets) -> dict[str, str]:

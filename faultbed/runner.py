@@ -229,6 +229,7 @@ async def chaos_stack(
         if policy_dir is not None:
             # The worker asks the policy evaluator on its queue; it holds no key of the policy's.
             env["TOOLLOOP_POLICY_TASK_QUEUE"] = f"{queue}-policy"
+            env["TOOLLOOP_POLICY_VERIFY_KEY"] = verify_key_for(policy_key)
             policy_env = {
                 "TEMPORAL_ADDRESS": env["TEMPORAL_ADDRESS"],
                 "TOOLLOOP_POLICY_TASK_QUEUE": env["TOOLLOOP_POLICY_TASK_QUEUE"],

@@ -107,6 +107,7 @@ async def stack(
             "TOOLLOOP_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY,
             "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
             "TOOLLOOP_POLICY_TASK_QUEUE": f"{queue}-policy",
+            "TOOLLOOP_POLICY_VERIFY_KEY": POLICY_VERIFY_KEY,
         }
     )
     source = PolicySource(policy_files / "demo.cedar", policy_files / "demo.cedarschema")
@@ -535,7 +536,7 @@ async def test_a_manager_finds_decides_and_is_named_for_a_refund_the_policy_left
             service,
             client,
             tmp_path_factory,
-            worker_env={"TOOLLOOP_POLICY_TASK_QUEUE": policy_queue},
+            worker_env={"TOOLLOOP_POLICY_TASK_QUEUE": policy_queue, "TOOLLOOP_POLICY_VERIFY_KEY": POLICY_VERIFY_KEY},
         ) as api,
         httpx.AsyncClient(base_url=api.url, timeout=30, trust_env=False) as http,
     ):
@@ -589,3 +590,45 @@ async def test_a_manager_finds_decides_and_is_named_for_a_refund_the_policy_left
             return any([e.id == item["workflow_id"] async for e in client.list_workflows(query)])
 
         await assert_eventually(found_by_rule, within=60, what="the request is found by its rule")
+
+
+async def test_an_impostor_answering_on_the_policy_queue_is_not_believed_and_nothing_is_sent(
+    client: Client, temporal_server: TemporalServer, policy_service: tuple[str, str], policy_files: Path
+) -> None:
+    # Someone who can poll the policy's task queue answers with decisions signed by a key of their own.
+    url, admin_token = policy_service
+    queue = f"test-{uuid.uuid4().hex[:10]}"
+    settings = Settings.model_validate(
+        {
+            "TEMPORAL_ADDRESS": temporal_server.address,
+            "TOOLLOOP_TASK_QUEUE": queue,
+            "TOOLLOOP_SERVICE_URL": url,
+            "TOOLLOOP_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY,
+            "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
+            "TOOLLOOP_POLICY_TASK_QUEUE": f"{queue}-policy",
+            "TOOLLOOP_POLICY_VERIFY_KEY": POLICY_VERIFY_KEY,
+        }
+    )
+    source = PolicySource(policy_files / "demo.cedar", policy_files / "demo.cedarschema")
+    async with (
+        httpx.AsyncClient(base_url=url, headers={"X-Admin-Token": admin_token}, timeout=10) as admin,
+        running_policy_worker(client, source, generate_signing_key(), f"{queue}-policy"),
+        running_worker(client, settings, build_demo(url)),
+    ):
+        stack = PolicyStack(client, settings, url, admin, policy_files / "demo.cedar")
+        handle = await start(stack, [read_order("A100", "r1")], [refund("A100", 500, "w1")])
+        result = await finished(handle)
+        [op] = result.operations
+        assert (op.state, op.attempts) == ("denied", 0)
+        assert op.output is not None and op.output["code"] == "POLICY_DENIED"
+        assert op.policy is not None and op.policy.reason == "the policy's answer is not valid"
+        assert await refunds_made(stack, op) == []
+
+
+def test_a_worker_with_half_a_policy_configuration_does_not_start() -> None:
+    from toolloop import ToolloopPlugin, Toolset
+
+    with pytest.raises(ValueError, match="go together"):
+        ToolloopPlugin(Toolset(), policy_task_queue="toolloop-policy")
+    with pytest.raises(ValueError, match="go together"):
+        ToolloopPlugin(Toolset(), policy_verify_key=POLICY_VERIFY_KEY)

@@ -94,7 +94,7 @@ async def policy_page(
             service,
             client,
             tmp_path_factory,
-            worker_env={"TOOLLOOP_POLICY_TASK_QUEUE": policy_queue},
+            worker_env={"TOOLLOOP_POLICY_TASK_QUEUE": policy_queue, "TOOLLOOP_POLICY_VERIFY_KEY": POLICY_VERIFY_KEY},
         ) as api,
         httpx.AsyncClient(base_url=api.url, timeout=30, trust_env=False) as http,
         httpx.AsyncClient(base_url=url, headers={"X-Admin-Token": admin_token}, timeout=10) as admin,

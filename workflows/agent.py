@@ -241,7 +241,9 @@ class AgentWorkflow:
             self._end_hook |= turn.end_hook
             # Once a turn's worker named a policy evaluator, the request keeps it: a worker of the pool that lacks
             # the setting does not turn policies off for the rest of the request.
-            self._writes.policy_task_queue = turn.policy_task_queue or self._writes.policy_task_queue
+            if turn.policy_task_queue is not None:
+                self._writes.policy_task_queue = turn.policy_task_queue
+                self._writes.policy_verify_key = turn.policy_verify_key
             self._progress.usage = self._progress.usage.plus(turn.usage, turn.cost)
 
             if not turn.calls:

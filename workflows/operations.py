@@ -46,6 +46,8 @@ with workflow.unsafe.imports_passed_through():
         read_approval_claims,
         read_policy_claims,
         short_operation_id,
+        verify_key_set,
+        verify_policy_token,
     )
     from toolloop._core.codes import ErrorType, ResultCode
     from toolloop._core.contracts import (
@@ -131,6 +133,8 @@ class OperationStateMachine:
         # The worker's policy evaluator (ModelTurnResult.policy_task_queue): set, each write is decided there
         # first; None, every write asks its requester.
         self.policy_task_queue: str | None = None
+        # ...and its public keys, from the same turn's result: what a policy decision must verify with.
+        self.policy_verify_key: str | None = None
         # This request's successful reads, which a write's policy facts are taken from (only with a policy).
         self.reads: list[Read] = []
         # Grants people gave with their approvals in this request: [token, how many writes it has approved since].
@@ -319,6 +323,28 @@ class OperationStateMachine:
         request = self.approval_request(op.operation_id)
         return request is not None and request.may_decide(decider, roles)
 
+    def _verified(self, token: str | None, op: OperationRecord) -> bool:
+        """True if `token` is the policy's signed decision on this very write: its signature verifies with the
+        public keys the turn's worker named, and it is bound to this audience, actor, operation and payload.
+        Anyone else answering on the policy's task queue is not believed (a tool that checks no token relies on
+        this check alone). Deterministic: the keys come from history, the clock is the workflow's."""
+        try:
+            verify_policy_token(
+                verify_key_set(self.policy_verify_key),
+                token,
+                now=workflow.now().timestamp(),
+                audience=op.audience or "",
+                expected={
+                    "user_id": self._actor.user_id,
+                    "tenant_id": self._actor.tenant_id,
+                    "operation_id": op.operation_id,
+                    "digest": op.digest,
+                },
+            )
+        except (ApprovalInvalid, ValueError):
+            return False
+        return True
+
     def _policy_expiry(self, op: OperationRecord) -> float:
         token = self._policy_tokens.get(op.operation_id)
         return read_policy_claims(token).expires_at if token is not None else float("inf")
@@ -361,7 +387,7 @@ class OperationStateMachine:
             self.absorb_cancel(cancelled)
             self._move(op, "expired")
             return self._refusal(op, "the request was cancelled before this was sent; nothing was sent.")
-        if decision.record.verdict != "deny" and not _binds(decision.token, op):
+        if decision.record.verdict != "deny" and not self._verified(decision.token, op):
             # An answer that is not a policy decision on this very write: nothing is sent (fail closed).
             decision = PolicyDecision(record=PolicyRecord(verdict="deny", reason="the policy's answer is not valid"))
         op.policy = decision.record
@@ -853,18 +879,6 @@ _NOTHING_MORE_SENT = {
 
 # The evidence of a read-back activity that failed: made up here, so not in history.
 _NOT_READ_BACK = Evidence(verified=False, detail="the read-back could not see the effect")
-
-
-def _binds(token: str | None, op: OperationRecord) -> bool:
-    """True if `token` reads as a policy decision on `op`'s operation and payload (its signature is the
-    service's to verify: the workflow holds no policy key)."""
-    if token is None:
-        return False
-    try:
-        claims = read_policy_claims(token)
-    except ApprovalInvalid:
-        return False
-    return (claims.operation_id, claims.digest, claims.audience) == (op.operation_id, op.digest, op.audience)
 
 
 def decider_entries(op: OperationRecord, actor: Actor) -> list[str]:

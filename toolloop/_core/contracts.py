@@ -288,6 +288,9 @@ class ModelTurnResult(BaseModel):
     # is asked (ToolloopPlugin(policy_task_queue=...)); None: every write waits for its requester's approval.
     # Told by the turn's result, as end_hook: the worker's configuration, never the request's input.
     policy_task_queue: str | None = None
+    # ...and its public keys (ToolloopPlugin(policy_verify_key=...)): a decision that does not verify with one of
+    # them is a denial. Kept in history with the turn, so a replay judges with the keys the run had.
+    policy_verify_key: str | None = None
     # The tokens the turn used as the provider reported them (None: it reported none, as the script and
     # offline models), and their cost by the worker's price table (None: no price for this model).
     usage: TokenUsage | None = None

@@ -18,6 +18,7 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from toolloop._core.approvals import verify_key_set
 from toolloop._core.usage import ModelPrice, price_table
 from toolloop._live.store import LiveTextStore
 from toolloop._models.adapter import ModelAdapter
@@ -77,8 +78,9 @@ class ToolloopPlugin(SimplePlugin):
     usage is recorded with its cost, and a request's `max_cost` counts it (a ValueError at construction says
     what is wrong with the table). `policy_task_queue` is where the deployment's policy evaluator runs
     (`python worker.py --policy`, docs/POLICIES.md): each validated write is decided there by rule first (allow,
-    deny, or ask the people the policy names) before any person is asked; None: every write waits for its
-    requester's approval. AgentWorkflow runs in Temporal's workflow sandbox (workflow_runner), as the
+    deny, or ask the people the policy names) before any person is asked, and `policy_verify_key` (its public
+    key, or several) is what its decisions must verify with here (the two go together); None: every write waits
+    for its requester's approval. AgentWorkflow runs in Temporal's workflow sandbox (workflow_runner), as the
     SDK runs it."""
 
     def __init__(
@@ -96,6 +98,7 @@ class ToolloopPlugin(SimplePlugin):
         model_prices: Mapping[str, ModelPrice | Mapping[str, Any]] | None = None,
         live_text: LiveTextStore | str | None = None,
         policy_task_queue: str | None = None,
+        policy_verify_key: str | Iterable[str] | None = None,
     ) -> None:
         spec = tools if isinstance(tools, AgentSpec) else AgentSpec(tools=tools)
         self.toolset = spec.tools
@@ -111,6 +114,11 @@ class ToolloopPlugin(SimplePlugin):
         self._owns_http = http is None
         self.on_request_end = on_request_end
         self.policy_task_queue = policy_task_queue or None
+        policy_keys = verify_key_set(policy_verify_key)
+        if (self.policy_task_queue is None) != (not policy_keys):
+            # Half a policy would fail open (decisions nobody checks here) or shut (a key and nobody to ask).
+            raise ValueError("policy_task_queue and policy_verify_key go together: give both or neither")
+        self.policy_verify_key = ",".join(policy_keys.values()) or None
         self.model_prices = price_table(model_prices or {})
         # Where model turns write their text as it streams (a Redis URL or a store; None: nowhere).
         self.live_text = LiveTextStore(live_text) if isinstance(live_text, str) else live_text
@@ -151,6 +159,7 @@ class ToolloopPlugin(SimplePlugin):
                 prices=self.model_prices,
                 live_text=self.live_text,
                 policy_task_queue=self.policy_task_queue,
+                policy_verify_key=self.policy_verify_key,
             ).model_turn,
             RequestEndActivities(self.on_request_end).request_ended,
             ToolActivities(registry, http, outputs).run_tool,

@@ -88,6 +88,8 @@ class WorkerSettings(TemporalSettings):
     allow_scripted_models: bool = Field(default=False, validation_alias="TOOLLOOP_ALLOW_SCRIPTED_MODELS")
     # Where the policy evaluator runs (python worker.py --policy); unset: every write asks its requester.
     policy_task_queue: str | None = Field(default=None, validation_alias="TOOLLOOP_POLICY_TASK_QUEUE")
+    # The policy evaluator's public key(s): the workflow takes a decision only when it verifies with one.
+    policy_verify_key: str | None = Field(default=None, validation_alias="TOOLLOOP_POLICY_VERIFY_KEY")
     # How long the business service keeps operation ids, for a service that does not declare it on its
     # status answers. Unknown (unset and undeclared) means a resend after a doubtful attempt fails closed.
     idempotency_retention_seconds: float | None = Field(

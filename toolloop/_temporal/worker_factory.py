@@ -186,6 +186,7 @@ async def running_worker(
             model_prices=settings.model_prices,
             live_text=settings.live_text_url,
             policy_task_queue=settings.policy_task_queue,
+            policy_verify_key=settings.policy_verify_key,
         )
         # Opened before the worker starts, so a source that cannot open (an MCP server that does not start)
         # is reported at once and no worker is left half-started; the plugin's own opening nests in this one.
