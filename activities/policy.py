@@ -28,7 +28,7 @@ from toolloop._core.approvals import (
     verify_token_signature,
 )
 from toolloop._core.contracts import PolicyDecision, PolicyInput, PolicyRecord
-from toolloop._core.names import DECIDE_BY_POLICY_ACTIVITY
+from toolloop._core.names import AGENT_WORKFLOW, DECIDE_BY_POLICY_ACTIVITY
 from toolloop._core.policies import Policies, PolicyError, PolicyVerdict, WriteProposal
 
 logger = logging.getLogger("toolloop.policy")
@@ -86,6 +86,8 @@ class PolicyActivities:
             raise ApplicationError("the digest is not the arguments' digest", non_retryable=True)
         if not inp.audience:
             raise ApplicationError("the write names no audience to sign its decision for", non_retryable=True)
+        if activity.info().workflow_type != AGENT_WORKFLOW:
+            raise ApplicationError("the policy decides only a request's writes", non_retryable=True)
         try:
             policies = self._source.current()
         except (PolicyError, OSError) as exc:
@@ -114,6 +116,7 @@ class PolicyActivities:
             return PolicyDecision(record=record)
         now = time.time()
         claims = PolicyClaims(
+            request=activity.info().workflow_id,
             audience=inp.audience,
             user_id=inp.actor.user_id,
             tenant_id=inp.actor.tenant_id,

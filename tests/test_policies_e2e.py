@@ -15,14 +15,16 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
-from temporalio.worker import Replayer
+from temporalio.worker import Replayer, Worker
 
 from demo.agent import build as build_demo
 from devstack.processes import ManagedProcess, free_port, start_business_service
@@ -40,14 +42,22 @@ from toolloop._core.approvals import (
     payload_digest,
     verify_key_for,
 )
-from toolloop._core.contracts import Actor, AgentResult, GrantTerms, Limits, OperationRecord
-from toolloop._core.names import POLICY_RULES_SEARCH_ATTRIBUTE
+from toolloop._core.contracts import (
+    Actor,
+    AgentResult,
+    GrantTerms,
+    Limits,
+    OperationRecord,
+    PolicyDecision,
+    PolicyInput,
+)
+from toolloop._core.names import DECIDE_BY_POLICY_ACTIVITY, POLICY_RULES_SEARCH_ATTRIBUTE
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.plugin import workflow_runner
 from toolloop._temporal.policy_worker import running_policy_worker
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker
-from toolloop.activities.policy import PolicySource
+from toolloop.activities.policy import PolicyActivities, PolicySource
 from toolloop.testing import call, decide, say, script
 from toolloop.workflows.agent import AgentWorkflow
 
@@ -632,3 +642,47 @@ def test_a_worker_with_half_a_policy_configuration_does_not_start() -> None:
         ToolloopPlugin(Toolset(), policy_task_queue="toolloop-policy")
     with pytest.raises(ValueError, match="go together"):
         ToolloopPlugin(Toolset(), policy_verify_key=POLICY_VERIFY_KEY)
+
+
+async def test_an_answer_whose_record_says_more_than_its_signed_decision_is_held_to_the_decision(
+    client: Client, temporal_server: TemporalServer, policy_service: tuple[str, str], policy_files: Path
+) -> None:
+    # On the policy's queue, something relays the evaluator's genuine decision but rewrites the unsigned record
+    # beside it: "allow", nobody to ask. The workflow acts on what the policy signed: a manager must decide.
+    url, admin_token = policy_service
+    queue = f"test-{uuid.uuid4().hex[:10]}"
+    settings = Settings.model_validate(
+        {
+            "TEMPORAL_ADDRESS": temporal_server.address,
+            "TOOLLOOP_TASK_QUEUE": queue,
+            "TOOLLOOP_SERVICE_URL": url,
+            "TOOLLOOP_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY,
+            "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
+            "TOOLLOOP_POLICY_TASK_QUEUE": f"{queue}-policy",
+            "TOOLLOOP_POLICY_VERIFY_KEY": POLICY_VERIFY_KEY,
+        }
+    )
+    genuine = PolicyActivities(PolicySource(policy_files / "demo.cedar", policy_files / "demo.cedarschema"), POLICY_KEY)
+
+    @activity.defn(name=DECIDE_BY_POLICY_ACTIVITY)
+    def relayed(inp: PolicyInput) -> PolicyDecision:
+        decided = genuine.decide_by_policy(inp)
+        rewritten = decided.record.model_copy(update={"verdict": "allow", "deciders": None})
+        return decided.model_copy(update={"record": rewritten})
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        async with (
+            httpx.AsyncClient(base_url=url, headers={"X-Admin-Token": admin_token}, timeout=10) as admin,
+            Worker(client, task_queue=f"{queue}-policy", activities=[relayed], activity_executor=pool),
+            running_worker(client, settings, build_demo(url)),
+        ):
+            stack = PolicyStack(client, settings, url, admin, policy_files / "demo.cedar")
+            handle = await start(
+                stack, [read_order("A100", "r1")], [refund("A100", 4000, "w1")], approval_ttl_seconds=4
+            )
+            waiting = await waiting_operation(handle)
+            assert waiting.policy is not None and waiting.policy.verdict == "ask"
+            assert waiting.policy.deciders is not None and waiting.policy.deciders.roles == ["manager"]
+            result = await finished(handle)
+            [op] = result.operations
+            assert (op.state, op.attempts) == ("expired", 0) and await refunds_made(stack, op) == []

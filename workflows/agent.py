@@ -243,7 +243,8 @@ class AgentWorkflow:
             # the setting does not turn policies off for the rest of the request.
             if turn.policy_task_queue is not None:
                 self._writes.policy_task_queue = turn.policy_task_queue
-                self._writes.policy_verify_key = turn.policy_verify_key
+                # A worker of an older version names the queue but no key: the request keeps the key it has.
+                self._writes.policy_verify_key = turn.policy_verify_key or self._writes.policy_verify_key
             self._progress.usage = self._progress.usage.plus(turn.usage, turn.cost)
 
             if not turn.calls:

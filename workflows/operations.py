@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
     from toolloop._core.approvals import (
         ApprovalInvalid,
         GrantClaims,
+        PolicyClaims,
         approval_wait_summary,
         check_approval_claims,
         counted_approvers,
@@ -61,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         OperationRecord,
         OperationState,
         PolicyDecision,
+        PolicyFact,
         PolicyInput,
         PolicyRecord,
         ReadBackInput,
@@ -137,6 +139,8 @@ class OperationStateMachine:
         self.policy_verify_key: str | None = None
         # This request's successful reads, which a write's policy facts are taken from (only with a policy).
         self.reads: list[Read] = []
+        # Per write sent that declares policy facts: those facts (what it may change, for the writes after it).
+        self._facts_of: dict[str, list[PolicyFact]] = {}
         # Grants people gave with their approvals in this request: [token, how many writes it has approved since].
         self._grants: list[tuple[str, GrantClaims, list[int]]] = []
         # What the search attributes say now (with a policy): who may decide what waits, which rules decided.
@@ -215,8 +219,6 @@ class OperationStateMachine:
             raise ValueError(f"unknown operation {decision.operation_id!r} in this request")
         if self.cancel_requested():
             raise ValueError("the request was cancelled; it takes no more decisions")
-        if decision.digest != op.digest:
-            raise ValueError("the decision is for another payload (digest mismatch)")
         if decision.token is None:
             raise ValueError("a decision needs a token signed by the approval channel")
         if self._no_decisions is not None:
@@ -237,6 +239,8 @@ class OperationStateMachine:
         signed = read_approval_claims(decision.token)
         if not self._may_decide(op, signed.approved_by, signed.roles):
             raise ValueError(f"unknown operation {decision.operation_id!r} in this request")
+        if decision.digest != op.digest:
+            raise ValueError("the decision is for another payload (digest mismatch)")
         if op.state != "awaiting_approval":
             raise ValueError(f"operation {op.operation_id} is not waiting for approval (state: {op.state})")
         # Whatever the approval timer's state: a decision that arrives once the window has closed sends nothing.
@@ -323,13 +327,13 @@ class OperationStateMachine:
         request = self.approval_request(op.operation_id)
         return request is not None and request.may_decide(decider, roles)
 
-    def _verified(self, token: str | None, op: OperationRecord) -> bool:
-        """True if `token` is the policy's signed decision on this very write: its signature verifies with the
-        public keys the turn's worker named, and it is bound to this audience, actor, operation and payload.
-        Anyone else answering on the policy's task queue is not believed (a tool that checks no token relies on
-        this check alone). Deterministic: the keys come from history, the clock is the workflow's."""
+    def _verified(self, token: str | None, op: OperationRecord) -> PolicyClaims | None:
+        """The policy's signed decision on this very write, if `token` is one: its signature verifies with the
+        public keys the turn's worker named, and it is bound to this audience, actor, operation, payload and
+        request. Anyone else answering on the policy's task queue is not believed (a tool that checks no token
+        relies on this check alone). Deterministic: the keys come from history, the clock is the workflow's."""
         try:
-            verify_policy_token(
+            claims = verify_policy_token(
                 verify_key_set(self.policy_verify_key),
                 token,
                 now=workflow.now().timestamp(),
@@ -342,8 +346,10 @@ class OperationStateMachine:
                 },
             )
         except (ApprovalInvalid, ValueError):
-            return False
-        return True
+            return None
+        if claims.request != workflow.info().workflow_id:
+            return None
+        return claims
 
     def _policy_expiry(self, op: OperationRecord) -> float:
         token = self._policy_tokens.get(op.operation_id)
@@ -354,7 +360,15 @@ class OperationStateMachine:
         never sent (the model's output). Ask: it waits for the people the policy names. No evaluator answer
         within the approval window: nothing is sent (fail closed)."""
         assert self.policy_task_queue is not None and op.approval_expires_at is not None
-        facts = policy_facts(call.policy_facts, self._arguments[op.operation_id], self.reads)
+        # A read an earlier write may have changed, and whose outcome is not known yet (sent, unknown), is no fact:
+        # a read made while that write is in flight may show the state before it.
+        unsettled = [
+            (self._facts_of[other.operation_id], self._arguments[other.operation_id])
+            for other in self.ledger.values()
+            if other.state in ("sent", "unknown") and other.operation_id in self._facts_of
+        ]
+        reads = [read for read in self.reads if not any(outdated_by(f, a, [read]) for f, a in unsettled)]
+        facts = policy_facts(call.policy_facts, self._arguments[op.operation_id], reads)
         grants = [(token, used) for token, grant, used in self._grants if grant.tool == op.tool]
         window = max(op.approval_expires_at - workflow.now(), _MIN_TIMEOUT)
         try:
@@ -387,9 +401,23 @@ class OperationStateMachine:
             self.absorb_cancel(cancelled)
             self._move(op, "expired")
             return self._refusal(op, "the request was cancelled before this was sent; nothing was sent.")
-        if decision.record.verdict != "deny" and not self._verified(decision.token, op):
-            # An answer that is not a policy decision on this very write: nothing is sent (fail closed).
-            decision = PolicyDecision(record=PolicyRecord(verdict="deny", reason="the policy's answer is not valid"))
+        if decision.record.verdict != "deny":
+            # What the workflow acts on is what the policy signed, never the unsigned record beside it; an answer
+            # that is not the policy's decision on this very write is a denial (nothing is sent).
+            signed = self._verified(decision.token, op)
+            if signed is None:
+                decision = PolicyDecision(
+                    record=PolicyRecord(verdict="deny", reason="the policy's answer is not valid")
+                )
+            else:
+                record = PolicyRecord(
+                    verdict=signed.verdict,
+                    rules=signed.rules,
+                    version=signed.policy_version,
+                    deciders=signed.deciders,
+                    granted_by=signed.granted_by,
+                )
+                decision = PolicyDecision(record=record, token=decision.token, grant=decision.grant)
         op.policy = decision.record
         if decision.record.verdict == "deny":
             # A decision like a person's rejection, named for what made it: the rules (or the policy's failure).
@@ -659,6 +687,8 @@ class OperationStateMachine:
 
     async def _send(self, op: OperationRecord, call: CheckedCall) -> WriteOutcome:
         op.attempts += 1
+        if call.policy_facts:
+            self._facts_of[op.operation_id] = call.policy_facts
         if op.attempts == 1 and call.policy_facts:
             # What this write may change is no longer a fact for the next one (two small refunds are not each
             # judged on the order as it was before both): a later write is decided on a new read, or asks.

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 import jwt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Decision = Literal["approve", "reject"]
 
@@ -89,6 +89,12 @@ class GrantClaims(BaseModel):
     max: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(default_factory=dict, max_length=20)
     # Each named argument exactly this value (the approved write's, e.g. the same order).
     same: dict[str, Any] = Field(default_factory=dict, max_length=20)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> GrantClaims:
+        if not self.max and not self.same:
+            raise ValueError("a grant needs bounds")
+        return self
 
     def covers(self, tool: str, arguments: Mapping[str, Any]) -> bool:
         """True if a write of `tool` with `arguments` is within this grant's bounds (its uses are counted apart)."""
@@ -252,7 +258,7 @@ def mint_approval_token(signing_key: str, claims: ApprovalClaims | PolicyClaims)
     payload = claims.model_dump(by_alias=True)
     # Claims at their defaults are left out, so a decision made where no policy is has the claims it always had
     # (an older verifier, which forbids claims it does not know, still reads it).
-    for optional in ("roles", "grant", "granted_by"):
+    for optional in ("roles", "grant", "granted_by", "request"):
         if optional in payload and not payload[optional]:
             del payload[optional]
     return jwt.encode(payload, _private_key(signing_key), algorithm=_ALGORITHM, headers={"kid": kid})
@@ -392,6 +398,9 @@ class PolicyClaims(BoundClaims):
     expires_at: float = Field(alias="exp")
     # An allow that rests on a person's grant in this request (GrantClaims): who gave it.
     granted_by: str | None = None
+    # The request (its workflow id, as Temporal told the evaluator) the decision was made for: the workflow
+    # takes no decision made for another run.
+    request: str | None = None
 
 
 POLICY_DECISION_REQUIRED = "POLICY_DECISION_REQUIRED"
