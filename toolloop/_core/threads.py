@@ -81,8 +81,9 @@ class MessageRecord(BaseModel):
 
 class MessageAccepted(BaseModel):
     """The `send_message` Update's answer: the message's place in the thread. `ahead` counts the messages
-    before it that have not finished (0: it starts at once, and the answer comes once its request has started:
-    `state` running); `attached` is True for a retry of a message the thread already has."""
+    before it that have not finished (0: it starts at once); the answer comes at once (`state` queued, in runs
+    from before: running when nothing was ahead); `attached` is True for a retry of a message the thread already
+    has."""
 
     number: int
     request_id: str
