@@ -117,8 +117,8 @@ BUGS = (
     Bug(
         "requester-counts-second",
         "toolloop/_core/contracts.py",
-        "            return False  # the requester counts only as the first approval\n",
-        "            pass  # planted: the requester counts as the second too\n",
+        "        return False  # the requester counts only as the first approval\n",
+        "        pass  # planted: the requester counts as the second too\n",
         "policy-requester-second",
         "decisions by someone who may not decide",
         also=(

@@ -8,6 +8,7 @@ run's history replays."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -30,7 +31,7 @@ from demo.agent import build as build_demo
 from devstack.processes import ManagedProcess, free_port, start_business_service
 from tests.agent_helpers import assert_eventually, effects, start_agent, waiting_operation
 from tests.api_helpers import U1 as U1_TOKEN
-from tests.api_helpers import U2, assert_problem, pending_operation, running_api
+from tests.api_helpers import U2, Api, assert_problem, pending_operation, running_api
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, REPO_ROOT, BusinessService, TemporalServer
 from toolloop import ApprovalRefused, request_result
 from toolloop._core.approvals import (
@@ -103,23 +104,49 @@ def policy_service(tmp_path: Path, policy_files: Path) -> Iterator[tuple[str, st
         process.stop()
 
 
-@pytest.fixture
-async def stack(
-    client: Client, temporal_server: TemporalServer, policy_service: tuple[str, str], policy_files: Path
-) -> AsyncIterator[PolicyStack]:
-    url, admin_token = policy_service
-    queue = f"test-{uuid.uuid4().hex[:10]}"
-    settings = Settings.model_validate(
+def policy_worker_settings(temporal_server: TemporalServer, service_url: str, queue: str) -> Settings:
+    """A worker's on `queue` that asks the policy evaluator on `<queue>-policy` and trusts its public key."""
+    return Settings.model_validate(
         {
             "TEMPORAL_ADDRESS": temporal_server.address,
             "TOOLLOOP_TASK_QUEUE": queue,
-            "TOOLLOOP_SERVICE_URL": url,
+            "TOOLLOOP_SERVICE_URL": service_url,
             "TOOLLOOP_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY,
             "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
             "TOOLLOOP_POLICY_TASK_QUEUE": f"{queue}-policy",
             "TOOLLOOP_POLICY_VERIFY_KEY": POLICY_VERIFY_KEY,
         }
     )
+
+
+@contextlib.asynccontextmanager
+async def running_policy_api(
+    client: Client,
+    temporal_server: TemporalServer,
+    service_url: str,
+    admin_token: str,
+    policy_files: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Api]:
+    """The HTTP API with a worker that asks a policy evaluator of its own (the demo policy in `policy_files`)."""
+    service = BusinessService(service_url, admin_token, APPROVAL_KEY, Path("unused"), None)  # type: ignore[arg-type]
+    policy_queue = f"policy-{uuid.uuid4().hex[:8]}"
+    source = PolicySource(policy_files / "demo.cedar", policy_files / "demo.cedarschema")
+    worker_env = {"TOOLLOOP_POLICY_TASK_QUEUE": policy_queue, "TOOLLOOP_POLICY_VERIFY_KEY": POLICY_VERIFY_KEY}
+    async with (
+        running_policy_worker(client, source, POLICY_KEY, policy_queue),
+        running_api(temporal_server, service, client, tmp_path_factory, worker_env=worker_env) as api,
+    ):
+        yield api
+
+
+@pytest.fixture
+async def stack(
+    client: Client, temporal_server: TemporalServer, policy_service: tuple[str, str], policy_files: Path
+) -> AsyncIterator[PolicyStack]:
+    url, admin_token = policy_service
+    queue = f"test-{uuid.uuid4().hex[:10]}"
+    settings = policy_worker_settings(temporal_server, url, queue)
     source = PolicySource(policy_files / "demo.cedar", policy_files / "demo.cedarschema")
     async with (
         httpx.AsyncClient(base_url=url, headers={"X-Admin-Token": admin_token}, timeout=10) as admin,
@@ -536,18 +563,8 @@ async def test_a_manager_finds_decides_and_is_named_for_a_refund_the_policy_left
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     url, admin_token = policy_service
-    service = BusinessService(url, admin_token, APPROVAL_KEY, Path("unused"), None)  # type: ignore[arg-type]
-    policy_queue = f"policy-{uuid.uuid4().hex[:8]}"
-    source = PolicySource(policy_files / "demo.cedar", policy_files / "demo.cedarschema")
     async with (
-        running_policy_worker(client, source, POLICY_KEY, policy_queue),
-        running_api(
-            temporal_server,
-            service,
-            client,
-            tmp_path_factory,
-            worker_env={"TOOLLOOP_POLICY_TASK_QUEUE": policy_queue, "TOOLLOOP_POLICY_VERIFY_KEY": POLICY_VERIFY_KEY},
-        ) as api,
+        running_policy_api(client, temporal_server, url, admin_token, policy_files, tmp_path_factory) as api,
         httpx.AsyncClient(base_url=api.url, timeout=30, trust_env=False) as http,
     ):
         assert (await http.get("/v1/me", headers=M1)).json()["roles"] == ["manager"]
@@ -608,17 +625,7 @@ async def test_an_impostor_answering_on_the_policy_queue_is_not_believed_and_not
     # Someone who can poll the policy's task queue answers with decisions signed by a key of their own.
     url, admin_token = policy_service
     queue = f"test-{uuid.uuid4().hex[:10]}"
-    settings = Settings.model_validate(
-        {
-            "TEMPORAL_ADDRESS": temporal_server.address,
-            "TOOLLOOP_TASK_QUEUE": queue,
-            "TOOLLOOP_SERVICE_URL": url,
-            "TOOLLOOP_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY,
-            "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
-            "TOOLLOOP_POLICY_TASK_QUEUE": f"{queue}-policy",
-            "TOOLLOOP_POLICY_VERIFY_KEY": POLICY_VERIFY_KEY,
-        }
-    )
+    settings = policy_worker_settings(temporal_server, url, queue)
     source = PolicySource(policy_files / "demo.cedar", policy_files / "demo.cedarschema")
     async with (
         httpx.AsyncClient(base_url=url, headers={"X-Admin-Token": admin_token}, timeout=10) as admin,
@@ -651,17 +658,7 @@ async def test_an_answer_whose_record_says_more_than_its_signed_decision_is_held
     # beside it: "allow", nobody to ask. The workflow acts on what the policy signed: a manager must decide.
     url, admin_token = policy_service
     queue = f"test-{uuid.uuid4().hex[:10]}"
-    settings = Settings.model_validate(
-        {
-            "TEMPORAL_ADDRESS": temporal_server.address,
-            "TOOLLOOP_TASK_QUEUE": queue,
-            "TOOLLOOP_SERVICE_URL": url,
-            "TOOLLOOP_APPROVAL_VERIFY_KEY": APPROVAL_VERIFY_KEY,
-            "TOOLLOOP_ALLOW_SCRIPTED_MODELS": "1",
-            "TOOLLOOP_POLICY_TASK_QUEUE": f"{queue}-policy",
-            "TOOLLOOP_POLICY_VERIFY_KEY": POLICY_VERIFY_KEY,
-        }
-    )
+    settings = policy_worker_settings(temporal_server, url, queue)
     genuine = PolicyActivities(PolicySource(policy_files / "demo.cedar", policy_files / "demo.cedarschema"), POLICY_KEY)
 
     @activity.defn(name=DECIDE_BY_POLICY_ACTIVITY)

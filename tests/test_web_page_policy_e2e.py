@@ -20,12 +20,9 @@ from temporalio.client import Client
 
 from devstack.processes import ManagedProcess, free_port, start_business_service
 from tests.agent_helpers import assert_eventually, effects
-from tests.api_helpers import running_api
-from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, REPO_ROOT, BusinessService, TemporalServer
-from tests.test_policies_e2e import DEMO_POLICY, POLICY_KEY, POLICY_VERIFY_KEY, lower_four_eyes
+from tests.conftest import APPROVAL_VERIFY_KEY, REPO_ROOT, TemporalServer
+from tests.test_policies_e2e import DEMO_POLICY, POLICY_VERIFY_KEY, lower_four_eyes, running_policy_api
 from tests.test_web_page_e2e import WAIT_MS, Browsed, ask, browse
-from toolloop._temporal.policy_worker import running_policy_worker
-from toolloop.activities.policy import PolicySource
 
 pytestmark = pytest.mark.e2e
 
@@ -84,18 +81,8 @@ async def policy_page(
 ) -> AsyncIterator[PolicyPage]:
     """The policy stack (the policy evaluator, the API and a worker asking it) and a page of its API."""
     url, admin_token, policy_files = policy_service
-    service = BusinessService(url, admin_token, APPROVAL_KEY, Path("unused"), None)  # type: ignore[arg-type]
-    policy_queue = f"policy-{uuid.uuid4().hex[:8]}"
-    source = PolicySource(policy_files / "demo.cedar", policy_files / "demo.cedarschema")
     async with (
-        running_policy_worker(client, source, POLICY_KEY, policy_queue),
-        running_api(
-            temporal_server,
-            service,
-            client,
-            tmp_path_factory,
-            worker_env={"TOOLLOOP_POLICY_TASK_QUEUE": policy_queue, "TOOLLOOP_POLICY_VERIFY_KEY": POLICY_VERIFY_KEY},
-        ) as api,
+        running_policy_api(client, temporal_server, url, admin_token, policy_files, tmp_path_factory) as api,
         httpx.AsyncClient(base_url=api.url, timeout=30, trust_env=False) as http,
         httpx.AsyncClient(base_url=url, headers={"X-Admin-Token": admin_token}, timeout=10) as admin,
         browse(api) as browsed,

@@ -74,6 +74,7 @@ with workflow.unsafe.imports_passed_through():
         WriteOutcome,
         approval_record,
         error_output,
+        may_decide,
         verified_write_output,
     )
     from toolloop._core.facts import Read, outdated_by, policy_facts
@@ -237,7 +238,7 @@ class OperationStateMachine:
         # Read (its signature verified above) before anything about the operation is told: someone the policy does
         # not name (or the requester as a second approver) is told exactly what a missing operation is told.
         signed = read_approval_claims(decision.token)
-        if not self._may_decide(op, signed.approved_by, signed.roles):
+        if not may_decide(op.policy, self._actor.user_id, signed.approved_by, signed.roles):
             raise ValueError(f"unknown operation {decision.operation_id!r} in this request")
         if decision.digest != op.digest:
             raise ValueError("the decision is for another payload (digest mismatch)")
@@ -321,11 +322,6 @@ class OperationStateMachine:
         )
         self._move(op, "approved")
         return op
-
-    def _may_decide(self, op: OperationRecord, decider: str, roles: list[str]) -> bool:
-        """Who may decide this operation: the people its policy names, else its requester alone."""
-        request = self.approval_request(op.operation_id)
-        return request is not None and request.may_decide(decider, roles)
 
     def _verified(self, token: str | None, op: OperationRecord) -> PolicyClaims | None:
         """The policy's signed decision on this very write, if `token` is one: its signature verifies with the

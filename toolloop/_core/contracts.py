@@ -472,13 +472,19 @@ class ApprovalRequest(BaseModel):
     def may_decide(self, decider: str, roles: Iterable[str] = ()) -> bool:
         """True if `decider` (with `roles`, in the request's tenant) may decide this operation, and has not
         approved it already."""
-        if self.policy is None or self.policy.deciders is None:
-            return decider == self.actor.user_id
-        if decider in self.policy.approved_by:
-            return False
-        if decider == self.actor.user_id and self.policy.approved_by:
-            return False  # the requester counts only as the first approval
-        return self.policy.deciders.admits(self.actor.user_id, decider, roles)
+        return may_decide(self.policy, self.actor.user_id, decider, roles)
+
+
+def may_decide(policy: PolicyRecord | None, requester: str, decider: str, roles: Iterable[str] = ()) -> bool:
+    """Who may decide an operation `requester` asked for: the people its policy names (each once, the requester
+    only as the first), else the requester alone. The channel, the workflow and the API ask this."""
+    if policy is None or policy.deciders is None:
+        return decider == requester
+    if decider in policy.approved_by:
+        return False
+    if decider == requester and policy.approved_by:
+        return False  # the requester counts only as the first approval
+    return policy.deciders.admits(requester, decider, roles)
 
 
 class ApprovalWait(BaseModel):

@@ -852,7 +852,24 @@
 
   // What the approval policy asked for (dt/dd pairs): the rules, who decides, for four eyes who has approved
   // so far, and the policy's version. None without a policy (the requester decides).
-  function policyFacts(policy) {
+  // What is signed and until when, as every approval card shows it: the digest, the page's own check of it, and the
+// end of the approval window.
+function digestFacts(payload, check) {
+  return [
+    el("dt", { text: "Digest" }),
+    el("dd", {}, el("code", { className: "digest", "data-field": "approval-digest", text: payload.digest })),
+    el("dt", { text: "Digest check" }),
+    el("dd", { "data-field": "digest-check", "data-check": check, className: `check ${check}`, text: checkWords(check) }),
+    el("dt", { text: "Approval expires" }),
+    el("dd", {
+      "data-field": "approval-expires",
+      "data-expires-at": payload.approval_expires_at || null,
+      text: payload.approval_expires_at ? formatTime(payload.approval_expires_at) : "no expiry given",
+    }),
+  ];
+}
+
+function policyFacts(policy) {
     if (!policy) return [];
     const facts = [
       el("dt", { text: "Asked by" }),
@@ -938,16 +955,7 @@
         el("dd", {}, el("code", { "data-field": "approval-target", text: target })),
         el("dt", { text: "Operation" }),
         el("dd", {}, el("code", { "data-field": "approval-operation", text: payload.operation_id })),
-        el("dt", { text: "Digest" }),
-        el("dd", {}, el("code", { className: "digest", "data-field": "approval-digest", text: payload.digest })),
-        el("dt", { text: "Digest check" }),
-        el("dd", { "data-field": "digest-check", "data-check": op.check, className: `check ${op.check}`, text: checkWords(op.check) }),
-        el("dt", { text: "Approval expires" }),
-        el("dd", {
-          "data-field": "approval-expires",
-          "data-expires-at": payload.approval_expires_at || null,
-          text: payload.approval_expires_at ? formatTime(payload.approval_expires_at) : "no expiry given",
-        }),
+        ...digestFacts(payload, op.check),
         el("dt", { text: "Request deadline" }),
         el("dd", { "data-field": "approval-deadline", text: payload.deadline ? formatTime(payload.deadline) : "none" }),
         ...policyFacts(payload.policy),
@@ -1581,16 +1589,7 @@
           el("dt", { text: "Workflow" }),
           el("dd", {}, el("code", { "data-field": "decision-workflow", text: item.workflow_id })),
           ...policyFacts(payload.policy),
-          el("dt", { text: "Digest" }),
-          el("dd", {}, el("code", { className: "digest", "data-field": "approval-digest", text: payload.digest })),
-          el("dt", { text: "Digest check" }),
-          el("dd", { "data-field": "digest-check", "data-check": known.check, className: `check ${known.check}`, text: checkWords(known.check) }),
-          el("dt", { text: "Approval expires" }),
-          el("dd", {
-            "data-field": "approval-expires",
-            "data-expires-at": payload.approval_expires_at || null,
-            text: payload.approval_expires_at ? formatTime(payload.approval_expires_at) : "no expiry given",
-          }),
+          ...digestFacts(payload, known.check),
           el("dt", { text: "You decide as" }),
           el("dd", { "data-field": "approval-decider", text: $("who").dataset.actor || "" }),
         ),
