@@ -27,6 +27,12 @@ _T = TypeVar("_T")
 
 # Registered when the dev server starts, so the UI's list can filter by them (toolloop/_core/names.py).
 TEMPORAL_SEARCH_ATTRIBUTES: tuple[str, ...] = tuple(f"{name}={kind}" for name, kind in SEARCH_ATTRIBUTES.items())
+# The history service reads each shard's transfer tasks (an activity task or a workflow task to hand to a
+# worker) at most 20 times a second by default (history.transferProcessorMaxPollRPS). A cluster spreads its
+# runs over many shards; the dev server has one, so each step of a quick request waited for the shard's next
+# read: 34-39 ms a step for 5 ms activities, a third of a benchmark request's time (docs/BENCHMARK.md, "The dev
+# server's one shard"). Raised so the local stack, the tests and the benchmark see the server's own speed.
+DEV_SERVER_DYNAMIC_CONFIG: tuple[str, ...] = ("history.transferProcessorMaxPollRPS=1000",)
 WORKER_READY_LINE = "worker ready"
 _POLL_INTERVAL = 0.1
 _LOG_TAIL_LINES = 40
@@ -367,6 +373,8 @@ def temporal_dev_server_command(
     ]
     for attribute in TEMPORAL_SEARCH_ATTRIBUTES:
         cmd += ["--search-attribute", attribute]
+    for setting in DEV_SERVER_DYNAMIC_CONFIG:
+        cmd += ["--dynamic-config-value", setting]
     for namespace in namespaces:
         if namespace != "default":  # "default" always exists
             cmd += ["--namespace", namespace]

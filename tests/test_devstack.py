@@ -24,6 +24,7 @@ from devstack import (
     free_port,
     port_in_use,
     start_temporal_dev_server,
+    temporal_dev_server_command,
     wait_for_log_line,
     wait_for_port,
 )
@@ -137,6 +138,15 @@ async def test_dev_server_keeps_workflows_across_restart(tmp_path: Path) -> None
         await client.get_workflow_handle(workflow_id).terminate("test done")
     finally:
         await asyncio.to_thread(server.stop)
+
+
+def test_dev_server_reads_its_one_shards_tasks_without_the_default_throttle(tmp_path: Path) -> None:
+    """The dev server has one history shard: at the default 20 reads a second its transfer tasks waited up to
+    50 ms a step (the benchmark measures it). Every stack devstack starts raises it: the local stack's, the
+    tests' and the benchmark's (they all build the command here)."""
+    cmd = temporal_dev_server_command(tmp_path / "t.sqlite", free_port(), None)
+    settings = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--dynamic-config-value"]
+    assert settings == ["history.transferProcessorMaxPollRPS=1000"]
 
 
 # --- LocalStack guards ----------------------------------------------------------------------------
