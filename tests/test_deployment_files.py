@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devstack.processes import temporal_binary
+from devstack.processes import DEV_SERVER_DYNAMIC_CONFIG, temporal_binary
 from toolloop._api.limits import ApiLimits
 from toolloop._core import names
 from toolloop._temporal.settings import Settings
@@ -467,7 +467,12 @@ def test_server_uses_the_postgresql_credentials_and_the_repo_dynamic_config() ->
     assert target == "/etc/temporal/config/dynamicconfig"
     config = REPO / source / Path(str(temporal["DYNAMIC_CONFIG_FILE_PATH"])).name
     assert f"/etc/temporal/{temporal['DYNAMIC_CONFIG_FILE_PATH']}" == f"{target}/{config.name}"
-    assert isinstance(yaml.safe_load(config.read_text()), dict)
+    settings = yaml.safe_load(config.read_text())
+    assert isinstance(settings, dict)
+    # The same task-read rate as the dev server devstack starts (one shard there, a few here).
+    for setting in DEV_SERVER_DYNAMIC_CONFIG:
+        key, value = setting.split("=")
+        assert settings[key] == [{"value": int(value), "constraints": {}}], key
     # The admin tools and the server are one release (the schema files match the server's code).
     admin_tag = SERVICES[SCHEMA_JOB]["image"].split(":")[1]
     assert admin_tag.split("-")[0] == SERVICES["temporal"]["image"].split(":")[1]
