@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from importlib.metadata import version
@@ -35,6 +36,7 @@ from bench.phases import PHASES, Bench
 from bench.plots import draw_all
 from bench.report import QUICK, Results, Sizes, render_markdown, target_lines, to_json
 from bench.stack import LATENCY_MS, BenchStack
+from devstack.processes import DEV_SERVER_DYNAMIC_CONFIG
 from toolloop._temporal.converter import data_converter
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -50,6 +52,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--scale", default=None, help="comma list of request counts for the scale phase")
     parser.add_argument("--data-dir", type=Path, default=None, help="keep the servers' data and logs here")
+    parser.add_argument(
+        "--dev-server-defaults",
+        action="store_true",
+        help="the dev server with Temporal's default task reads (20 a second on its one shard), as before stop 36",
+    )
     args = parser.parse_args(argv)
     phases = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = [p for p in phases if p not in PHASES]
@@ -78,7 +85,13 @@ def say(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
 
 
-async def run(sizes: Sizes, phases: list[str], data_dir: Path, quick: bool) -> Results:
+async def run(
+    sizes: Sizes,
+    phases: list[str],
+    data_dir: Path,
+    quick: bool,
+    dev_server_config: Sequence[str] = DEV_SERVER_DYNAMIC_CONFIG,
+) -> Results:
     results = Results(
         meta={
             "started_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -90,10 +103,11 @@ async def run(sizes: Sizes, phases: list[str], data_dir: Path, quick: bool) -> R
             "phases": ",".join(phases),
             "latency_ms": LATENCY_MS,
             "sizes": asdict(sizes),
+            "dev_server_config": ", ".join(dev_server_config) or "Temporal's defaults",
         }
     )
     say(f"starting the dev server, the service and both workers under {data_dir}")
-    stack = await asyncio.to_thread(BenchStack.start, data_dir)
+    stack = await asyncio.to_thread(BenchStack.start, data_dir, dev_server_config)
     try:
         ours_client = await Client.connect(stack.temporal_address, data_converter=data_converter())
         floor_client = await Client.connect(stack.temporal_address)
@@ -153,12 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else Sizes()
     if args.scale:
         sizes = Sizes(**{**asdict(sizes), "scale": tuple(int(n) for n in args.scale.split(","))})
+    config = () if args.dev_server_defaults else DEV_SERVER_DYNAMIC_CONFIG
     began = time.perf_counter()
     if args.data_dir is not None:
-        results = asyncio.run(run(sizes, args.phases, args.data_dir.resolve(), args.quick))
+        results = asyncio.run(run(sizes, args.phases, args.data_dir.resolve(), args.quick, config))
     else:
         with tempfile.TemporaryDirectory(prefix="toolloop-bench-") as tmp:
-            results = asyncio.run(run(sizes, args.phases, Path(tmp), args.quick))
+            results = asyncio.run(run(sizes, args.phases, Path(tmp), args.quick, config))
     results.meta["duration_s"] = round(time.perf_counter() - began)
     written = write_outputs(results, args.out)
     for line in target_lines(results):

@@ -9,6 +9,7 @@ import os
 import secrets
 import sys
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 
 from devstack.processes import (
+    DEV_SERVER_DYNAMIC_CONFIG,
     WORKER_READY_LINE,
     ManagedProcess,
     free_port,
@@ -60,12 +62,14 @@ class BenchStack:
     floor_worker: ManagedProcess | None = None
 
     @classmethod
-    def start(cls, root: Path) -> BenchStack:
+    def start(cls, root: Path, dev_server_config: Sequence[str] = DEV_SERVER_DYNAMIC_CONFIG) -> BenchStack:
         """Start everything on free loopback ports under `root`; whatever started is stopped if a later
-        part fails."""
+        part fails. `dev_server_config`: the dev server's dynamic config values (devstack's by default)."""
         with contextlib.ExitStack() as undo:
             port = free_port()
-            temporal = start_temporal_dev_server(root / "temporal", port, ui_port=None)
+            temporal = start_temporal_dev_server(
+                root / "temporal", port, ui_port=None, dynamic_config=dev_server_config
+            )
             undo.callback(temporal.stop)
             signing_key = generate_signing_key()
             admin_token = secrets.token_urlsafe(16)

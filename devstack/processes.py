@@ -353,6 +353,7 @@ def temporal_dev_server_command(
     *,
     http_port: int | None = None,
     namespaces: Sequence[str] = (),
+    dynamic_config: Sequence[str] = DEV_SERVER_DYNAMIC_CONFIG,
 ) -> list[str]:
     """The `temporal server start-dev` argv; every flag is checked against CLI 1.9.1's --help."""
     cmd = [
@@ -373,7 +374,7 @@ def temporal_dev_server_command(
     ]
     for attribute in TEMPORAL_SEARCH_ATTRIBUTES:
         cmd += ["--search-attribute", attribute]
-    for setting in DEV_SERVER_DYNAMIC_CONFIG:
+    for setting in dynamic_config:
         cmd += ["--dynamic-config-value", setting]
     for namespace in namespaces:
         if namespace != "default":  # "default" always exists
@@ -396,11 +397,14 @@ def start_temporal_dev_server(
     namespace: str = "default",
     log_path: Path | None = None,
     timeout: float = 60.0,
+    dynamic_config: Sequence[str] = DEV_SERVER_DYNAMIC_CONFIG,
 ) -> ManagedProcess:
     """Start the dev server on data_dir/temporal.sqlite and return once a real client gets answers."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log = log_path if log_path is not None else data_dir / "logs" / "temporal.log"
-    cmd = temporal_dev_server_command(data_dir / "temporal.sqlite", port, ui_port, namespaces=[namespace])
+    cmd = temporal_dev_server_command(
+        data_dir / "temporal.sqlite", port, ui_port, namespaces=[namespace], dynamic_config=dynamic_config
+    )
     proc = ManagedProcess.spawn("temporal", cmd, log, detached=detached)
     _ready_or_stop(proc, lambda: _wait_temporal_both(port, namespace, timeout, proc))
     return proc

@@ -272,6 +272,8 @@ def test_quick_benchmark_runs_every_phase_and_writes_its_results(tmp_path: Path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = json.loads((tmp_path / "latest.json").read_text())
     assert doc["problems"] == []
+    # The dev server devstack starts (its one shard's task reads unthrottled), named in the report.
+    assert doc["meta"]["dev_server_config"] == "history.transferProcessorMaxPollRPS=1000"
     for scenario in (WRITE, READS):
         for stack in (OURS, FLOOR, PLAIN):
             run = doc["stacks"][scenario][stack]

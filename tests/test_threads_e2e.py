@@ -305,6 +305,49 @@ async def test_a_message_sent_again_is_the_same_message_and_its_id_with_another_
     assert [m.request_id for m in await thread.messages()] == ["m1"]
 
 
+async def test_a_started_message_is_found_by_its_own_request_without_following_the_thread(
+    client: Client, settings: Settings, worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    thread = _thread(client, settings)
+    accepted = await thread.send("hello", model=script_spec([say("hi")]))
+    assert (accepted.ahead, accepted.state) == (0, "queued") and accepted.submission.startswith("sha256:")
+    request_handle = client.get_workflow_handle(accepted.workflow_id)
+
+    async def started() -> bool:
+        with contextlib.suppress(RPCError):
+            return (await request_handle.describe()).parent_id == thread.workflow_id
+        return False
+
+    await assert_eventually(started, what="the message's request started as the thread's child")
+
+    async def no_following(self: toolloop.ToolloopThread) -> Any:
+        raise AssertionError("followed the thread")
+        yield
+
+    # Once it has started, its own workflow says so: one describe, no query of the thread, no long poll.
+    monkeypatch.setattr(toolloop.ToolloopThread, "follow", no_following)
+    report = await asyncio.wait_for((await thread.request(accepted)).result(), 60)
+    assert report.final_text == "hi"
+
+
+async def test_a_message_whose_request_id_another_request_holds_is_refused_never_taken_for_that_request(
+    client: Client, settings: Settings, worker: Worker
+) -> None:
+    requests = _client(client, settings)
+    thread = _thread(client, settings)
+    # The same user's plain request, same question and model (so the same submission), under the id the
+    # message then asks for: the thread cannot start its request, and the started workflow is not the message's.
+    taken = f"taken-{uuid.uuid4().hex[:8]}"  # request ids are scoped to the user, across threads
+    plain = await requests.run("hello", actor=U1, request_id=taken, model=script_spec([say("hi")]))
+    assert plain.final_text == "hi"
+    accepted = await thread.send("hello", request_id=taken, model=script_spec([say("hi")]))
+    assert accepted.ahead == 0
+    with pytest.raises(toolloop.MessageRefused, match="already used"):
+        await asyncio.wait_for(thread.request(accepted), 60)
+    [record] = await thread.messages()
+    assert record.state == "refused"
+
+
 async def test_another_users_thread_id_names_another_thread(client: Client, settings: Settings, worker: Worker) -> None:
     mine = _thread(client, settings)
     await asyncio.wait_for(mine.run("my secret plan", model=script_spec([say("noted")])), 120)

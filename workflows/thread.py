@@ -105,6 +105,7 @@ class ThreadWorkflow:
             ahead=ahead,
             attached=attached,
             state=record.state,
+            submission=record.submission,
         )
 
     @send_message.validator

@@ -83,7 +83,8 @@ class MessageAccepted(BaseModel):
     """The `send_message` Update's answer: the message's place in the thread. `ahead` counts the messages
     before it that have not finished (0: it starts at once); the answer comes at once (`state` queued, in runs
     from before: running when nothing was ahead); `attached` is True for a retry of a message the thread already
-    has."""
+    has. `submission` is the message's submission digest, which its request's memo holds once it has started
+    (empty in answers of runs from before)."""
 
     number: int
     request_id: str
@@ -91,6 +92,7 @@ class MessageAccepted(BaseModel):
     ahead: int
     attached: bool = False
     state: MessageState = "queued"
+    submission: str = ""
 
 
 class ThreadState(BaseModel):

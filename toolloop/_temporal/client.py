@@ -778,7 +778,7 @@ class ToolloopThread:
         message waits here for the ones before it (following the thread, no Update held open). MessageRefused
         if it could not start; ThreadNotFound if the thread has no such message."""
         if isinstance(message, MessageAccepted):
-            if message.state in ("running", "finished"):
+            if message.state in ("running", "finished") or await self._started(message):
                 return self.client.request(message.request_id, actor=self.actor)
             message = message.request_id
         request_id = message
@@ -792,6 +792,22 @@ class ToolloopThread:
                 if record.state != "queued":
                     return self.client.request(request_id, actor=self.actor)
         raise MessageRefused(f"thread {self.thread_id} ended before message {request_id} started")
+
+    async def _started(self, accepted: MessageAccepted) -> bool:
+        """Whether a message with nothing ahead of it has started, told by its request's own workflow: a child of
+        this thread whose memo holds the message's submission. The thread starts it in the task that accepted the
+        message, so it has almost always started by the time the answer arrives; one describe then replaces
+        following the thread (a describe, a query and a history long poll for each change). Any doubt - not
+        started yet, another request under that id, an answer from a run before `submission` - is left to
+        following the thread."""
+        if accepted.ahead or not accepted.submission:
+            return False
+        try:
+            description = await self.client.temporal.get_workflow_handle(accepted.workflow_id).describe()
+            submission = await description.memo_value("submission", default="", type_hint=str)
+        except RPCError:
+            return False
+        return description.parent_id == self.workflow_id and submission == accepted.submission
 
     async def follow(self) -> AsyncGenerator[list[MessageRecord], None]:
         """The thread's messages now, then again each time they change, for as long as the thread's workflow
