@@ -50,7 +50,7 @@ from toolloop._core.contracts import (
     ThreadOperation,
 )
 from toolloop._core.names import AGENT_WORKFLOW
-from toolloop._core.threads import MAX_QUEUED
+from toolloop._core.threads import KEPT_MESSAGES, MAX_QUEUED, MESSAGES_PER_RUN
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.plugin import workflow_runner
 from toolloop._temporal.settings import Settings
@@ -346,6 +346,31 @@ async def test_a_message_whose_request_id_another_request_holds_is_refused_never
         await asyncio.wait_for(thread.request(accepted), 60)
     [record] = await thread.messages()
     assert record.state == "refused"
+
+
+async def test_a_message_sent_again_after_the_thread_forgot_it_is_refused_never_taken_for_its_old_request(
+    client: Client, settings: Settings, worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The in-process worker's thread continues as new after every message and keeps one message record, so a
+    # message's request id is forgotten two messages later (500 records and 50 messages a run otherwise).
+    monkeypatch.setattr("toolloop.workflows.thread.MESSAGES_PER_RUN", 1)
+    monkeypatch.setattr("toolloop._core.threads.KEPT_MESSAGES", 1)
+    thread = _thread(client, settings)
+    reused = f"again-{uuid.uuid4().hex[:8]}"
+    first = await asyncio.wait_for(thread.run("hello", request_id=reused, model=script_spec([say("hi")])), 60)
+    await asyncio.wait_for(thread.run("next", model=script_spec([say("ok")])), 60)
+    assert first.final_text == "hi" and reused not in [m.request_id for m in await thread.messages()]
+    # The same message again: the thread cannot start its request (that id ran under an earlier run of the
+    # thread), and the old request, a child of this thread with the same submission, is not this message's.
+    accepted = await thread.send("hello", request_id=reused, model=script_spec([say("hi")]))
+    assert (accepted.ahead, accepted.attached) == (0, False)
+    with pytest.raises(toolloop.MessageRefused, match="already used"):
+        await asyncio.wait_for(thread.request(accepted), 60)
+
+
+def test_a_thread_run_never_forgets_a_message_it_started() -> None:
+    """What lets a client take a request started by the run that accepted its message for that message's."""
+    assert KEPT_MESSAGES > MESSAGES_PER_RUN + MAX_QUEUED
 
 
 async def test_another_users_thread_id_names_another_thread(client: Client, settings: Settings, worker: Worker) -> None:

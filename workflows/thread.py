@@ -106,6 +106,7 @@ class ThreadWorkflow:
             attached=attached,
             state=record.state,
             submission=record.submission,
+            thread_run_id=workflow.info().run_id,
         )
 
     @send_message.validator

@@ -43,6 +43,8 @@ CONTEXT_BYTES = 200_000
 # one left unknown goes only when nothing else is left to drop.
 OPERATIONS_BYTES = 200_000
 # Message records for the thread's list and its idempotency (a request id older than that is not recognised).
+# Far more than one run takes (MESSAGES_PER_RUN): a run never forgets a message it started itself, which is what
+# lets a client trust a request this run started under its message's id (ToolloopThread.request).
 KEPT_MESSAGES = 500
 # A thread's workflow continues as new after this many messages (or sooner, when Temporal suggests it), between
 # two messages: its history stays bounded however long the conversation.
@@ -83,8 +85,9 @@ class MessageAccepted(BaseModel):
     """The `send_message` Update's answer: the message's place in the thread. `ahead` counts the messages
     before it that have not finished (0: it starts at once); the answer comes at once (`state` queued, in runs
     from before: running when nothing was ahead); `attached` is True for a retry of a message the thread already
-    has. `submission` is the message's submission digest, which its request's memo holds once it has started
-    (empty in answers of runs from before)."""
+    has. `submission` (the message's submission digest, which its request's memo holds) and `thread_run_id` (the
+    thread's run that accepted it) let a client tell its request from any other under the same workflow id; both
+    are empty in answers from workers of an earlier version."""
 
     number: int
     request_id: str
@@ -93,6 +96,7 @@ class MessageAccepted(BaseModel):
     attached: bool = False
     state: MessageState = "queued"
     submission: str = ""
+    thread_run_id: str = ""
 
 
 class ThreadState(BaseModel):

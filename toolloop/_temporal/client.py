@@ -794,20 +794,23 @@ class ToolloopThread:
         raise MessageRefused(f"thread {self.thread_id} ended before message {request_id} started")
 
     async def _started(self, accepted: MessageAccepted) -> bool:
-        """Whether a message with nothing ahead of it has started, told by its request's own workflow: a child of
-        this thread whose memo holds the message's submission. The thread starts it in the task that accepted the
-        message, so it has almost always started by the time the answer arrives; one describe then replaces
-        following the thread (a describe, a query and a history long poll for each change). Any doubt - not
-        started yet, another request under that id, an answer from a run before `submission` - is left to
-        following the thread."""
-        if accepted.ahead or not accepted.submission:
+        """Whether a message with nothing ahead of it has started, told by its request's own workflow: started by
+        the very run of this thread that accepted the message (a run never forgets a message it started, so no
+        other message's request can be that run's child under this id), with the message's submission in its
+        memo. The thread starts it in the task that accepted the message, so it has almost always started by the
+        time the answer arrives; one describe then replaces following the thread (a describe, a query and a
+        history long poll for each change). Any doubt - not started yet, started by a later run, another request
+        under that id, an answer from a worker of an earlier version - is left to following the thread."""
+        if accepted.ahead or not accepted.submission or not accepted.thread_run_id:
             return False
         try:
             description = await self.client.temporal.get_workflow_handle(accepted.workflow_id).describe()
+            if (description.parent_id, description.parent_run_id) != (self.workflow_id, accepted.thread_run_id):
+                return False
             submission = await description.memo_value("submission", default="", type_hint=str)
-        except RPCError:
+        except (RPCError, ValueError):
             return False
-        return description.parent_id == self.workflow_id and submission == accepted.submission
+        return submission == accepted.submission
 
     async def follow(self) -> AsyncGenerator[list[MessageRecord], None]:
         """The thread's messages now, then again each time they change, for as long as the thread's workflow
