@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from bench.report import (
     Recovery,
     Results,
     ScaleRun,
+    Sizes,
     StackRun,
     Threads,
     ThreadsPosition,
@@ -41,6 +43,7 @@ from bench.report import (
     to_json,
 )
 from bench.scenarios import Scenario, calls_for_turn, content_bytes, scenario_of
+from devstack.processes import DEV_SERVER_DYNAMIC_CONFIG
 from tests.conftest import REPO_ROOT
 
 QUICK_RUN_TIMEOUT_S = 240
@@ -315,3 +318,20 @@ def test_quick_benchmark_runs_every_phase_and_writes_its_results(tmp_path: Path)
     report = (tmp_path / "latest.md").read_text()
     assert "## Targets" in report and ("met" in report) and "## Threads" in report
     assert {p.name for p in tmp_path.glob("*.png")} == {"growth.png", "latency.png", "parallel_reads.png", "scale.png"}
+
+
+def test_dev_server_defaults_flag_runs_the_server_on_temporals_own_task_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bench.__main__ as entry
+
+    seen: list[tuple[str, ...]] = []
+
+    async def no_run(sizes: Sizes, phases: list[str], data_dir: Path, quick: bool, config: Sequence[str]) -> Results:
+        seen.append(tuple(config))
+        return Results(meta={})
+
+    monkeypatch.setattr(entry, "run", no_run)
+    assert entry.main(["--quick", "--only", "growth", "--out", str(tmp_path)]) == 0
+    assert entry.main(["--quick", "--only", "growth", "--out", str(tmp_path), "--dev-server-defaults"]) == 0
+    assert seen == [DEV_SERVER_DYNAMIC_CONFIG, ()]
