@@ -22,6 +22,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer, Worker
 
 import toolloop
+from demo.agent import build as build_demo
 from devstack.processes import free_port, start_temporal_dev_server, start_worker
 from tests.agent_helpers import (
     U1,
@@ -54,6 +55,7 @@ from toolloop._core.threads import KEPT_MESSAGES, MAX_QUEUED, MESSAGES_PER_RUN
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.plugin import workflow_runner
 from toolloop._temporal.settings import Settings
+from toolloop._temporal.worker_factory import running_worker
 from toolloop.workflows.agent import AgentWorkflow
 from toolloop.workflows.thread import ThreadWorkflow
 
@@ -284,6 +286,54 @@ async def test_messages_sent_at_once_run_one_after_another_in_the_order_accepted
     assert (op_two.output or {}).get("code") == "VERSION_CONFLICT"
     assert [len(await effects(admin, op.operation_id)) for op in (op_one, op_two)] == [1, 0]
     await _replays(client, thread.handle, first.handle, second.handle)
+
+
+async def test_a_thread_rebuilt_from_history_at_every_task_keeps_its_order_and_every_history_replays(
+    client: Client, settings: Settings, admin: httpx.AsyncClient
+) -> None:
+    """A worker that caches no run rebuilds the thread and its requests from history for every task, as a worker
+    does for runs another one held when it was killed. Messages sent while the first waits for its approval, two
+    of them at once, keep the order their answers gave them, each request is its own message's, and every
+    history replays. (It does not reproduce tests/histories/unreplayable: that needed a kill at one moment.)"""
+    queue = f"no-cache-{uuid.uuid4().hex[:8]}"
+    requests = toolloop.ToolloopClient(client, task_queue=queue, signing_key=APPROVAL_KEY, channel="test")
+    thread = requests.thread(f"t-{uuid.uuid4().hex[:8]}", actor=U1)
+    note = _note(await ticket_version(settings.service_url), "thread: rebuilt")
+    demo = build_demo(settings.service_url)
+    async with running_worker(client, settings, demo, task_queue=queue, max_cached_workflows=0):
+        first_sent = await thread.send(
+            "a", model=script_spec([call("append_ticket_note", note, "w1")], [say("a done")])
+        )
+        first = await thread.request(first_sent)
+        approval = await asyncio.wait_for(anext(aiter(first.approvals())), 60)
+        # Two at once: either may be accepted first; the answers say which.
+        later = await asyncio.gather(*(thread.send(q, model=script_spec([say(f"{q} done")])) for q in ("b", "c")))
+        by_number = sorted(zip(("b", "c"), later, strict=True), key=lambda pair: pair[1].number)
+        assert [(m.number, m.ahead) for m in (first_sent, *(accepted for _, accepted in by_number))] == [
+            (1, 0),
+            (2, 1),
+            (3, 2),
+        ]
+        await first.decide(approval, approve=True)
+        reports = [await asyncio.wait_for(first.result(), 60)]
+        for _, accepted in by_number:
+            reports.append(await asyncio.wait_for((await thread.request(accepted)).result(), 60))
+
+        async def all_finished() -> bool:
+            return [(m.state, m.outcome) for m in await thread.messages()] == [("finished", "answered")] * 3
+
+        await assert_eventually(all_finished, what="every message finished and answered in the thread's list")
+        records = await thread.messages()
+    assert [r.final_text for r in reports] == ["a done", *(f"{q} done" for q, _ in by_number)]
+    assert [m.request_id for m in records] == [first_sent.request_id, *(a.request_id for _, a in by_number)]
+    # One after another, in that order.
+    handles = [client.get_workflow_handle(m.workflow_id) for m in records]
+    times = [await h.describe() for h in handles]
+    for before, after in zip(times, times[1:], strict=False):
+        assert before.close_time is not None and after.start_time >= before.close_time
+    [op] = reports[0].operations
+    assert op.state == "verified" and len(await effects(admin, op.operation_id)) == 1
+    await _replays(client, thread.handle, *handles)
 
 
 async def test_a_message_sent_again_is_the_same_message_and_its_id_with_another_question_is_refused(
