@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from toolloop._core.contracts import PolicyFact
-from toolloop._core.facts import Read, outdated_by, policy_facts
+from toolloop._core.facts import Read, policy_facts, unchanged_by
 
 INVOICE = PolicyFact(name="invoice", tool="get_invoice", match={"invoiceId": "invoiceId"}, fields=["open", "payee"])
 
@@ -26,5 +26,5 @@ def test_a_fact_not_read_or_read_as_an_error_or_by_another_tool_is_absent() -> N
 
 def test_a_write_sent_outdates_the_reads_its_facts_came_from_and_only_those() -> None:
     reads = [_read("I1", 900), _read("I2", 50), Read("get_payee", {"invoiceId": "I1"}, {"ok": True})]
-    assert outdated_by([INVOICE], {"invoiceId": "I1", "cents": 100}, reads) == [reads[0]]
-    assert outdated_by([], {"invoiceId": "I1"}, reads) == []
+    assert unchanged_by([([INVOICE], {"invoiceId": "I1", "cents": 100})], reads) == reads[1:]
+    assert unchanged_by([([], {"invoiceId": "I1"})], reads) == reads

@@ -225,6 +225,8 @@ async def test_a_refund_sent_outdates_the_order_it_was_decided_on_until_the_orde
         # Read again, the order's refundable amount is what the service now says: the rule decides.
         ("w3", "verified", "rule small-late-refund"),
     ]
+    # The service's own records: each refund made once.
+    assert [len(await refunds_made(stack, op)) for op in result.operations] == [1, 1, 1]
 
 
 async def test_without_reading_the_order_first_the_rule_cannot_allow_and_the_requester_decides(

@@ -77,7 +77,7 @@ with workflow.unsafe.imports_passed_through():
         may_decide,
         verified_write_output,
     )
-    from toolloop._core.facts import Read, outdated_by, policy_facts
+    from toolloop._core.facts import Read, policy_facts, unchanged_by
     from toolloop._core.names import (
         DECIDE_BY_POLICY_ACTIVITY,
         EXECUTE_WRITE_ACTIVITY,
@@ -363,8 +363,7 @@ class OperationStateMachine:
             for other in self.ledger.values()
             if other.state in ("sent", "unknown") and other.operation_id in self._facts_of
         ]
-        reads = [read for read in self.reads if not any(outdated_by(f, a, [read]) for f, a in unsettled)]
-        facts = policy_facts(call.policy_facts, self._arguments[op.operation_id], reads)
+        facts = policy_facts(call.policy_facts, self._arguments[op.operation_id], unchanged_by(unsettled, self.reads))
         grants = [(token, used) for token, grant, used in self._grants if grant.tool == op.tool]
         window = max(op.approval_expires_at - workflow.now(), _MIN_TIMEOUT)
         try:
@@ -688,8 +687,7 @@ class OperationStateMachine:
         if op.attempts == 1 and call.policy_facts:
             # What this write may change is no longer a fact for the next one (two small refunds are not each
             # judged on the order as it was before both): a later write is decided on a new read, or asks.
-            stale = outdated_by(call.policy_facts, self._arguments[op.operation_id], self.reads)
-            self.reads = [read for read in self.reads if read not in stale]
+            self.reads = unchanged_by([(call.policy_facts, self._arguments[op.operation_id])], self.reads)
         if op.first_sent_at is None:
             op.first_sent_at = workflow.now()
         self._move(op, "sent")

@@ -95,7 +95,8 @@ class ThreadWorkflow:
         # Answered at once, whatever is ahead: a handler that waited for the request to start (when nothing was
         # ahead) completed in a task the replay could order differently - a worker that rebuilt the run from
         # history saw the update before the earlier message's end, answered at once, and its history then did
-        # not replay (tests/histories/unreplayable). Clients follow the thread's history to the request's start.
+        # not replay (tests/histories/unreplayable). Clients find the request's start themselves
+        # (ToolloopThread.request: the request's own workflow, or the thread's history).
         if ahead == 0 and not workflow.patched(_ANSWER_AT_ONCE):
             await workflow.wait_condition(lambda: record.state != "queued" or self._continuing)
         return MessageAccepted(

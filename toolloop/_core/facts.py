@@ -28,11 +28,16 @@ class Read:
     output: Mapping[str, Any]
 
 
-def outdated_by(written: Iterable[PolicyFact], arguments: Mapping[str, Any], reads: Iterable[Read]) -> list[Read]:
-    """The reads a write sent with `arguments` may have made untrue: those its own facts would be taken from (a
-    refund changes the order it was decided on). A later write must not be decided on them; a new read is."""
-    written = list(written)
-    return [read for read in reads if any(_read_for(fact, arguments, read) for fact in written)]
+def unchanged_by(writes: Iterable[tuple[Iterable[PolicyFact], Mapping[str, Any]]], reads: Iterable[Read]) -> list[Read]:
+    """The reads none of `writes` (each a write's policy facts and its arguments) may have made untrue: a write
+    changes what its own facts would be taken from (a refund, the order it was decided on). A later write is
+    decided on these only; for the others, on a new read."""
+    changed = [(list(facts), arguments) for facts, arguments in writes]
+    return [
+        read
+        for read in reads
+        if not any(_read_for(fact, arguments, read) for facts, arguments in changed for fact in facts)
+    ]
 
 
 def policy_facts(wanted: Iterable[PolicyFact], arguments: Mapping[str, Any], reads: Iterable[Read]) -> dict[str, Any]:

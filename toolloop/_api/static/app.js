@@ -850,26 +850,26 @@
     ];
   }
 
+  // What is signed and until when, as every approval card shows it: the digest, the page's own check of it, and
+  // the end of the approval window.
+  function digestFacts(payload, check) {
+    return [
+      el("dt", { text: "Digest" }),
+      el("dd", {}, el("code", { className: "digest", "data-field": "approval-digest", text: payload.digest })),
+      el("dt", { text: "Digest check" }),
+      el("dd", { "data-field": "digest-check", "data-check": check, className: `check ${check}`, text: checkWords(check) }),
+      el("dt", { text: "Approval expires" }),
+      el("dd", {
+        "data-field": "approval-expires",
+        "data-expires-at": payload.approval_expires_at || null,
+        text: payload.approval_expires_at ? formatTime(payload.approval_expires_at) : "no expiry given",
+      }),
+    ];
+  }
+
   // What the approval policy asked for (dt/dd pairs): the rules, who decides, for four eyes who has approved
   // so far, and the policy's version. None without a policy (the requester decides).
-  // What is signed and until when, as every approval card shows it: the digest, the page's own check of it, and the
-// end of the approval window.
-function digestFacts(payload, check) {
-  return [
-    el("dt", { text: "Digest" }),
-    el("dd", {}, el("code", { className: "digest", "data-field": "approval-digest", text: payload.digest })),
-    el("dt", { text: "Digest check" }),
-    el("dd", { "data-field": "digest-check", "data-check": check, className: `check ${check}`, text: checkWords(check) }),
-    el("dt", { text: "Approval expires" }),
-    el("dd", {
-      "data-field": "approval-expires",
-      "data-expires-at": payload.approval_expires_at || null,
-      text: payload.approval_expires_at ? formatTime(payload.approval_expires_at) : "no expiry given",
-    }),
-  ];
-}
-
-function policyFacts(policy) {
+  function policyFacts(policy) {
     if (!policy) return [];
     const facts = [
       el("dt", { text: "Asked by" }),
