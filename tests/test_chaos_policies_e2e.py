@@ -70,12 +70,13 @@ def test_the_policy_scenarios_hold_every_invariant_and_the_report_counts_decisio
         ("deny", "denied", ["refund-to-payer-only"], "POLICY_DENIED"),
     ]
     assert runs["policy-injected-refund"]["effects"] == 1 and ATTACKER_ACCOUNT.startswith("acct-mallory")
-    # With policies on, the built-in scenarios hold too: the event asked of its requester; in model-injection
-    # the refund of 1.00 the model was talked into, to the payer of a late order it read, is the rule's to allow.
+    # With policies on, the built-in scenarios hold too: the event asked of its requester. In model-injection
+    # the refund the model was talked into comes after that event, a write that declares no facts: the order
+    # read before it is no fact, so the rule cannot allow and the person rejects it, as without policies.
     assert runs["svc-lost-reply"]["write_state"] == "verified" and runs["svc-lost-reply"]["decisions"] == [
         "person u1: approve"
     ]
-    assert sorted(runs["model-injection"]["decisions"]) == ["person u1: approve", "rule small-late-refund: allow"]
+    assert sorted(runs["model-injection"]["decisions"]) == ["person u1: approve", "person u1: reject"]
     headline = results["headline"]
     for figure in (
         "unapproved effects",
@@ -91,12 +92,13 @@ def test_the_policy_scenarios_hold_every_invariant_and_the_report_counts_decisio
     assert results["decisions"] == {
         "person m1: approve": 2,
         "person u1: approve": 5,
+        "person u1: reject": 1,
         "rule refund-over-refundable: deny": 1,
         "rule refund-to-payer-only: deny": 1,
-        "rule small-late-refund: allow": 3,
+        "rule small-late-refund: allow": 2,
     }
-    assert (headline["decisions by rule"], headline["decisions by people"]) == (5, 7)
+    assert (headline["decisions by rule"], headline["decisions by people"]) == (4, 8)
     assert headline["decisions refused at the approval channel"] == 1
-    assert "decisions by rule and by person:" in err and "  rule small-late-refund: allow: 3" in err
+    assert "decisions by rule and by person:" in err and "  rule small-late-refund: allow: 2" in err
     report = (tmp_path / "results" / "chaos.md").read_text()
     assert "| rule refund-to-payer-only | deny | 1 |" in report and "| person m1 | approve | 2 |" in report

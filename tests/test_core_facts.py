@@ -27,4 +27,12 @@ def test_a_fact_not_read_or_read_as_an_error_or_by_another_tool_is_absent() -> N
 def test_a_write_sent_outdates_the_reads_its_facts_came_from_and_only_those() -> None:
     reads = [_read("I1", 900), _read("I2", 50), Read("get_payee", {"invoiceId": "I1"}, {"ok": True})]
     assert unchanged_by([([INVOICE], {"invoiceId": "I1", "cents": 100})], reads) == reads[1:]
-    assert unchanged_by([([], {"invoiceId": "I1"})], reads) == reads
+    assert unchanged_by([], reads) == reads
+
+
+def test_a_write_whose_tool_names_no_facts_may_have_changed_anything_read() -> None:
+    # Nothing says what such a write changes (a cancellation, an MCP write): no earlier read is a fact after it,
+    # so a rule that needs one cannot allow until the request reads again.
+    reads = [_read("I1", 900), Read("get_payee", {"invoiceId": "I1"}, {"ok": True})]
+    assert unchanged_by([([], {"ticketId": "T1"})], reads) == []
+    assert unchanged_by([([INVOICE], {"invoiceId": "I9"}), ([], {})], reads) == []

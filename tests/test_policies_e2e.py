@@ -229,6 +229,39 @@ async def test_a_refund_sent_outdates_the_order_it_was_decided_on_until_the_orde
     assert [len(await refunds_made(stack, op)) for op in result.operations] == [1, 1, 1]
 
 
+async def test_a_write_whose_tool_names_no_facts_outdates_every_earlier_read(stack: PolicyStack) -> None:
+    # create_calendar_event declares no policy facts: nothing says what it changes, so the order read before it
+    # is no fact for the refund after it (a user's own write, a cancellation say, could have changed the order).
+    event = {"calendarId": "cal-u1", "title": "Refund call", "start": "2027-03-01T10:00:00Z"}
+    event["end"] = "2027-03-01T10:30:00Z"
+    handle = await start(
+        stack,
+        [read_order("A100", "r1")],
+        [call("create_calendar_event", event, "w1")],
+        [refund("A100", 500, "w2")],
+        [read_order("A100", "r2")],
+        [refund("A100", 600, "w3")],
+    )
+    first = await waiting_operation(handle)
+    assert first.call_ids == ["w1"] and first.policy is not None and first.policy.verdict == "ask"
+    await decide(handle, first.operation_id, signing_key=APPROVAL_KEY, decider=U1)
+    second = await waiting_operation(handle)
+    # Without the event in between, the rule would allow this refund (the first test above).
+    assert second.call_ids == ["w2"] and second.policy is not None and second.policy.verdict == "ask"
+    assert second.policy.rules == ["requester-decides-the-rest"]
+    await decide(handle, second.operation_id, signing_key=APPROVAL_KEY, decider=U1)
+    result = await finished(handle)
+    by = [(op.call_ids[0], op.state, op.approval.by if op.approval else None) for op in result.operations]
+    assert by == [
+        ("w1", "verified", "u1 via test"),
+        ("w2", "verified", "u1 via test"),
+        # The order read again after both writes: the rule decides on what the service says now.
+        ("w3", "verified", "rule small-late-refund"),
+    ]
+    assert [len(await effects(stack.admin, op.operation_id)) for op in result.operations] == [1, 1, 1]
+    answered_once(result)
+
+
 async def test_without_reading_the_order_first_the_rule_cannot_allow_and_the_requester_decides(
     stack: PolicyStack,
 ) -> None:

@@ -140,7 +140,7 @@ class OperationStateMachine:
         self.policy_verify_key: str | None = None
         # This request's successful reads, which a write's policy facts are taken from (only with a policy).
         self.reads: list[Read] = []
-        # Per write sent that declares policy facts: those facts (what it may change, for the writes after it).
+        # Per write sent: its policy facts (what it may change, for the writes after it; none: anything).
         self._facts_of: dict[str, list[PolicyFact]] = {}
         # Grants people gave with their approvals in this request: [token, how many writes it has approved since].
         self._grants: list[tuple[str, GrantClaims, list[int]]] = []
@@ -682,11 +682,11 @@ class OperationStateMachine:
 
     async def _send(self, op: OperationRecord, call: CheckedCall) -> WriteOutcome:
         op.attempts += 1
-        if call.policy_facts:
-            self._facts_of[op.operation_id] = call.policy_facts
-        if op.attempts == 1 and call.policy_facts:
+        self._facts_of[op.operation_id] = call.policy_facts
+        if op.attempts == 1:
             # What this write may change is no longer a fact for the next one (two small refunds are not each
-            # judged on the order as it was before both): a later write is decided on a new read, or asks.
+            # judged on the order as it was before both; a write that names no facts may change any): a later
+            # write is decided on a new read, or asks.
             self.reads = unchanged_by([(call.policy_facts, self._arguments[op.operation_id])], self.reads)
         if op.first_sent_at is None:
             op.first_sent_at = workflow.now()

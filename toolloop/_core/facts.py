@@ -30,9 +30,12 @@ class Read:
 
 def unchanged_by(writes: Iterable[tuple[Iterable[PolicyFact], Mapping[str, Any]]], reads: Iterable[Read]) -> list[Read]:
     """The reads none of `writes` (each a write's policy facts and its arguments) may have made untrue: a write
-    changes what its own facts would be taken from (a refund, the order it was decided on). A later write is
-    decided on these only; for the others, on a new read."""
+    changes what its own facts would be taken from (a refund, the order it was decided on). A write whose tool
+    names no facts says nothing of what it changes, so it may have changed anything read: none is left. A later
+    write is decided on these only; for the others, on a new read."""
     changed = [(list(facts), arguments) for facts, arguments in writes]
+    if any(not facts for facts, _ in changed):
+        return []
     return [
         read
         for read in reads
