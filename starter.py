@@ -55,6 +55,7 @@ from toolloop._core.contracts import (
 from toolloop._core.live_text import Shown
 from toolloop._core.named_models import named_model_refusal
 from toolloop._core.request_naming import THREAD_ID
+from toolloop._core.threads import MessageRecord
 from toolloop._core.usage import usage_line
 from toolloop._live.store import LiveTextStore
 from toolloop._models.errors import ScriptError
@@ -66,6 +67,7 @@ from toolloop._temporal.client import (
     RequestNotFound,
     ThreadBusy,
     ThreadClosed,
+    ThreadNotFound,
     ToolloopClient,
     ToolloopRequest,
     ToolloopThread,
@@ -1244,6 +1246,39 @@ async def _own_report(workflow_id: str, actor: Actor, settings: Settings, *, can
     if cancel:
         await request.cancel()
     return await request.result()
+
+
+@app.command("close-thread")
+def close_thread(
+    thread_id: Annotated[str, typer.Argument(help="Your thread's id (ask --thread printed it).")],
+    user: _DecideUser = None,
+    tenant: _DecideTenant = "acme",
+    local_stack: Annotated[bool, typer.Option(help="Use the local stack's address.")] = True,
+) -> None:
+    """Close your thread: it takes no new message; the messages it accepted still run, one after another, and
+    then it ends. Another user's thread looks like a missing one."""
+    if not THREAD_ID.fullmatch(thread_id):
+        _fail("THREAD_ID: 1-64 ASCII letters, digits and _ . - (starting with a letter or digit)")
+    actor = _actor(user, tenant)
+    settings = _read(Settings)
+    if local_stack:
+        settings = _settings_for_local_stack(settings)
+    _check_user(settings, actor, local_stack)
+    try:
+        messages = asyncio.run(_close_thread(thread_id, actor, settings))
+    except ThreadNotFound:
+        _fail(f"no thread {thread_id} for user {actor.user_id!r} in tenant {actor.tenant_id!r}")
+    except RPCError as exc:
+        _fail(f"Temporal refused it: {exc}", code=1)
+    except RuntimeError as exc:
+        _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
+    left = sum(1 for m in messages if m.state in ("queued", "running"))
+    then = f"{left} still to run, then it ends" if left else "it has ended"
+    print(f"Closed thread {thread_id}: {len(messages)} messages; {then}.")
+
+
+async def _close_thread(thread_id: str, actor: Actor, settings: Settings) -> list[MessageRecord]:
+    return await (await _connect(settings)).thread(thread_id, actor=actor).close()
 
 
 # --- the local stack -----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ conversation and resumes exactly. Judged by status codes, problem codes, events 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -193,6 +194,94 @@ async def test_another_users_thread_is_answered_like_a_missing_one_on_every_rout
         return thread_id in [t["id"] for t in (await http.get("/v1/threads", headers=U1)).json()["threads"]]
 
     await assert_eventually(mine_listed, what="the thread in its owner's list")
+
+
+async def test_a_closed_thread_runs_what_it_accepted_refuses_new_messages_and_leaves_the_list(
+    http: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    thread_id = new_id("t")
+    first = (await send(http, thread_id, REFUND_5, new_id("c"))).json()
+    second = (await send(http, thread_id, READ, new_id("c"))).json()
+    op = await pending_operation(http, first["request_id"], U1)
+    closed = await http.post(f"/v1/threads/{thread_id}/close", headers=U1)
+    assert closed.status_code == 200, closed.text
+    assert [m["number"] for m in closed.json()["messages"]] == [1, 2]
+    assert closed.json()["messages"][1]["state"] == "queued"
+    assert_problem(await send(http, thread_id, READ, new_id("c")), 409, "THREAD_CLOSED")
+    # Its stream follows both messages to their ends, and then says the thread is closed.
+    stream = asyncio.create_task(
+        collect(read_until(http, f"/v1/threads/{thread_id}/events", lambda e: e.event == "error"))
+    )
+    # The messages it accepted before still run: the write once approved, the read after it.
+    await decide(http, first["request_id"], "approve")
+    listed = await all_finished(http, thread_id, 2)
+    events = await asyncio.wait_for(stream, 60)
+    ends = [(e.event, e.json().get("number")) for e in events if e.event in ("final", "message_finished", "error")]
+    assert ends == [("final", 1), ("message_finished", 1), ("final", 2), ("message_finished", 2), ("error", None)]
+    assert events[-1].json()["code"] == "THREAD_CLOSED"
+    assert [(m["request_id"], m["outcome"]) for m in listed] == [
+        (first["request_id"], "answered"),
+        (second["request_id"], "answered"),
+    ]
+    assert len(await effects(admin, op["operation_id"])) == 1
+
+    async def left_the_list() -> bool:
+        return thread_id not in [t["id"] for t in (await http.get("/v1/threads", headers=U1)).json()["threads"]]
+
+    await assert_eventually(left_the_list, what="the ended thread gone from its owner's list")
+    again = await http.post(f"/v1/threads/{thread_id}/close", headers=U1)
+    assert again.status_code == 200 and [m["state"] for m in again.json()["messages"]] == ["finished"] * 2
+    assert_problem(await send(http, thread_id, READ, new_id("c")), 409, "THREAD_CLOSED")
+    # Another user's thread and a missing one: the same 404.
+    missing = new_id("t")
+    theirs = await http.post(f"/v1/threads/{thread_id}/close", headers=U2)
+    none = await http.post(f"/v1/threads/{missing}/close", headers=U2)
+    assert_problem(theirs, 404, "NOT_FOUND")
+    assert_problem(none, 404, "NOT_FOUND")
+    assert theirs.content == none.content.replace(missing.encode(), thread_id.encode())
+
+
+async def test_a_caller_with_as_many_open_threads_as_allowed_starts_no_other_until_one_ends(
+    temporal_server: TemporalServer,
+    business_service: BusinessService,
+    client: Client,
+    tmp_path_factory: Any,
+    tmp_path: Any,
+) -> None:
+    # A user of their own, so that no other test's threads count.
+    user = f"cap-{uuid.uuid4().hex[:8]}"
+    token = f"token-{user}-0001"
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"tokens": [{"token": token, "tenant_id": "acme", "user_id": user}]}))
+    env = {"TOOLLOOP_API_TOKENS": str(tokens), "TOOLLOOP_API_MAX_OPEN_THREADS": "2"}
+    me = {"Authorization": f"Bearer {token}"}
+    async with (
+        running_api(temporal_server, business_service, client, tmp_path_factory, env=env) as capped,
+        httpx.AsyncClient(base_url=capped.url, timeout=60, trust_env=False) as http,
+    ):
+        one, two, three = new_id("t"), new_id("t"), new_id("t")
+
+        async def listed(count: int) -> None:
+            async def counted() -> bool:
+                return len((await http.get("/v1/threads", headers=me)).json()["threads"]) == count
+
+            # Temporal's visibility counts a thread a moment after its start (the creation rate bounds that).
+            await assert_eventually(counted, what=f"{count} open threads listed")
+
+        for thread_id in (one, two):
+            assert (await send(http, thread_id, READ, headers=me)).status_code == 201
+        await listed(2)
+        refused = assert_problem(await send(http, three, READ, headers=me), 429, "TOO_MANY_THREADS")
+        assert "close one" in refused["detail"]
+        # A message to a thread already open is taken.
+        assert (await send(http, one, "And where is order A102?", headers=me)).status_code == 201
+        assert (await http.post(f"/v1/threads/{two}/close", headers=me)).status_code == 200
+        await listed(1)
+        assert (await send(http, three, READ, headers=me)).status_code == 201
+
+
+async def collect(events: AsyncIterator[ServerSentEvent]) -> list[ServerSentEvent]:
+    return [event async for event in events]
 
 
 async def read_until(

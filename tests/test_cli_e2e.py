@@ -547,6 +547,18 @@ def test_a_new_thread_prints_its_id_and_the_follow_up_command_runs_as_printed(cl
     result = json.loads(as_json.stdout)
     assert result["thread_id"] == started and "DHL" in result["final_text"]
     assert f"thread {started}, message 3" in as_json.stderr
+    # Closed, the thread takes no new message: one line, and the exit status of a refusal.
+    closed = run_cli(cli_env, "close-thread", "--user", "u1", started)
+    assert closed.returncode == 0, closed.stderr
+    assert closed.stdout.startswith(f"Closed thread {started}: 3 messages;")
+    after = run_cli(cli_env, "ask", "--user", "u1", "--thread", started, "Where is my order A100?")
+    assert after.returncode == 1 and after.stderr.strip() == (
+        f"error: thread {started} has been closed; start another thread"
+    ), after.stderr
+    # Another user's thread looks like a missing one.
+    theirs = run_cli(cli_env, "close-thread", "--user", "u2", started)
+    assert theirs.returncode == 2
+    assert theirs.stderr.strip() == f"error: no thread {started} for user 'u2' in tenant 'acme'", theirs.stderr
 
 
 @pytest.mark.parametrize(
@@ -563,6 +575,7 @@ def test_a_new_thread_prints_its_id_and_the_follow_up_command_runs_as_printed(cl
         (["ask", "--user", "u\u0131", "hi"], "--user"),
         (["ask", "--user", "u1", "--request-id", "a b", "hi"], "--request-id"),
         (["ask", "--user", "u1", "--thread", "a b", "hi"], "--thread: 'new', or 1-64 ASCII letters"),
+        (["close-thread", "--user", "u1", "a b"], "THREAD_ID: 1-64 ASCII letters"),
         (
             ["ask", "--user", "u1", "--allow-tool", "nosuch", "hi"],
             "--allow-tool 'nosuch': the local stack's worker has",

@@ -717,6 +717,46 @@ async def test_a_full_thread_refuses_one_more_message_and_a_closed_one_is_never_
         assert execution.status == WorkflowExecutionStatus.TERMINATED
 
 
+async def test_a_closed_thread_runs_what_it_accepted_refuses_new_messages_and_then_ends(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    thread = _thread(client, settings)
+    note = _note(await ticket_version(settings.service_url), "thread: before the close")
+    first = await thread.send("note it", model=script_spec([call("append_ticket_note", note, "w1")], [say("noted")]))
+    second = await thread.send("and then?", model=script_spec([say("that was all")]))
+    assert (first.ahead, second.ahead) == (0, 1)
+    # Closed while the first waits for its approval and the second waits behind it. (The thread's list says
+    # running a workflow task after the first's request started: either may show.)
+    request = await thread.request(first)
+    approval = await anext(aiter(request.approvals()))
+    closing = await thread.close()
+    assert [m.number for m in closing] == [1, 2] and closing[0].state in ("queued", "running")
+    assert closing[1].state == "queued"
+    with pytest.raises(toolloop.ThreadClosed, match="has been closed"):
+        await thread.send("one more", model=script_spec([say("never")]))
+    # A send the thread accepted before is still the same message (a retry), not a new one.
+    again = await thread.send("and then?", request_id=second.request_id, model=script_spec([say("that was all")]))
+    assert (again.attached, again.number) == (True, 2)
+    assert await thread.close() == await thread.messages()  # closing again is the same close
+    await request.decide(approval, approve=True)
+    [op] = (await request.result()).operations
+    assert op.state == "verified" and len(await effects(admin, op.operation_id)) == 1
+    # The message accepted before the close runs after the first, and the thread's workflow then ends.
+    assert (await (await thread.request(second)).result()).final_text == "that was all"
+    assert (await thread.handle.result()) is None
+    assert [(m.number, m.state, m.outcome) for m in await thread.messages()] == [
+        (1, "finished", "answered"),
+        (2, "finished", "answered"),
+    ]
+    with pytest.raises(toolloop.ThreadClosed):
+        await thread.send("after the end", model=script_spec([say("never")]))
+    assert [m.number for m in await thread.close()] == [1, 2]
+    # Another user's thread of that id does not exist: closing it says so, as for any unknown thread.
+    with pytest.raises(toolloop.ThreadNotFound):
+        await _client(client, settings).thread(thread.thread_id, actor=U2).close()
+    await _replays(client, thread.handle)
+
+
 async def test_a_client_without_a_signing_key_refuses_to_run_a_message_with_an_approver_before_sending_it(
     client: Client, settings: Settings, worker: Worker
 ) -> None:

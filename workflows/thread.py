@@ -3,7 +3,8 @@
 An entity workflow per thread. It accepts messages (the `send_message` Update) in the order Temporal
 delivers them, runs them one at a time - each message is one request, an AgentWorkflow started as this
 workflow's child once the message before it has ended - and hands each request what happened before it. It
-continues as new every MESSAGES_PER_RUN messages, or sooner when Temporal suggests it, once no message runs."""
+continues as new every MESSAGES_PER_RUN messages, or sooner when Temporal suggests it, once no message runs,
+and ends once it has been closed (`close_thread`) and the messages it accepted have run."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from toolloop._core.contracts import AgentResult, OperationRecord
     from toolloop._core.names import (
         AGENT_WORKFLOW,
+        CLOSE_THREAD_UPDATE,
         GET_THREAD_QUERY,
         REQUEST_LEDGER_ACTIVITY,
         SEND_MESSAGE_UPDATE,
@@ -71,6 +73,14 @@ class ThreadWorkflow:
             messages=[m.model_copy() for m in self._state.messages],
         )
 
+    @workflow.update(name=CLOSE_THREAD_UPDATE)
+    def close_thread(self) -> ThreadView:
+        """Close the thread: it takes no new message; the messages it accepted still run, one after another,
+        and then its workflow ends (a closed thread is never started again under its id). Closing again is
+        the same close."""
+        self._state.closed = True
+        return self.get_thread()
+
     @workflow.update(name=SEND_MESSAGE_UPDATE)
     async def send_message(self, message: ThreadMessage) -> MessageAccepted:
         """Queue a message (or find it again: a retry with the same request id and submission). The order of the
@@ -120,6 +130,10 @@ class ThreadWorkflow:
         if message.request.thread is not None:
             raise ApplicationError("a message brings no thread context of its own", type=ErrorType.UNTRUSTED_INPUT)
         record = self._record(message.request_id)
+        if record is None and self._state.closed:
+            raise ApplicationError(
+                f"thread {self._inp.thread_id} has been closed; start another thread", type=ErrorType.THREAD_CLOSED
+            )
         if record is not None and record.submission != message.submission:
             raise ApplicationError(
                 f"request id {message.request_id} was already used for another message",
@@ -138,7 +152,13 @@ class ThreadWorkflow:
     @workflow.run
     async def run(self, inp: ThreadInput) -> None:
         while True:
-            await workflow.wait_condition(lambda: bool(self._state.queue) or self._time_to_continue())
+            await workflow.wait_condition(
+                lambda: bool(self._state.queue) or self._time_to_continue() or self._state.closed
+            )
+            if self._state.closed and not self._state.queue:
+                # Closed, and every message it accepted has run: the thread ends (a send now is refused).
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                return
             if self._time_to_continue():
                 # Between two messages (none runs): the next run carries the thread on, queue and all, with a
                 # fresh history. Every Update handler is done first (a waiting send_message answers now).

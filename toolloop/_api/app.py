@@ -906,6 +906,18 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         except ThreadNotFound:
             raise _no_thread(thread_id) from None
 
+    async def check_room_for_a_thread(actor: Actor) -> None:
+        """429 if the caller has as many open threads as one caller may (a thread's workflow runs until it is
+        closed): the message would start another one."""
+        open_threads = await client.count_workflows(thread_list_query(actor))
+        if open_threads.count >= config.limits.max_open_threads:
+            raise Problem(
+                429,
+                "TOO_MANY_THREADS",
+                f"you have {open_threads.count} open threads, the most one caller may; close one "
+                "(POST /v1/threads/{thread_id}/close) or send to one of them",
+            )
+
     async def request_exists(actor: Actor, request_id: str) -> bool:
         try:
             await found(actor, request_id)
@@ -926,6 +938,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             "UNKNOWN_MODEL",
             "RATE_LIMITED",
             "TOO_MANY_ACTIVE_REQUESTS",
+            "TOO_MANY_THREADS",
             "THREAD_BUSY",
             "THREAD_CLOSED",
             "REQUEST_UNREADABLE",
@@ -952,6 +965,8 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             refusal = await refusal_to_create(actor)
             if refusal is not None:
                 raise refusal
+            if not known:
+                await check_room_for_a_thread(actor)
             # A key the caller used for a request of its own (or another thread's message that started) would
             # leave this message refused when its turn came: refused now, as the request route refuses it.
             if idempotency_key is not None and await request_exists(actor, request_id):
@@ -1015,6 +1030,22 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
     )
     async def get_thread(thread_id: ThreadId, actor: Caller) -> ThreadView:
         thread, records = await found_thread(actor, thread_id)
+        return thread_view(thread, records)
+
+    @app.post(
+        "/v1/threads/{thread_id}/close",
+        response_model=ThreadView,
+        responses=problems(*CALLER_CODES, "NOT_FOUND", "REQUEST_UNREADABLE"),
+    )
+    async def close_thread(thread_id: ThreadId, actor: Caller) -> ThreadView:
+        """Close the caller's thread: it takes no new message (409 THREAD_CLOSED); the messages it accepted still
+        run, one after another, and then its workflow ends (it leaves `GET /v1/threads`). Closing again is the same
+        close. Its messages as they are now."""
+        thread, _ = await found_thread(actor, thread_id)
+        try:
+            records = await thread.close()
+        except ThreadNotFound:
+            raise _no_thread(thread_id) from None
         return thread_view(thread, records)
 
     @app.get(

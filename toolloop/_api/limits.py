@@ -57,6 +57,8 @@ class ApiLimits(BaseSettings):
     create_rate: str = Field(default="30/minute", validation_alias="TOOLLOOP_API_CREATE_RATE")
     # A caller's requests running at once (started by the API or elsewhere).
     max_active_requests: int = Field(default=20, ge=1, validation_alias="TOOLLOOP_API_MAX_ACTIVE_REQUESTS")
+    # A caller's open threads (a thread's workflow runs until the thread is closed and its messages have run).
+    max_open_threads: int = Field(default=100, ge=1, validation_alias="TOOLLOOP_API_MAX_OPEN_THREADS")
     # The longest deadline and approval wait a request may ask for in its "limits".
     max_deadline_seconds: float = Field(
         default=3600.0, gt=0, le=_A_DAY, validation_alias="TOOLLOOP_API_MAX_DEADLINE_SECONDS"

@@ -181,9 +181,10 @@ async def thread_stream(
                     if now != seen:
                         seen = now
                         await inbox.put(("view", 0, now))
-            # The thread's workflow closed (terminated): nothing it shows will change again, so the stream ends
-            # rather than wait for a message that will never be recorded as finished.
-            await inbox.put(("error", 0, ("THREAD_CLOSED", "the thread has been closed; it takes no more messages")))
+            # The thread's workflow has ended (closed by its user once its messages ran, or terminated): nothing it
+            # shows will change again, so the stream ends rather than wait for a message that will never be
+            # recorded as finished (and after the last one's events, when every message did finish).
+            await inbox.put(("closed", 0, None))
         except (RPCError, ThreadNotFound):
             await inbox.put(("error", 0, ("TEMPORAL_UNAVAILABLE", "the thread could not be read; retry")))
         except WorkflowQueryFailedError:
@@ -205,6 +206,7 @@ async def thread_stream(
     tasks = [asyncio.create_task(watch())]
     runner: asyncio.Task[None] | None = None
     request_over = False
+    thread_closed = False
     try:
         while True:
             for new in records:
@@ -235,7 +237,12 @@ async def thread_stream(
                 runner = None
                 cursor.number, cursor.step = record.number + 1, 0
                 yield _event("message_finished", {**tag, "outcome": record.outcome}, cursor)
-            if until_idle and all(r.state in ("finished", "refused") for r in records) and runner is None:
+            settled = all(r.state in ("finished", "refused") for r in records)
+            if until_idle and settled and runner is None:
+                return
+            if thread_closed and (runner is None or not settled):
+                detail = "the thread has been closed; it takes no more messages"
+                yield _event("error", {"code": "THREAD_CLOSED", "detail": detail}, None)
                 return
             if time.monotonic() >= ends or await disconnected():
                 return
@@ -247,6 +254,8 @@ async def thread_stream(
                 continue
             if kind == "view":
                 records = payload
+            elif kind == "closed":
+                thread_closed = True
             elif kind == "error":
                 code, detail = payload
                 yield _event("error", {"code": code, "detail": detail}, None)

@@ -75,3 +75,5 @@ class ErrorType(StrEnum):
     REQUEST_ID_REUSED = "RequestIdReused"
     # A thread with MAX_QUEUED messages waiting already refused another one.
     THREAD_FULL = "ThreadFull"
+    # A thread that was closed refused a new message (those accepted before still run).
+    THREAD_CLOSED = "ThreadClosed"

@@ -20,6 +20,7 @@ NEXT_APPROVAL_UPDATE = "next_approval"
 # A thread: one workflow per conversation, which starts each message's request as a child AgentWorkflow.
 THREAD_WORKFLOW = "ThreadWorkflow"
 SEND_MESSAGE_UPDATE = "send_message"
+CLOSE_THREAD_UPDATE = "close_thread"
 GET_THREAD_QUERY = "get_thread"
 # Reads the ledger of a message's request that ended without a report (terminated, timed out).
 REQUEST_LEDGER_ACTIVITY = "request_ledger"

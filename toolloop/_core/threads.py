@@ -109,6 +109,8 @@ class ThreadState(BaseModel):
     # arguments: the turns show those): what a later proposal of the same payload meets, however old.
     operations: dict[str, ThreadOperation] = Field(default_factory=dict)
     last_number: int = 0
+    # Closed by its user: it takes no new message, runs those it accepted, then its workflow ends.
+    closed: bool = False
 
 
 class ThreadInput(BaseModel):
@@ -125,7 +127,8 @@ class LedgerOfRequest(BaseModel):
 
 
 class ThreadView(BaseModel):
-    """The `get_thread` query's answer: the thread's messages, oldest first (at most KEPT_MESSAGES)."""
+    """The `get_thread` query's answer (and `close_thread`'s): the thread's messages, oldest first (at most
+    KEPT_MESSAGES)."""
 
     thread_id: str
     actor: Actor

@@ -58,6 +58,7 @@ from toolloop._core.contracts import (
 from toolloop._core.live_text import LiveTextView, Shown
 from toolloop._core.names import (
     AGENT_WORKFLOW,
+    CLOSE_THREAD_UPDATE,
     GET_EVENTS_QUERY,
     GET_LEDGER_QUERY,
     GET_PENDING_APPROVALS_QUERY,
@@ -135,8 +136,9 @@ class MessageRefused(RuntimeError):
 
 
 class ThreadClosed(RuntimeError):
-    """The thread's workflow has been closed (terminated by an operator, say): it takes no more messages, and
-    is never started again empty under its id (what its earlier messages did would be forgotten)."""
+    """The thread has been closed (by its user, `ToolloopThread.close`, or its workflow by an operator): it takes
+    no more messages, and is never started again empty under its id (what its earlier messages did would be
+    forgotten)."""
 
 
 class ThreadBusy(RuntimeError):
@@ -770,8 +772,23 @@ class ToolloopThread:
                 raise RequestIdReused(cause.message) from None
             if isinstance(cause, ApplicationError) and cause.type == ErrorType.THREAD_FULL:
                 raise ThreadBusy(cause.message) from None
+            if isinstance(cause, ApplicationError) and cause.type == ErrorType.THREAD_CLOSED:
+                raise ThreadClosed(cause.message) from None
             raise
         return accepted
+
+    async def close(self) -> list[MessageRecord]:
+        """Close the thread: it takes no new message (`send` raises ThreadClosed); the messages it accepted still
+        run, one after another, and then its workflow ends. Closing a closed thread is no error. Its messages as
+        they are now; ThreadNotFound if there is no such thread of this actor."""
+        try:
+            view: ThreadView = await self.handle.execute_update(CLOSE_THREAD_UPDATE, result_type=ThreadView)
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            # No such thread, or its workflow has ended already (closed before, or by an operator).
+            return await self.messages()
+        return view.messages
 
     async def request(self, message: str | MessageAccepted) -> ToolloopRequest:
         """The request of a message (its request id, or what `send` answered), once it has started: a queued
