@@ -23,6 +23,7 @@ from toolloop._core.threads import (
     KEPT_TURNS,
     MAX_QUEUED,
     QUESTION_CHARS,
+    TURN_BYTES,
     MessageRecord,
     ThreadInput,
     ThreadMessage,
@@ -172,6 +173,37 @@ def test_what_a_thread_carries_and_hands_on_stays_far_under_temporals_payload_li
     assert state.turns[-1].answer is not None and len(state.turns[-1].answer) == ANSWER_CHARS
     # The newest unknown writes are all still known.
     assert {f"op_{n}" for n in range(291, 301, 2)} <= set(state.operations)
+
+
+def test_one_message_with_many_large_writes_is_cut_to_a_turn_and_keeps_the_thread_and_its_writes() -> None:
+    # Ten small turns, then one request's report of 28 writes of 60 KB each (each argument may be 64 KB, and a
+    # request may make 32 calls): the turn is cut, the earlier turns stay, and the state handed on stays small.
+    state = ThreadState()
+    for number in range(1, 11):
+        state.messages.append(_record(number))
+        keep_turn(state, turn_of(_record(number), f"q{number}", _report(_op(f"op_{number}", "verified")), None))
+    big = [
+        _op(f"op_big_{n}", "unknown" if n % 2 else "verified", f"w{n}").model_copy(
+            update={"arguments": {"orderId": "A100", "note": "n" * 60_000}, "output": {"ok": False, "e": "e" * 9_000}}
+        )
+        for n in range(28)
+    ]
+    turn = turn_of(_record(11), "q11", _report(*big), None)
+    assert len(turn.model_dump_json()) <= TURN_BYTES
+    keep_turn(state, turn)
+    assert [t.number for t in state.turns] == list(range(1, 12))
+    shown = context_for(state, "t", "scope", 20)
+    assert [t.number for t in shown.turns] == list(range(1, 12))
+    assert _encoded(ThreadInput(thread_id="t", actor=U1, carried=state)) < 600_000
+    # Every write is still known by its id and state (what a later proposal of it meets), its arguments marked.
+    assert {op.operation_id: op.state for op in turn.operations} == {op.operation_id: op.state for op in big}
+    assert {f"op_big_{n}" for n in range(28)} <= set(state.operations)
+    cut = [op for op in turn.operations if "[left out]" in op.arguments]
+    assert cut and "bytes left out" in cut[0].arguments["[left out]"]
+    # A small turn is kept whole.
+    assert (
+        turn_of(_record(12), "q", _report(_op("op_s", "verified")), None).operations[0].arguments["orderId"] == "A100"
+    )
 
 
 def test_a_request_that_ended_without_a_report_leaves_what_it_sent_unknown_and_what_it_did_not_not_done() -> None:

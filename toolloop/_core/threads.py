@@ -37,6 +37,10 @@ TURNS_BYTES = 400_000
 # What a turn keeps of a question and of an answer (the rest is cut, and marked so).
 QUESTION_CHARS = 2_000
 ANSWER_CHARS = 4_000
+# A turn at most this big: one request may make 32 writes of 64 KB each, and a turn over the bounds below would
+# push every other turn out (or the state over 2 MB). Past it, the largest writes' arguments, then outputs, are
+# left out (marked so); the operation ids and states, what a later proposal meets, always stay.
+TURN_BYTES = 100_000
 # What a message is shown of the earlier turns, at most (the newest that fit, up to Limits.thread_turns).
 CONTEXT_BYTES = 200_000
 # The thread's writes by operation id (newest state), at most this big: the oldest settled ones go first, and
@@ -53,6 +57,7 @@ MESSAGES_PER_RUN = 50
 MAX_QUEUED = 20
 QUEUE_BYTES = 600_000
 _CUT = " [...]"
+_LEFT_OUT = "[left out]"
 
 MessageState = Literal["queued", "running", "finished", "refused"]
 
@@ -157,22 +162,43 @@ def turn_of(
     report (the request was terminated or timed out): no answer, `why`, and its writes as its last `ledger`
     shows them, every one not settled then counted unknown (nothing proves it did not happen)."""
     if report is None:
-        return ThreadTurn(
+        return _within_bounds(
+            ThreadTurn(
+                number=record.number,
+                request_id=record.request_id,
+                question=_cut(question, QUESTION_CHARS),
+                stop_reason=why,
+                operations=[_thread_operation(op, record.request_id, ended=False) for op in ledger or []],
+            )
+        )
+    return _within_bounds(
+        ThreadTurn(
             number=record.number,
             request_id=record.request_id,
             question=_cut(question, QUESTION_CHARS),
-            stop_reason=why,
-            operations=[_thread_operation(op, record.request_id, ended=False) for op in ledger or []],
+            answer=_cut(report.final_text, ANSWER_CHARS) if report.final_text is not None else None,
+            status=report.status,
+            stop_reason=report.stop_reason,
+            operations=[_thread_operation(op, record.request_id, ended=True) for op in report.operations],
         )
-    return ThreadTurn(
-        number=record.number,
-        request_id=record.request_id,
-        question=_cut(question, QUESTION_CHARS),
-        answer=_cut(report.final_text, ANSWER_CHARS) if report.final_text is not None else None,
-        status=report.status,
-        stop_reason=report.stop_reason,
-        operations=[_thread_operation(op, record.request_id, ended=True) for op in report.operations],
     )
+
+
+def _within_bounds(turn: ThreadTurn) -> ThreadTurn:
+    """The turn at most TURN_BYTES: the largest writes' arguments, then their outputs, replaced by a mark saying
+    how much was left out, until it fits."""
+    size = _size(turn)
+    for part in ("arguments", "output"):
+        by_size = sorted(turn.operations, key=lambda op: -len(json.dumps(getattr(op, part), default=str)))
+        for op in by_size:
+            if size <= TURN_BYTES:
+                return turn
+            left_out = len(json.dumps(getattr(op, part), default=str))
+            marked = {_LEFT_OUT: f"{left_out} bytes left out: this write's {part} made the thread too long"}
+            at = turn.operations.index(op)
+            turn.operations[at] = op.model_copy(update={part: marked})
+            size = _size(turn)
+    return turn
 
 
 def _thread_operation(op: OperationRecord, request_id: str, *, ended: bool) -> ThreadOperation:
