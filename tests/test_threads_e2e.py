@@ -695,6 +695,57 @@ async def test_a_write_of_a_message_terminated_mid_send_stays_known_as_unknown_a
     await _replays(client, thread.handle, client.get_workflow_handle(two.workflow_id))
 
 
+async def test_the_next_message_waits_until_a_terminated_requests_writes_are_read_and_then_meets_them(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The terminated request's ledger cannot be read for a while (a busy worker, a deploy that cannot replay it):
+    # the thread keeps asking, and the next message waits, rather than forget what the request did.
+    import toolloop.activities.threads as ledger_activity
+
+    monkeypatch.setattr(ledger_activity, "GET_LEDGER_QUERY", "no_such_query")
+    thread = _thread(client, settings)
+    note = _note(await ticket_version(settings.service_url), "thread: ledger read late")
+    event = {"calendarId": "cal-u1", "title": "Parcel call", "start": "2027-03-02T10:00:00Z"}
+    event["end"] = "2027-03-02T10:30:00Z"
+    model = script_spec(
+        [call("append_ticket_note", note, "w1")], [call("create_calendar_event", event, "w2")], [say("Both.")]
+    )
+    first = await thread.request(await thread.send("note it, then book a call", model=model))
+    approvals = aiter(first.approvals())
+    await first.decide(await anext(approvals), approve=True)
+    # The note is done; the request is terminated while the event waits for its approval.
+    assert (await anext(approvals)).tool == "create_calendar_event"
+    await first.handle.terminate("an operator stops it")
+    again_model = script_spec([call("append_ticket_note", note, "w1")], [say("Already there.")])
+    second_sent = await thread.send("add the note", model=again_model)
+    assert second_sent.ahead == 1
+
+    async def failed_again() -> bool:
+        pending = (await thread.handle.describe()).raw_description.pending_activities
+        return any(p.activity_type.name == "request_ledger" and p.attempt >= 3 for p in pending)
+
+    await assert_eventually(failed_again, what="the ledger asked again after failed attempts")
+    assert [m.state for m in await thread.messages()] == ["running", "queued"]
+    # Asked with no limit on attempts (it used to give up after 5 and record no writes at all).
+    scheduled = [
+        e.activity_task_scheduled_event_attributes
+        async for e in thread.handle.fetch_history_events()
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert [a.retry_policy.maximum_attempts for a in scheduled] == [0]
+    monkeypatch.undo()
+    # Read at last: message 2 meets the note as done, and sends nothing; the event was never sent.
+    second = await thread.request(second_sent)
+    report = await asyncio.wait_for(second.result(), 120)
+    [one, _] = await thread.messages()
+    outputs = await tool_outputs(second.handle)
+    assert report.operations == [] and outputs["w1"]["state"] == "verified"
+    assert outputs["w1"]["done_by_earlier_request"] == one.request_id
+    assert len(await effects(admin, outputs["w1"]["operation_id"])) == 1 and len(await _note_posts(admin)) == 1
+    assert one.outcome == "failed"
+    await _replays(client, thread.handle, second.handle)
+
+
 async def test_a_full_thread_refuses_one_more_message_and_a_closed_one_is_never_started_again_empty(
     client: Client, settings: Settings, worker: Worker
 ) -> None:

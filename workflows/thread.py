@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import WorkflowIDReusePolicy
+from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
@@ -44,8 +44,12 @@ with workflow.unsafe.imports_passed_through():
         turn_of,
     )
     from toolloop._temporal.search_attributes import request_search_attributes
-    from toolloop.workflows.retries import io_retry_policy
 
+
+# Unlimited attempts (the attempt's failure shows in the UI), at most a minute apart.
+_UNTIL_READ = RetryPolicy(
+    initial_interval=timedelta(milliseconds=500), maximum_interval=timedelta(minutes=1), maximum_attempts=0
+)
 
 # Runs from before it answered every message at once keep their way (replay).
 _ANSWER_AT_ONCE = "thread-answers-each-message-at-once"
@@ -211,15 +215,18 @@ class ThreadWorkflow:
 
     @staticmethod
     async def _ledger_of(record: MessageRecord) -> list[OperationRecord] | None:
-        """The ledger of a request that ended without a report: what it sent must not be forgotten."""
+        """The ledger of a request that ended without a report: what it sent must not be forgotten, so it is
+        asked until it is read (a busy worker, or one that cannot replay the closed run until a fixed one is
+        deployed), and the next message waits: a write forgotten here could be proposed and sent again once the
+        service no longer knows its key. None only if the request's history is gone."""
         try:
             ledger: list[OperationRecord] = await workflow.execute_activity(
                 REQUEST_LEDGER_ACTIVITY,
                 LedgerOfRequest(workflow_id=record.workflow_id),
                 result_type=list[OperationRecord],
                 start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=io_retry_policy(5),
-                summary=f"ledger of {record.request_id}",
+                retry_policy=_UNTIL_READ,
+                summary=f"ledger of {record.request_id} (the next message waits for it)",
             )
         except ActivityError:
             return None
