@@ -19,8 +19,13 @@ from temporalio.client import Client
 
 from tests.agent_helpers import assert_eventually, conversation, effects
 from tests.api_helpers import U1, U1_GLOBEX, U2, Api, assert_problem, pending_operation, running_api
-from tests.conftest import BusinessService, TemporalServer
+from tests.conftest import REPO_ROOT, BusinessService, TemporalServer
+from toolloop._api.app import ApiConfig, create_app
+from toolloop._api.limits import ApiLimits
+from toolloop._api.tokens import TokenMap
 from toolloop._core.contracts import MessageItem
+from toolloop._core.threads import MessageRecord
+from toolloop._temporal.client import ToolloopThread
 
 pytestmark = pytest.mark.e2e
 
@@ -171,6 +176,46 @@ async def test_the_same_idempotency_key_is_one_message_and_with_another_body_422
     assert len(await messages(http, thread_id)) == 1
 
 
+async def test_a_send_retried_at_once_that_finds_its_own_message_started_is_that_message_never_a_422(
+    api: Api, http: httpx.AsyncClient, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A client retries a send at once (its answer was lost). Forced interleaving: the retry reads the thread as it
+    # was before the first send arrived, and only then looks for a request under its key - the first send's
+    # message, started meanwhile. It is the thread's own message: the thread answers the retry, never "key reused".
+    # The retry runs through an API in this process (the same code as `starter.py serve`).
+    thread_id, key = new_id("t"), new_id("k")
+    first_done = asyncio.Event()
+    read_thread = ToolloopThread.messages
+
+    async def read_before_the_first_send(self: ToolloopThread) -> list[MessageRecord]:
+        await first_done.wait()
+        monkeypatch.setattr(ToolloopThread, "messages", read_thread)
+        return []
+
+    monkeypatch.setattr(ToolloopThread, "messages", read_before_the_first_send)
+    config = ApiConfig(
+        task_queue=api.task_queue,
+        tokens=TokenMap.load(REPO_ROOT / "config" / "api_tokens.json"),
+        signing_key=None,
+        limits=ApiLimits(create_rate="1000/minute", max_active_requests=1000),
+    )
+    transport = httpx.ASGITransport(app=create_app(client, config))
+    async with httpx.AsyncClient(transport=transport, base_url="http://api.test", timeout=60) as here:
+        retry = asyncio.create_task(send(here, thread_id, READ, key))
+        first = await send(http, thread_id, READ, key)
+        assert first.status_code == 201, first.text
+
+        async def started() -> bool:
+            return (await http.get(first.json()["request_url"], headers=U1)).status_code == 200
+
+        await assert_eventually(started, what="the first send's message started")
+        first_done.set()
+        again = await asyncio.wait_for(retry, 60)
+    assert again.status_code == 200, again.text
+    assert (again.json()["number"], again.json()["request_id"]) == (1, key)
+    assert len(await all_finished(http, thread_id, 1)) == 1
+
+
 async def test_another_users_thread_is_answered_like_a_missing_one_on_every_route(http: httpx.AsyncClient) -> None:
     thread_id, missing = new_id("t"), new_id("t")
     sent = await send(http, thread_id, READ)
@@ -232,6 +277,9 @@ async def test_a_closed_thread_runs_what_it_accepted_refuses_new_messages_and_le
     again = await http.post(f"/v1/threads/{thread_id}/close", headers=U1)
     assert again.status_code == 200 and [m["state"] for m in again.json()["messages"]] == ["finished"] * 2
     assert_problem(await send(http, thread_id, READ, new_id("c")), 409, "THREAD_CLOSED")
+    # A message it took is still that message when sent again (the same key and body), after the end too.
+    retried = await send(http, thread_id, READ, second["request_id"])
+    assert retried.status_code == 200 and retried.json()["number"] == 2
     # Another user's thread and a missing one: the same 404.
     missing = new_id("t")
     theirs = await http.post(f"/v1/threads/{thread_id}/close", headers=U2)

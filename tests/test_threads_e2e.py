@@ -801,6 +801,12 @@ async def test_a_closed_thread_runs_what_it_accepted_refuses_new_messages_and_th
     ]
     with pytest.raises(toolloop.ThreadClosed):
         await thread.send("after the end", model=script_spec([say("never")]))
+    # Still the same message when sent again after the thread ended, and its id with another question refused.
+    late = await thread.send("and then?", request_id=second.request_id, model=script_spec([say("that was all")]))
+    assert (late.attached, late.number, late.state) == (True, 2, "finished")
+    assert (await (await thread.request(late)).result()).final_text == "that was all"
+    with pytest.raises(toolloop.RequestIdReused):
+        await thread.send("something else", request_id=second.request_id, model=script_spec([say("x")]))
     assert [m.number for m in await thread.close()] == [1, 2]
     # Another user's thread of that id does not exist: closing it says so, as for any unknown thread.
     with pytest.raises(toolloop.ThreadNotFound):

@@ -918,12 +918,13 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                 "(POST /v1/threads/{thread_id}/close) or send to one of them",
             )
 
-    async def request_exists(actor: Actor, request_id: str) -> bool:
+    async def request_of_another(actor: Actor, request_id: str, thread: ToolloopThread) -> bool:
+        """Whether the caller has a request under this id that is not a message of `thread`."""
         try:
-            await found(actor, request_id)
+            _, description = await found(actor, request_id)
         except Problem:
             return False
-        return True
+        return description.parent_id != thread.workflow_id
 
     @app.post(
         "/v1/threads/{thread_id}/messages",
@@ -968,8 +969,9 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             if not known:
                 await check_room_for_a_thread(actor)
             # A key the caller used for a request of its own (or another thread's message that started) would
-            # leave this message refused when its turn came: refused now, as the request route refuses it.
-            if idempotency_key is not None and await request_exists(actor, request_id):
+            # leave this message refused when its turn came: refused now, as the request route refuses it. One
+            # this thread started is its own message (the same send retried at once): the thread answers it.
+            if idempotency_key is not None and await request_of_another(actor, request_id, thread):
                 raise _key_reused()
         try:
             accepted = await thread.send(

@@ -765,6 +765,10 @@ class ToolloopThread:
         except WorkflowAlreadyStartedError:
             with contextlib.suppress(WorkflowAlreadyStartedError):
                 await start.workflow_handle()  # the start operation holds the same error: read, not logged
+            # The thread's workflow has ended: a message it took is still that message (a retry), never new.
+            earlier = await self._taken_before(message)
+            if earlier is not None:
+                return earlier
             raise ThreadClosed(f"thread {self.thread_id} has been closed; start another thread") from None
         except WorkflowUpdateFailedError as err:
             cause = err.cause
@@ -776,6 +780,24 @@ class ToolloopThread:
                 raise ThreadClosed(cause.message) from None
             raise
         return accepted
+
+    async def _taken_before(self, message: ThreadMessage) -> MessageAccepted | None:
+        """The answer to a message its thread took before its workflow ended, as a retry is answered; None if it
+        has no message under this id. RequestIdReused if it has, with another submission."""
+        record = next((m for m in await self.messages() if m.request_id == message.request_id), None)
+        if record is None:
+            return None
+        if record.submission != message.submission:
+            raise RequestIdReused(f"request id {message.request_id} was already used for another message")
+        return MessageAccepted(
+            number=record.number,
+            request_id=record.request_id,
+            workflow_id=record.workflow_id,
+            ahead=0,
+            attached=True,
+            state=record.state,
+            submission=record.submission,
+        )
 
     async def close(self) -> list[MessageRecord]:
         """Close the thread: it takes no new message (`send` raises ThreadClosed); the messages it accepted still
