@@ -470,6 +470,8 @@ async def test_status_gives_the_executor_output_or_the_stored_refusal(
         lambda r: httpx.Response(500, text="Traceback"),
         lambda r: httpx.Response(200, text="{not json"),
         lambda r: httpx.Response(200, json={"state": "completed", "status_code": 409, "body": {"code": "IN_PROGRESS"}}),
+        # Completed, but without the reply's status: unreadable, never "not found" (which says nothing was done).
+        lambda r: httpx.Response(200, json={"state": "completed", "body": {"id": "N1"}, "retention_seconds": 86400}),
     ],
 )
 async def test_status_that_cannot_be_read_is_temporary(

@@ -356,9 +356,11 @@ class HttpWriteContract:
         except ValidationError:
             raise ToolTemporaryError("the operation status could not be read") from None
         retention = found.retention_seconds
-        if found.state != "completed" or found.status_code is None:
-            state: Literal["in_progress", "not_found"] = "in_progress" if found.state == "in_progress" else "not_found"
-            return OperationStatus(state=state, retention_seconds=retention)
+        if found.state != "completed":
+            return OperationStatus(state=found.state, retention_seconds=retention)
+        if found.status_code is None:
+            # The service says it completed: never "not found" (nothing done), only unreadable for now.
+            raise ToolTemporaryError("the operation completed but its stored outcome could not be read")
         try:
             output = write_answer(found.status_code, found.body, self.result, self.source.problem_codes)
         except ToolError as refusal:
