@@ -36,7 +36,7 @@ from tests.kit_service import (
     start_kit_service,
 )
 from tests.pg import PgServer, pg_server  # noqa: F401 - the fixture, for the PostgreSQL storage
-from toolloop._core.approvals import read_approval_claims, verify_key_for
+from toolloop._core.approvals import CLOCK_TOLERANCE_SECONDS, read_approval_claims, verify_key_for
 from toolloop.servicekit import (
     PROBLEM_MEDIA_TYPE,
     ClaimTaken,
@@ -389,6 +389,106 @@ async def test_the_approvals_expiry_is_checked_again_inside_the_commit(storage: 
     assert "expired before the write could be committed" in late.json()["detail"]
     assert status["state"] == "not_found"
     assert all_notes(storage) == [] and records(storage) == [] and claims(storage) == []
+
+
+async def passed(moment: float, what: str) -> None:
+    """Wait until the clock is past `moment` (an approval's expiry, say)."""
+
+    async def is_past() -> bool:
+        return time.time() > moment
+
+    await assert_eventually(is_past, within=10, what=what)
+
+
+async def test_an_attempt_stalled_in_its_commit_past_its_lease_and_expiry_commits_nothing(
+    storage: NotesStorage,
+) -> None:
+    # Every check before the effect passes; then the attempt stalls inside its commit (its note written, its
+    # record not yet) past its lease and its approval's expiry. The status says not_found meanwhile, which the
+    # workflow takes for "not done" once the approval has expired: the stalled commit must not make it untrue.
+    token = note_token(APPROVAL_KEY, "op-stall", NOTE, expires_in=CLOCK_TOLERANCE_SECONDS + 1)
+    expires_at = read_approval_claims(token).expires_at
+    stall = MeetingPoint("effect_written")
+    async with kit_app(storage, claim_lease_seconds=0.5, hold=stall) as http:
+        try:
+            attempt = asyncio.create_task(post_note(http, "op-stall", NOTE, token=token))
+            await stall.until(1, "the attempt wrote its note and stopped before its record")
+            await passed(expires_at, "the approval expired")
+            meanwhile = await status_of(http, "op-stall")
+        finally:
+            stall.go.set()
+        late = await attempt
+        after = await status_of(http, "op-stall")
+
+    assert meanwhile["state"] == "not_found"
+    assert late.status_code == 403 and problem_code(late) == "APPROVAL_EXPIRED"
+    assert "expired before the write could be committed" in late.json()["detail"]
+    assert after["state"] == "not_found"
+    assert all_notes(storage) == [] and records(storage) == [] and claims(storage) == []
+
+
+async def test_a_commit_within_the_clock_tolerance_before_the_expiry_is_refused(storage: NotesStorage) -> None:
+    # The workflow reads the expiry by its own clock, which may run ahead of the service's: the service stops
+    # committing the tolerance before the expiry, not at it.
+    token = note_token(APPROVAL_KEY, "op-edge", NOTE, expires_in=CLOCK_TOLERANCE_SECONDS + 1)
+    expires_at = read_approval_claims(token).expires_at
+    stall = MeetingPoint("effect_written")
+    async with kit_app(storage, hold=stall) as http:
+        try:
+            attempt = asyncio.create_task(post_note(http, "op-edge", NOTE, token=token))
+            await stall.until(1, "the attempt wrote its note and stopped before its record")
+            await passed(expires_at - CLOCK_TOLERANCE_SECONDS, "the tolerance before the expiry began")
+            released_at = time.time()
+        finally:
+            stall.go.set()
+        late = await attempt
+
+    assert released_at < expires_at  # still valid by the service's own clock when it went on
+    assert late.status_code == 403 and problem_code(late) == "APPROVAL_EXPIRED"
+    assert all_notes(storage) == [] and records(storage) == [] and claims(storage) == []
+
+
+async def test_an_attempt_whose_claim_was_taken_over_commits_nothing_and_the_one_holding_it_decides(
+    storage: NotesStorage,
+) -> None:
+    # A stalls after its claim past the lease; B takes the key over and stalls too; A goes on first. A's claim
+    # is no longer its own, so A commits nothing (409, ask again) and B, which holds the key, makes the note.
+    claimed = [threading.Event(), threading.Event()]
+    go = [threading.Event(), threading.Event()]
+    arrived: list[int] = []
+
+    def stall_each(write: IdempotentWrite) -> None:
+        turn = len(arrived)
+        arrived.append(turn)
+        claimed[turn].set()
+        go[turn].wait(timeout=15)
+
+    async with kit_app(storage, claim_lease_seconds=0.5, after_claim=stall_each) as http:
+        try:
+            attempt_a = asyncio.create_task(post_note(http, "op-over", NOTE))
+            await wait_for(claimed[0], "A claimed the key and stalled")
+
+            async def lease_ran_out() -> bool:
+                return bool((await status_of(http, "op-over"))["state"] == "not_found")
+
+            await assert_eventually(lease_ran_out, within=10, what="A's lease ran out")
+            attempt_b = asyncio.create_task(post_note(http, "op-over", NOTE))
+            await wait_for(claimed[1], "B took the key over and stalled")
+            go[0].set()
+            late = await attempt_a
+            left_by_a = (all_notes(storage), records(storage), len(claims(storage)))
+        finally:
+            go[0].set()
+            go[1].set()
+        made = await attempt_b
+        after = await status_of(http, "op-over")
+
+    assert late.status_code == 409 and problem_code(late) == "IN_PROGRESS"
+    assert left_by_a == ([], [], 1)  # nothing of A's; B's claim stays
+    assert made.status_code == 201 and "idempotent-replayed" not in made.headers
+    assert notes_of(storage, "op-over") == [("u1", "acme", NOTE["text"])]
+    assert records(storage) == [("acme", "u1", "op-over", 201)] and claims(storage) == []
+    assert after["state"] == "completed" and after["body"] == made.json()
 
 
 # --- Two real processes racing one key ------------------------------------------------------------------------

@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from toolloop._core.approvals import (
+        CLOCK_TOLERANCE_SECONDS,
         ApprovalInvalid,
         GrantClaims,
         PolicyClaims,
@@ -96,8 +97,6 @@ _ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
 # could still take effect unseen.
 _FINISH = workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
 _MIN_TIMEOUT = timedelta(seconds=1)
-# Approval tokens are minted by another machine's clock: allow this much when comparing with the deadline.
-_CLOCK_TOLERANCE_SECONDS = 2.0
 
 
 class OperationStateMachine:
@@ -273,10 +272,10 @@ class OperationStateMachine:
             or claims.grant.tool != op.tool
         ):
             raise ValueError("a grant comes with an approval of a write its policy asked about, for its own tool")
-        if decision.approve and claims.expires_at > self._deadline.timestamp() + _CLOCK_TOLERANCE_SECONDS:
+        if decision.approve and claims.expires_at > self._deadline.timestamp() + CLOCK_TOLERANCE_SECONDS:
             raise ValueError("the approval would outlive the request's deadline; it must expire by then")
         if window_end is not None and (
-            claims.decide_by is None or claims.decide_by > window_end.timestamp() + _CLOCK_TOLERANCE_SECONDS
+            claims.decide_by is None or claims.decide_by > window_end.timestamp() + CLOCK_TOLERANCE_SECONDS
         ):
             raise ValueError("the decision must name the operation's approval window (decide_by) and keep to it")
 

@@ -148,6 +148,10 @@ class ApprovalClaims(BoundClaims):
         return self.approved_by + (f" via {self.channel}" if self.channel else "")
 
 
+# Approval tokens are minted by one machine's clock and checked by others (the workflow's, the service's): how
+# far apart those clocks may be.
+CLOCK_TOLERANCE_SECONDS = 2.0
+
 # The refusals' codes: a service's problem code, the workflow's Update failure type. Distinct where the
 # remedy differs: an expired decision needs a new one, a wrong audience another channel setting, an unknown
 # key id a key this side has not been given (yet, during a rotation).

@@ -51,7 +51,17 @@ from toolloop.servicekit._kit import (
     Refusal,
     insecure_actor_from_headers,
 )
-from toolloop.servicekit._ledger import ClaimTaken, Hold, HoldPoint, Ledger, LedgerKey, LedgerRecord, no_hold
+from toolloop.servicekit._ledger import (
+    ClaimLost,
+    ClaimTaken,
+    CommitTooLate,
+    Hold,
+    HoldPoint,
+    Ledger,
+    LedgerKey,
+    LedgerRecord,
+    no_hold,
+)
 from toolloop.servicekit._sql import SqlLedger
 from toolloop.servicekit._sqlite import SqliteLedger
 
@@ -73,6 +83,8 @@ __all__ = [
     "LedgerKey",
     "LedgerRecord",
     "ClaimTaken",
+    "ClaimLost",
+    "CommitTooLate",
     "SqlLedger",
     "SqliteLedger",
     "PostgresLedger",

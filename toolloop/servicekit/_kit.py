@@ -3,9 +3,9 @@
 Order of checks for a write: identity -> Idempotency-Key (400) -> body size (413) -> the body (422, where the
 endpoint parses it) -> purge expired records -> a completed record (another payload: 422; the same payload:
 the stored reply, `Idempotent-Replayed: true`) -> an attempt in flight (409) -> the approval token (403) ->
-claim -> the effect and its record in one transaction (the approval's expiry checked again inside it) ->
-release the claim. `GET /operations/{operation_id}` answers what became of a key, and declares how long
-keys are kept.
+claim -> the effect and its record in one transaction, which commits only while the approval has not expired
+and the claim is still the attempt's (both checked again last inside it) -> release the claim.
+`GET /operations/{operation_id}` answers what became of a key, and declares how long keys are kept.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 
 from toolloop._core.approvals import (
     APPROVAL_EXPIRED,
+    CLOCK_TOLERANCE_SECONDS,
     ApprovalInvalid,
     http_subject,
     payload_digest,
@@ -43,7 +44,16 @@ from toolloop._core.problems import (
     PROBLEM_MEDIA_TYPE,
     describe_errors,
 )
-from toolloop.servicekit._ledger import ClaimTaken, Hold, Ledger, LedgerKey, LedgerRecord, no_hold
+from toolloop.servicekit._ledger import (
+    ClaimLost,
+    ClaimTaken,
+    CommitTooLate,
+    Hold,
+    Ledger,
+    LedgerKey,
+    LedgerRecord,
+    no_hold,
+)
 
 OPERATION_ID = r"^[A-Za-z0-9_-]{1,100}$"
 CLAIM_LEASE_SECONDS = 30.0
@@ -381,12 +391,30 @@ class IdempotencyKit:
             raise _in_progress() from None
         if isinstance(claimed, LedgerRecord):  # another attempt finished between the lookup and the claim
             return _replay(claimed, digest)
+        # The workflow says "not done" once the expiry has passed by its own clock and the status says not_found,
+        # and admits approvals that end up to the tolerance after its deadline; this service's clock may run
+        # behind the workflow's. So the tolerance leans towards refusing: nothing commits from that long before.
+        commit_by = expires_at - CLOCK_TOLERANCE_SECONDS
         try:
             if self.after_claim is not None:
                 self.after_claim(write)
             record, made = self.ledger.complete(
-                key, digest, _stored(effect, status, expires_at), time.time(), not_before, self.hold
+                key,
+                digest,
+                _stored(effect, status),
+                time.time(),
+                not_before,
+                self.hold,
+                claim_id=claimed,
+                commit_by=commit_by,
             )
+        except CommitTooLate:
+            expired = "the approval expired before the write could be committed"
+            raise KitProblem(403, APPROVAL_EXPIRED, expired) from None
+        except ClaimLost:
+            # Its lease ran out and another attempt holds the key now: that one decides; ask again.
+            taken = "another attempt took this Idempotency-Key over before this one could commit"
+            raise KitProblem(409, IN_PROGRESS, taken) from None
         finally:
             self.ledger.release(key, claimed)
         return Reply(record.status, record.body, committed=True) if made else _replay(record, digest)
@@ -430,17 +458,10 @@ def _replay(record: LedgerRecord, digest: str) -> Reply:
     return Reply(record.status, record.body, replayed=True)
 
 
-def _stored(
-    effect: Callable[[Any], Mapping[str, Any]], status: int, approval_expires_at: float
-) -> Callable[[Any], tuple[int, dict[str, Any]]]:
+def _stored(effect: Callable[[Any], Mapping[str, Any]], status: int) -> Callable[[Any], tuple[int, dict[str, Any]]]:
     """The effect as the ledger stores it: `status` and its body, or a definite refusal."""
 
     def run(tx: Any) -> tuple[int, dict[str, Any]]:
-        # Checked again here, inside the commit's transaction: an attempt that stalled with the request in hand
-        # (after the claim, say) must not commit once its approval has expired. Raising rolls back; nothing is
-        # recorded for the key.
-        if time.time() >= approval_expires_at:
-            raise KitProblem(403, APPROVAL_EXPIRED, "the approval expired before the write could be committed")
         # A savepoint around the effect: a refusal is recorded, but nothing the effect wrote before it stays.
         tx.execute("SAVEPOINT kit_effect")
         try:

@@ -9,10 +9,14 @@ The contract every storage keeps:
 - `claim` makes an attempt in flight visible (a concurrent attempt gets 409); checking and inserting the
   claim is atomic; its lease frees the key of a process that died holding it.
 - records older than the retention count as gone (`not_before`).
+- `complete` given a claim id and a time to commit by checks both last, just before the commit: past that
+  time, or with its claim no longer there (another attempt took the key over once its lease ran out), the
+  effect rolls back and nothing is recorded (CommitTooLate, ClaimLost).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -56,6 +60,15 @@ class ClaimTaken(Exception):
     """Another attempt with this key holds an unexpired claim."""
 
 
+class CommitTooLate(Exception):
+    """`complete` reached its commit at or after its `commit_by`: the effect was rolled back."""
+
+
+class ClaimLost(Exception):
+    """`complete` found at its commit that its claim no longer holds the key (another attempt took it over
+    once the lease ran out): the effect was rolled back."""
+
+
 class Ledger(Protocol):
     """Where the kit keeps its records; every method blocks (the kit runs them in a worker thread)."""
 
@@ -86,7 +99,12 @@ class Ledger(Protocol):
         now: float,
         not_before: float,
         hold: Hold = no_hold,
+        *,
+        claim_id: str | None = None,
+        commit_by: float = math.inf,
     ) -> tuple[LedgerRecord, bool]:
         """Run `effect` and store its (status, body) under `key` in one transaction, or return the record
-        another attempt stored first (untouched). The flag says whether this call made the record."""
+        another attempt stored first (untouched). The flag says whether this call made the record. Raises
+        CommitTooLate when the commit comes at or after `commit_by` (time.time()), ClaimLost when `claim_id`
+        no longer holds `key`; either leaves nothing."""
         ...

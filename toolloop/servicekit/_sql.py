@@ -13,11 +13,23 @@ other transaction's uncommitted row, then inserts nothing.
 from __future__ import annotations
 
 import json
+import math
+import time
 import uuid
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from toolloop.servicekit._ledger import ClaimTaken, Hold, LedgerKey, LedgerRecord, Pending, StoredEffect, no_hold
+from toolloop.servicekit._ledger import (
+    ClaimLost,
+    ClaimTaken,
+    CommitTooLate,
+    Hold,
+    LedgerKey,
+    LedgerRecord,
+    Pending,
+    StoredEffect,
+    no_hold,
+)
 
 SCHEMA = """
 -- One completed outcome per (actor, operation id), written in the same transaction as the effect;
@@ -54,6 +66,7 @@ _NEW_CLAIM = (
     " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
 )
 _RELEASE = f"DELETE FROM idempotency_claims WHERE {_KEY} AND claim_id = ?"
+_OWN_CLAIM = f"SELECT 1 AS held FROM idempotency_claims WHERE {_KEY} AND claim_id = ?"
 _STALE_RECORD = f"DELETE FROM idempotency_records WHERE {_KEY} AND created_at < ?"
 _NEW_RECORD = (
     "INSERT INTO idempotency_records (tenant_id, user_id, operation_id, digest, status, body, created_at)"
@@ -166,6 +179,9 @@ class SqlLedger:
         now: float,
         not_before: float,
         hold: Hold = no_hold,
+        *,
+        claim_id: str | None = None,
+        commit_by: float = math.inf,
     ) -> tuple[LedgerRecord, bool]:
         try:
             with self.dialect.transaction() as conn:
@@ -179,6 +195,12 @@ class SqlLedger:
                 params = (*key.params(), digest, status, json.dumps(body), now)
                 if conn.execute(self.dialect.sql(_NEW_RECORD), params).rowcount != 1:
                     raise _LostTheRace  # rolls back this attempt's effect
+                # Last, after any stall (a slow effect, a lock wait, a paused process): raising rolls back.
+                if time.time() >= commit_by:
+                    raise CommitTooLate
+                own = (*key.params(), claim_id)
+                if claim_id is not None and conn.execute(self.dialect.sql(_OWN_CLAIM), own).fetchone() is None:
+                    raise ClaimLost
         except _LostTheRace:
             with self.dialect.connect() as conn:
                 winner = self._completed(conn, key, not_before)
