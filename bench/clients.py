@@ -120,9 +120,9 @@ def limits_for(scenario: Scenario) -> Limits:
     )
 
 
-def approval_token(signing_key: str, operation_id: str, body: dict[str, Any]) -> str:
+def approval_token(signing_key: str, operation_id: str, body: dict[str, Any], request: str) -> str:
     """What the approval channel signs for a write the client sends itself ((b) and (c)): the user's approval
-    of exactly this POST's body under this operation id."""
+    of exactly this POST's body under this operation id, given in `request` (as toolloop's channel names it)."""
     return testing.approval_token(
         signing_key,
         actor=ACTOR,
@@ -131,6 +131,7 @@ def approval_token(signing_key: str, operation_id: str, body: dict[str, Any]) ->
         path=WRITE_PATH,
         audience=DEMO_AUDIENCE,
         ttl_seconds=_APPROVAL_TTL_S,
+        request=request,
     )
 
 
@@ -297,7 +298,7 @@ class FloorStack:
             call = write_call(scenario)
             key = operation_key(handle.id, call.call_id)
             await handle.execute_update(
-                APPROVE_UPDATE, approval_token(self._signing_key, key, write_body(call.arguments))
+                APPROVE_UPDATE, approval_token(self._signing_key, key, write_body(call.arguments), handle.id)
             )
         return handle
 
@@ -352,7 +353,7 @@ class PlainStack:
                 reads = [c for c in calls if c.name != WRITE_TOOL]
                 outputs = list(await asyncio.gather(*(self._read(c) for c in reads)))
                 for call in (c for c in calls if c.name == WRITE_TOOL):
-                    outputs.append(await self._write(call, f"plain-{request_id}-{call.call_id}"))
+                    outputs.append(await self._write(call, f"plain-{request_id}-{call.call_id}", request_id))
                 answered += len(outputs)
         except Exception as exc:
             outcome = _failed(self.name, request_id, started, exc, None)
@@ -367,12 +368,12 @@ class PlainStack:
         response.raise_for_status()
         return response.text
 
-    async def _write(self, call: Call, key: str) -> str:
+    async def _write(self, call: Call, key: str, request_id: str) -> str:
         body = write_body(call.arguments)
         headers = {
             **ACTOR_HEADERS,
             "Idempotency-Key": key,
-            "X-Approval-Token": approval_token(self._signing_key, key, body),
+            "X-Approval-Token": approval_token(self._signing_key, key, body, request_id),
         }
         response = await self._http.post(f"/calendars/{CALENDAR}/events", json=body, headers=headers)
         response.raise_for_status()

@@ -109,7 +109,7 @@ ELSEWHERE: dict[str, CoveredByTest | Gap] = {
     "A6": CoveredByTest(
         "tests/test_writes_e2e.py::test_update_validator_refuses_bad_decisions_and_nothing_is_sent",
         "forged decisions sent to the update validator by hand; no fault to inject",
-        missing="another operation or request only at the token level (test_a_token_for_anything_else_is_refused_with_its_reason)",
+        missing="another operation only at the token level (test_a_token_for_anything_else_is_refused_with_its_reason)",
     ),
     "A8": CoveredByTest(
         "tests/test_write_protocol_workflow.py::test_the_same_approval_twice_is_recorded_once",

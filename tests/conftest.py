@@ -69,10 +69,12 @@ def approval_token(
     decision: Literal["approve", "reject"] = "approve",
     decide_by: float | None = None,
     audience: str = DEMO_AUDIENCE,
+    request: str | None = None,
 ) -> str:
     """A decision token made by hand (the channel's job), for exactly `tool` (a demo write's name stands for its
     method and path) and `body` unless told otherwise. `decide_by`: the approval window's end, in seconds from
-    now (None: the token names no window)."""
+    now (None: the token names no window). `request`: the workflow id of the request it is given in (None: a
+    token for a service alone, which a workflow refuses)."""
     now = time.time()
     claims = ApprovalClaims(
         audience=audience,
@@ -85,6 +87,7 @@ def approval_token(
         expires_at=now + expires_in,
         decision=decision,
         decide_by=None if decide_by is None else now + decide_by,
+        request=request,
     )
     return mint_approval_token(key, claims)
 

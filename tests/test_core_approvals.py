@@ -16,9 +16,11 @@ from toolloop._core.approvals import (
     APPROVAL_REQUIRED,
     APPROVAL_UNKNOWN_KEY,
     APPROVAL_WRONG_AUDIENCE,
+    APPROVAL_WRONG_REQUEST,
     ApprovalClaims,
     ApprovalInvalid,
     approval_wait_summary,
+    check_approval_claims,
     check_verify_key,
     generate_signing_key,
     key_id,
@@ -150,6 +152,22 @@ def test_refusals_carry_distinct_codes(token: str, audience: str, now: float, co
     assert refused.value.code == code
 
 
+def test_a_decision_given_in_another_request_is_refused_where_the_request_is_known() -> None:
+    # A thread's later message proposes the same operation and payload again: only the request the decision
+    # names tells the two apart. The workflow names its own; a service knows no request and checks none.
+    given = read_approval_claims(mint_approval_token(KEY, claims(request="thread-m1")))
+    assert given.request == "thread-m1"
+    assert check_approval_claims(given, now=NOW, audience=AUD, expected=EXPECTED, request="thread-m1") == given
+    older = read_approval_claims(mint_approval_token(KEY, claims()))  # an older channel names no request
+    for token_claims, reason in ((given, "given in request 'thread-m1', not in this one"), (older, "names no request")):
+        with pytest.raises(ApprovalInvalid, match=reason) as refused:
+            check_approval_claims(token_claims, now=NOW, audience=AUD, expected=EXPECTED, request="thread-m2")
+        assert refused.value.code == APPROVAL_WRONG_REQUEST
+    # What a service checks (the kit verifies the same way) takes the claim and ignores it.
+    token = mint_approval_token(KEY, claims(request="thread-m1"))
+    assert verify_approval_token(VERIFY, token, now=NOW, audience=AUD, expected=EXPECTED) == given
+
+
 def test_a_forged_kid_does_not_help_a_token_signed_with_another_key() -> None:
     # The header names the trusted key's id, the signature is another key's: the signature check refuses it.
     other = mint_approval_token(OTHER_SIGNING_KEY, claims())
@@ -212,13 +230,15 @@ def test_the_channel_refuses_to_sign_what_it_cannot_recompute_from_what_it_shows
     with pytest.raises(ApprovalRefused, match="does not match the arguments shown"):
         check_shown_payload(request(arguments=shown))
     with pytest.raises(ApprovalRefused):
-        sign_decision(request(arguments=shown), Actor(user_id="u1"), KEY, approve=True)
+        sign_decision(request(arguments=shown), Actor(user_id="u1"), KEY, workflow_id="w1", approve=True)
 
 
 @pytest.mark.parametrize("approve", [True, False])
 def test_a_decision_token_never_outlives_the_requests_deadline(approve: bool) -> None:
     deadline = datetime.fromtimestamp(time.time() + 30, tz=UTC)
-    token = sign_decision(request(deadline=deadline), Actor(user_id="u1"), KEY, approve=approve, ttl_seconds=600)
+    token = sign_decision(
+        request(deadline=deadline), Actor(user_id="u1"), KEY, workflow_id="w1", approve=approve, ttl_seconds=600
+    )
     signed = verify_approval_token(
         VERIFY,
         token,
@@ -226,14 +246,14 @@ def test_a_decision_token_never_outlives_the_requests_deadline(approve: bool) ->
         audience=AUD,
         expected={**EXPECTED, "digest": request().digest, "decision": "approve" if approve else "reject"},
     )
-    assert signed.expires_at == deadline.timestamp() and signed.channel == "cli"
+    assert signed.expires_at == deadline.timestamp() and signed.channel == "cli" and signed.request == "w1"
     assert (signed.user_id, signed.tenant_id, signed.approved_by) == ("u1", "acme", "u1")
 
 
 def test_the_channel_signs_nothing_after_the_deadline() -> None:
     past = datetime.now(UTC) - timedelta(seconds=1)
     with pytest.raises(ApprovalRefused, match="deadline has passed"):
-        sign_decision(request(deadline=past), Actor(user_id="u1"), KEY, approve=True)
+        sign_decision(request(deadline=past), Actor(user_id="u1"), KEY, workflow_id="w1", approve=True)
 
 
 def test_an_approval_waits_timer_summary_names_its_tool_and_operation() -> None:

@@ -16,7 +16,14 @@ from typing import Any
 
 import httpx
 import pytest
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer, Worker
@@ -40,17 +47,20 @@ from tests.agent_helpers import (
     worker_env,
 )
 from tests.conftest import APPROVAL_KEY, REPO_ROOT, start_service
+from toolloop._core.approvals import APPROVAL_WRONG_REQUEST
 from toolloop._core.codes import ErrorType
 from toolloop._core.contracts import (
     AgentInput,
     AgentResult,
+    ApprovalDecision,
+    DecisionAnswer,
     FunctionCallItem,
     FunctionCallOutputItem,
     MessageItem,
     ThreadContext,
     ThreadOperation,
 )
-from toolloop._core.names import AGENT_WORKFLOW
+from toolloop._core.names import AGENT_WORKFLOW, APPROVE_OPERATION_UPDATE
 from toolloop._core.threads import KEPT_MESSAGES, MAX_QUEUED, MESSAGES_PER_RUN
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.plugin import workflow_runner
@@ -239,6 +249,52 @@ async def test_a_write_an_earlier_message_left_unknown_is_settled_by_status_and_
     shown_items = await conversation(client.get_workflow_handle(two.workflow_id))
     [earlier] = [i for i in shown_items if isinstance(i, FunctionCallOutputItem) and i.call_id == "m1_w1"]
     assert json.loads(earlier.output)["state"] == "unknown"
+
+
+async def test_an_approval_given_in_an_earlier_message_is_refused_in_a_later_one_and_sends_nothing(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient
+) -> None:
+    # Message 1: the note is approved, but the service answers every attempt 503 before doing anything and its
+    # status says not found: the note stays unknown, never done, with message 1's signed decision in its history.
+    await set_faults(admin, {"method": "POST", "path_regex": "^/tickets/T1001/notes$", "status": 503})
+    thread = _thread(client, settings)
+    note = _note(await ticket_version(settings.service_url), "thread: approved in message 1 only")
+    model = script_spec([call("append_ticket_note", note, "w1")], [say("Done.")])
+    first = await asyncio.wait_for(thread.run("add the note", model=model, limits=FAST, approver=lambda _: True), 120)
+    [op] = first.operations
+    assert (op.state, op.attempts) == ("unknown", FAST.max_write_attempts) and op.approval is not None
+    assert await effects(admin, op.operation_id) == []
+    (await admin.delete("/admin/faults")).raise_for_status()
+    [one] = await thread.messages()
+    message_one = client.get_workflow_handle(one.workflow_id)
+    # What anyone who reads message 1's history can copy: its approve_operation Update's input.
+    [copied] = [
+        (await client.data_converter.decode(accepted.input.args.payloads, [ApprovalDecision]))[0]
+        async for event in message_one.fetch_history_events()
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+        and (accepted := event.workflow_execution_update_accepted_event_attributes.accepted_request).input.name
+        == APPROVE_OPERATION_UPDATE
+    ]
+    assert (copied.operation_id, copied.digest, copied.approve) == (op.operation_id, op.digest, True)
+
+    # Message 2 proposes the very same note: not found at the service, so it waits for an approval of its own.
+    second = await thread.request(await thread.send("add the note again", model=model, limits=FAST))
+    approval = await anext(aiter(second.approvals()))
+    assert (approval.operation_id, approval.digest) == (op.operation_id, op.digest)
+    # Message 1's decision, sent to message 2 as it stands in message 1's history: refused, nothing recorded.
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await second.handle.execute_update(APPROVE_OPERATION_UPDATE, copied, result_type=DecisionAnswer)
+    cause = refused.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == APPROVAL_WRONG_REQUEST
+    assert [(o.state, o.approval) for o in await second.operations()] == [("awaiting_approval", None)]
+    assert await effects(admin, op.operation_id) == []
+    # A person's approval in message 2 sends it, once.
+    await second.decide(approval, approve=True)
+    report = await asyncio.wait_for(second.result(), 120)
+    [again] = report.operations
+    assert (again.operation_id, again.state, again.attempts) == (op.operation_id, "verified", 1)
+    assert len(await effects(admin, op.operation_id)) == 1
+    await _replays(client, thread.handle, message_one, second.handle)
 
 
 async def test_messages_sent_at_once_run_one_after_another_in_the_order_accepted(

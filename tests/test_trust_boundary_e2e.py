@@ -123,7 +123,9 @@ async def test_a_decision_signed_for_another_audience_is_refused_by_the_workflow
     assert request is not None and request.audience == DEMO_AUDIENCE  # the channel learns it from the workflow
     # The channel's own key, a real decision on this exact payload, but addressed to another service.
     window = request.approval_expires_at
-    decision = _decision(op.operation_id, op.digest, APPROVAL_KEY, audience=KIT_AUDIENCE, decide_by=window)
+    decision = _decision(
+        op.operation_id, op.digest, APPROVAL_KEY, audience=KIT_AUDIENCE, decide_by=window, request=handle.id
+    )
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await handle.execute_update(APPROVE_OPERATION_UPDATE, decision)
     assert _update_code(refused) == APPROVAL_WRONG_AUDIENCE
@@ -285,9 +287,16 @@ async def _approved_note(client: Client, settings: Settings, note: dict[str, obj
 
 
 def _decision(
-    operation_id: str, digest: str, signing_key: str, *, audience: str, decide_by: datetime | None = None
+    operation_id: str,
+    digest: str,
+    signing_key: str,
+    *,
+    audience: str,
+    decide_by: datetime | None = None,
+    request: str | None = None,
 ) -> ApprovalDecision:
-    """A decision signed by hand with `signing_key` for `audience` (what a channel of one's own would send)."""
+    """A decision signed by hand with `signing_key` for `audience` in the request `request` (what a channel of
+    one's own would send)."""
     now = time.time()
     claims = ApprovalClaims(
         audience=audience,
@@ -299,6 +308,7 @@ def _decision(
         approved_at=now,
         expires_at=now + 60,
         decide_by=decide_by.timestamp() if decide_by is not None else None,
+        request=request,
     )
     token = mint_approval_token(signing_key, claims)
     return ApprovalDecision(operation_id=operation_id, digest=digest, approve=True, token=token, by="u1")

@@ -466,7 +466,7 @@ async def test_the_same_approval_twice_is_recorded_once(harness: Harness) -> Non
     op = await waiting_operation(handle)
     request = await fetch_approval_request(handle, op.operation_id)
     assert request is not None
-    token = sign_decision(request, U1, APPROVAL_KEY, approve=True)
+    token = sign_decision(request, U1, APPROVAL_KEY, workflow_id=handle.id, approve=True)
     decision = ApprovalDecision(operation_id=op.operation_id, digest=op.digest, approve=True, token=token)
     first = await handle.execute_update(APPROVE_OPERATION_UPDATE, decision, result_type=dict)
     again = await handle.execute_update(APPROVE_OPERATION_UPDATE, decision, result_type=dict)
@@ -592,7 +592,7 @@ async def test_an_update_of_another_users_decision_names_no_one(harness: Harness
         with pytest.raises(ApprovalRefused, match="u2 may not decide it"):
             await decide(handle, op.operation_id, approve=approve, decider=u2)
         # ...and a token signed anyway (u2's decision on u1's write) is refused as a missing operation is.
-        claims = read_approval_claims(sign_decision(request, U1, APPROVAL_KEY, approve=approve))
+        claims = read_approval_claims(sign_decision(request, U1, APPROVAL_KEY, workflow_id=handle.id, approve=approve))
         forged = mint_approval_token(APPROVAL_KEY, claims.model_copy(update={"approved_by": "u2"}))
         decision = ApprovalDecision(operation_id=op.operation_id, digest=op.digest, approve=approve, token=forged)
         with pytest.raises(WorkflowUpdateFailedError) as refused:
@@ -679,7 +679,7 @@ async def test_a_request_cancelled_during_the_approval_wait_sends_nothing_even_i
     op = await waiting_operation(handle)
     request = await fetch_approval_request(handle, op.operation_id)
     assert request is not None
-    token = sign_decision(request, U1, APPROVAL_KEY, approve=True)
+    token = sign_decision(request, U1, APPROVAL_KEY, workflow_id=handle.id, approve=True)
     await handle.cancel()
     # The approval arrives while the cancellation is being handled: refused (by the validator, or because the
     # run has closed), or recorded just before it - and in no case sent.
@@ -723,7 +723,7 @@ async def test_a_write_in_flight_when_the_request_is_cancelled_is_waited_for_and
 
     await assert_eventually(cancel_handled, what="the workflow asked to cancel the attempt")
     # Once cancelled, no decision is taken any more.
-    token = sign_decision(request, U1, APPROVAL_KEY, approve=False)
+    token = sign_decision(request, U1, APPROVAL_KEY, workflow_id=handle.id, approve=False)
     rejection = ApprovalDecision(operation_id=op.operation_id, digest=op.digest, approve=False, token=token)
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await handle.execute_update(APPROVE_OPERATION_UPDATE, rejection)
@@ -796,7 +796,7 @@ async def test_an_approval_and_a_cancel_in_one_task_never_send_and_report_not_do
         op = await waiting_operation(handle)
         request = await fetch_approval_request(handle, op.operation_id)
         assert request is not None
-    token = sign_decision(request, U1, APPROVAL_KEY, approve=True)
+    token = sign_decision(request, U1, APPROVAL_KEY, workflow_id=handle.id, approve=True)
     decision = ApprovalDecision(operation_id=op.operation_id, digest=op.digest, approve=True, token=token)
     await handle.cancel()
     update = asyncio.create_task(handle.execute_update(APPROVE_OPERATION_UPDATE, decision, result_type=dict))
@@ -846,7 +846,7 @@ async def test_an_approval_that_arrives_after_its_window_is_refused_whatever_the
         op = await waiting_operation(handle)
         request = await fetch_approval_request(handle, op.operation_id)
         assert request is not None and request.approval_expires_at is not None
-        token = sign_decision(request, U1, APPROVAL_KEY, approve=True)
+        token = sign_decision(request, U1, APPROVAL_KEY, workflow_id=handle.id, approve=True)
     # No worker now: wait on the wall clock until the window has closed, then send the decision.
     await asyncio.sleep(max(0.0, request.approval_expires_at.timestamp() - time.time()) + 0.05)
     decision = ApprovalDecision(operation_id=op.operation_id, digest=op.digest, approve=True, token=token)
@@ -876,10 +876,14 @@ def test_the_channel_will_not_sign_once_the_window_has_closed_and_says_so() -> N
         audience="bizservice",
     )
     with pytest.raises(ApprovalRefused, match="approval window has closed"):
-        sign_decision(request, U1, APPROVAL_KEY, approve=True)
+        sign_decision(request, U1, APPROVAL_KEY, workflow_id="test-request", approve=True)
     # Inside the window, the token names it: the workflow and the service refuse a decision made after it.
     token = sign_decision(
-        request.model_copy(update={"approval_expires_at": now + timedelta(seconds=30)}), U1, APPROVAL_KEY, approve=True
+        request.model_copy(update={"approval_expires_at": now + timedelta(seconds=30)}),
+        U1,
+        APPROVAL_KEY,
+        workflow_id="test-request",
+        approve=True,
     )
     claims = read_approval_claims(token)
     assert claims.decide_by == pytest.approx((now + timedelta(seconds=30)).timestamp())

@@ -22,6 +22,7 @@ from temporalio.converter import (
     SerializationContext,
     WithSerializationContext,
 )
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
@@ -59,7 +60,7 @@ from tests.conftest import (
 from tests.user_tools import in_process_ledger
 from toolloop import AgentSpec, Toolset, request_result
 from toolloop import data_converter as toolloop_data_converter
-from toolloop._core.approvals import payload_digest
+from toolloop._core.approvals import APPROVAL_WRONG_REQUEST, payload_digest
 from toolloop._core.contracts import (
     Actor,
     AgentProgress,
@@ -513,9 +514,15 @@ async def test_rejected_operation_sends_nothing(
 
 
 def forged_token(
-    request: ApprovalRequest, *, approve: bool, user: str = "u1", key: str = APPROVAL_KEY, expires_in: float = 60
+    request: ApprovalRequest,
+    *,
+    approve: bool,
+    workflow_id: str | None,
+    user: str = "u1",
+    key: str = APPROVAL_KEY,
+    expires_in: float = 60,
 ) -> str:
-    """A decision token made by hand, to try what the approval channel never signs."""
+    """A decision token made by hand for the request `workflow_id`, to try what the approval channel never signs."""
     return approval_token(
         request.operation_id,
         request.tool,
@@ -524,6 +531,7 @@ def forged_token(
         key=key,
         expires_in=expires_in,
         decision="approve" if approve else "reject",
+        request=workflow_id,
     )
 
 
@@ -535,6 +543,8 @@ DECISION_FORGERIES = [
     "no_token",
     "decision_swapped",
     "outlives_deadline",
+    "other_request",
+    "no_request",
 ]
 
 
@@ -562,29 +572,37 @@ async def test_update_validator_refuses_bad_decisions_and_nothing_is_sent(
     request = await fetch_approval_request(handle, op.operation_id)
     assert request is not None
     digest = request.digest
-    token: str | None = forged_token(request, approve=approve)
+    token: str | None = forged_token(request, approve=approve, workflow_id=handle.id)
     if forgery == "other_user":
-        token = forged_token(request, approve=approve, user="u2")
+        token = forged_token(request, approve=approve, workflow_id=handle.id, user="u2")
     elif forgery == "other_digest":
         other = request.model_copy(update={"arguments": {**request.arguments, "text": "something else"}})
         other.digest = digest = payload_digest(other.tool, other.arguments)
-        token = forged_token(other, approve=approve)
+        token = forged_token(other, approve=approve, workflow_id=handle.id)
     elif forgery == "expired":
-        token = forged_token(request, approve=approve, expires_in=-1)
+        token = forged_token(request, approve=approve, workflow_id=handle.id, expires_in=-1)
     elif forgery == "unsigned":
-        token = forged_token(request, approve=approve, key=OTHER_SIGNING_KEY)
+        token = forged_token(request, approve=approve, workflow_id=handle.id, key=OTHER_SIGNING_KEY)
     elif forgery == "no_token":
         token = None
     elif forgery == "decision_swapped":
-        token = forged_token(request, approve=not approve)
+        token = forged_token(request, approve=not approve, workflow_id=handle.id)
     elif forgery == "outlives_deadline":
         if not approve:
             pytest.skip("a rejection commits nothing; only an approval must expire by the deadline")
-        token = forged_token(request, approve=approve, expires_in=3600)
+        token = forged_token(request, approve=approve, workflow_id=handle.id, expires_in=3600)
+    elif forgery == "other_request":
+        # Given in another request with the same operation and payload (a thread's earlier message).
+        token = forged_token(request, approve=approve, workflow_id="test-another-request")
+    elif forgery == "no_request":
+        token = forged_token(request, approve=approve, workflow_id=None)  # as a channel older than the claim
     decision = ApprovalDecision(operation_id=op.operation_id, digest=digest, approve=approve, token=token, by="u1")
 
-    with pytest.raises(WorkflowUpdateFailedError):
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
         await handle.execute_update(APPROVE_OPERATION_UPDATE, decision)
+    if forgery in ("other_request", "no_request"):
+        cause = refused.value.cause
+        assert isinstance(cause, ApplicationError) and cause.type == APPROVAL_WRONG_REQUEST
     result = await asyncio.wait_for(request_result(handle), timeout=60)
 
     [done] = result.operations

@@ -256,12 +256,14 @@ class OperationStateMachine:
         }
         try:
             # The signature was verified with the worker's keys (above); the claims are judged here, against
-            # this run's own state and clock only, so the same decision is judged alike by every worker.
+            # this run's own state and clock only, so the same decision is judged alike by every worker. Only
+            # here (validators never run on replay): histories recorded before tokens named their request replay.
             claims = check_approval_claims(
                 read_approval_claims(decision.token),
                 now=workflow.now().timestamp(),
                 audience=op.audience or "",
                 expected=expected,
+                request=workflow.info().workflow_id,
             )
         except ApprovalInvalid as exc:
             raise ApplicationError(str(exc), type=exc.code, non_retryable=True) from None

@@ -141,6 +141,9 @@ class ApprovalClaims(BoundClaims):
     roles: list[str] = Field(default_factory=list, max_length=20)
     # With an approval only: the next writes of the same tool this person approves in advance (GrantClaims).
     grant: GrantClaims | None = None
+    # The request (its workflow id) the decision was given in: a thread's later message proposes the same
+    # operation and digest again, and must not take this decision from its history. None: an older channel.
+    request: str | None = None
 
     @property
     def decided_by(self) -> str:
@@ -159,6 +162,7 @@ APPROVAL_REQUIRED = "APPROVAL_REQUIRED"
 APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
 APPROVAL_WRONG_AUDIENCE = "APPROVAL_WRONG_AUDIENCE"
 APPROVAL_UNKNOWN_KEY = "APPROVAL_UNKNOWN_KEY"
+APPROVAL_WRONG_REQUEST = "APPROVAL_WRONG_REQUEST"
 
 
 class ApprovalInvalid(ValueError):
@@ -183,6 +187,12 @@ class ApprovalUnknownKey(ApprovalInvalid):
     """The token names a key id this side does not hold."""
 
     code = APPROVAL_UNKNOWN_KEY
+
+
+class ApprovalWrongRequest(ApprovalInvalid):
+    """The decision was given in another request (or names none): the workflow's refusal, never a service's."""
+
+    code = APPROVAL_WRONG_REQUEST
 
 
 _ALGORITHM = "EdDSA"
@@ -318,11 +328,17 @@ def _verified_payload(
 
 
 def check_approval_claims(
-    claims: ApprovalClaims, *, now: float, audience: str, expected: Mapping[str, str]
+    claims: ApprovalClaims,
+    *,
+    now: float,
+    audience: str,
+    expected: Mapping[str, str],
+    request: str | None = None,
 ) -> ApprovalClaims:
     """Deterministic (no key, no clock of its own): the decision is for `audience`, not expired at `now`, made
-    within its approval window, and every `expected` claim (user_id, tenant_id, operation_id, digest,
-    decision) matches. Raises ApprovalInvalid (a subclass per distinct code) with a short reason."""
+    within its approval window, every `expected` claim (user_id, tenant_id, operation_id, digest, decision)
+    matches, and, when `request` is given (the workflow gives its id; a service knows no request), it was
+    given in that request. Raises ApprovalInvalid (a subclass per distinct code) with a short reason."""
     if claims.audience != audience:
         raise ApprovalWrongAudience(f"the approval is for {claims.audience!r}, not for {audience!r}")
     if claims.expires_at <= now:
@@ -334,6 +350,10 @@ def check_approval_claims(
             if name == "decision":
                 raise ApprovalInvalid(f"the token records a decision to {claims.decision}, not to {value}")
             raise ApprovalInvalid(f"the approval is for another {name.replace('_id', '').replace('_', ' ')}")
+    if request is not None and claims.request != request:
+        if claims.request is None:
+            raise ApprovalWrongRequest("the decision names no request it was given in; it must be signed again")
+        raise ApprovalWrongRequest(f"the decision was given in request {claims.request!r}, not in this one")
     return claims
 
 

@@ -58,6 +58,7 @@ def sign_decision(
     decider: Actor,
     signing_key: str,
     *,
+    workflow_id: str,
     approve: bool,
     channel: str = "cli",
     ttl_seconds: float = DEFAULT_APPROVAL_TTL_SECONDS,
@@ -70,7 +71,9 @@ def sign_decision(
     workflow names for the operation (the service or tool source that will check it); its header names the
     signing key's id, so the verifying side picks the key, two of them during a rotation. It is made for the
     person the write acts for (`user_id`), decided by `decider` with `roles` (their identity's): someone the
-    operation's policy does not name (or, without a policy, anyone but the requester) gets no token."""
+    operation's policy does not name (or, without a policy, anyone but the requester) gets no token. It names
+    the request it is given in (`workflow_id`, the request's workflow id): the workflow takes it in no other,
+    though a thread's later message proposes the same operation and payload again."""
     check_shown_payload(request)
     if decider.tenant_id != request.actor.tenant_id or not request.may_decide(decider.user_id, roles):
         raise ApprovalRefused(f"operation {request.operation_id}: {decider.user_id} may not decide it")
@@ -99,6 +102,7 @@ def sign_decision(
         channel=channel,
         decide_by=decide_by,
         grant=grant if approve else None,
+        request=workflow_id,
     )
     return mint_approval_token(signing_key, claims)
 
@@ -184,7 +188,15 @@ async def _send(
         raise ApprovalRefused("no approval key: set TOOLLOOP_APPROVAL_KEY or use the local stack")
     granted = grant_claims(grant, request, handle.id) if grant is not None and approve else None
     token = sign_decision(
-        request, decider, key, approve=approve, channel=channel, ttl_seconds=ttl_seconds, roles=roles, grant=granted
+        request,
+        decider,
+        key,
+        workflow_id=handle.id,
+        approve=approve,
+        channel=channel,
+        ttl_seconds=ttl_seconds,
+        roles=roles,
+        grant=granted,
     )
     decision = ApprovalDecision(
         operation_id=request.operation_id,
