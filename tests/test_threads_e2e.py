@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ from tests.agent_helpers import (
     worker_env,
 )
 from tests.conftest import APPROVAL_KEY, REPO_ROOT, start_service
-from toolloop._core.approvals import APPROVAL_WRONG_REQUEST
+from toolloop._core.approvals import APPROVAL_WRONG_REQUEST, CLOCK_TOLERANCE_SECONDS
 from toolloop._core.codes import ErrorType
 from toolloop._core.contracts import (
     AgentInput,
@@ -260,12 +261,29 @@ async def test_an_approval_given_in_an_earlier_message_is_refused_in_a_later_one
     thread = _thread(client, settings)
     note = _note(await ticket_version(settings.service_url), "thread: approved in message 1 only")
     model = script_spec([call("append_ticket_note", note, "w1")], [say("Done.")])
-    first = await asyncio.wait_for(thread.run("add the note", model=model, limits=FAST, approver=lambda _: True), 120)
+    # A short deadline: no approval of message 1, and no attempt of it, outlives it.
+    short = FAST.model_copy(update={"deadline_seconds": 6.0})
+    first = await asyncio.wait_for(thread.run("add the note", model=model, limits=short, approver=lambda _: True), 120)
     [op] = first.operations
     assert (op.state, op.attempts) == ("unknown", FAST.max_write_attempts) and op.approval is not None
     assert await effects(admin, op.operation_id) == []
     (await admin.delete("/admin/faults")).raise_for_status()
-    [one] = await thread.messages()
+    # Message 2 at once: the service has no record of the note, but an attempt of message 1 could still be on its
+    # way and commit until message 1's deadline. So the note stays unknown: no approval asked, nothing sent.
+    asked: list[toolloop.ApprovalRequest] = []
+    at_once = await asyncio.wait_for(
+        thread.run("add it now", model=model, limits=FAST, approver=lambda a: asked.append(a) or True), 120
+    )
+    [held] = at_once.operations
+    assert (held.operation_id, held.state, held.attempts, asked) == (op.operation_id, "unknown", 0, [])
+    assert [c.state for c in held.status_checks] == ["not_found"]
+    assert "may still take effect until" in (held.output or {}).get("message", "")
+    assert await effects(admin, op.operation_id) == []
+    # Once message 1's deadline has passed (that instant is known: the clock is waited for), "not found" is
+    # conclusive: the service refuses to commit an attempt whose approval has expired.
+    assert op.sent_until is not None and held.sent_until == op.sent_until
+    await asyncio.sleep(max((op.sent_until - datetime.now(UTC)).total_seconds() + CLOCK_TOLERANCE_SECONDS + 0.5, 0))
+    [one, _] = await thread.messages()
     message_one = client.get_workflow_handle(one.workflow_id)
     # What anyone who reads message 1's history can copy: its approve_operation Update's input.
     [copied] = [
@@ -277,18 +295,20 @@ async def test_an_approval_given_in_an_earlier_message_is_refused_in_a_later_one
     ]
     assert (copied.operation_id, copied.digest, copied.approve) == (op.operation_id, op.digest, True)
 
-    # Message 2 proposes the very same note: not found at the service, so it waits for an approval of its own.
+    # Message 3 proposes the very same note: not found at the service, so it waits for an approval of its own.
     second = await thread.request(await thread.send("add the note again", model=model, limits=FAST))
     approval = await anext(aiter(second.approvals()))
     assert (approval.operation_id, approval.digest) == (op.operation_id, op.digest)
-    # Message 1's decision, sent to message 2 as it stands in message 1's history: refused, nothing recorded.
+    # Message 1's decision, sent to message 3 as it stands in message 1's history: refused as another request's
+    # (before its expiry is even looked at), nothing recorded. While it was still valid, no message asked for an
+    # approval of this note (message 2 above); tests/test_writes_e2e.py sends a valid decision of another request.
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await second.handle.execute_update(APPROVE_OPERATION_UPDATE, copied, result_type=DecisionAnswer)
     cause = refused.value.cause
     assert isinstance(cause, ApplicationError) and cause.type == APPROVAL_WRONG_REQUEST
     assert [(o.state, o.approval) for o in await second.operations()] == [("awaiting_approval", None)]
     assert await effects(admin, op.operation_id) == []
-    # A person's approval in message 2 sends it, once.
+    # A person's approval in message 3 sends it, once.
     await second.decide(approval, approve=True)
     report = await asyncio.wait_for(second.result(), 120)
     [again] = report.operations

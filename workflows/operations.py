@@ -97,6 +97,8 @@ _ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
 # could still take effect unseen.
 _FINISH = workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
 _MIN_TIMEOUT = timedelta(seconds=1)
+# The longest an approval lives (Limits.approval_ttl_seconds at most, and a request's deadline at most).
+_LONGEST_APPROVAL_SECONDS = 86_400
 
 
 class OperationStateMachine:
@@ -552,6 +554,7 @@ class OperationStateMachine:
         # retention counts from the first of them).
         op.first_sent_at = earlier.first_sent_at
         op.retention_seconds = earlier.retention_seconds
+        op.sent_until = earlier.sent_until
         op.note = f"left {earlier.state} by request {earlier.request_id} of this thread"
         self._move(op, "unknown")
         if not call.has_status:
@@ -562,6 +565,12 @@ class OperationStateMachine:
             # Not found, but the service may have forgotten the operation id since an earlier attempt: a resend
             # could be a second effect. Fail closed, as a request does after its own unclear attempt.
             return self._unknown(op, "the service may no longer remember an earlier attempt; it was not resent.")
+        may_commit_until = self._earlier_attempt_may_commit_until(op)
+        if settled is None and may_commit_until is not None:
+            # Not found, but an earlier attempt may still be on its way and commit (its approval holds until
+            # then): asking for a new approval now could end in "not done" for a write that then happens.
+            why = f"an earlier attempt may still take effect until {may_commit_until:%Y-%m-%d %H:%M:%S} UTC"
+            return self._unknown(op, f"{why}; it was not sent again (ask again after that).")
         if settled is None:
             return None
         completed, payload = settled
@@ -570,6 +579,16 @@ class OperationStateMachine:
         if not call.has_read_back:
             return self._unverified(op, payload, "this tool has no read-back")
         return await self._verify(op, payload)
+
+    def _earlier_attempt_may_commit_until(self, op: OperationRecord) -> datetime | None:
+        """Until when an earlier message's attempt of `op` may still commit, if that is still ahead (with the
+        clocks' tolerance); None once no attempt can. Unrecorded (a thread from before this was kept): a day, the
+        longest an approval lives."""
+        if op.first_sent_at is None:
+            return None
+        until = op.sent_until or op.first_sent_at + timedelta(seconds=_LONGEST_APPROVAL_SECONDS)
+        until += timedelta(seconds=CLOCK_TOLERANCE_SECONDS)
+        return until if workflow.now() < until else None
 
     def _send_until(self, op: OperationRecord) -> datetime:
         """After this no attempt is sent: the service would refuse it, and must refuse to commit it."""
@@ -691,6 +710,8 @@ class OperationStateMachine:
             self.reads = unchanged_by([(call.policy_facts, self._arguments[op.operation_id])], self.reads)
         if op.first_sent_at is None:
             op.first_sent_at = workflow.now()
+        until = self._send_until(op)
+        op.sent_until = until if op.sent_until is None else max(op.sent_until, until)
         self._move(op, "sent")
         # No longer than the approval lives: the service refuses to commit after that anyway.
         left = self._send_until(op) - workflow.now()

@@ -341,6 +341,11 @@ def check_approval_claims(
     given in that request. Raises ApprovalInvalid (a subclass per distinct code) with a short reason."""
     if claims.audience != audience:
         raise ApprovalWrongAudience(f"the approval is for {claims.audience!r}, not for {audience!r}")
+    # Before the clock: another request's decision is refused as such, expired or not.
+    if request is not None and claims.request != request:
+        if claims.request is None:
+            raise ApprovalWrongRequest("the decision names no request it was given in; it must be signed again")
+        raise ApprovalWrongRequest(f"the decision was given in request {claims.request!r}, not in this one")
     if claims.expires_at <= now:
         raise ApprovalExpired("the approval has expired")
     if claims.decide_by is not None and claims.approved_at >= claims.decide_by:
@@ -350,10 +355,6 @@ def check_approval_claims(
             if name == "decision":
                 raise ApprovalInvalid(f"the token records a decision to {claims.decision}, not to {value}")
             raise ApprovalInvalid(f"the approval is for another {name.replace('_id', '').replace('_', ' ')}")
-    if request is not None and claims.request != request:
-        if claims.request is None:
-            raise ApprovalWrongRequest("the decision names no request it was given in; it must be signed again")
-        raise ApprovalWrongRequest(f"the decision was given in request {claims.request!r}, not in this one")
     return claims
 
 

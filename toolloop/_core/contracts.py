@@ -417,6 +417,9 @@ class OperationRecord(BaseModel):
     audience: str | None = None
     # What the deployment's approval policy decided (None: no policy; the requester decides).
     policy: PolicyRecord | None = None
+    # The last instant an attempt of it may still commit (the latest sent attempt's approval expiry, at most its
+    # request's deadline; an earlier message's attempts count too). None: no attempt sent, or not known.
+    sent_until: datetime | None = None
 
     def decision_answer(self) -> DecisionAnswer:
         return DecisionAnswer(state=self.state, at=self.approval.at if self.approval else None)
@@ -721,6 +724,9 @@ class ThreadOperation(BaseModel):
     # a later "not found" proves nothing was done only within that time.
     first_sent_at: datetime | None = None
     retention_seconds: float | None = None
+    # Until when an attempt already sent may still commit (OperationRecord.sent_until): before that, "not found"
+    # may be an attempt still on its way.
+    sent_until: datetime | None = None
 
 
 class ThreadTurn(BaseModel):

@@ -216,6 +216,7 @@ def _thread_operation(op: OperationRecord, request_id: str, *, ended: bool) -> T
         request_id=request_id,
         first_sent_at=op.first_sent_at,
         retention_seconds=op.retention_seconds,
+        sent_until=op.sent_until,
     )
 
 
