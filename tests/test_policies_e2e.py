@@ -27,9 +27,10 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Replayer, Worker
 
+import toolloop
 from demo.agent import build as build_demo
 from devstack.processes import ManagedProcess, free_port, start_business_service
-from tests.agent_helpers import assert_eventually, effects, start_agent, waiting_operation
+from tests.agent_helpers import assert_eventually, effects, set_faults, start_agent, ticket_version, waiting_operation
 from tests.api_helpers import U1 as U1_TOKEN
 from tests.api_helpers import U2, Api, assert_problem, pending_operation, running_api
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, REPO_ROOT, BusinessService, TemporalServer
@@ -260,6 +261,43 @@ async def test_a_write_whose_tool_names_no_facts_outdates_every_earlier_read(sta
     ]
     assert [len(await effects(stack.admin, op.operation_id)) for op in result.operations] == [1, 1, 1]
     answered_once(result)
+
+
+async def test_while_an_earlier_message_of_the_thread_left_a_write_unknown_no_read_is_a_fact(
+    stack: PolicyStack,
+) -> None:
+    # Message 1's note is approved but every attempt gets a 503: it stays unknown (it may yet have happened, and
+    # nothing says what it changes). Message 2 reads the order and asks for a small refund: the rule that would
+    # allow it (the first test above) cannot, since the read may show the state before that write; a person asks.
+    await set_faults(stack.admin, {"method": "POST", "path_regex": "^/tickets/T1001/notes$", "status": 503})
+    client = toolloop.ToolloopClient(
+        stack.client, task_queue=stack.settings.task_queue, signing_key=APPROVAL_KEY, channel="test"
+    )
+    thread = client.thread(f"t-{uuid.uuid4().hex[:8]}", actor=U1)
+    note = {"ticketId": "T1001", "text": "policy: unknown", "expectedVersion": await ticket_version(stack.service_url)}
+    fast = Limits(unknown_resolution_seconds=3, settle_seconds=5, status_max_attempts=2)
+    first = await asyncio.wait_for(
+        thread.run(
+            "note it", model=script([call("append_ticket_note", note, "w1")], [say("ok")]), limits=fast, approver=bool
+        ),
+        120,
+    )
+    assert [op.state for op in first.operations] == ["unknown"]
+    (await stack.admin.delete("/admin/faults")).raise_for_status()
+    asked: list[toolloop.ApprovalRequest] = []
+    second = await asyncio.wait_for(
+        thread.run(
+            "refund it",
+            model=script([read_order("A100", "r1")], [refund("A100", 500, "w2")], [say("done")]),
+            approver=lambda a: asked.append(a) or True,
+        ),
+        120,
+    )
+    [op] = second.operations
+    assert [a.operation_id for a in asked] == [op.operation_id]
+    assert op.policy is not None and (op.policy.verdict, op.policy.rules) == ("ask", ["requester-decides-the-rest"])
+    assert op.state == "verified" and op.approval is not None and op.approval.by == "u1 via test"
+    assert len(await refunds_made(stack, op)) == 1
 
 
 async def test_without_reading_the_order_first_the_rule_cannot_allow_and_the_requester_decides(

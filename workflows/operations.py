@@ -360,11 +360,18 @@ class OperationStateMachine:
         within the approval window: nothing is sent (fail closed)."""
         assert self.policy_task_queue is not None and op.approval_expires_at is not None
         # A read an earlier write may have changed, and whose outcome is not known yet (sent, unknown), is no fact:
-        # a read made while that write is in flight may show the state before it.
-        unsettled = [
-            (self._facts_of[other.operation_id], self._arguments[other.operation_id])
+        # a read made while that write is in flight may show the state before it. A write with no facts recorded
+        # here (left unknown by an earlier message of the thread, here or not proposed again) may have changed
+        # anything: no read is a fact while it is unknown.
+        unsettled: list[tuple[list[PolicyFact], dict[str, Any]]] = [
+            (self._facts_of.get(other.operation_id, []), self._arguments[other.operation_id])
             for other in self.ledger.values()
-            if other.state in ("sent", "unknown") and other.operation_id in self._facts_of
+            if other.state in ("sent", "unknown")
+        ]
+        unsettled += [
+            ([], {})
+            for earlier in self._earlier.values()
+            if earlier.state == "unknown" and earlier.operation_id not in self.ledger
         ]
         facts = policy_facts(call.policy_facts, self._arguments[op.operation_id], unchanged_by(unsettled, self.reads))
         grants = [(token, used) for token, grant, used in self._grants if grant.tool == op.tool]
