@@ -854,8 +854,9 @@ class ToolloopThread:
     async def follow(self) -> AsyncGenerator[list[MessageRecord], None]:
         """The thread's messages now, then again each time they change, for as long as the thread's workflow
         runs (across its continue-as-new): a long poll on its history - every change is a workflow task, and
-        every task ends with an event. A Temporal that does not answer for a while is asked again.
-        ThreadNotFound if there is no such thread of this actor."""
+        every task ends with an event. Each run's history is read once, then long-polled from where it was
+        left. A Temporal that does not answer for a while is asked again. ThreadNotFound if there is no such
+        thread of this actor."""
         seen: list[MessageRecord] | None = None
         pause = 0.0
         while True:
@@ -870,11 +871,16 @@ class ToolloopThread:
                     return
                 length = description.raw_description.workflow_execution_info.history_length
                 run = self.client.temporal.get_workflow_handle(self.workflow_id, run_id=description.run_id)
-                # Left at the first change: each page is asked for only when the one before it was read.
                 async for event in run.fetch_history_events(wait_new_event=True):
-                    if event.event_id > length and event.event_type in _THREAD_CHANGED:
-                        break
-                pause = 0.0
+                    if event.event_id <= length or event.event_type not in _THREAD_CHANGED:
+                        continue
+                    if event.event_type in CLOSED_EVENTS:
+                        break  # continued as new (the next run is described above) or ended
+                    messages = await self.messages()
+                    if messages != seen:
+                        seen = messages
+                        yield messages
+                    pause = 0.0
             except RPCError as err:
                 if err.status == RPCStatusCode.NOT_FOUND:
                     raise ThreadNotFound(f"no thread {self.thread_id}") from None
