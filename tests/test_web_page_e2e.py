@@ -364,6 +364,36 @@ async def send_message(page: Page, question: str) -> dict[str, Any]:
     return answer
 
 
+async def test_a_conversation_ended_from_the_page_takes_no_new_message_and_says_so(
+    api: Api, http: httpx.AsyncClient
+) -> None:
+    async with browse(api) as browsed:
+        page = browsed.page
+        await log_in(page)
+        await page.click("#thread-new")
+        thread_id = await page.input_value("#thread-id")
+        first = await send_message(page, THREAD_READ)
+        one = page.locator(f'#thread-messages [data-request-id="{first["request_id"]}"]')
+        await expect(one).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
+        async with page.expect_response(lambda r: r.url.endswith("/close") and r.request.method == "POST") as info:
+            await page.click("#thread-end")
+        assert (await info.value).status == 200
+        await expect(page.locator("#thread-closed")).to_be_visible()
+        await expect(page.locator("#message-submit")).to_be_disabled()
+        await expect(page.locator("#thread-end")).to_be_disabled()
+        # Its messages have run, so its workflow ends and its stream says so: the page stops following it.
+        await expect(page.locator("#thread-live")).to_have_text("closed", timeout=WAIT_MS)
+        await expect(page.locator("#thread-error")).to_be_hidden()
+        refused = await http.post(f"/v1/threads/{thread_id}/messages", json={"question": "more?"}, headers=U1)
+        assert refused.status_code == 409 and refused.json()["code"] == "THREAD_CLOSED"
+        # Opened again, it is the same conversation, shown closed once its stream says so.
+        await page.fill("#thread-id", thread_id)
+        await page.click("#thread-open")
+        await expect(page.locator("#thread-messages > li")).to_have_count(1)
+        await expect(page.locator("#thread-live")).to_have_text("closed", timeout=WAIT_MS)
+        await expect(page.locator("#message-submit")).to_be_disabled()
+
+
 async def test_a_conversation_shows_two_messages_in_order_a_queued_one_as_queued_and_approves_a_write(
     api: Api, http: httpx.AsyncClient, admin: httpx.AsyncClient
 ) -> None:

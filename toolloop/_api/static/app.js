@@ -1308,6 +1308,10 @@
     }
     if (event.id) t.lastEventId = event.id;
     if (event.type === "error") {
+      if (data.code === "THREAD_CLOSED") {
+        markThreadClosed(t);
+        return;
+      }
       showError($("thread-error"), `The conversation's updates stopped: ${data.detail} (${data.code})`);
       return;
     }
@@ -1343,7 +1347,7 @@
     let failures = 0;
     const live = $("thread-live");
     try {
-      while (thread === t && t.session === session && !controller.signal.aborted) {
+      while (thread === t && t.session === session && !controller.signal.aborted && !t.ended) {
         let received = 0;
         try {
           const response = await fetchEvents(`${threadPath(t.id)}/events`, t.lastEventId, controller.signal);
@@ -1366,6 +1370,7 @@
         } catch (error) {
           if (controller.signal.aborted) return;
         }
+        if (t.ended) return; // closed, and every message it took has run: nothing more will come
         // The stream ended (dropped, or the server's own time bound): continue from the last event seen.
         failures = received ? 1 : failures + 1;
         if (failures > MAX_RETRIES) {
@@ -1390,6 +1395,41 @@
     $("thread-view").hidden = true;
   }
 
+  // A closed thread takes no new message; its stream's THREAD_CLOSED says its workflow has ended (its messages
+  // have run), and a send refused with THREAD_CLOSED says it was closed.
+  function markThreadClosed(t, ended = true) {
+    if (thread !== t) return;
+    t.closed = true;
+    if (ended) {
+      t.ended = true;
+      const live = $("thread-live");
+      setText(live, "closed");
+      live.dataset.live = "closed";
+    }
+    $("thread-closed").hidden = false;
+    $("thread-end").disabled = true;
+    $("message").disabled = true;
+    $("message-submit").disabled = true;
+  }
+
+  async function endThread() {
+    const t = thread;
+    if (!t) return;
+    const button = $("thread-end");
+    button.disabled = true;
+    showError($("thread-error"), "");
+    try {
+      await api(`${threadPath(t.id)}/close`, { method: "POST" });
+      markThreadClosed(t, false);
+      announce("Conversation closed");
+      loadThreads();
+    } catch (error) {
+      if (thread !== t) return;
+      button.disabled = false;
+      showError($("thread-error"), `The conversation was not closed: ${describe(error)}`);
+    }
+  }
+
   let pendingMessageKey = null; // reused when the same message is sent again after a failure: one message
   let pendingMessage = null;
 
@@ -1407,6 +1447,10 @@
     closeThread();
     const t = { id, session, reqs: new Map(), lastEventId: null, abort: null, following: false };
     thread = t;
+    $("thread-closed").hidden = true;
+    $("thread-end").disabled = false;
+    $("message").disabled = false;
+    $("message-submit").disabled = false;
     $("thread-id").value = id;
     setText($("thread-name"), id);
     setText($("thread-live"), "");
@@ -1484,8 +1528,9 @@
       loadThreads();
     } catch (error) {
       if (thread === t) showError(errorNode, `The message was not sent: ${describe(error)}`);
+      if (error instanceof ApiError && error.code === "THREAD_CLOSED") markThreadClosed(t, false);
     } finally {
-      button.disabled = false;
+      button.disabled = Boolean(t.closed);
     }
   }
 
@@ -1762,6 +1807,7 @@
     });
     $("thread-new").addEventListener("click", () => openThread(newKey().replace("web-", "thread-")));
     $("message-form").addEventListener("submit", sendMessage);
+    $("thread-end").addEventListener("click", endThread);
     $("refresh").addEventListener("click", () => loadList());
     $("decisions-refresh").addEventListener("click", () => loadDecisions());
     $("more").addEventListener("click", () => loadList(true));
