@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import toolloop
 from toolloop import Actor, Arguments, ReadBack, ToolContext, Toolset
+from toolloop._core.approvals import derive_operation_id, payload_digest
 from toolloop._core.arguments import JsonSchemaArguments
 from toolloop._core.contracts import FunctionCallItem
 from toolloop._core.validation import check_call
@@ -503,3 +504,21 @@ async def test_an_in_process_write_checks_its_own_approval_token_as_a_service_wo
         assert (out["ok"], out["code"]) == (False, "CONFIRMATION_REQUIRED") and "nothing was done" in out["message"]
     assert written == []
     assert await run(token()) == {"ok": True, "entries": 1} and written == ["hi"]
+
+
+def test_a_json_schema_tools_whole_numbers_are_one_payload_however_the_model_writes_them() -> None:
+    # {"n": 5} and {"n": 5.0} are the same JSON payload: one operation id and one digest, never two operations.
+    arguments = JsonSchemaArguments(
+        {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}, "x": {"type": "number"}, "tags": {"type": "array"}},
+            "required": ["n", "x", "tags"],
+        }
+    )
+    plain = arguments.check('{"n": 5, "x": 2, "tags": [1, {"k": 3}]}')
+    written = arguments.check('{"n": 5.0, "x": 2.0, "tags": [1.0, {"k": 3.0}]}')
+    assert plain == written and json.dumps(written) == '{"n": 5, "x": 2, "tags": [1, {"k": 3}]}'
+    assert derive_operation_id("r", "t", plain) == derive_operation_id("r", "t", written)
+    assert payload_digest("t", plain) == payload_digest("t", written)
+    # A fraction stays as it was written.
+    assert arguments.check('{"n": 5, "x": 2.5, "tags": []}')["x"] == 2.5

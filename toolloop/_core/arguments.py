@@ -438,7 +438,8 @@ class JsonSchemaArguments:
             if len(errors) > _MAX_ERRORS_SHOWN:
                 parts.append(f"and {len(errors) - _MAX_ERRORS_SHOWN} more")
             raise ArgumentsRejected("; ".join(parts))
-        return dict(data)
+        canonical: dict[str, Any] = _whole_numbers_as_ints(dict(data))
+        return canonical
 
     def check(self, text: str) -> dict[str, Any]:
         return self._validate(json.loads(text))
@@ -456,6 +457,18 @@ class JsonSchemaArguments:
 
     def summary_values(self, args: Any) -> list[str]:
         return [str(v) for v in dict(args).values() if v is not None and not isinstance(v, (dict, list))]
+
+
+def _whole_numbers_as_ints(value: Any) -> Any:
+    """5.0 as 5, at any depth: JSON has one number type, and the same payload must give one operation id and one
+    digest however the model wrote its numbers (a tool with a pydantic model gets this from pydantic)."""
+    if isinstance(value, dict):
+        return {name: _whole_numbers_as_ints(item) for name, item in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers_as_ints(item) for item in value]
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return value
 
 
 def _drop_optional_nulls(value: Any, schema: Any) -> Any:
