@@ -23,13 +23,14 @@ from rich.table import Table
 from rich.text import Text
 from temporalio.client import (
     Client,
+    WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
 from temporalio.exceptions import TerminatedError
 from temporalio.exceptions import TimeoutError as WorkflowTimeoutError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 # typer carries its own copy of click; its usage errors are these (pyproject pins the typer range).
 from devstack.processes import StackError
@@ -1218,11 +1219,7 @@ def _report_of_own_request(
 ) -> NoReturn:
     """The session's own request's report (cancelled first if asked), printed as ask prints it, and exit as
     ask would have; another user's request looks like a missing one."""
-    actor = _actor(user, tenant)
-    settings = _read(Settings)
-    if local_stack:
-        settings = _settings_for_local_stack(settings)
-    _check_user(settings, actor, local_stack)
+    actor, settings = _session_of(user, tenant, local_stack)
     try:
         report = asyncio.run(_own_report(workflow_id, actor, settings, cancel=cancel))
     except typer.Exit:
@@ -1259,26 +1256,45 @@ def close_thread(
     then it ends. Another user's thread looks like a missing one."""
     if not THREAD_ID.fullmatch(thread_id):
         _fail("THREAD_ID: 1-64 ASCII letters, digits and _ . - (starting with a letter or digit)")
+    actor, settings = _session_of(user, tenant, local_stack)
+    try:
+        messages, was_running = asyncio.run(_close_thread(thread_id, actor, settings))
+    except ThreadNotFound:
+        _fail(f"no thread {thread_id} for user {actor.user_id!r} in tenant {actor.tenant_id!r}")
+    except WorkflowUpdateFailedError as exc:
+        _fail(f"thread {thread_id} was not closed: {exc.cause or exc}", code=1)
+    except RPCError as exc:
+        _fail(f"Temporal refused it: {exc}", code=1)
+    except RuntimeError as exc:
+        _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
+    if not was_running:
+        print(f"Thread {thread_id} had already ended: {len(messages)} messages.")
+        return
+    left = sum(1 for m in messages if m.state in ("queued", "running"))
+    then = f"{left} still to run, then it ends" if left else "it ends now"
+    print(f"Closed thread {thread_id}: {len(messages)} messages; {then}.")
+
+
+async def _close_thread(thread_id: str, actor: Actor, settings: Settings) -> tuple[list[MessageRecord], bool]:
+    """The thread's messages once closed, and whether its workflow was still running (closed by this)."""
+    thread = (await _connect(settings)).thread(thread_id, actor=actor)
+    try:
+        running = (await thread.handle.describe()).status == WorkflowExecutionStatus.RUNNING
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise ThreadNotFound(thread_id) from None
+        raise
+    return await thread.close(), running
+
+
+def _session_of(user: str | None, tenant: str, local_stack: bool) -> tuple[Actor, Settings]:
+    """The session's actor and settings (the local stack's address unless told otherwise), the user checked."""
     actor = _actor(user, tenant)
     settings = _read(Settings)
     if local_stack:
         settings = _settings_for_local_stack(settings)
     _check_user(settings, actor, local_stack)
-    try:
-        messages = asyncio.run(_close_thread(thread_id, actor, settings))
-    except ThreadNotFound:
-        _fail(f"no thread {thread_id} for user {actor.user_id!r} in tenant {actor.tenant_id!r}")
-    except RPCError as exc:
-        _fail(f"Temporal refused it: {exc}", code=1)
-    except RuntimeError as exc:
-        _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
-    left = sum(1 for m in messages if m.state in ("queued", "running"))
-    then = f"{left} still to run, then it ends" if left else "it has ended"
-    print(f"Closed thread {thread_id}: {len(messages)} messages; {then}.")
-
-
-async def _close_thread(thread_id: str, actor: Actor, settings: Settings) -> list[MessageRecord]:
-    return await (await _connect(settings)).thread(thread_id, actor=actor).close()
+    return actor, settings
 
 
 # --- the local stack -----------------------------------------------------------------------------------

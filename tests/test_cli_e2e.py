@@ -555,6 +555,13 @@ def test_a_new_thread_prints_its_id_and_the_follow_up_command_runs_as_printed(cl
     assert after.returncode == 1 and after.stderr.strip() == (
         f"error: thread {started} has been closed; start another thread"
     ), after.stderr
+    # Its messages have run, so it ends: closing it then says so (asked until its workflow has ended).
+    for _ in range(30):
+        again = run_cli(cli_env, "close-thread", "--user", "u1", started)
+        assert again.returncode == 0, again.stderr
+        if "had already ended" in again.stdout:
+            break
+    assert again.stdout.strip() == f"Thread {started} had already ended: 3 messages."
     # Another user's thread looks like a missing one.
     theirs = run_cli(cli_env, "close-thread", "--user", "u2", started)
     assert theirs.returncode == 2

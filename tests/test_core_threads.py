@@ -200,6 +200,9 @@ def test_one_message_with_many_large_writes_is_cut_to_a_turn_and_keeps_the_threa
     assert {f"op_big_{n}" for n in range(28)} <= set(state.operations)
     cut = [op for op in turn.operations if "[left out]" in op.arguments]
     assert cut and "bytes left out" in cut[0].arguments["[left out]"]
+    # An output cut keeps its small fields: what a later proposal of the write is told.
+    told = [op.output for op in turn.operations if op.output and "[left out]" in op.output]
+    assert told and all(o["ok"] is False and "e" not in o for o in told)
     # A small turn is kept whole.
     assert (
         turn_of(_record(12), "q", _report(_op("op_s", "verified")), None).operations[0].arguments["orderId"] == "A100"

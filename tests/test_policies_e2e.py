@@ -300,6 +300,47 @@ async def test_while_an_earlier_message_of_the_thread_left_a_write_unknown_no_re
     assert len(await refunds_made(stack, op)) == 1
 
 
+async def test_a_refund_an_earlier_message_left_unknown_outdates_the_order_once_settled(stack: PolicyStack) -> None:
+    # Message 1's refund, allowed by rule, commits but its reply is lost and its status cannot be read: unknown.
+    await set_faults(
+        stack.admin,
+        {"method": "POST", "path_regex": "^/orders/A100/refunds$", "when": "after_commit", "action": "drop"},
+        {"method": "GET", "path_regex": "^/operations/", "status": 503},
+    )
+    client = toolloop.ToolloopClient(
+        stack.client, task_queue=stack.settings.task_queue, signing_key=APPROVAL_KEY, channel="test"
+    )
+    thread = client.thread(f"t-{uuid.uuid4().hex[:8]}", actor=U1)
+    fast = Limits(unknown_resolution_seconds=3, settle_seconds=5, status_max_attempts=2)
+    model = script([read_order("A100", "r1")], [refund("A100", 500, "w1")], [say("ok")])
+    first = await asyncio.wait_for(thread.run("refund it", model=model, limits=fast), 120)
+    [unknown] = first.operations
+    assert unknown.state == "unknown" and len(await refunds_made(stack, unknown)) == 1
+    (await stack.admin.delete("/admin/faults")).raise_for_status()
+    # Message 2 reads the order, proposes the same refund (settled by its status: done), then another one. The
+    # earlier refund may have taken effect after that read: the read is no fact for the next refund, which the
+    # rule cannot allow; its requester is asked.
+    asked: list[toolloop.ApprovalRequest] = []
+    second = await asyncio.wait_for(
+        thread.run(
+            "and refund 6 more",
+            model=script(
+                [read_order("A100", "r1")], [refund("A100", 500, "w1")], [refund("A100", 600, "w2")], [say("ok")]
+            ),
+            approver=lambda a: asked.append(a) or True,
+        ),
+        120,
+    )
+    settled, more = second.operations
+    assert (settled.operation_id, settled.state, settled.attempts) == (unknown.operation_id, "verified", 0)
+    assert more.policy is not None and (more.policy.verdict, more.policy.rules) == (
+        "ask",
+        ["requester-decides-the-rest"],
+    )
+    assert [a.operation_id for a in asked] == [more.operation_id] and more.state == "verified"
+    assert [len(await refunds_made(stack, op)) for op in (settled, more)] == [1, 1]
+
+
 async def test_without_reading_the_order_first_the_rule_cannot_allow_and_the_requester_decides(
     stack: PolicyStack,
 ) -> None:

@@ -31,6 +31,9 @@ POLICY_HISTORIES = HISTORIES / "chaos_policies"
 # Write requests followed live under load (tests/test_replay_under_load_e2e.py with
 # TOOLLOOP_SAVE_LOAD_HISTORIES): queries arrived while their workflow tasks were open.
 LOAD_HISTORIES = HISTORIES / "under_load"
+# Recorded by the code before a change of what a run does (each change guarded by workflow.patched): runs
+# started before the change must keep replaying after it.
+BEFORE_HISTORIES = HISTORIES / "recorded_before"
 THREAD_FILES = sorted(CHAOS_HISTORIES.glob("*/thread.json"))
 # Every request's history (AgentWorkflow), a thread's messages' included.
 FILES = (
@@ -39,6 +42,7 @@ FILES = (
     + sorted(CHAOS_HISTORIES.glob("*/m*.json"))
     + sorted(POLICY_HISTORIES.glob("*.json"))
     + sorted(LOAD_HISTORIES.glob("*.json"))
+    + sorted(BEFORE_HISTORIES.glob("*.json"))
 )
 
 

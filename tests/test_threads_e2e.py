@@ -281,8 +281,10 @@ async def test_an_approval_given_in_an_earlier_message_is_refused_in_a_later_one
     assert await effects(admin, op.operation_id) == []
     # Once message 1's deadline has passed (that instant is known: the clock is waited for), "not found" is
     # conclusive: the service refuses to commit an attempt whose approval has expired.
-    assert op.sent_until is not None and held.sent_until == op.sent_until
-    await asyncio.sleep(max((op.sent_until - datetime.now(UTC)).total_seconds() + CLOCK_TOLERANCE_SECONDS + 0.5, 0))
+    assert op.may_commit_until is not None and held.may_commit_until == op.may_commit_until
+    await asyncio.sleep(
+        max((op.may_commit_until - datetime.now(UTC)).total_seconds() + CLOCK_TOLERANCE_SECONDS + 0.5, 0)
+    )
     [one, _] = await thread.messages()
     message_one = client.get_workflow_handle(one.workflow_id)
     # What anyone who reads message 1's history can copy: its approve_operation Update's input.

@@ -53,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from toolloop._core.codes import ErrorType, ResultCode
     from toolloop._core.contracts import (
+        LONGEST_DEADLINE_SECONDS,
         Actor,
         ApprovalDecision,
         ApprovalRecord,
@@ -97,8 +98,9 @@ _ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
 # could still take effect unseen.
 _FINISH = workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
 _MIN_TIMEOUT = timedelta(seconds=1)
-# The longest an approval lives (Limits.approval_ttl_seconds at most, and a request's deadline at most).
-_LONGEST_APPROVAL_SECONDS = 86_400
+# Runs from before an earlier message's attempt that may still commit kept its write unknown go on as they did
+# (they asked for a new approval): their histories replay (tests/histories/recorded_before).
+_EARLIER_MAY_COMMIT = "earlier-attempt-may-still-commit"
 
 
 class OperationStateMachine:
@@ -561,9 +563,13 @@ class OperationStateMachine:
         # retention counts from the first of them).
         op.first_sent_at = earlier.first_sent_at
         op.retention_seconds = earlier.retention_seconds
-        op.sent_until = earlier.sent_until
+        op.may_commit_until = earlier.may_commit_until
         op.note = f"left {earlier.state} by request {earlier.request_id} of this thread"
         self._move(op, "unknown")
+        # It may have taken effect at any moment, after this request's reads too: what it may change is no fact
+        # for a later write, as after a write this request sent itself.
+        self._facts_of[op.operation_id] = call.policy_facts
+        self.reads = unchanged_by([(call.policy_facts, self._arguments[op.operation_id])], self.reads)
         if not call.has_status:
             return self._unknown(op, "an earlier message left it unknown and this tool has no status query.")
         self._set_phase(f"status of {op.tool} {op.operation_id} (left unknown by an earlier message)")
@@ -573,7 +579,7 @@ class OperationStateMachine:
             # could be a second effect. Fail closed, as a request does after its own unclear attempt.
             return self._unknown(op, "the service may no longer remember an earlier attempt; it was not resent.")
         may_commit_until = self._earlier_attempt_may_commit_until(op)
-        if settled is None and may_commit_until is not None:
+        if settled is None and may_commit_until is not None and workflow.patched(_EARLIER_MAY_COMMIT):
             # Not found, but an earlier attempt may still be on its way and commit (its approval holds until
             # then): asking for a new approval now could end in "not done" for a write that then happens.
             why = f"an earlier attempt may still take effect until {may_commit_until:%Y-%m-%d %H:%M:%S} UTC"
@@ -593,7 +599,7 @@ class OperationStateMachine:
         longest an approval lives."""
         if op.first_sent_at is None:
             return None
-        until = op.sent_until or op.first_sent_at + timedelta(seconds=_LONGEST_APPROVAL_SECONDS)
+        until = op.may_commit_until or op.first_sent_at + timedelta(seconds=LONGEST_DEADLINE_SECONDS)
         until += timedelta(seconds=CLOCK_TOLERANCE_SECONDS)
         return until if workflow.now() < until else None
 
@@ -718,7 +724,7 @@ class OperationStateMachine:
         if op.first_sent_at is None:
             op.first_sent_at = workflow.now()
         until = self._send_until(op)
-        op.sent_until = until if op.sent_until is None else max(op.sent_until, until)
+        op.may_commit_until = until if op.may_commit_until is None else max(op.may_commit_until, until)
         self._move(op, "sent")
         # No longer than the approval lives: the service refuses to commit after that anyway.
         left = self._send_until(op) - workflow.now()

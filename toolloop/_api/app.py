@@ -918,7 +918,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                 "(POST /v1/threads/{thread_id}/close) or send to one of them",
             )
 
-    async def request_of_another(actor: Actor, request_id: str, thread: ToolloopThread) -> bool:
+    async def key_used_outside_this_thread(actor: Actor, request_id: str, thread: ToolloopThread) -> bool:
         """Whether the caller has a request under this id that is not a message of `thread`."""
         try:
             _, description = await found(actor, request_id)
@@ -971,7 +971,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             # A key the caller used for a request of its own (or another thread's message that started) would
             # leave this message refused when its turn came: refused now, as the request route refuses it. One
             # this thread started is its own message (the same send retried at once): the thread answers it.
-            if idempotency_key is not None and await request_of_another(actor, request_id, thread):
+            if idempotency_key is not None and await key_used_outside_this_thread(actor, request_id, thread):
                 raise _key_reused()
         try:
             accepted = await thread.send(

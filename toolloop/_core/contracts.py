@@ -114,6 +114,10 @@ class Actor(BaseModel):
     tenant_id: str = Field(default="acme", min_length=1, max_length=64, pattern=ACTOR_ID)
 
 
+# A request's deadline is at most a day, so every approval of it (which expires by the deadline) is too.
+LONGEST_DEADLINE_SECONDS = 86_400
+
+
 class Limits(BaseModel):
     """A request's limits (every one is written into the request's input, so a stored input keeps its
     meaning whatever the defaults become)."""
@@ -128,9 +132,9 @@ class Limits(BaseModel):
     tool_max_attempts: int = Field(default=3, ge=1, le=20)
     model_timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
     model_max_attempts: int = Field(default=5, ge=1, le=20)
-    deadline_seconds: float = Field(default=600.0, gt=0, le=86_400)
+    deadline_seconds: float = Field(default=600.0, gt=0, le=LONGEST_DEADLINE_SECONDS)
     # The write protocol (side-effecting calls).
-    approval_ttl_seconds: float = Field(default=300.0, gt=0, le=86_400)
+    approval_ttl_seconds: float = Field(default=300.0, gt=0, le=LONGEST_DEADLINE_SECONDS)
     write_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
     max_write_attempts: int = Field(default=3, ge=1, le=10)
     status_max_attempts: int = Field(default=4, ge=1, le=20)
@@ -419,7 +423,7 @@ class OperationRecord(BaseModel):
     policy: PolicyRecord | None = None
     # The last instant an attempt of it may still commit (the latest sent attempt's approval expiry, at most its
     # request's deadline; an earlier message's attempts count too). None: no attempt sent, or not known.
-    sent_until: datetime | None = None
+    may_commit_until: datetime | None = None
 
     def decision_answer(self) -> DecisionAnswer:
         return DecisionAnswer(state=self.state, at=self.approval.at if self.approval else None)
@@ -724,9 +728,9 @@ class ThreadOperation(BaseModel):
     # a later "not found" proves nothing was done only within that time.
     first_sent_at: datetime | None = None
     retention_seconds: float | None = None
-    # Until when an attempt already sent may still commit (OperationRecord.sent_until): before that, "not found"
+    # Until when an attempt already sent may still commit (OperationRecord.may_commit_until): before that, "not found"
     # may be an attempt still on its way.
-    sent_until: datetime | None = None
+    may_commit_until: datetime | None = None
 
 
 class ThreadTurn(BaseModel):

@@ -185,16 +185,23 @@ def turn_of(
 
 
 def _within_bounds(turn: ThreadTurn) -> ThreadTurn:
-    """The turn at most TURN_BYTES: the largest writes' arguments, then their outputs, replaced by a mark saying
-    how much was left out, until it fits."""
+    """The turn at most TURN_BYTES: the largest writes' arguments, then the large fields of their outputs, left
+    out with a mark saying how much, until it fits. An output keeps its small fields (ok, code, ids), which is
+    what a later proposal of the same write is told."""
     size = _size(turn)
     for part in ("arguments", "output"):
         by_size = sorted(turn.operations, key=lambda op: -len(json.dumps(getattr(op, part), default=str)))
         for op in by_size:
             if size <= TURN_BYTES:
                 return turn
-            left_out = len(json.dumps(getattr(op, part), default=str))
-            marked = {_LEFT_OUT: f"{left_out} bytes left out: this write's {part} made the thread too long"}
+            value: dict[str, Any] | None = getattr(op, part)
+            if not value:
+                continue
+            kept = (
+                {k: v for k, v in value.items() if len(json.dumps(v, default=str)) <= 200} if part == "output" else {}
+            )
+            left_out = len(json.dumps(value, default=str)) - len(json.dumps(kept, default=str))
+            marked = {**kept, _LEFT_OUT: f"{left_out} bytes left out: this write's {part} made the thread too long"}
             at = turn.operations.index(op)
             turn.operations[at] = op.model_copy(update={part: marked})
             size = _size(turn)
@@ -216,7 +223,7 @@ def _thread_operation(op: OperationRecord, request_id: str, *, ended: bool) -> T
         request_id=request_id,
         first_sent_at=op.first_sent_at,
         retention_seconds=op.retention_seconds,
-        sent_until=op.sent_until,
+        may_commit_until=op.may_commit_until,
     )
 
 
