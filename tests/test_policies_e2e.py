@@ -185,6 +185,17 @@ async def refunds_made(stack: PolicyStack, op: OperationRecord) -> list[dict[str
     return await effects(stack.admin, op.operation_id)
 
 
+# Writes settle fast here: a status that cannot be read gives up in seconds, and the write stays unknown.
+FAST = Limits(unknown_resolution_seconds=3, settle_seconds=5, status_max_attempts=2)
+
+
+def new_thread(stack: PolicyStack) -> toolloop.ToolloopThread:
+    client = toolloop.ToolloopClient(
+        stack.client, task_queue=stack.settings.task_queue, signing_key=APPROVAL_KEY, channel="test"
+    )
+    return client.thread(f"t-{uuid.uuid4().hex[:8]}", actor=U1)
+
+
 def answered_once(result: AgentResult) -> None:
     ids = [c.call_id for c in result.calls]
     assert len(ids) == len(set(ids)), ids
@@ -270,15 +281,11 @@ async def test_while_an_earlier_message_of_the_thread_left_a_write_unknown_no_re
     # nothing says what it changes). Message 2 reads the order and asks for a small refund: the rule that would
     # allow it (the first test above) cannot, since the read may show the state before that write; a person asks.
     await set_faults(stack.admin, {"method": "POST", "path_regex": "^/tickets/T1001/notes$", "status": 503})
-    client = toolloop.ToolloopClient(
-        stack.client, task_queue=stack.settings.task_queue, signing_key=APPROVAL_KEY, channel="test"
-    )
-    thread = client.thread(f"t-{uuid.uuid4().hex[:8]}", actor=U1)
+    thread = new_thread(stack)
     note = {"ticketId": "T1001", "text": "policy: unknown", "expectedVersion": await ticket_version(stack.service_url)}
-    fast = Limits(unknown_resolution_seconds=3, settle_seconds=5, status_max_attempts=2)
     first = await asyncio.wait_for(
         thread.run(
-            "note it", model=script([call("append_ticket_note", note, "w1")], [say("ok")]), limits=fast, approver=bool
+            "note it", model=script([call("append_ticket_note", note, "w1")], [say("ok")]), limits=FAST, approver=bool
         ),
         120,
     )
@@ -307,13 +314,9 @@ async def test_a_refund_an_earlier_message_left_unknown_outdates_the_order_once_
         {"method": "POST", "path_regex": "^/orders/A100/refunds$", "when": "after_commit", "action": "drop"},
         {"method": "GET", "path_regex": "^/operations/", "status": 503},
     )
-    client = toolloop.ToolloopClient(
-        stack.client, task_queue=stack.settings.task_queue, signing_key=APPROVAL_KEY, channel="test"
-    )
-    thread = client.thread(f"t-{uuid.uuid4().hex[:8]}", actor=U1)
-    fast = Limits(unknown_resolution_seconds=3, settle_seconds=5, status_max_attempts=2)
+    thread = new_thread(stack)
     model = script([read_order("A100", "r1")], [refund("A100", 500, "w1")], [say("ok")])
-    first = await asyncio.wait_for(thread.run("refund it", model=model, limits=fast), 120)
+    first = await asyncio.wait_for(thread.run("refund it", model=model, limits=FAST), 120)
     [unknown] = first.operations
     assert unknown.state == "unknown" and len(await refunds_made(stack, unknown)) == 1
     (await stack.admin.delete("/admin/faults")).raise_for_status()
