@@ -20,6 +20,7 @@ import pytest
 from demo.bizservice.app import create_app
 from demo.bizservice.seed import SEED_FACTS
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, OTHER_SIGNING_KEY, approval_token
+from toolloop._core.approvals import CLOCK_TOLERANCE_SECONDS
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN = {"X-Admin-Token": "t"}
@@ -663,9 +664,10 @@ async def test_the_approval_verify_key_comes_from_the_environment_and_no_key_is_
 async def test_an_approval_that_expires_while_the_service_stalls_after_the_claim_commits_nothing(
     client: httpx.AsyncClient,
 ) -> None:
-    # Valid when the request arrives; the service holds the claim past the token's expiry before committing.
+    # Valid when the request arrives (more than the clocks' tolerance left); the service holds the claim until
+    # less than the tolerance is left before committing.
     await set_faults(client, {"method": "POST", "path_regex": "/notes$", "when": "after_claim", "latency_ms": 1500})
-    token = approval_token("op-late", "append_ticket_note", NOTE, expires_in=1.0)
+    token = approval_token("op-late", "append_ticket_note", NOTE, expires_in=CLOCK_TOLERANCE_SECONDS + 1.0)
     r = await write(client, "append_ticket_note", NOTE, "op-late", token=token)
     body = assert_problem(r, 403, "APPROVAL_EXPIRED")
     assert body["detail"] == "the approval expired before the write could be committed"

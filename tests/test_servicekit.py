@@ -369,7 +369,8 @@ async def test_a_record_past_retention_no_longer_counts(storage: NotesStorage) -
 
 
 async def test_the_approvals_expiry_is_checked_again_inside_the_commit(storage: NotesStorage) -> None:
-    token = note_token(APPROVAL_KEY, "op-late", NOTE, expires_in=1.0)
+    # More than the clocks' tolerance left when it arrives (the check before the claim wants that).
+    token = note_token(APPROVAL_KEY, "op-late", NOTE, expires_in=CLOCK_TOLERANCE_SECONDS + 1.0)
     expires_at = read_approval_claims(token).expires_at
     stalled = threading.Event()
 
@@ -430,7 +431,8 @@ async def test_an_attempt_stalled_in_its_commit_past_its_lease_and_expiry_commit
 async def test_a_commit_within_the_clock_tolerance_before_the_expiry_is_refused(storage: NotesStorage) -> None:
     # The workflow reads the expiry by its own clock, which may run ahead of the service's: the service stops
     # committing the tolerance before the expiry, not at it.
-    token = note_token(APPROVAL_KEY, "op-edge", NOTE, expires_in=CLOCK_TOLERANCE_SECONDS + 1)
+    # Enough left to start (the check before the claim wants more than the tolerance), not to commit after a wait.
+    token = note_token(APPROVAL_KEY, "op-edge", NOTE, expires_in=CLOCK_TOLERANCE_SECONDS + 3)
     expires_at = read_approval_claims(token).expires_at
     stall = MeetingPoint("effect_written")
     async with kit_app(storage, hold=stall) as http:
@@ -446,6 +448,17 @@ async def test_a_commit_within_the_clock_tolerance_before_the_expiry_is_refused(
     assert released_at < expires_at  # still valid by the service's own clock when it went on
     assert late.status_code == 403 and problem_code(late) == "APPROVAL_EXPIRED"
     assert all_notes(storage) == [] and records(storage) == [] and claims(storage) == []
+
+
+async def test_an_approval_with_less_than_the_tolerance_left_starts_nothing(storage: NotesStorage) -> None:
+    # It could not commit (above): it is refused before its claim, and its effect never runs.
+    token = note_token(APPROVAL_KEY, "op-short", NOTE, expires_in=CLOCK_TOLERANCE_SECONDS - 1)
+    reached = MeetingPoint("effect_written")
+    reached.go.set()
+    async with kit_app(storage, hold=reached) as http:
+        short = await post_note(http, "op-short", NOTE, token=token)
+    assert short.status_code == 403 and problem_code(short) == "APPROVAL_EXPIRED"
+    assert reached.arrived == [] and all_notes(storage) == [] and records(storage) == [] and claims(storage) == []
 
 
 async def test_an_attempt_whose_claim_was_taken_over_commits_nothing_and_the_one_holding_it_decides(

@@ -374,7 +374,8 @@ class IdempotencyKit:
             # that the key exists.
             self._check_approval(write, digest, _NO_EXPIRY)
             return _replay(found, digest)
-        expires_at = self._check_approval(write, digest, now)
+        # As at the commit (below): nothing starts that could not commit, with the clocks' tolerance.
+        expires_at = self._check_approval(write, digest, now + CLOCK_TOLERANCE_SECONDS)
         if expires_at > now + self.retention_seconds:
             # Purged before the approval expires, the key would be free again for the same token: a second effect.
             raise KitProblem(
