@@ -489,13 +489,14 @@ async def test_status_reports_completed_and_not_found_per_actor(client: httpx.As
 
 async def test_records_expire_after_the_retention_window(db: Path) -> None:
     # An approval may not outlive the retention, and commits only until the clock tolerance before its expiry.
-    async with asgi_client(db, idempotency_retention_seconds=3.0) as c:
-        assert (await write(c, "append_ticket_note", NOTE, "op-old", expires_in=2.9)).status_code == 201
+    # (2.5 s left to commit after the tolerance: room for a busy machine.)
+    async with asgi_client(db, idempotency_retention_seconds=5.0) as c:
+        assert (await write(c, "append_ticket_note", NOTE, "op-old", expires_in=4.5)).status_code == 201
         assert (await status_of(c, "op-old"))["state"] == "completed"
-        await asyncio.sleep(3.2)
+        await asyncio.sleep(5.2)  # past the retention: the record's age, a known instant
         assert (await status_of(c, "op-old"))["state"] == "not_found"
         # A later write purges the expired rows from the ledger table itself.
-        assert (await write(c, "refund_order", REFUND, "op-new", expires_in=2.9)).status_code == 201
+        assert (await write(c, "refund_order", REFUND, "op-new", expires_in=4.5)).status_code == 201
     with sqlite3.connect(db) as conn:
         keys = [r[0] for r in conn.execute("SELECT operation_id FROM idempotency_records")]
     assert keys == ["op-new"]
