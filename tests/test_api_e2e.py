@@ -374,8 +374,9 @@ async def test_the_openapi_document_says_bearer_problem_json_and_event_stream(ht
     problem = document["components"]["schemas"]["Problem"]
     assert {"type", "title", "status", "code", "detail"} <= set(problem["properties"])
     operations = {(path, method): op for path, item in document["paths"].items() for method, op in item.items()}
-    # The request routes (7), the thread routes (5) and the approvals for whoever may decide (3).
-    assert len(operations) == 15
+    # The request routes (7), the thread routes (6, closing one among them) and the approvals for whoever may
+    # decide (3).
+    assert len(operations) == 16
     for (path, method), op in operations.items():
         # Every route needs the token, and says so, and every error it can give is problem+json.
         assert op["security"] == [{"bearer": []}], (path, method)
