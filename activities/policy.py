@@ -24,6 +24,7 @@ from toolloop._core.approvals import (
     PolicyClaims,
     mint_approval_token,
     payload_digest,
+    run_binding,
     verify_key_set,
     verify_token_signature,
 )
@@ -116,7 +117,7 @@ class PolicyActivities:
             return PolicyDecision(record=record)
         now = time.time()
         claims = PolicyClaims(
-            request=activity.info().workflow_id,
+            request=_this_run(),
             audience=inp.audience,
             user_id=inp.actor.user_id,
             tenant_id=inp.actor.tenant_id,
@@ -139,7 +140,7 @@ class PolicyActivities:
         if deciders is None or deciders.approvals != 1 or not self._approval_keys:
             return None, None
         # The request is Temporal's word for whose activity this is, never the workflow's input.
-        request = activity.info().workflow_id
+        request = _this_run()
         for index, (token, used) in enumerate(zip(inp.grants, inp.grant_uses, strict=False)):
             try:
                 claims = verify_token_signature(self._approval_keys, token)
@@ -155,3 +156,10 @@ class PolicyActivities:
             ):
                 return index, claims.approved_by
         return None, None
+
+
+def _this_run() -> str:
+    """The run this activity serves, as Temporal says (run_binding): a workflow id may be used again."""
+    info = activity.info()
+    # decide() answers only activities of AgentWorkflow runs, which always have both.
+    return run_binding(info.workflow_id or "", info.workflow_run_id or "")

@@ -50,6 +50,7 @@ from toolloop._core.approvals import (
     ApprovalClaims,
     generate_signing_key,
     mint_approval_token,
+    run_binding,
     verify_key_for,
 )
 from toolloop._core.codes import ErrorType
@@ -124,7 +125,12 @@ async def test_a_decision_signed_for_another_audience_is_refused_by_the_workflow
     # The channel's own key, a real decision on this exact payload, but addressed to another service.
     window = request.approval_expires_at
     decision = _decision(
-        op.operation_id, op.digest, APPROVAL_KEY, audience=KIT_AUDIENCE, decide_by=window, request=handle.id
+        op.operation_id,
+        op.digest,
+        APPROVAL_KEY,
+        audience=KIT_AUDIENCE,
+        decide_by=window,
+        request=run_binding(handle.id, request.run_id or ""),
     )
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await handle.execute_update(APPROVE_OPERATION_UPDATE, decision)

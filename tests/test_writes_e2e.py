@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from temporalio.converter import (
 )
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from demo.agent import build as build_demo
@@ -60,20 +61,23 @@ from tests.conftest import (
 from tests.user_tools import in_process_ledger
 from toolloop import AgentSpec, Toolset, request_result
 from toolloop import data_converter as toolloop_data_converter
-from toolloop._core.approvals import APPROVAL_WRONG_REQUEST, payload_digest
+from toolloop._core.approvals import APPROVAL_WRONG_REQUEST, payload_digest, run_binding
 from toolloop._core.contracts import (
     Actor,
+    AgentInput,
     AgentProgress,
     AgentResult,
     ApprovalDecision,
     ApprovalRequest,
     ApprovalWait,
+    DecisionAnswer,
     Limits,
     NextApproval,
     OperationRecord,
     WriteInput,
 )
 from toolloop._core.names import (
+    AGENT_WORKFLOW,
     APPROVE_OPERATION_UPDATE,
     EXECUTE_WRITE_ACTIVITY,
     GET_LEDGER_QUERY,
@@ -86,9 +90,11 @@ from toolloop._core.names import (
 from toolloop._temporal.approval_channel import ApprovalRefused, fetch_approval_request, send_decision
 from toolloop._temporal.converter import data_converter
 from toolloop._temporal.following import RunFollower, approvals_as_they_come, pending_approvals, pending_once_answered
+from toolloop._temporal.plugin import workflow_runner
 from toolloop._temporal.settings import Settings
 from toolloop._temporal.worker_factory import running_worker
 from toolloop.testing import RequestEnded
+from toolloop.workflows.agent import AgentWorkflow
 
 pytestmark = pytest.mark.e2e
 
@@ -521,8 +527,10 @@ def forged_token(
     user: str = "u1",
     key: str = APPROVAL_KEY,
     expires_in: float = 60,
+    run_id: str | None = None,
 ) -> str:
-    """A decision token made by hand for the request `workflow_id`, to try what the approval channel never signs."""
+    """A decision token made by hand for the request `workflow_id` (its run as the request names it, or
+    `run_id`), to try what the approval channel never signs."""
     return approval_token(
         request.operation_id,
         request.tool,
@@ -531,8 +539,55 @@ def forged_token(
         key=key,
         expires_in=expires_in,
         decision="approve" if approve else "reject",
-        request=workflow_id,
+        request=run_binding(workflow_id, run_id or request.run_id or "") if workflow_id is not None else None,
     )
+
+
+async def test_a_decision_from_a_closed_run_is_refused_when_its_workflow_id_is_started_again(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    # Anyone who may start workflows can start a closed request's workflow id again, and the same call then has
+    # the same operation id and digest. The first run's decision, as its history holds it, is not the second's.
+    version = await ticket_version(business_service.url)
+    inp = AgentInput(
+        request="w",
+        actor=Actor(user_id="u1", tenant_id="acme"),
+        model=script_spec([note_call(version, "one run", "w1")], [say("ok")]),
+    )
+    workflow_id = f"test-{uuid.uuid4().hex[:12]}"
+
+    async def run() -> WorkflowHandle[Any, AgentResult]:
+        started = await client.start_workflow(
+            AGENT_WORKFLOW, inp, id=workflow_id, task_queue=settings.task_queue, result_type=AgentResult
+        )
+        # This very run, whatever runs under the id later.
+        return client.get_workflow_handle(workflow_id, run_id=started.first_execution_run_id, result_type=AgentResult)
+
+    first = await run()
+    op = await waiting_operation(first)
+    await decide(first, op.operation_id, approve=False)
+    assert [o.state for o in (await request_result(first)).operations] == ["denied"]
+    [copied] = [
+        (await client.data_converter.decode(accepted.input.args.payloads, [ApprovalDecision]))[0]
+        async for event in first.fetch_history_events()
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+        and (accepted := event.workflow_execution_update_accepted_event_attributes.accepted_request).input.name
+        == APPROVE_OPERATION_UPDATE
+    ]
+    second = await run()
+    again = await waiting_operation(second)
+    assert (again.operation_id, again.digest) == (op.operation_id, op.digest) and second.run_id != first.run_id
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await second.execute_update(APPROVE_OPERATION_UPDATE, copied, result_type=DecisionAnswer)
+    cause = refused.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == APPROVAL_WRONG_REQUEST
+    # Its own decision is taken: done once.
+    await decide(second, again.operation_id)
+    [done] = (await request_result(second)).operations
+    assert done.state == "verified" and len(await effects(admin, done.operation_id)) == 1
+    replayer = Replayer(workflows=[AgentWorkflow], data_converter=data_converter(), workflow_runner=workflow_runner())
+    for handle in (first, second):
+        await replayer.replay_workflow(await handle.fetch_history())
 
 
 DECISION_FORGERIES = [
@@ -544,6 +599,7 @@ DECISION_FORGERIES = [
     "decision_swapped",
     "outlives_deadline",
     "other_request",
+    "other_run",
     "no_request",
 ]
 
@@ -594,13 +650,16 @@ async def test_update_validator_refuses_bad_decisions_and_nothing_is_sent(
     elif forgery == "other_request":
         # Given in another request with the same operation and payload (a thread's earlier message).
         token = forged_token(request, approve=approve, workflow_id="test-another-request")
+    elif forgery == "other_run":
+        # Given in another run of the same workflow id (a closed request's id started again).
+        token = forged_token(request, approve=approve, workflow_id=handle.id, run_id="an-earlier-run")
     elif forgery == "no_request":
         token = forged_token(request, approve=approve, workflow_id=None)  # as a channel older than the claim
     decision = ApprovalDecision(operation_id=op.operation_id, digest=digest, approve=approve, token=token, by="u1")
 
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await handle.execute_update(APPROVE_OPERATION_UPDATE, decision)
-    if forgery in ("other_request", "no_request"):
+    if forgery in ("other_request", "other_run", "no_request"):
         cause = refused.value.cause
         assert isinstance(cause, ApplicationError) and cause.type == APPROVAL_WRONG_REQUEST
     result = await asyncio.wait_for(request_result(handle), timeout=60)

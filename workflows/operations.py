@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         payload_digest,
         read_approval_claims,
         read_policy_claims,
+        run_binding,
         short_operation_id,
         verify_key_set,
         verify_policy_token,
@@ -101,6 +102,8 @@ _MIN_TIMEOUT = timedelta(seconds=1)
 # Runs from before an earlier message's attempt that may still commit kept its write unknown go on as they did
 # (they asked for a new approval): their histories replay (tests/histories/recorded_before).
 _EARLIER_MAY_COMMIT = "earlier-attempt-may-still-commit"
+# Runs from before policy decisions named the run (not only the workflow id) keep checking the workflow id.
+_RUN_BOUND = "policy-decisions-name-the-run"
 
 
 class OperationStateMachine:
@@ -194,6 +197,7 @@ class OperationStateMachine:
             target=op.target,
             audience=op.audience,
             policy=op.policy.model_copy(deep=True) if op.policy is not None else None,
+            run_id=workflow.info().run_id,
         )
 
     def read_done(self, call: CheckedCall, output: dict[str, Any]) -> None:
@@ -267,14 +271,14 @@ class OperationStateMachine:
                 now=workflow.now().timestamp(),
                 audience=op.audience or "",
                 expected=expected,
-                request=workflow.info().workflow_id,
+                request=run_binding(workflow.info().workflow_id, workflow.info().run_id),
             )
         except ApprovalInvalid as exc:
             raise ApplicationError(str(exc), type=exc.code, non_retryable=True) from None
         if claims.grant is not None and (
             not decision.approve
             or op.policy is None
-            or claims.grant.request != workflow.info().workflow_id
+            or claims.grant.request != run_binding(workflow.info().workflow_id, workflow.info().run_id)
             or claims.grant.tool != op.tool
         ):
             raise ValueError("a grant comes with an approval of a write its policy asked about, for its own tool")
@@ -348,7 +352,10 @@ class OperationStateMachine:
             )
         except (ApprovalInvalid, ValueError):
             return None
-        if claims.request != workflow.info().workflow_id:
+        info = workflow.info()
+        # Bound to this run since a workflow id can be used again; runs from before name the workflow id alone.
+        request = run_binding(info.workflow_id, info.run_id) if workflow.patched(_RUN_BOUND) else info.workflow_id
+        if claims.request != request:
             return None
         return claims
 

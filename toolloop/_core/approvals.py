@@ -48,6 +48,13 @@ def http_subject(method: str, path: str) -> str:
     return f"{method.upper()} {path}"
 
 
+def run_binding(workflow_id: str, run_id: str) -> str:
+    """What a decision names as the request it was made in: the request's workflow id and its run. A run is
+    never started twice, while a workflow id can be used again once its run has closed (by anyone who may start
+    workflows), and the same operation id and digest with it."""
+    return f"{workflow_id}/{run_id}"
+
+
 def derive_operation_id(request_id: str, tool: str, arguments: Mapping[str, Any], occurrence: int | None = None) -> str:
     """Stable for the same intended operation within one request: the same tool and payload proposed
     again (with a new call_id) is the same operation, so it can never make a second effect. For a tool whose
@@ -82,7 +89,7 @@ class GrantClaims(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    request: str = Field(min_length=1, max_length=200)  # the request's workflow id
+    request: str = Field(min_length=1, max_length=300)  # the request's run (run_binding)
     tool: str = Field(min_length=1, max_length=200)
     uses: int = Field(ge=1, le=MAX_GRANT_USES)
     # Each named argument at most this number.
@@ -141,8 +148,9 @@ class ApprovalClaims(BoundClaims):
     roles: list[str] = Field(default_factory=list, max_length=20)
     # With an approval only: the next writes of the same tool this person approves in advance (GrantClaims).
     grant: GrantClaims | None = None
-    # The request (its workflow id) the decision was given in: a thread's later message proposes the same
-    # operation and digest again, and must not take this decision from its history. None: an older channel.
+    # The request's run the decision was given in (run_binding): a thread's later message proposes the same
+    # operation and digest again, and a new run may be started under a closed request's workflow id; neither
+    # may take this decision from history. None: an older channel.
     request: str | None = None
 
     @property
@@ -423,8 +431,8 @@ class PolicyClaims(BoundClaims):
     expires_at: float = Field(alias="exp")
     # An allow that rests on a person's grant in this request (GrantClaims): who gave it.
     granted_by: str | None = None
-    # The request (its workflow id, as Temporal told the evaluator) the decision was made for: the workflow
-    # takes no decision made for another run.
+    # The request's run (run_binding, as Temporal told the evaluator) the decision was made for: the workflow
+    # takes no decision made for another run, under the same workflow id or not.
     request: str | None = None
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError
 
-from toolloop._core.approvals import ApprovalClaims, GrantClaims, mint_approval_token, payload_digest
+from toolloop._core.approvals import ApprovalClaims, GrantClaims, mint_approval_token, payload_digest, run_binding
 from toolloop._core.contracts import (
     Actor,
     ApprovalDecision,
@@ -102,9 +102,14 @@ def sign_decision(
         channel=channel,
         decide_by=decide_by,
         grant=grant if approve else None,
-        request=workflow_id,
+        request=_bound_to(request, workflow_id),
     )
     return mint_approval_token(signing_key, claims)
+
+
+def _bound_to(request: ApprovalRequest, workflow_id: str) -> str:
+    """The run the operation waits in, as its workflow said (an older worker names none: its workflow id)."""
+    return run_binding(workflow_id, request.run_id) if request.run_id else workflow_id
 
 
 def grant_claims(terms: GrantTerms, request: ApprovalRequest, workflow_id: str) -> GrantClaims:
@@ -114,7 +119,9 @@ def grant_claims(terms: GrantTerms, request: ApprovalRequest, workflow_id: str) 
     if missing:
         raise ApprovalRefused(f"operation {request.operation_id}: it has no argument {', '.join(missing)}")
     same = {name: request.arguments[name] for name in terms.same}
-    return GrantClaims(request=workflow_id, tool=request.tool, uses=terms.uses, max=terms.max, same=same)
+    return GrantClaims(
+        request=_bound_to(request, workflow_id), tool=request.tool, uses=terms.uses, max=terms.max, same=same
+    )
 
 
 async def fetch_approval_request(handle: WorkflowHandle[Any, Any], operation_id: str) -> ApprovalRequest | None:
