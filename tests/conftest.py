@@ -73,8 +73,8 @@ def approval_token(
 ) -> str:
     """A decision token made by hand (the channel's job), for exactly `tool` (a demo write's name stands for its
     method and path) and `body` unless told otherwise. `decide_by`: the approval window's end, in seconds from
-    now (None: the token names no window). `request`: the workflow id of the request it is given in (None: a
-    token for a service alone, which a workflow refuses)."""
+    now (None: the token names no window). `request`: the request it is given in, run_binding(workflow id,
+    first run id) (None: a token for a service alone, which a workflow refuses)."""
     now = time.time()
     claims = ApprovalClaims(
         audience=audience,

@@ -24,6 +24,8 @@ from typing import Any
 import httpx
 import pytest
 from temporalio import activity
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Replayer, Worker
 
@@ -212,6 +214,37 @@ async def test_a_small_refund_on_a_late_order_is_approved_by_its_rule_with_no_pe
     [made] = await refunds_made(stack, op)
     assert made["operation_id"] == op.operation_id
     answered_once(result)
+
+
+async def test_a_run_made_by_a_reset_takes_the_policy_decisions_it_replays_and_ends_as_before(
+    stack: PolicyStack,
+) -> None:
+    # A decision names the run it was made in. A reset (an operator's tool) makes a new run that replays the
+    # old run's history up to its reset point: the allow it replays was made for the first run, and it is still
+    # this request's. The reset run replays it, goes on, and the refund is not made again.
+    handle = await start(stack, [read_order("A100", "r1")], [refund("A100", 500, "w1")])
+    first = await finished(handle)
+    [op] = first.operations
+    assert op.state == "verified" and op.approval is not None and op.approval.by == "rule small-late-refund"
+    described = await handle.describe()
+    events = [e async for e in handle.fetch_history_events()]
+    last_task = max(e.event_id for e in events if e.HasField("workflow_task_completed_event_attributes"))
+    reset = await stack.client.workflow_service.reset_workflow_execution(
+        ResetWorkflowExecutionRequest(
+            namespace=stack.client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=handle.id, run_id=described.run_id),
+            reason="an operator replays the end of the request",
+            workflow_task_finish_event_id=last_task,
+            request_id=str(uuid.uuid4()),
+        )
+    )
+    assert reset.run_id != described.run_id
+    after = stack.client.get_workflow_handle(handle.id, run_id=reset.run_id, result_type=AgentResult)
+    again = await asyncio.wait_for(request_result(after), timeout=120)
+    assert [(o.operation_id, o.state) for o in again.operations] == [(op.operation_id, "verified")]
+    assert len(await refunds_made(stack, op)) == 1
+    replayer = Replayer(workflows=[AgentWorkflow], data_converter=data_converter(), workflow_runner=workflow_runner())
+    await replayer.replay_workflow(await after.fetch_history())
 
 
 async def test_a_refund_sent_outdates_the_order_it_was_decided_on_until_the_order_is_read_again(

@@ -173,8 +173,9 @@ def approval_token(
     """The token the approval channel would send with a write, for testing your service (toolloop.servicekit)
     without a workflow: `actor`'s decision on exactly `payload` under `operation_id`, for `method` `path` as
     your service receives it (or, for a tool that is not an HTTP write, for the tool's name), addressed to
-    `audience` (the service's own, its kit's `audience=`). `request`: the workflow id of the request it is
-    given in, as the channel names it (a service does not check it; a workflow takes no decision without it)."""
+    `audience` (the service's own, its kit's `audience=`). `request`: the request it is given in, as the channel
+    names it (`f"{workflow_id}/{first run id}"`; a service does not check it; a workflow takes no decision
+    without it)."""
     if (path is None) == (tool is None):
         raise ValueError("give the path your service receives, or the tool's name")
     subject = http_subject(method, path) if path is not None else str(tool)

@@ -106,6 +106,13 @@ _EARLIER_MAY_COMMIT = "earlier-attempt-may-still-commit"
 _RUN_BOUND = "policy-decisions-name-the-run"
 
 
+def _this_request() -> str:
+    """What a decision given in this request names (approvals.run_binding): its workflow id and its first run,
+    which a reset keeps and a new start under the same workflow id does not."""
+    info = workflow.info()
+    return run_binding(info.workflow_id, info.first_execution_run_id)
+
+
 class OperationStateMachine:
     def __init__(
         self,
@@ -197,7 +204,7 @@ class OperationStateMachine:
             target=op.target,
             audience=op.audience,
             policy=op.policy.model_copy(deep=True) if op.policy is not None else None,
-            run_id=workflow.info().run_id,
+            run_id=workflow.info().first_execution_run_id,
         )
 
     def read_done(self, call: CheckedCall, output: dict[str, Any]) -> None:
@@ -271,14 +278,14 @@ class OperationStateMachine:
                 now=workflow.now().timestamp(),
                 audience=op.audience or "",
                 expected=expected,
-                request=run_binding(workflow.info().workflow_id, workflow.info().run_id),
+                request=_this_request(),
             )
         except ApprovalInvalid as exc:
             raise ApplicationError(str(exc), type=exc.code, non_retryable=True) from None
         if claims.grant is not None and (
             not decision.approve
             or op.policy is None
-            or claims.grant.request != run_binding(workflow.info().workflow_id, workflow.info().run_id)
+            or claims.grant.request != _this_request()
             or claims.grant.tool != op.tool
         ):
             raise ValueError("a grant comes with an approval of a write its policy asked about, for its own tool")
@@ -353,9 +360,15 @@ class OperationStateMachine:
         except (ApprovalInvalid, ValueError):
             return None
         info = workflow.info()
-        # Bound to this run since a workflow id can be used again; runs from before name the workflow id alone.
-        request = run_binding(info.workflow_id, info.run_id) if workflow.patched(_RUN_BOUND) else info.workflow_id
-        if claims.request != request:
+        # The evaluator names the run Temporal gave it: this run, or (in a run made by a reset, replaying what
+        # came before it) the first. Runs from before named the workflow id alone; one that was running when
+        # its worker was upgraded meets both.
+        this_run = run_binding(info.workflow_id, info.run_id)
+        if workflow.patched(_RUN_BOUND):
+            accepted = {this_run, _this_request()}
+        else:
+            accepted = {this_run, info.workflow_id}
+        if claims.request not in accepted:
             return None
         return claims
 

@@ -471,7 +471,8 @@ class ApprovalRequest(BaseModel):
     # What the policy asked for: who may decide, by which rules, who has approved so far (None: no policy,
     # the requester decides).
     policy: PolicyRecord | None = None
-    # The run the operation waits in: a decision names it (approvals.run_binding). None: an older worker.
+    # The request's first run (a reset keeps it; a new start under the same workflow id does not): a decision
+    # names it with the workflow id (approvals.run_binding). None: an older worker.
     run_id: str | None = None
 
     @property

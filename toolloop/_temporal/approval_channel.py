@@ -72,8 +72,9 @@ def sign_decision(
     signing key's id, so the verifying side picks the key, two of them during a rotation. It is made for the
     person the write acts for (`user_id`), decided by `decider` with `roles` (their identity's): someone the
     operation's policy does not name (or, without a policy, anyone but the requester) gets no token. It names
-    the request it is given in (`workflow_id`, the request's workflow id): the workflow takes it in no other,
-    though a thread's later message proposes the same operation and payload again."""
+    the request it is given in (`workflow_id` and the run the approval request names, run_binding): the
+    workflow takes it in no other, though a thread's later message, or a new run under a closed request's
+    workflow id, proposes the same operation and payload again."""
     check_shown_payload(request)
     if decider.tenant_id != request.actor.tenant_id or not request.may_decide(decider.user_id, roles):
         raise ApprovalRefused(f"operation {request.operation_id}: {decider.user_id} may not decide it")
