@@ -178,7 +178,7 @@ async def test_a_manager_approves_on_the_page_a_refund_left_to_managers_and_the_
     await page.click("#logout")
     await log_in_as(page, U1_TOKEN, "Logged in as u1 in tenant acme")
     await expect(request).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
-    await expect(operation).to_have_attribute("data-state", "verified")
+    await expect(operation).to_have_attribute("data-state", "verified", timeout=WAIT_MS)
     await expect(operation.locator('[data-field="decided"]')).to_have_text(
         f"Approved by m1 via api (rule {RULE} asked a manager)"
     )
@@ -233,6 +233,6 @@ async def test_four_eyes_on_the_page_the_requester_first_then_the_manager_who_se
     await page.click("#logout")
     await log_in_as(page, U1_TOKEN, "Logged in as u1 in tenant acme")
     await expect(request).to_have_attribute("data-status", "completed", timeout=WAIT_MS)
-    await expect(operation).to_have_attribute("data-state", "verified")
+    await expect(operation).to_have_attribute("data-state", "verified", timeout=WAIT_MS)
     await expect(operation.locator('[data-field="decided"]')).to_contain_text("Approved by u1 via api and m1 via api (")
     assert len(await effects(policy_page.admin, operation_id)) == 1
