@@ -18,13 +18,14 @@ from toolloop._core.contracts import (
     Actor,
     AgentInput,
     AgentResult,
+    ApprovalDecision,
     ConversationItem,
     DecisionReceipt,
     Limits,
     ModelSpec,
     OperationRecord,
 )
-from toolloop._core.names import AGENT_WORKFLOW
+from toolloop._core.names import AGENT_WORKFLOW, APPROVE_OPERATION_UPDATE
 from toolloop._core.usage import TokenUsage
 from toolloop._models.adapter import ModelAnswer, ModelRequest
 from toolloop._temporal.settings import Settings
@@ -128,6 +129,18 @@ async def service_requests(admin: httpx.AsyncClient, path_prefix: str = "/") -> 
 
 async def set_faults(admin: httpx.AsyncClient, *rules: dict[str, Any]) -> None:
     (await admin.put("/admin/faults", json={"rules": list(rules)})).raise_for_status()
+
+
+async def decisions_in_history(client: Client, handle: WorkflowHandle[Any, Any]) -> list[ApprovalDecision]:
+    """The decisions sent to a run, as its history holds them (its approve_operation Updates' inputs): what
+    anyone who may read histories can copy."""
+    return [
+        (await client.data_converter.decode(accepted.input.args.payloads, [ApprovalDecision]))[0]
+        async for event in handle.fetch_history_events()
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+        and (accepted := event.workflow_execution_update_accepted_event_attributes.accepted_request).input.name
+        == APPROVE_OPERATION_UPDATE
+    ]
 
 
 async def effects(admin: httpx.AsyncClient, operation_id: str) -> list[dict[str, Any]]:

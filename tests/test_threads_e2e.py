@@ -17,7 +17,6 @@ from typing import Any
 
 import httpx
 import pytest
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -38,6 +37,7 @@ from tests.agent_helpers import (
     assert_eventually,
     call,
     conversation,
+    decisions_in_history,
     effects,
     say,
     script_spec,
@@ -53,7 +53,6 @@ from toolloop._core.codes import ErrorType
 from toolloop._core.contracts import (
     AgentInput,
     AgentResult,
-    ApprovalDecision,
     DecisionAnswer,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -288,13 +287,7 @@ async def test_an_approval_given_in_an_earlier_message_is_refused_in_a_later_one
     [one, _] = await thread.messages()
     message_one = client.get_workflow_handle(one.workflow_id)
     # What anyone who reads message 1's history can copy: its approve_operation Update's input.
-    [copied] = [
-        (await client.data_converter.decode(accepted.input.args.payloads, [ApprovalDecision]))[0]
-        async for event in message_one.fetch_history_events()
-        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
-        and (accepted := event.workflow_execution_update_accepted_event_attributes.accepted_request).input.name
-        == APPROVE_OPERATION_UPDATE
-    ]
+    [copied] = await decisions_in_history(client, message_one)
     assert (copied.operation_id, copied.digest, copied.approve) == (op.operation_id, op.digest, True)
 
     # Message 3 proposes the very same note: not found at the service, so it waits for an approval of its own.

@@ -37,6 +37,7 @@ from tests.agent_helpers import (
     assert_eventually,
     call,
     decide,
+    decisions_in_history,
     effects,
     say,
     script_spec,
@@ -567,13 +568,7 @@ async def test_a_decision_from_a_closed_run_is_refused_when_its_workflow_id_is_s
     op = await waiting_operation(first)
     await decide(first, op.operation_id, approve=False)
     assert [o.state for o in (await request_result(first)).operations] == ["denied"]
-    [copied] = [
-        (await client.data_converter.decode(accepted.input.args.payloads, [ApprovalDecision]))[0]
-        async for event in first.fetch_history_events()
-        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
-        and (accepted := event.workflow_execution_update_accepted_event_attributes.accepted_request).input.name
-        == APPROVE_OPERATION_UPDATE
-    ]
+    [copied] = await decisions_in_history(client, first)
     second = await run()
     again = await waiting_operation(second)
     assert (again.operation_id, again.digest) == (op.operation_id, op.digest) and second.run_id != first.run_id

@@ -586,10 +586,8 @@ class OperationStateMachine:
         op.may_commit_until = earlier.may_commit_until
         op.note = f"left {earlier.state} by request {earlier.request_id} of this thread"
         self._move(op, "unknown")
-        # It may have taken effect at any moment, after this request's reads too: what it may change is no fact
-        # for a later write, as after a write this request sent itself.
-        self._facts_of[op.operation_id] = call.policy_facts
-        self.reads = unchanged_by([(call.policy_facts, self._arguments[op.operation_id])], self.reads)
+        # It may have taken effect at any moment, after this request's reads too.
+        self._may_take_effect(op, call)
         if not call.has_status:
             return self._unknown(op, "an earlier message left it unknown and this tool has no status query.")
         self._set_phase(f"status of {op.tool} {op.operation_id} (left unknown by an earlier message)")
@@ -733,14 +731,17 @@ class OperationStateMachine:
             except asyncio.CancelledError as cancelled:
                 self.absorb_cancel(cancelled)
 
+    def _may_take_effect(self, op: OperationRecord, call: CheckedCall) -> None:
+        """`op` may take effect from now on (sent, or sent by an earlier message): what it may change is no longer
+        a fact for a later write (two small refunds are not each judged on the order as it was before both; a
+        write that names no facts may change any), which is decided on a new read, or asks."""
+        self._facts_of[op.operation_id] = call.policy_facts
+        self.reads = unchanged_by([(call.policy_facts, self._arguments[op.operation_id])], self.reads)
+
     async def _send(self, op: OperationRecord, call: CheckedCall) -> WriteOutcome:
         op.attempts += 1
-        self._facts_of[op.operation_id] = call.policy_facts
         if op.attempts == 1:
-            # What this write may change is no longer a fact for the next one (two small refunds are not each
-            # judged on the order as it was before both; a write that names no facts may change any): a later
-            # write is decided on a new read, or asks.
-            self.reads = unchanged_by([(call.policy_facts, self._arguments[op.operation_id])], self.reads)
+            self._may_take_effect(op, call)
         if op.first_sent_at is None:
             op.first_sent_at = workflow.now()
         until = self._send_until(op)
