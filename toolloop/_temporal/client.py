@@ -107,6 +107,8 @@ from toolloop._temporal.search_attributes import thread_search_attributes
 logger = logging.getLogger(__name__)
 # RPC failures that pass: Temporal restarting or overloaded.
 _TRANSIENT = frozenset({RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.RESOURCE_EXHAUSTED})
+# How many failures other than Temporal's transient ones in a row a follower asks again after.
+_UNEXPECTED_FAILURES = 3
 # A thread's messages change only in a workflow task (and its run may close: continue-as-new).
 _THREAD_CHANGED = CLOSED_EVENTS | {EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED}
 
@@ -859,6 +861,7 @@ class ToolloopThread:
         thread of this actor."""
         seen: list[MessageRecord] | None = None
         pause = 0.0
+        unexpected = 0
         while True:
             try:
                 # The run and its length first, then the messages: a change after this read is an event after it.
@@ -880,11 +883,14 @@ class ToolloopThread:
                     if messages != seen:
                         seen = messages
                         yield messages
-                    pause = 0.0
+                    pause, unexpected = 0.0, 0
             except RPCError as err:
                 if err.status == RPCStatusCode.NOT_FOUND:
                     raise ThreadNotFound(f"no thread {self.thread_id}") from None
-                if err.status not in _TRANSIENT:
+                # Another failure is asked again a few times: a query that meets the run the moment it closes
+                # (its worker evicting it) fails once, and is answered from the closed run after.
+                unexpected += err.status not in _TRANSIENT
+                if unexpected > _UNEXPECTED_FAILURES:
                     raise
                 pause = min(pause * 2, 5.0) if pause else 0.5
                 await asyncio.sleep(pause)
