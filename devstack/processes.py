@@ -8,6 +8,7 @@ import contextlib
 import errno
 import functools
 import os
+import re
 import shutil
 import signal
 import socket
@@ -36,6 +37,8 @@ DEV_SERVER_DYNAMIC_CONFIG: tuple[str, ...] = ("history.transferProcessorMaxPollR
 WORKER_READY_LINE = "worker ready"
 _POLL_INTERVAL = 0.1
 _LOG_TAIL_LINES = 40
+_LOG_CAUSE_LINES = 5
+_CAUSE_LINE = re.compile(r"^panic:|level=(error|fatal)\b|address already in use", re.IGNORECASE)
 
 
 class StackError(RuntimeError):
@@ -51,10 +54,23 @@ class ProcessStartError(StackError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS considers free right now (another program may still take it before we bind)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port the OS considers free, held back for about a minute from anyone else asking the OS for a free port.
+
+    As the Temporal CLI does for the dev server's internal ports: a connection to it, closed from the listening
+    side first, leaves the port in TIME_WAIT. Linux then hands it to no other bind to port 0 (the dev server's own
+    picks, another test's), while a server that binds it by number with SO_REUSEADDR (uvicorn, Go, PostgreSQL)
+    still can. Without this, a port picked here could be handed out again before its server bound it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        # As Go sets it: the accepted end inherits it, so a server's bind by number never waits for it to close.
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, 0))
+        listener.listen(1)
+        port = int(listener.getsockname()[1])
+        with socket.create_connection((host, port), timeout=5) as client:
+            accepted, _ = listener.accept()
+            accepted.close()
+            client.recv(1)  # the listening side's close reached us: its end of the connection is in TIME_WAIT
+    return port
 
 
 def port_accepts(port: int, host: str = "127.0.0.1") -> bool:
@@ -86,7 +102,11 @@ def log_tail(path: Path | None, lines: int = _LOG_TAIL_LINES) -> str:
         size = fh.tell()
         fh.seek(max(0, size - 16_384))
         text = fh.read().decode("utf-8", errors="replace")
-    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+    all_lines = text.splitlines()
+    # A Go panic's stack outgrows the tail; the error logged before it and the panic's own line say why.
+    causes = [line for line in all_lines[:-lines] if _CAUSE_LINE.search(line)][-_LOG_CAUSE_LINES:]
+    shown = [*causes, "..."] if causes else []
+    return "\n".join([*shown, *all_lines[-lines:]]) or "(empty log)"
 
 
 def _fail_if_exited(proc: ManagedProcess | None, waiting_for: str) -> None:

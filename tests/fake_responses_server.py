@@ -168,12 +168,6 @@ def create_app(state: _State) -> FastAPI:
     return app
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class FakeResponsesServer:
     """The server in a background thread of this process; `url` is the base_url for a client."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import socket
 import stat
@@ -28,7 +29,7 @@ from devstack import (
     wait_for_log_line,
     wait_for_port,
 )
-from devstack.processes import pid_alive
+from devstack.processes import log_tail, pid_alive
 from toolloop._temporal.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -108,6 +109,35 @@ def test_wait_for_log_line_ignores_earlier_runs(tmp_path: Path) -> None:
 def test_port_in_use_detects_listener(listening_port: int) -> None:
     assert port_in_use(listening_port)
     assert not port_in_use(free_port())
+
+
+def test_free_port_is_held_back_from_other_picks_but_binds_by_number() -> None:
+    """A CI run lost its chaos stack when the dev server's own pick of an internal port was a port picked here and
+    bound by another test first. A picked port is now held in TIME_WAIT: another program's bind without
+    SO_REUSEADDR (which is how the OS decides what port 0 may get) is refused, while a server binding it by number
+    with SO_REUSEADDR, as uvicorn, Go and PostgreSQL do, gets it."""
+    port = free_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        with pytest.raises(OSError) as refused:
+            other.bind(("127.0.0.1", port))
+        assert refused.value.errno == errno.EADDRINUSE
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", port))
+        server.listen(1)
+        assert port_in_use(port)
+
+
+def test_log_tail_keeps_the_cause_of_a_panic_whose_stack_outgrows_it(tmp_path: Path) -> None:
+    """The dev server logs an error, then panics with a long Go stack: the tail alone showed only the stack."""
+    log = tmp_path / "temporal.log"
+    error = 'time=2026-12-04 level=ERROR msg="Failed to start ringpop listener" error="bind: address already in use"'
+    stack = [f"\t/go/pkg/mod/example.go:{n} +0x{n:x}" for n in range(200)]
+    log.write_text("\n".join(["time=2026-12-04 level=WARN msg=ignored", error, "panic: nil pointer", *stack]) + "\n")
+    shown = log_tail(log).splitlines()
+    assert shown[:3] == [error, "panic: nil pointer", "..."]
+    assert shown[3:] == stack[-40:]
+    assert log_tail(tmp_path / "missing.log") == "(no log)"
 
 
 # --- Temporal dev server --------------------------------------------------------------------------
