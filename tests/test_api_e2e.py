@@ -19,14 +19,30 @@ import pytest
 from httpx_sse import aconnect_sse
 from temporalio.client import Client
 
+from demo.agent import build as build_demo
 from devstack.processes import free_port, start_api
 from tests.agent_helpers import assert_eventually, effects, service_requests
-from tests.api_helpers import U1, U1_GLOBEX, U2, Api, assert_problem, demo_tool_names, pending_operation, running_api
+from tests.api_helpers import (
+    U1,
+    U1_GLOBEX,
+    U2,
+    Api,
+    assert_problem,
+    demo_tool_names,
+    pending_operation,
+    running_api,
+    worker_settings,
+)
 from tests.conftest import APPROVAL_KEY, REPO_ROOT, BusinessService, TemporalServer
 from toolloop import Actor
-from toolloop._core.contracts import AgentInput, ModelSpec
+from toolloop._api.app import ApiConfig, create_app
+from toolloop._api.limits import ApiLimits
+from toolloop._api.tokens import TokenMap
+from toolloop._core.contracts import AgentInput, ApprovalRequest, ModelSpec
 from toolloop._core.names import AGENT_WORKFLOW
+from toolloop._temporal.client import ToolloopClient, ToolloopRequest
 from toolloop._temporal.requests import request_search_attributes, request_workflow_id
+from toolloop._temporal.worker_factory import running_worker
 
 pytestmark = pytest.mark.e2e
 
@@ -322,6 +338,96 @@ async def test_events_are_complete_in_order_and_resumable(http: httpx.AsyncClien
     resumed = await read_events(http, request_id, last_event_id="3")
     assert [int(e.id) for e in resumed] == seqs[3:]
     assert [e.data for e in resumed] == [e.data for e in events[3:]]
+    # A Last-Event-ID that is a digit to Python but no number ("²", latin-1 in a header) was a 500: it is no id.
+    async with aconnect_sse(
+        http, "GET", f"/v1/requests/{request_id}/events", headers={**U1, "Last-Event-ID": b"\xb2"}
+    ) as odd:
+        assert odd.response.status_code == 200
+        assert [int(e.id) async for e in odd.aiter_sse()] == seqs
+
+
+async def test_a_terminated_request_keeps_its_writes_in_view_and_its_stream_says_it_ended(
+    http: httpx.AsyncClient, client: Client
+) -> None:
+    """An operator terminates a request while its refund waits for approval. The request said "terminated" with
+    no operations (the report is gone, but the workflow's ledger answers a closed run too), and its event stream
+    never ended: it asked again every 0.3 s for an hour, waiting for a final event that cannot come."""
+    request_id = key()
+    created = await submit(http, WRITE, U1, request_id)
+    assert created.status_code == 201
+    waiting = await pending_operation(http, request_id, U1)
+    await client.get_workflow_handle(created.json()["workflow_id"]).terminate("an operator stops it")
+    view = (await http.get(f"/v1/requests/{request_id}", headers=U1)).json()
+    assert (view["status"], view["phase"], view["outcome"]) == ("terminated", "finished: terminated", None)
+    assert [(op["operation_id"], op["state"]) for op in view["operations"]] == [
+        (waiting["operation_id"], "awaiting_approval")
+    ]
+    assert [c["tool"] for c in view["calls"]] == [] and view["rounds"] == 1
+
+    async def stream() -> list[Any]:
+        async with aconnect_sse(http, "GET", f"/v1/requests/{request_id}/events", headers=U1) as source:
+            return [sse async for sse in source.aiter_sse()]
+
+    events = await asyncio.wait_for(stream(), 60)
+    assert [e.event for e in events].count("error") == 1
+    assert events[-1].event == "error" and json.loads(events[-1].data)["code"] == "ENDED_WITHOUT_REPORT"
+    assert "approval_needed" in [e.event for e in events]
+
+
+async def test_a_decision_no_worker_confirms_is_503_unconfirmed_and_sending_it_again_is_the_same_decision(
+    temporal_server: TemporalServer,
+    business_service: BusinessService,
+    client: Client,
+    admin: httpx.AsyncClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A decision whose Update Temporal takes while no worker runs (a deploy): the API waited without end, or
+    answered a 500 the web page read as "not recorded" although the approval may still be applied. Forced
+    interleaving: the API's check of the pending operation reads it as it was just before the worker stopped.
+    The API runs in this process (the same code as `starter.py serve`), with a 2 s wait for a confirmation."""
+    task_queue = f"unconfirmed-{uuid.uuid4().hex[:8]}"
+    config = ApiConfig(
+        task_queue=task_queue,
+        tokens=TokenMap.load(REPO_ROOT / "config" / "api_tokens.json"),
+        signing_key=APPROVAL_KEY,
+        limits=ApiLimits(create_rate="1000/minute", max_active_requests=1000, change_wait_seconds=2),
+    )
+    transport = httpx.ASGITransport(app=create_app(client, config))
+    settings = worker_settings(temporal_server, task_queue)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api.test", timeout=60) as here:
+        request_id = key()
+        async with running_worker(client, settings, build_demo(business_service.url)):
+            assert (await submit(here, WRITE, U1, request_id)).status_code == 201
+            op = await pending_operation(here, request_id, U1)
+            mine = ToolloopClient(client, task_queue=task_queue).request(
+                request_id, actor=Actor(user_id="u1", tenant_id="acme")
+            )
+            before = await mine.approval(op["operation_id"])
+
+        async def as_read_before(self: ToolloopRequest, operation_id: str) -> ApprovalRequest | None:
+            return before
+
+        monkeypatch.setattr(ToolloopRequest, "approval", as_read_before)
+        path = f"/v1/requests/{request_id}/operations/{op['operation_id']}/decision"
+        decided = await here.post(path, json={"decision": "approve", "digest": op["digest"]}, headers=U1)
+        body = assert_problem(decided, 503, "UNCONFIRMED")
+        assert "may still be applied" in body["detail"]
+        monkeypatch.undo()
+        # A worker again: the decision Temporal held is applied, or the same decision sent again is; once.
+        async with running_worker(client, settings, build_demo(business_service.url)):
+
+            async def settled() -> bool:
+                view = (await here.get(f"/v1/requests/{request_id}", headers=U1)).json()
+                states = [o["state"] for o in view["operations"]]
+                if states == ["awaiting_approval"]:
+                    again = await here.post(path, json={"decision": "approve", "digest": op["digest"]}, headers=U1)
+                    assert again.status_code in (200, 409), again.text
+                return bool(view["status"] == "completed")
+
+            await assert_eventually(settled, within=120, what="the approved refund ran")
+            view = (await here.get(f"/v1/requests/{request_id}", headers=U1)).json()
+    assert [o["state"] for o in view["operations"]] == ["verified"]
+    assert len(await effects(admin, op["operation_id"])) == 1
 
 
 # --- Bad input -----------------------------------------------------------------------------------------------

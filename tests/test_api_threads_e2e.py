@@ -445,3 +445,35 @@ async def test_a_closed_threads_stream_ends_with_thread_closed_and_it_takes_no_m
     await asyncio.wait_for(following, 60)
     assert seen[-1].event == "error" and seen[-1].json()["code"] == "THREAD_CLOSED"
     assert_problem(await send(http, thread_id, READ, new_id("c")), 409, "THREAD_CLOSED")
+
+
+async def test_a_message_whose_request_was_terminated_finishes_in_the_threads_stream(
+    http: httpx.AsyncClient, client: Client
+) -> None:
+    """An operator terminates a message's request while it waits for approval. Its events never end with a final
+    one, so the thread's stream waited for them for an hour: it now ends the message as the thread recorded it,
+    and `until=idle` ends once the next message has run."""
+    thread_id = new_id("t")
+    first = (await send(http, thread_id, REFUND_5, new_id("c"))).json()
+    second = await send(http, thread_id, READ, new_id("c"))
+    assert second.status_code == 201 and second.json()["queued"]
+    await pending_operation(http, first["request_id"], U1)
+    await client.get_workflow_handle(first["workflow_id"]).terminate("an operator stops this request")
+    path = f"/v1/threads/{thread_id}/events?until=idle"
+    seen = await asyncio.wait_for(_collect(read_until(http, path, lambda e: e.event == "error")), 120)
+    assert [e.event for e in seen if e.event.startswith("message_")] == [
+        "message_accepted",
+        "message_accepted",
+        "message_started",
+        "message_finished",
+        "message_started",
+        "message_finished",
+    ]
+    assert "error" not in [e.event for e in seen]
+    finished = [e.json() for e in seen if e.event == "message_finished"]
+    assert [f["number"] for f in finished] == [1, 2]
+    assert finished[0]["outcome"] != "answered" and finished[1]["outcome"] == "answered"
+
+
+async def _collect(events: AsyncIterator[ServerSentEvent]) -> list[ServerSentEvent]:
+    return [e async for e in events]

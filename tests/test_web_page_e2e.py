@@ -19,15 +19,16 @@ from typing import Any, Protocol
 
 import httpx
 import pytest
-from playwright.async_api import Page, Request, async_playwright, expect
+from playwright.async_api import Page, Request, Route, async_playwright, expect
 from temporalio.client import Client
 
 from demo.agent import build as build_demo
 from devstack.processes import ManagedProcess, free_port, start_api
 from tests.agent_helpers import assert_eventually, effects
-from tests.api_helpers import api_env, worker_settings
+from tests.api_helpers import api_env, pending_operation, worker_settings
 from tests.conftest import REPO_ROOT, BusinessService, TemporalServer
 from tests.fake_openai_server import FakeOpenAIServer, output_message, responses_response
+from toolloop._core.approvals import payload_digest
 from toolloop._temporal.worker_factory import running_worker
 
 pytestmark = pytest.mark.e2e
@@ -235,6 +236,49 @@ async def test_a_write_approved_on_the_page_is_done_once_and_shown_verified(
         await expect(request.locator('[data-field="final-text"]')).to_contain_text("refunded 500 cents")
         await expect(request.locator('tr[data-call-id] [data-field="result"]')).to_have_text(["ok"])
     assert len(await effects(admin, payload["operation_id"])) == 1
+
+
+async def test_the_digest_check_spells_floats_and_long_integers_as_the_server_does(
+    api: Api, http: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    """A tool's float argument (25.0, 1e-07) or a 20-digit integer is one JS number once parsed, 25 and a
+    rounded integer: the page rebuilt the digest's text from that, said "DOES NOT MATCH" and disabled Approve
+    for a payload that was exactly right. The operation's answer is rewritten here (a tool with such arguments,
+    its digest made by the server's own function) so the page's check meets those numbers."""
+    arguments = {"amount": 25.0, "tiny": 1e-07, "big": 12345678901234567890, "cents": 500, "shape": {"xy": [1.5, 2]}}
+    digests: list[str] = []
+
+    async def with_numbers(route: Route) -> None:
+        response = await route.fetch()
+        payload = await response.json()
+        subject = payload["target"] or payload["tool"]
+        payload["arguments"] = arguments
+        payload["digest"] = digests[-1] if digests else payload_digest(subject, arguments)
+        await route.fulfill(response=response, body=json.dumps(payload))
+
+    async with browse(api) as browsed:
+        page = browsed.page
+        await page.route(re.compile(r".*/v1/requests/[^/]+/operations/[^/]+$"), with_numbers)
+        await log_in(page)
+        request_id = await ask(page, REFUND)
+        card = page.locator(f'[data-request-id="{request_id}"] .approval[data-ready="true"]')
+        await expect(card.locator('[data-field="digest-check"]')).to_have_attribute("data-check", "ok")
+        for name, text in (("amount", "25.0"), ("tiny", "1e-07"), ("big", "12345678901234567890"), ("cents", "500")):
+            await expect(card.locator(f'tr[data-arg="{name}"] [data-field="arg-value"]')).to_have_text(text)
+        await expect(card.locator('tr[data-arg="shape"] [data-field="arg-value"]')).to_have_text('{"xy":[1.5,2]}')
+        await expect(card.locator('[data-action="approve"]')).to_be_enabled()
+        # And the check still catches a digest of other numbers: 25 where 25.0 is shown.
+        digests.append(payload_digest("POST /orders/A100/refunds", {**arguments, "amount": 25}))
+        tampered = await ask(page, REFUND)
+        card = page.locator(f'[data-request-id="{tampered}"] .approval[data-ready="true"]')
+        await expect(card.locator('[data-field="digest-check"]')).to_have_attribute("data-check", "mismatch")
+        await expect(card.locator('[data-action="approve"]')).to_be_disabled()
+    for asked in (request_id, tampered):
+        real = await pending_operation(http, asked, U1)
+        path = f"/v1/requests/{asked}/operations/{real['operation_id']}/decision"
+        rejected = await http.post(path, json={"decision": "reject", "digest": real["digest"]}, headers=U1)
+        assert rejected.status_code == 200, rejected.text
+        assert await effects(admin, real["operation_id"]) == []
 
 
 async def test_a_write_rejected_on_the_page_after_a_dropped_stream_is_not_done(

@@ -20,11 +20,11 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -40,14 +40,16 @@ from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
+    WorkflowFailureError,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import MetricMeter
 from temporalio.service import RPCError, RPCStatusCode
 
 from toolloop._api.limits import ApiLimits, CreationRate, StreamSlots, limits_from_environment
-from toolloop._api.openapi import CALLER_CODES, problems, use_problem_schema
+from toolloop._api.openapi import CALLER_CODES, ENDED_WITHOUT_REPORT, problems, use_problem_schema
 from toolloop._api.threads import (
     Cursor,
     MessageAnswer,
@@ -102,6 +104,8 @@ from toolloop._temporal.requests import (
 from toolloop._temporal.search_attributes import OUTCOME_KEY, TENANT_KEY, THREAD_KEY, USER_KEY
 from toolloop._temporal.telemetry import API_DECISIONS, API_RESPONSES
 from toolloop.servicekit import KitProblem, describe_errors
+
+T = TypeVar("T")
 
 logger = logging.getLogger("toolloop.api")
 
@@ -249,7 +253,7 @@ class BodyLimit:
             return
         too_large = _problem(413, "BODY_TOO_LARGE", f"the body may be at most {self.max_bytes} bytes")
         declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+        if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > self.max_bytes:
             await too_large(scope, receive, send)
             return
         # Read here, not inside the app: a framework that parses the body turns any error raised while it
@@ -491,10 +495,25 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
     async def on_temporal_error(_: Request, exc: Exception) -> Response:
         return _problem(503, "TEMPORAL_UNAVAILABLE", "Temporal did not answer; try again")
 
+    @app.exception_handler(WorkflowUpdateRPCTimeoutOrCancelledError)
+    async def on_unconfirmed_change(request: Request, exc: Exception) -> Response:
+        # A decision, a message or a close that Temporal took but no worker answered in time (none running, a
+        # deploy): it may still be applied, so neither "done" nor "not done". Sending it again is the same change.
+        logger.warning("an update was not confirmed", extra={"path": request.url.path, "why": str(exc)})
+        return _problem(503, "UNCONFIRMED", UNCONFIRMED_CHANGE)
+
     @app.exception_handler(WorkflowQueryFailedError)
     async def on_unreadable_request(request: Request, exc: Exception) -> Response:
         logger.error("a query failed", extra={"request_id": request.path_params.get("request_id"), "why": str(exc)})
         return _problem(503, "REQUEST_UNREADABLE", UNREADABLE_REQUEST)
+
+    async def confirmed(change: Awaitable[T]) -> T:
+        """A change sent as an Update, or 503 UNCONFIRMED once no worker has confirmed it for a while."""
+        try:
+            async with asyncio.timeout(config.limits.change_wait_seconds):
+                return await change
+        except TimeoutError:
+            raise Problem(503, "UNCONFIRMED", UNCONFIRMED_CHANGE) from None
 
     async def found(actor: Actor, request_id: str) -> tuple[ToolloopRequest, WorkflowExecutionDescription]:
         """The caller's request and how its workflow stands, if it exists and is theirs (its search attributes
@@ -668,28 +687,26 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
     )
     async def get_request(request_id: RequestId, actor: Caller) -> RequestView:
         request, description = await found(actor, request_id)
-        if description.status == WorkflowExecutionStatus.RUNNING:
-            progress = await request.progress()
-            return RequestView(
-                id=request_id,
-                workflow_id=request.workflow_id,
-                status="running",
-                phase=progress.phase,
-                rounds=progress.round,
-                calls=progress.calls,
-                operations=progress.operations,
-                events=progress.events,
-                usage=progress.usage,
-            )
-        try:
-            result = await request.result()
-        except Exception:  # terminated, timed out, ...: Temporal's word is all there is
-            status = _status_name(description.status)
-            return RequestView(
-                id=request_id, workflow_id=request.workflow_id, status=status, phase=f"finished: {status}",
-                rounds=0, calls=[], operations=[],
-            )  # fmt: skip
-        return _finished_view(request_id, result)
+        if description.status != WorkflowExecutionStatus.RUNNING:
+            try:
+                return _finished_view(request_id, await request.result())
+            except WorkflowFailureError:
+                pass  # ended without a report (terminated, timed out): what its ledger recorded is below
+        # A closed run answers the query too (its worker replays it), so a terminated request still shows the
+        # writes it sent or left unknown. A failure to read is a 503, never an empty "completed".
+        progress = await request.progress()
+        status = _status_name(description.status)
+        return RequestView(
+            id=request_id,
+            workflow_id=request.workflow_id,
+            status=status,
+            phase=progress.phase if status == "running" else f"finished: {status}",
+            rounds=progress.round,
+            calls=progress.calls,
+            operations=progress.operations,
+            events=progress.events,
+            usage=progress.usage,
+        )
 
     @app.get(
         "/v1/requests/{request_id}/events",
@@ -723,7 +740,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         try:
             followed, _ = await found(actor, request_id)
             resume = last_event_id or ""
-            start = after if after is not None else int(resume) if resume.isdigit() else 0
+            start = after if after is not None else int(resume) if resume.isascii() and resume.isdigit() else 0
             # Asked once before the response starts, so a request the worker cannot read is a problem+json.
             first = await followed.events(start)
         except BaseException:
@@ -765,6 +782,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             "REQUEST_FINISHED",
             "BODY_TOO_LARGE",
             "REQUEST_UNREADABLE",
+            "UNCONFIRMED",
             "NO_APPROVAL_KEY",
         ),  # fmt: skip
     )
@@ -808,12 +826,14 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         if config.meter is not None:
             config.meter.create_counter(API_DECISIONS, "decisions sent by the API").add(1, {"decision": body.decision})
         try:
-            return await request.decide(
-                pending,
-                approve=body.decision == "approve",
-                decider=actor,
-                roles=sorted(granted.roles),
-                grant=body.grant,
+            return await confirmed(
+                request.decide(
+                    pending,
+                    approve=body.decision == "approve",
+                    decider=actor,
+                    roles=sorted(granted.roles),
+                    grant=body.grant,
+                )
             )
         except RequestFinished:
             raise _finished(named) from None
@@ -873,6 +893,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             "REQUEST_FINISHED",
             "BODY_TOO_LARGE",
             "REQUEST_UNREADABLE",
+            "UNCONFIRMED",
             "NO_APPROVAL_KEY",
         ),  # fmt: skip
     )
@@ -943,6 +964,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             "THREAD_BUSY",
             "THREAD_CLOSED",
             "REQUEST_UNREADABLE",
+            "UNCONFIRMED",
         ),  # fmt: skip
     )
     async def send_message(
@@ -974,13 +996,15 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
             if idempotency_key is not None and await key_used_outside_this_thread(actor, request_id, thread):
                 raise _key_reused()
         try:
-            accepted = await thread.send(
-                body.question,
-                request_id=request_id,
-                model=model,
-                limits=limits,
-                instructions=body.instructions,
-                tools=body.tools,
+            accepted = await confirmed(
+                thread.send(
+                    body.question,
+                    request_id=request_id,
+                    model=model,
+                    limits=limits,
+                    instructions=body.instructions,
+                    tools=body.tools,
+                )
             )
         except RequestIdReused:
             raise _key_reused() from None
@@ -1037,7 +1061,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
     @app.post(
         "/v1/threads/{thread_id}/close",
         response_model=ThreadView,
-        responses=problems(*CALLER_CODES, "NOT_FOUND", "REQUEST_UNREADABLE"),
+        responses=problems(*CALLER_CODES, "NOT_FOUND", "REQUEST_UNREADABLE", "UNCONFIRMED"),
     )
     async def close_thread(thread_id: ThreadId, actor: Caller) -> ThreadView:
         """Close the caller's thread: it takes no new message (409 THREAD_CLOSED); the messages it accepted still
@@ -1045,7 +1069,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         close. Its messages as they are now."""
         thread, _ = await found_thread(actor, thread_id)
         try:
-            records = await thread.close()
+            records = await confirmed(thread.close())
         except ThreadNotFound:
             raise _no_thread(thread_id) from None
         return thread_view(thread, records)
@@ -1177,6 +1201,8 @@ async def _event_stream(
     async with RunFollower(followed.handle) as follower:
         page: EventsPage | None = first
         while time.monotonic() < ends and not await request.is_disconnected():
+            # Taken before reading: a page read after the run's close holds every event it will ever have.
+            closed = follower.closed
             try:
                 if page is None:
                     page = await followed.events(after)
@@ -1195,9 +1221,27 @@ async def _event_stream(
                 yield {"id": str(event.seq), "event": event.kind, "data": event.model_dump_json()}
             if page.done and not page.events:
                 return
+            if closed and not page.events:
+                # Terminated or timed out: its final event will never come. Said, so no client waits for it.
+                yield {"event": "error", "data": json.dumps(_ended_without_report(followed))}
+                return
             if not page.events:
                 await follower.wait(at_most=min(_DISCONNECT_CHECK_SECONDS, max(0.0, ends - time.monotonic())))
             page = None
+
+
+UNCONFIRMED_CHANGE = (
+    "Temporal took it, but no worker confirmed it in time: it may still be applied. Read it again before deciding "
+    "anything on it; sending it again is the same change"
+)
+
+
+def _ended_without_report(followed: ToolloopRequest) -> dict[str, str]:
+    detail = (
+        f"request {followed.request_id}'s run ended without its report (terminated or timed out); "
+        "GET the request for what it recorded"
+    )
+    return {"code": ENDED_WITHOUT_REPORT, "detail": detail}
 
 
 async def _with_live_text(

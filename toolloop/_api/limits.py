@@ -59,6 +59,9 @@ class ApiLimits(BaseSettings):
     max_active_requests: int = Field(default=20, ge=1, validation_alias="TOOLLOOP_API_MAX_ACTIVE_REQUESTS")
     # A caller's open threads (a thread's workflow runs until the thread is closed and its messages have run).
     max_open_threads: int = Field(default=100, ge=1, validation_alias="TOOLLOOP_API_MAX_OPEN_THREADS")
+    # How long a decision, a message or a close waits for a worker to confirm it (none may be running: a deploy)
+    # before the answer is 503 UNCONFIRMED: Temporal holds it, so it may still be applied.
+    change_wait_seconds: float = Field(default=30.0, gt=0, le=600, validation_alias="TOOLLOOP_API_CHANGE_WAIT_SECONDS")
     # The longest deadline and approval wait a request may ask for in its "limits".
     max_deadline_seconds: float = Field(
         default=3600.0, gt=0, le=_A_DAY, validation_alias="TOOLLOOP_API_MAX_DEADLINE_SECONDS"

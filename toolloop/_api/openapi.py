@@ -33,8 +33,13 @@ PROBLEM_STATUS: dict[str, int] = {
     "TOO_MANY_THREADS": 429,
     "TEMPORAL_UNAVAILABLE": 503,
     "REQUEST_UNREADABLE": 503,
+    "UNCONFIRMED": 503,
     "NO_APPROVAL_KEY": 503,
 }
+
+# Said only inside an event stream that has started (an `error` event, then the end): the request's run closed
+# without its report (terminated or timed out), so its final event will never come.
+ENDED_WITHOUT_REPORT = "ENDED_WITHOUT_REPORT"
 
 # What every route that reads or starts a request can answer besides its own codes.
 CALLER_CODES = ("UNAUTHORIZED", "INVALID_REQUEST", "TEMPORAL_UNAVAILABLE")

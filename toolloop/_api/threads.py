@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError
 
+from toolloop._api.openapi import ENDED_WITHOUT_REPORT
 from toolloop._core.threads import MessageRecord, MessageState
 from toolloop._temporal.client import ThreadNotFound, ToolloopRequest, ToolloopThread
 from toolloop._temporal.requests import UNREADABLE_REQUEST
@@ -141,7 +142,7 @@ class Cursor:
         if not text:
             return cls()
         parts = text.split(".")
-        if len(parts) != 3 or not all(p.isdigit() and len(p) <= 9 for p in parts):
+        if len(parts) != 3 or not all(p.isascii() and p.isdigit() and len(p) <= 9 for p in parts):
             return None
         accepted, number, step = (int(p) for p in parts)
         return cls(accepted, max(number, 1), step)
@@ -266,6 +267,10 @@ async def thread_stream(
                 event: dict[str, str] = payload
                 data = json.loads(event["data"])
                 data = {**data, "number": number, "request_id": _request_id(records, number)}
+                if event["event"] == "error" and data.get("code") == ENDED_WITHOUT_REPORT:
+                    # Its run was terminated: the thread records how the message ended (message_finished).
+                    request_over = True
+                    continue
                 if event["event"] == "error":
                     # The request's events could not be read: said once, and the stream ends (reconnect).
                     yield _event("error", data, None)

@@ -195,6 +195,7 @@ class RunFollower:
         self._changed.set()
         self._timer_started = True
         self._failed = False
+        self._closed = False
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> RunFollower:
@@ -211,10 +212,16 @@ class RunFollower:
         try:
             async for change in changes(self._handle):
                 self._timer_started |= change.timer_started
+                self._closed |= change.closed
                 self._changed.set()
         except RPCError:
             self._failed = True
         self._changed.set()
+
+    @property
+    def closed(self) -> bool:
+        """True once the run's history has shown its close: whatever is read after this is all there will be."""
+        return self._closed
 
     async def wait(self, at_most: float | None = None) -> bool:
         """Until the run may have changed (or `at_most` s); True if a timer started meanwhile, so an

@@ -114,7 +114,62 @@
     return x.length - y.length;
   }
 
+  // A number inside a write's arguments, as the server wrote it. Parsed, 25.0 and 25 are one JS number and a
+  // 20-digit integer loses digits, but the digest covers Python's text of each: an integer's digits, a float's
+  // repr (25.0, 1e-07, 1e+16). JSON.parse hands the source text over where the browser can (`context.source`).
+  class JsonNumber {
+    constructor(source) {
+      this.source = source;
+    }
+
+    get canonical() {
+      return /[.eE]/.test(this.source) ? pythonFloat(Number(this.source)) : BigInt(this.source).toString();
+    }
+
+    toJSON() {
+      return Number(this.source);
+    }
+  }
+
+  function pythonFloat(x) {
+    if (x === 0) return Object.is(x, -0) ? "-0.0" : "0.0";
+    const [mantissa, power] = x.toExponential().split("e"); // the shortest digits that read back as x
+    const exp = Number(power);
+    const sign = mantissa.startsWith("-") ? "-" : "";
+    const digits = mantissa.replace("-", "").replace(".", "");
+    if (exp < -4 || exp >= 16) {
+      const m = digits.length > 1 ? `${digits[0]}.${digits.slice(1)}` : digits;
+      return `${sign}${m}e${exp < 0 ? "-" : "+"}${String(Math.abs(exp)).padStart(2, "0")}`;
+    }
+    if (exp < 0) return `${sign}0.${"0".repeat(-exp - 1)}${digits}`;
+    return `${sign}${digits.slice(0, exp + 1).padEnd(exp + 1, "0")}.${digits.slice(exp + 1) || "0"}`;
+  }
+
+  // JSON whose "arguments" keep each number's source text (JsonNumber); every other number stays a number. Where
+  // the browser gives no source text, arguments' numbers stay numbers too, and the digest is not recomputed.
+  function parseKeepingArgumentNumbers(text) {
+    const kept = JSON.parse(text, (key, value, context) =>
+      typeof value === "number" && context && typeof context.source === "string" ? new JsonNumber(context.source) : value,
+    );
+    const plain = (value, inArguments) => {
+      if (value instanceof JsonNumber) return inArguments ? value : Number(value.source);
+      if (Array.isArray(value)) return value.map((v) => plain(v, inArguments));
+      if (value !== null && typeof value === "object") {
+        return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, plain(v, inArguments || k === "arguments")]));
+      }
+      return value;
+    };
+    return plain(kept, false);
+  }
+
+  function hasPlainNumber(value) {
+    if (typeof value === "number") return true;
+    if (value instanceof JsonNumber || value === null || typeof value !== "object") return false;
+    return Object.values(value).some(hasPlainNumber);
+  }
+
   function canonicalJson(value) {
+    if (value instanceof JsonNumber) return value.canonical;
     if (Array.isArray(value)) return "[" + value.map(canonicalJson).join(",") + "]";
     if (value !== null && typeof value === "object") {
       const keys = Object.keys(value).sort(byCodePoint);
@@ -154,7 +209,7 @@
     return fetch(path, { headers, signal, cache: "no-store", credentials: "omit" });
   }
 
-  async function api(path, { method = "GET", body, headers = {}, signal, quiet401 = false } = {}) {
+  async function api(path, { method = "GET", body, headers = {}, signal, quiet401 = false, exactArguments = false } = {}) {
     const mine = session;
     const sent = { Accept: "application/json", Authorization: `Bearer ${token}`, ...headers };
     if (body !== undefined) sent["Content-Type"] = "application/json";
@@ -175,7 +230,7 @@
     const text = await response.text();
     let data = null;
     try {
-      data = text ? JSON.parse(text) : null;
+      data = text ? (exactArguments && response.ok ? parseKeepingArgumentNumbers(text) : JSON.parse(text)) : null;
     } catch {
       data = null;
     }
@@ -189,6 +244,16 @@
   }
 
   const requestPath = (id) => `/v1/requests/${encodeURIComponent(id)}`;
+
+  // What a failed decision says. Only a refusal (4xx) means it was not recorded: after a 5xx or a lost answer
+  // Temporal may hold it and apply it still, so the page reads the operation again instead of saying "not".
+  const refused = (error) => error instanceof ApiError && error.status >= 400 && error.status < 500;
+
+  function decisionFailure(error) {
+    return refused(error)
+      ? `The decision was not recorded: ${describe(error)}`
+      : `The decision may still be recorded (${describe(error)}): its state is read again before anything else.`;
+  }
 
   // --- Server-sent events over fetch (EventSource cannot send an Authorization header) --------------------
 
@@ -759,7 +824,9 @@
     op.error = "";
     const mine = session;
     try {
-      const payload = await api(`${requestPath(req.id)}/operations/${encodeURIComponent(op.operation_id)}`);
+      const payload = await api(`${requestPath(req.id)}/operations/${encodeURIComponent(op.operation_id)}`, {
+        exactArguments: true,
+      });
       if (mine !== session) return;
       const check = await digestCheck(payload);
       if (payload.state !== "awaiting_approval") {
@@ -786,7 +853,7 @@
 
   // A value as its JSON text (compact: all whitespace shown is part of a string), so "500" and 500 differ.
   function valueText(value) {
-    const text = JSON.stringify(value);
+    const text = canonicalJson(value);
     return escapeHidden(text === undefined ? String(value) : text);
   }
 
@@ -794,13 +861,15 @@
     return {
       ok: "matches the arguments shown (recomputed in this page)",
       mismatch: "DOES NOT MATCH the arguments shown: do not approve",
-      unavailable: "not recomputed in this browser (needs a secure context); the API checks it before signing",
+      unavailable:
+        "not recomputed in this browser (it needs a secure context, and numbers' source text); the API checks it before signing",
     }[check];
   }
 
   // "ok", "mismatch" or "unavailable": the payload's digest recomputed here from what is shown.
   async function digestCheck(payload) {
     if (!(window.crypto && crypto.subtle)) return "unavailable";
+    if (hasPlainNumber(payload.arguments)) return "unavailable"; // no source text: Python's cannot be rebuilt
     try {
       const digest = await payloadDigest(payload.target || payload.tool, payload.arguments);
       return digest === payload.digest ? "ok" : "mismatch";
@@ -989,8 +1058,8 @@
       announce(`${decision === "approve" ? "Approved" : "Rejected"}: ${record.tool}`);
     } catch (error) {
       if (mine !== session) return;
-      op.error = `The decision was not recorded: ${describe(error)}`;
-      if (error instanceof ApiError && (error.code === "NOT_PENDING" || error.code === "DIGEST_MISMATCH")) {
+      op.error = decisionFailure(error);
+      if (!refused(error) || error.code === "NOT_PENDING" || error.code === "DIGEST_MISMATCH") {
         op.payload = null; // fetch it again: what is pending now is what may be decided
       }
     } finally {
@@ -1570,7 +1639,7 @@
     const button = $("decisions-refresh");
     button.disabled = true;
     try {
-      const page = await api("/v1/approvals");
+      const page = await api("/v1/approvals", { exactArguments: true });
       if (mine !== session) return;
       const items = (page.approvals || []).filter((item) => item.requester !== me.user_id);
       const cards = [];
@@ -1683,7 +1752,7 @@
       if (mine !== session) return;
       // 404: it waits for the caller no more (decided by another, expired, its request finished). Said in the
       // card and in the log, which outlives the card when the list read next leaves it out.
-      const words = `The decision was not recorded: ${describe(error)}`;
+      const words = decisionFailure(error);
       showError(errorNode, words);
       noteDecided(`${payload.tool} (${payload.target || payload.tool}) for ${item.requester}: ${words}`, true);
       for (const button of buttons) button.disabled = button.dataset.action === "approve" && known.check === "mismatch";
