@@ -2,7 +2,7 @@
 HTTP.
 
     python -m tests.mcp_notes_server --transport stdio|http [--port N] --effects FILE
-        [--seed TEXT ...] [--slow-after-act SECONDS] [--down-file FILE]
+        [--seed TEXT ...] [--slow-after-act SECONDS] [--fail-after-act] [--down-file FILE]
 
 Its tools: `list_notes` (readOnlyHint), `get_note` (no hint: a read only when the configuration says so),
 `add_note` (a write), `tag_note` (a free-form map argument, which strict mode cannot honour) and
@@ -40,6 +40,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--effects", type=Path, required=True, help="JSON lines: every start, call and effect")
     parser.add_argument("--seed", action="append", default=[], help="a note present from the start")
     parser.add_argument("--slow-after-act", type=float, default=0.0, help="add_note waits this long after acting")
+    parser.add_argument("--fail-after-act", action="store_true", help="add_note raises once it has acted")
     parser.add_argument("--down-file", type=Path, default=None, help="exit at start while this file exists")
     args = parser.parse_args(argv)
     if args.transport == "http" and not args.port:
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         record("effect", tool="add_note", note_id=note.id, text=text)
         if args.slow_after_act:
             await asyncio.sleep(args.slow_after_act)
+        if args.fail_after_act:
+            # FastMCP answers isError with this text: the note was added all the same.
+            raise OSError(28, "No space left on device", "/var/lib/notes/journal.json")
         return note
 
     @mcp.tool()

@@ -95,3 +95,12 @@ def test_more_keys_than_the_cap_holds_falls_back_to_a_marked_preview() -> None:
     assert output_size(capped) <= 1024
     assert capped[CAPPED_KEY] == {"original_bytes": output_size(output), "keys_dropped": True}
     assert capped["preview"].endswith(TRUNCATION_MARKER) and capped["ok"] is True
+
+
+@pytest.mark.parametrize("code", ["x" * 200_000, ["line"] * 50_000])
+def test_a_long_code_field_is_data_and_the_cap_holds(code: object) -> None:
+    # A result shaped like Snippet(path, code): `code` was copied into the capped head whole, and 200 KB went
+    # through a 16 KB cap.
+    capped = cap_output({"ok": True, "path": "src/app.py", "code": code}, 16_384)
+    assert output_size(capped) <= 16_384
+    assert capped["ok"] is True and capped["path"] == "src/app.py" and capped[CAPPED_KEY]["original_bytes"] > 16_384

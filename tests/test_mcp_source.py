@@ -341,6 +341,27 @@ async def test_a_timeout_after_the_server_acted_is_unknown_and_never_resent(
 
 
 @pytest.mark.e2e
+async def test_an_error_answer_after_the_server_acted_is_unknown_never_not_done_and_shows_no_path(
+    client: Client, settings: Settings, notes_server: Callable[..., NotesServer]
+) -> None:
+    # FastMCP answers isError for an exception the tool raised after its effect. That was reported "not done" on
+    # the server's word, with the exception's text (a file path, an OS error) passed to the model.
+    server = notes_server("--fail-after-act")
+    source = server.source(read_only={"list_notes", "get_note"})
+    turns = [[call("add_note", {"text": "saved or not"}, "w1")], [say("I could not tell whether it was added.")]]
+    result, handle = await run_requests(client, settings, source, turns)
+
+    [op] = result.operations
+    assert (op.state, op.attempts) == ("unknown", 1)
+    output = (await tool_outputs(handle))["w1"]
+    assert output["code"] == ResultCode.OUTCOME_UNKNOWN
+    assert "/var/lib" not in json.dumps(output) and "Errno" not in json.dumps(output)
+    assert starter._exit_code(result.status, result.operations) == 3
+    # It did act, once, and was not sent again.
+    assert len(server.events("effect")) == 1 and len(server.events("call", "add_note")) == 1
+
+
+@pytest.mark.e2e
 async def test_with_the_server_down_reads_are_unavailable_and_a_write_is_not_done(
     client: Client, settings: Settings, notes_server: Callable[..., NotesServer]
 ) -> None:
@@ -493,6 +514,11 @@ def test_an_error_result_is_the_servers_answer_capped() -> None:
     assert len(caught.value.message) == len(prefix) + 200 and caught.value.message.endswith("...")
     with pytest.raises(ToolError, match="no details"):
         tool_output(types.CallToolResult(content=[], isError=True))
+    # A server's insides (FastMCP passes an unexpected exception's text on) are not the model's to read.
+    leaked = "Error executing tool list_todos: [Errno 21] Is a directory: '/srv/todos.d'"
+    with pytest.raises(ToolError) as withheld:
+        tool_output(types.CallToolResult(content=[types.TextContent(type="text", text=leaked)], isError=True))
+    assert withheld.value.message == "the tool reported an error: its details are not shown"
 
 
 def tool(name: str, schema: dict[str, Any], description: str | None = "A tool.", **hints: Any) -> types.Tool:

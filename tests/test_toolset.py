@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import httpx
@@ -41,6 +42,19 @@ class NoteArgs(Arguments):
 class Note(BaseModel):
     note_id: str
     text: str
+
+
+class RefundArgs(Arguments):
+    order_id: str = Field(alias="orderId", pattern=r"^A[0-9]{3}$", description="Order id.")
+    amount: Decimal = Field(description="The amount.")
+    parts: list[Decimal] = Field(description="Its parts.")
+
+
+class LoginArgs(Arguments):
+    account: str = Field(pattern=r"^[a-z]+$", description="Account.")
+    password: str = Field(description="Password.")
+    api_key: str = Field(alias="apiKey", description="Key.")
+    pin: str = Field(description="PIN.")
 
 
 async def no_status(ctx: ToolContext, operation_id: str) -> toolloop.OperationStatus:
@@ -522,3 +536,79 @@ def test_a_json_schema_tools_whole_numbers_are_one_payload_however_the_model_wri
     assert payload_digest("t", plain) == payload_digest("t", written)
     # A fraction stays as it was written.
     assert arguments.check('{"n": 5, "x": 2.5, "tags": []}')["x"] == 2.5
+
+
+def test_a_decimal_amount_is_one_payload_however_the_model_spells_it() -> None:
+    # A refund of 5.10 spelled "5.10" was another operation than 5.1, "5.1" and 5.10: a second approval card that
+    # looked the same, and if approved a second refund.
+    tools = Toolset()
+
+    @tools.write(status=no_status, read_back=no_evidence)
+    async def refund(ctx: ToolContext, args: RefundArgs) -> Note:
+        """Refund."""
+        return Note(note_id="N1", text=str(args.amount))
+
+    spellings = [5.1, 5.10, "5.1", "5.10", "5.100", "51e-1"]
+    calls = [checked(tools, "refund", {"orderId": "A100", "amount": a, "parts": [a, "0.00", 100]}) for a in spellings]
+    assert {json.dumps(c.arguments) for c in calls} == {
+        '{"orderId": "A100", "amount": "5.1", "parts": ["5.1", "0", "100"]}'
+    }
+    assert len({payload_digest("refund", c.arguments) for c in calls}) == 1
+    assert checked(tools, "refund", {"orderId": "A100", "amount": "5.11", "parts": []}).arguments["amount"] == "5.11"
+
+
+def test_a_json_schema_tools_text_is_one_payload_in_either_unicode_spelling() -> None:
+    arguments = JsonSchemaArguments(
+        {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array"}}, "required": ["name"]}
+    )
+    composed = arguments.check(json.dumps({"name": "Caf\u00e9", "tags": ["\u00e9t\u00e9"]}))
+    decomposed = arguments.check(json.dumps({"name": "Cafe\u0301", "tags": ["e\u0301te\u0301"]}))
+    assert composed == decomposed == {"name": "Caf\u00e9", "tags": ["\u00e9t\u00e9"]}
+    assert payload_digest("t", composed) == payload_digest("t", decomposed)
+
+
+def test_optional_nulls_are_left_out_in_array_items_and_referenced_objects_as_the_server_expects() -> None:
+    # Strict mode makes every optional property nullable, so the model sends them as null; the server's own schema
+    # refuses a null it did not declare. Nulls inside array items were kept (the tool could not be used), and
+    # behind a $ref every null was dropped, a required nullable one too.
+    schema = {
+        "type": "object",
+        "$defs": {
+            "Line": {
+                "type": "object",
+                "properties": {
+                    "sku": {"type": "string"},
+                    "note": {"type": "string"},
+                    "gift": {"type": ["string", "null"]},
+                },
+                "required": ["sku", "gift"],
+            }
+        },
+        "properties": {
+            "lines": {"type": "array", "items": {"$ref": "#/$defs/Line"}},
+            "main": {"$ref": "#/$defs/Line"},
+        },
+        "required": ["lines"],
+    }
+    arguments = JsonSchemaArguments(schema)
+    sent = {
+        "lines": [{"sku": "S1", "note": None, "gift": None}, {"sku": "S2", "note": "x", "gift": "y"}],
+        "main": {"sku": "S3", "note": None, "gift": None},
+    }
+    assert arguments.without_nulls(sent) == {
+        "lines": [{"sku": "S1", "gift": None}, {"sku": "S2", "note": "x", "gift": "y"}],
+        "main": {"sku": "S3", "gift": None},
+    }
+
+
+def test_a_calls_summary_shows_no_argument_the_tool_redacts_and_no_secret() -> None:
+    # The summary is the activity's in the Temporal UI, the progress phase and the live views.
+    tools = Toolset()
+
+    @tools.read(redact=("pin",))
+    async def check_login(ctx: ToolContext, args: LoginArgs) -> Note:
+        """Check a login."""
+        return Note(note_id="N1", text="ok")
+
+    call = checked(tools, "check_login", {"account": "bob", "password": "hunter2", "apiKey": "sk-ABC", "pin": "1234"})
+    assert call.summary == "check_login bob"

@@ -12,9 +12,10 @@ import functools
 import json
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Annotated, Any, Protocol, TypeVar
 
 import jsonschema
@@ -50,7 +51,9 @@ class ArgumentSchema(Protocol):
         """The arguments again from their canonical form (in the activity, before the executor runs)."""
         ...
 
-    def summary_values(self, args: Any) -> list[str]: ...
+    def summary_values(self, args: Any, hidden: Container[str] = ()) -> list[str]:
+        """The values a call's one-line summary shows, leaving out the arguments named in `hidden`."""
+        ...
 
 
 # --- Strict JSON schema ---------------------------------------------------------------------------
@@ -293,8 +296,10 @@ class PydanticArguments:
     def dump(self, args: Any) -> dict[str, Any]:
         """The validated arguments as JSON under the names the model sees (its aliases). The model declares
         the canonical form through its types (Instant, PlainText, sorted_unique), so two spellings of one
-        intended call give one dict."""
-        dumped: dict[str, Any] = args.model_dump(mode="json", by_alias=True)
+        intended call give one dict; a Decimal is written by its value (5.10 and 5.1 are one amount)."""
+        dumped: dict[str, Any] = _decimals_by_value(
+            args.model_dump(mode="json", by_alias=True), args.model_dump(mode="python", by_alias=True)
+        )
         return dumped
 
     def load(self, data: Mapping[str, Any]) -> BaseModel:
@@ -303,8 +308,21 @@ class PydanticArguments:
         except ValidationError as exc:
             raise ArgumentsRejected(describe_validation_error(exc)) from None
 
-    def summary_values(self, args: Any) -> list[str]:
-        return [str(v) for v in args.model_dump(mode="json").values() if v is not None]
+    def summary_values(self, args: Any, hidden: Container[str] = ()) -> list[str]:
+        shown = self.dump(args).items()
+        return [str(v) for k, v in shown if v is not None and k not in hidden]
+
+
+def _decimals_by_value(dumped: Any, python: Any) -> Any:
+    """`dumped` (JSON mode) with each Decimal of `python` (the same dump in Python mode) written by its value:
+    pydantic keeps a Decimal's exponent ("5.10"), so two spellings of one amount were two operations."""
+    if isinstance(python, Decimal) and isinstance(dumped, str) and python.is_finite():
+        return "0" if python.is_zero() else format(python.normalize(), "f")
+    if isinstance(python, dict) and isinstance(dumped, dict):
+        return {k: _decimals_by_value(v, python.get(k)) for k, v in dumped.items()}
+    if isinstance(python, list | tuple) and isinstance(dumped, list) and len(python) == len(dumped):
+        return [_decimals_by_value(d, p) for d, p in zip(dumped, python, strict=True)]
+    return dumped
 
 
 def _without_nulls(text: str, names: frozenset[str]) -> str:
@@ -438,7 +456,7 @@ class JsonSchemaArguments:
             if len(errors) > _MAX_ERRORS_SHOWN:
                 parts.append(f"and {len(errors) - _MAX_ERRORS_SHOWN} more")
             raise ArgumentsRejected("; ".join(parts))
-        canonical: dict[str, Any] = _whole_numbers_as_ints(dict(data))
+        canonical: dict[str, Any] = _canonical_values(dict(data))
         return canonical
 
     def check(self, text: str) -> dict[str, Any]:
@@ -451,27 +469,35 @@ class JsonSchemaArguments:
         return self._validate(dict(data))
 
     def without_nulls(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """The arguments as the server's own schema expects them: optional properties sent as null are left out."""
-        dropped: dict[str, Any] = _drop_optional_nulls(dict(args), self.schema)
+        """The arguments as the server's own schema expects them: optional properties sent as null are left out,
+        at any depth (in array items and in `$ref` definitions too)."""
+        dropped: dict[str, Any] = _drop_optional_nulls(dict(args), self.schema, self.schema)
         return dropped
 
-    def summary_values(self, args: Any) -> list[str]:
-        return [str(v) for v in dict(args).values() if v is not None and not isinstance(v, (dict, list))]
+    def summary_values(self, args: Any, hidden: Container[str] = ()) -> list[str]:
+        shown = dict(args).items()
+        return [str(v) for k, v in shown if v is not None and not isinstance(v, (dict, list)) and k not in hidden]
 
 
-def _whole_numbers_as_ints(value: Any) -> Any:
-    """5.0 as 5, at any depth: JSON has one number type, and the same payload must give one operation id and one
-    digest however the model wrote its numbers (a tool with a pydantic model gets this from pydantic)."""
+def _canonical_values(value: Any) -> Any:
+    """5.0 as 5 and text in NFC, at any depth: JSON has one number type and Unicode two spellings of "é", and the
+    same payload must give one operation id and one digest however the model wrote it (a tool with a pydantic
+    model declares this through its types)."""
     if isinstance(value, dict):
-        return {name: _whole_numbers_as_ints(item) for name, item in value.items()}
+        return {name: _canonical_values(item) for name, item in value.items()}
     if isinstance(value, list):
-        return [_whole_numbers_as_ints(item) for item in value]
+        return [_canonical_values(item) for item in value]
+    if isinstance(value, str):
+        return unicodedata.normalize("NFC", value)
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         return int(value)
     return value
 
 
-def _drop_optional_nulls(value: Any, schema: Any) -> Any:
+def _drop_optional_nulls(value: Any, schema: Any, root: Mapping[str, Any]) -> Any:
+    schema = _resolved(schema, root)
+    if isinstance(value, list) and isinstance(schema, dict):
+        return [_drop_optional_nulls(item, schema.get("items"), root) for item in value]
     if not isinstance(value, dict) or not isinstance(schema, dict):
         return value
     properties = schema.get("properties", {}) if isinstance(schema.get("properties"), dict) else {}
@@ -480,8 +506,31 @@ def _drop_optional_nulls(value: Any, schema: Any) -> Any:
     for name, item in value.items():
         if item is None and name not in required:
             continue
-        out[name] = _drop_optional_nulls(item, properties.get(name))
+        out[name] = _drop_optional_nulls(item, properties.get(name), root)
     return out
+
+
+def _resolved(schema: Any, root: Mapping[str, Any]) -> Any:
+    """A local `$ref` ("#/$defs/Name", "#/definitions/Name") as the schema it names; a nullable property's
+    non-null branch (strict mode writes optional properties as anyOf [X, null])."""
+    for _ in range(32):  # a chain of references, never a cycle
+        if not isinstance(schema, dict):
+            return schema
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/"):
+            target: Any = root
+            for part in ref[2:].split("/"):
+                target = target.get(part) if isinstance(target, dict) else None
+            schema = target
+            continue
+        options = schema.get("anyOf")
+        if isinstance(options, list):
+            branches = [o for o in options if isinstance(o, dict) and o.get("type") != "null"]
+            if len(branches) == 1:
+                schema = branches[0]
+                continue
+        return schema
+    return schema
 
 
 def argument_schema(arguments: type[BaseModel] | ArgumentSchema) -> ArgumentSchema:

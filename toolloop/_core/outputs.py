@@ -55,6 +55,9 @@ def _longest(value: Any) -> int:
     return 0
 
 
+_MAX_CODE_CHARS = 64
+
+
 def cap_output(output: dict[str, Any], max_bytes: int) -> dict[str, Any]:
     """Return `output` unchanged if it fits, else the same JSON object with long strings and lists
     shortened so that it fits within `max_bytes`, plus `_truncated: {"original_bytes": N}`. `ok` and
@@ -64,8 +67,9 @@ def cap_output(output: dict[str, Any], max_bytes: int) -> dict[str, Any]:
     if size <= max_bytes:
         return output
     head: dict[str, Any] = {"ok": bool(output.get("ok", False))}
-    if "code" in output:
-        head["code"] = output["code"]
+    code = output.get("code")
+    if isinstance(code, str) and len(code) <= _MAX_CODE_CHARS:  # a result code; a long `code` is data (a snippet)
+        head["code"] = code
     head[CAPPED_KEY] = {"original_bytes": size}
     body = {key: value for key, value in output.items() if key not in head}
 

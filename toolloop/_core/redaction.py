@@ -10,8 +10,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 MASK = "***"
-# Names that say money or a secret, whatever their type.
-_SENSITIVE = re.compile(r"amount|cents|price|total|balance|salary|iban|card|token|secret|password|email", re.I)
+# Names that say a secret: never shown, not even in a call's one-line summary.
+SECRET_NAME = re.compile(
+    r"token|secret|password|passwd|api_?key|private_?key|access_?key|authoriz|credential|cookie|session|signature",
+    re.I,
+)
+# Names that say money or a secret, whatever their type: masked in logs.
+_SENSITIVE = re.compile(r"amount|cents|price|total|balance|salary|iban|card|email|" + SECRET_NAME.pattern, re.I)
 _KEPT_FORMATS = {"date-time", "date", "time", "uuid"}
 
 
@@ -54,3 +59,21 @@ def log_rules(parameters: Mapping[str, Any], redact: Iterable[str] = ()) -> dict
 def for_logs(arguments: Mapping[str, Any], rules: Mapping[str, bool]) -> dict[str, Any]:
     """The arguments with every field that may not be logged (or that the schema does not know) masked."""
     return {name: (value if rules.get(name, False) else MASK) for name, value in arguments.items()}
+
+
+# What a service's or a tool server's error text must not carry to the model: a stack trace, a file path, SQL or
+# an OS error (FastMCP passes the text of any exception a tool raises on).
+_INTERNAL = re.compile(
+    r"Traceback \(most recent call last\)|File \"[^\"]+\", line \d+|\[Errno \d+\]"
+    r"|(?<![\w.])/(?:usr|home|etc|var|tmp|opt|srv|root|proc|app|work|mnt|Users|private)/"
+    r"|\b[A-Za-z]:\\[\w.-]"
+    r"|\bSELECT\b.+\bFROM\b|\bINSERT\s+INTO\b|\bUPDATE\s+\S+\s+SET\b|\bDELETE\s+FROM\b|SQLSTATE|syntax error at or near"
+    r"|\b(?:sqlite3|psycopg2?|asyncpg|sqlalchemy|pymysql)\b",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def internal_text(text: str) -> bool:
+    """True when `text` looks like it shows a program's insides (it is then not passed on)."""
+    return _INTERNAL.search(text) is not None
+

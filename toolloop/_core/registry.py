@@ -27,6 +27,7 @@ from toolloop._core.arguments import (  # noqa: F401  (re-exported: the canonica
 )
 from toolloop._core.codes import ResultCode
 from toolloop._core.contracts import Actor, PolicyFact
+from toolloop._core.redaction import SECRET_NAME
 
 if TYPE_CHECKING:
     import httpx
@@ -202,11 +203,18 @@ class ToolSpec:
     def schema(self) -> ArgumentSchema:
         return argument_schema(self.arguments)
 
+    @functools.cached_property
+    def unshown_arguments(self) -> frozenset[str]:
+        """What a call's summary leaves out (the Temporal UI, the progress and the live views show it): the
+        arguments the tool redacts, and any whose name says a secret."""
+        named = self.schema.parameters().get("properties", {})
+        return frozenset(self.redact) | {name for name in named if SECRET_NAME.search(name)}
+
     def summary(self, args: Any) -> str:
         if self.summarize is not None:
             text = self.summarize(args)
         else:
-            text = " ".join([self.name, *self.schema.summary_values(args)])
+            text = " ".join([self.name, *self.schema.summary_values(args, self.unshown_arguments)])
         return text[:120]
 
     def canonical_arguments(self, args: Any) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from toolloop._core.approvals import (
 from toolloop._core.codes import ResultCode
 from toolloop._core.contracts import Actor, error_output, ok_output
 from toolloop._core.problems import APPROVAL_REQUIRED, IN_PROGRESS, KEY_REQUIRED, KEY_REUSED, MAX_DETAIL_CHARS
+from toolloop._core.redaction import internal_text
 from toolloop._core.registry import (
     Evidence,
     EvidenceNotYetVisible,
@@ -157,7 +158,7 @@ def json_body(response: httpx.Response) -> Any:
 def safe_detail(value: Any, fallback: str) -> str:
     # A service writes its details for callers (field names and rules, no input values); still only a
     # short string is passed on.
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str) or not value.strip() or internal_text(value):
         return fallback
     return value.strip()[:MAX_DETAIL_CHARS]
 

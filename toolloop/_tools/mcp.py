@@ -18,8 +18,9 @@ How a call's outcome is sorted:
   (ToolTemporaryError); a write is certainly not sent (WriteNotSent).
 - a timeout, a broken connection, or any failure once the call may have been sent: a read is retried; a write's
   outcome is unknown (WriteOutcomeUnknown).
-- the tool answers with `isError: true`: that is the server's own answer, for a read and a write alike:
-  CONFLICT with the server's text (capped). For a write it is reported as not done, on the server's word.
+- the tool answers with `isError: true`: for a read, CONFLICT with the server's text (capped, and withheld
+  where it shows a stack trace, a path or SQL). For a write it is an unknown outcome: MCP's error answer does
+  not say whether the tool acted before it failed, and "not done" is said only when that is known.
 - any other answer: `{"ok": true, "content": [the text blocks], "structured": structuredContent or None}`,
   untrusted text capped like every tool output; other kinds of content are counted, not passed on.
 
@@ -52,6 +53,7 @@ from mcp.shared.message import SessionMessage
 
 from toolloop._core.arguments import JsonSchemaArguments
 from toolloop._core.codes import ResultCode
+from toolloop._core.redaction import internal_text
 from toolloop._core.registry import (
     ToolContext,
     ToolError,
@@ -306,13 +308,21 @@ def _capped(text: str, limit: int = _MAX_ERROR_TEXT) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def error_text(result: types.CallToolResult) -> str:
+    """An `isError` answer's text as the model may see it: capped, and none of it where it shows the server's
+    insides (a stack trace, a path, SQL: FastMCP passes an unexpected exception's text on)."""
+    detail = _capped(" ".join(block.text for block in result.content if isinstance(block, types.TextContent)))
+    if internal_text(detail):
+        return "its details are not shown"
+    return detail or "no details"
+
+
 def tool_output(result: types.CallToolResult) -> dict[str, Any]:
     """The tool output for an MCP tool's answer: its text blocks and structured content (untrusted data;
     the activity caps the size), or, for `isError: true`, the server's own refusal as a ToolError."""
     texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
     if result.isError:
-        detail = _capped(" ".join(texts)) or "no details"
-        raise ToolError(ResultCode.CONFLICT, "the tool reported an error: " + detail)
+        raise ToolError(ResultCode.CONFLICT, "the tool reported an error: " + error_text(result))
     output: dict[str, Any] = {"ok": True, "content": texts, "structured": result.structuredContent}
     omitted = len(result.content) - len(texts)
     if omitted:
@@ -647,6 +657,10 @@ class McpSource:
         except Exception:
             # An answer that does not parse or does not match the output schema, a timeout: it may have acted.
             raise WriteOutcomeUnknown(f"the call to MCP server {self.name!r} ended without a definite answer") from None
+        if result.isError:
+            # An error answer does not say whether the tool acted before it failed (FastMCP answers so for an
+            # exception raised after the effect): unknown, never "not done", and so never sent again.
+            raise WriteOutcomeUnknown(f"MCP server {self.name!r} reported an error: {error_text(result)}")
         return tool_output(result)
 
     async def _session_for_write(self) -> _Connection:
