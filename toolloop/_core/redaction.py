@@ -76,4 +76,3 @@ _INTERNAL = re.compile(
 def internal_text(text: str) -> bool:
     """True when `text` looks like it shows a program's insides (it is then not passed on)."""
     return _INTERNAL.search(text) is not None
-
