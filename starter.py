@@ -116,18 +116,30 @@ def _one_line(exc: ValidationError, options: Mapping[str, str]) -> str:
 # Where this command's stack is, for the commands it prints (set once per command: see _printed_for).
 _PRINTED_ENV: dict[str, str] = {}
 _PRINTED_FLAGS: list[str] = []
-_LOCAL_STACK_SETTINGS = ("TOOLLOOP_DATA_DIR", "TOOLLOOP_TEMPORAL_PORT", "TOOLLOOP_SERVICE_PORT", "TOOLLOOP_API_PORT")
+# Where the stack is and what its commands read: a printed `approve` from a clean shell must reach the same
+# namespace and queue, and take the session's roles from the same tokens file.
+_LOCAL_STACK_SETTINGS = (
+    "TOOLLOOP_DATA_DIR",
+    "TOOLLOOP_TEMPORAL_PORT",
+    "TOOLLOOP_SERVICE_PORT",
+    "TOOLLOOP_API_PORT",
+    "TOOLLOOP_UI_PORT",
+    "TEMPORAL_NAMESPACE",
+    "TOOLLOOP_TASK_QUEUE",
+    "TOOLLOOP_API_TOKENS",
+)
+_OTHER_TEMPORAL_SETTINGS = ("TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE", "TOOLLOOP_TASK_QUEUE")
 
 
 def _printed_for(settings: Settings, local_stack: bool) -> None:
     """The commands this process prints run from any shell: they name the settings that locate its stack
     (those that differ from the defaults: the local stack's data dir and ports, or another Temporal)."""
     fields = {str(f.validation_alias): name for name, f in Settings.model_fields.items()}
-    wanted = _LOCAL_STACK_SETTINGS if local_stack else ("TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE")
+    wanted = _LOCAL_STACK_SETTINGS if local_stack else _OTHER_TEMPORAL_SETTINGS
     for variable in wanted:
         name = fields[variable]
         value = getattr(settings, name)
-        if isinstance(value, Path):  # relative to this shell's directory: named absolute, always
+        if variable == "TOOLLOOP_DATA_DIR":  # relative to this shell's directory: named absolute, always
             _PRINTED_ENV[variable] = str(value.resolve())
         elif value != Settings.model_fields[name].default:
             _PRINTED_ENV[variable] = str(value)
@@ -1079,6 +1091,7 @@ def _decide(
     key = _approval_key(settings, local_stack)
     if key is None:
         _fail("no approval key: set TOOLLOOP_APPROVAL_KEY, or use the local stack")
+    _check_signing_key(key)
     _check_user(settings, actor, local_stack)
     roles = _session_roles(settings, actor, local_stack)
     try:

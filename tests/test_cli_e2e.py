@@ -606,6 +606,17 @@ def test_bad_input_is_one_line_and_exit_2(cli_env: dict[str, str], args: list[st
     assert "Traceback" not in done.stderr and "validation error" not in done.stderr and done.stdout == ""
 
 
+@pytest.mark.parametrize("command", ["approve", "reject"])
+def test_a_malformed_approval_key_is_one_line_and_exit_2_when_deciding(cli_env: dict[str, str], command: str) -> None:
+    # `ask` checked the key; `approve` and `reject` printed the approval card, then a traceback (exit 1).
+    env = {**cli_env, "TOOLLOOP_APPROVAL_KEY": "not-a-key"}
+    done = run_cli(env, command, "wf", "op", "--user", "u1", "--no-local-stack", timeout=60)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: TOOLLOOP_APPROVAL_KEY: "), done.stderr
+    assert done.stdout == ""
+
+
 @pytest.mark.parametrize(
     ("model", "message"),
     [
@@ -1013,8 +1024,11 @@ def test_ask_shows_the_answer_as_it_is_written_then_prints_it_once(
 
 @pytest.fixture(scope="module")
 def policy_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A local stack of its own that decides writes by the demo policy."""
-    env = stack_env(tmp_path_factory.mktemp("cli-policy-stack"))
+    """A local stack of its own that decides writes by the demo policy, in a namespace and on a task queue of its
+    own: a command it prints must name them (a printed `approve` went to the default namespace and found nothing)."""
+    env = stack_env(
+        tmp_path_factory.mktemp("cli-policy-stack"), TEMPORAL_NAMESPACE="team-one", TOOLLOOP_TASK_QUEUE="team-one-q"
+    )
     up = run_cli(env, "up", "--policy")
     assert up.returncode == 0, up.stderr
     yield env
