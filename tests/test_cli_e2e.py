@@ -961,10 +961,10 @@ def test_ask_against_a_namespace_without_toolloops_search_attributes_says_how_to
     [line] = done.stderr.strip().splitlines()
     assert "Traceback" not in done.stderr
     printed = line.partition("register them once with: ")[2]
-    assert printed.startswith("temporal operator search-attribute create"), line
-    # The command works as printed (with the temporal CLI on PATH), and then the namespace has them all.
-    path = f"{Path(temporal_binary()).parent}:/usr/bin:/bin"
-    registered = subprocess.run(printed, shell=True, env={"PATH": path}, capture_output=True, text=True, timeout=60)
+    assert printed.startswith(f"{temporal_binary()} operator search-attribute create"), line
+    # The command works as printed from a plain shell (the venv's bin not on PATH), and then the namespace has them.
+    plain = {"PATH": "/usr/bin:/bin"}
+    registered = subprocess.run(printed, shell=True, env=plain, cwd="/", capture_output=True, text=True, timeout=60)
     assert registered.returncode == 0, registered.stderr
     listed = subprocess.run(
         [*temporal, "operator", "search-attribute", "list", "--namespace", namespace],

