@@ -756,7 +756,7 @@ def _resume_command(thread_id: str, request_id: str) -> str:
     args = sys.argv[1:]
     resumed: list[str] = []
     skip = False
-    for arg in args:
+    for before, arg in zip(["", *args], args, strict=False):
         if skip:
             skip = False
             continue
@@ -765,10 +765,21 @@ def _resume_command(thread_id: str, request_id: str) -> str:
             continue
         if arg.startswith(("--thread=", "--request-id=")):
             continue
+        if before == "--model" or arg.startswith("--model="):
+            arg = _script_named_absolute(arg)
         resumed.append(arg)
     at = resumed.index("ask") + 1 if "ask" in resumed else 0
     resumed[at:at] = ["--thread", thread_id, "--request-id", request_id]
     return " ".join([_cli_command(), *(shlex.quote(a) for a in resumed)])
+
+
+def _script_named_absolute(model: str) -> str:
+    """`script:FILE` (or `--model=script:FILE`) with FILE absolute: the printed command runs from any directory."""
+    prefix, _, value = model.partition("=") if model.startswith("--model=") else ("", "", model)
+    if not value.startswith("script:"):
+        return model
+    named = f"script:{Path(value.removeprefix('script:')).resolve()}"
+    return f"{prefix}={named}" if prefix else named
 
 
 def _exit_code(status: RunStatus, operations: list[OperationRecord], calls: Sequence[CallRecord] = ()) -> int:

@@ -856,7 +856,9 @@ def test_ctrl_c_while_queued_in_a_thread_prints_a_command_that_follows_the_messa
         first.close(force=True)
     answer = tmp_path / "a.json"
     answer.write_text(json.dumps({"turns": [[{"type": "message", "content": "The refund is in."}]]}))
-    second = spawn_ask(cli_env, "--user", "u1", "--thread", thread, "--model", f"script:{answer}", "and then?")
+    # Named relative to where `ask` runs: the printed command runs from another directory all the same.
+    relative = os.path.relpath(answer, REPO_ROOT)
+    second = spawn_ask(cli_env, "--user", "u1", "--thread", thread, "--model", f"script:{relative}", "and then?")
     try:
         second.expect(r"queued: 1 earlier message")
         second.sendintr()
