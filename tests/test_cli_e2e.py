@@ -857,7 +857,7 @@ def test_ctrl_c_while_queued_in_a_thread_prints_a_command_that_follows_the_messa
     answer = tmp_path / "a.json"
     answer.write_text(json.dumps({"turns": [[{"type": "message", "content": "The refund is in."}]]}))
     # Named relative to where `ask` runs: the printed command runs from another directory all the same.
-    relative = os.path.relpath(answer, REPO_ROOT)
+    relative = os.path.join("tests", os.path.relpath(answer, REPO_ROOT / "tests"))
     second = spawn_ask(cli_env, "--user", "u1", "--thread", thread, "--model", f"script:{relative}", "and then?")
     try:
         second.expect(r"queued: 1 earlier message")
