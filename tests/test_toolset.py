@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Any
 
 import httpx
@@ -18,6 +17,7 @@ from toolloop import Actor, Arguments, ReadBack, ToolContext, Toolset
 from toolloop._core.approvals import derive_operation_id, payload_digest
 from toolloop._core.arguments import JsonSchemaArguments
 from toolloop._core.contracts import FunctionCallItem
+from toolloop._core.redaction import internal_text
 from toolloop._core.validation import check_call
 from toolloop._tools.http import request_under_base
 from toolloop.testing import run_tool
@@ -46,8 +46,13 @@ class Note(BaseModel):
 
 class RefundArgs(Arguments):
     order_id: str = Field(alias="orderId", pattern=r"^A[0-9]{3}$", description="Order id.")
-    amount: Decimal = Field(description="The amount.")
-    parts: list[Decimal] = Field(description="Its parts.")
+    amount: toolloop.Amount = Field(description="The amount.")
+    parts: list[toolloop.Amount] = Field(description="Its parts.")
+
+
+class Credentials(Arguments):
+    user: str = Field(description="User.")
+    password: str = Field(description="Password.")
 
 
 class LoginArgs(Arguments):
@@ -55,6 +60,8 @@ class LoginArgs(Arguments):
     password: str = Field(description="Password.")
     api_key: str = Field(alias="apiKey", description="Key.")
     pin: str = Field(description="PIN.")
+    card_pin: str = Field(alias="cardPin", description="Card PIN.")
+    extra: Credentials | None = Field(description="More.")
 
 
 async def no_status(ctx: ToolContext, operation_id: str) -> toolloop.OperationStatus:
@@ -538,9 +545,9 @@ def test_a_json_schema_tools_whole_numbers_are_one_payload_however_the_model_wri
     assert arguments.check('{"n": 5, "x": 2.5, "tags": []}')["x"] == 2.5
 
 
-def test_a_decimal_amount_is_one_payload_however_the_model_spells_it() -> None:
-    # A refund of 5.10 spelled "5.10" was another operation than 5.1, "5.1" and 5.10: a second approval card that
-    # looked the same, and if approved a second refund.
+def test_an_amount_is_one_payload_however_the_model_spells_it() -> None:
+    # A bare Decimal keeps its exponent: a refund of 5.10 spelled "5.10" was another operation than 5.1, a second
+    # approval that looked the same and, approved, a second refund. toolloop.Amount is one amount by its value.
     tools = Toolset()
 
     @tools.write(status=no_status, read_back=no_evidence)
@@ -548,13 +555,26 @@ def test_a_decimal_amount_is_one_payload_however_the_model_spells_it() -> None:
         """Refund."""
         return Note(note_id="N1", text=str(args.amount))
 
-    spellings = [5.1, 5.10, "5.1", "5.10", "5.100", "51e-1"]
-    calls = [checked(tools, "refund", {"orderId": "A100", "amount": a, "parts": [a, "0.00", 100]}) for a in spellings]
-    assert {json.dumps(c.arguments) for c in calls} == {
-        '{"orderId": "A100", "amount": "5.1", "parts": ["5.1", "0", "100"]}'
-    }
+    spellings = ["5.1", "5.10", '"5.1"', '"5.10"', '"5.100"', "51e-1", '"51E-1"']
+    calls = [
+        check_call(
+            tools.registry,
+            FunctionCallItem(
+                call_id="c1",
+                name="refund",
+                arguments=f'{{"orderId": "A100", "amount": {a}, "parts": [{a}, "0.00", 100]}}',
+            ),
+        )
+        for a in spellings
+    ]
+    one = '{"orderId": "A100", "amount": "5.1", "parts": ["5.1", "0", "100"]}'
+    assert {json.dumps(c.arguments) for c in calls} == {one}
     assert len({payload_digest("refund", c.arguments) for c in calls}) == 1
     assert checked(tools, "refund", {"orderId": "A100", "amount": "5.11", "parts": []}).arguments["amount"] == "5.11"
+    assert checked(tools, "refund", {"orderId": "A100", "amount": "1E+2", "parts": []}).arguments["amount"] == "100"
+    # Nine characters must not become a million digits: an amount has at most 40 either side of the point.
+    huge = checked(tools, "refund", {"orderId": "A100", "amount": "1e999999", "parts": []})
+    assert huge.arguments is None and huge.rejection is not None and "40 digits" in huge.rejection["message"]
 
 
 def test_a_json_schema_tools_text_is_one_payload_in_either_unicode_spelling() -> None:
@@ -565,6 +585,13 @@ def test_a_json_schema_tools_text_is_one_payload_in_either_unicode_spelling() ->
     decomposed = arguments.check(json.dumps({"name": "Cafe\u0301", "tags": ["e\u0301te\u0301"]}))
     assert composed == decomposed == {"name": "Caf\u00e9", "tags": ["\u00e9t\u00e9"]}
     assert payload_digest("t", composed) == payload_digest("t", decomposed)
+    # The schema checks the text that is sent: NFD input meets an NFC enum and length, in the turn and again in
+    # the activity (load), never accepted by one and refused by the other.
+    bounded = JsonSchemaArguments(
+        {"type": "object", "properties": {"e": {"enum": ["Caf\u00e9"]}, "s": {"type": "string", "maxLength": 4}}}
+    )
+    checked_nfd = bounded.check(json.dumps({"e": "Cafe\u0301", "s": "Cafe\u0301"}))
+    assert checked_nfd == {"e": "Caf\u00e9", "s": "Caf\u00e9"} == bounded.load(checked_nfd)
 
 
 def test_optional_nulls_are_left_out_in_array_items_and_referenced_objects_as_the_server_expects() -> None:
@@ -610,5 +637,29 @@ def test_a_calls_summary_shows_no_argument_the_tool_redacts_and_no_secret() -> N
         """Check a login."""
         return Note(note_id="N1", text="ok")
 
-    call = checked(tools, "check_login", {"account": "bob", "password": "hunter2", "apiKey": "sk-ABC", "pin": "1234"})
+    sent = {"account": "bob", "password": "hunter2", "apiKey": "sk-ABC", "pin": "1234", "cardPin": "9", "extra": None}
+    call = checked(tools, "check_login", {**sent, "extra": {"user": "u", "password": "hunter2"}})
     assert call.summary == "check_login bob"
+
+
+@pytest.mark.parametrize(
+    ("text", "internal"),
+    [
+        ("Error executing tool list_todos: [Errno 21] Is a directory: '/srv/todos.d'", True),
+        ('Traceback (most recent call last):\n  File "app.py", line 3', True),
+        ("duplicate key value; SQLSTATE 23505", True),
+        ("SELECT id FROM notes WHERE owner = 1", True),
+        ("postgresql://notes:S3cret@db:5432/notes", True),
+        ("password authentication failed for user notes", True),
+        ("GET /x?api_key=sk-live-123 failed", True),
+        ("./data/notes.json is missing", True),
+        ("C:/notes/x.json is locked", True),
+        ("there is no note 7", False),
+        ("Select a date from the calendar", False),
+        ("cannot delete from a closed ledger", False),
+        ("no such user /users/42", False),
+        ("title: breaks maxLength 80", False),
+    ],
+)
+def test_a_services_error_text_that_shows_its_insides_is_withheld_and_a_hint_is_kept(text: str, internal: bool) -> None:
+    assert internal_text(text) is internal

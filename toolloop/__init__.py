@@ -34,7 +34,7 @@ import importlib as _importlib
 import typing as _typing
 
 if _typing.TYPE_CHECKING:
-    from toolloop._core.arguments import Arguments, Instant, PlainText, sorted_unique
+    from toolloop._core.arguments import Amount, Arguments, Instant, PlainText, sorted_unique
     from toolloop._core.codes import ResultCode
     from toolloop._core.contracts import (
         Actor,
@@ -105,6 +105,7 @@ __all__ = [
     "Arguments",
     "PlainText",
     "Instant",
+    "Amount",
     "sorted_unique",
     "ToolError",
     "ToolTemporaryError",
@@ -179,6 +180,7 @@ __all__ = [
 _HOMES: dict[str, str] = {
     "Arguments": "toolloop._core.arguments",
     "Instant": "toolloop._core.arguments",
+    "Amount": "toolloop._core.arguments",
     "PlainText": "toolloop._core.arguments",
     "sorted_unique": "toolloop._core.arguments",
     "ResultCode": "toolloop._core.codes",

@@ -687,15 +687,27 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
     )
     async def get_request(request_id: RequestId, actor: Caller) -> RequestView:
         request, description = await found(actor, request_id)
+        status = _status_name(description.status)
         if description.status != WorkflowExecutionStatus.RUNNING:
             try:
                 return _finished_view(request_id, await request.result())
             except WorkflowFailureError:
                 pass  # ended without a report (terminated, timed out): what its ledger recorded is below
-        # A closed run answers the query too (its worker replays it), so a terminated request still shows the
-        # writes it sent or left unknown. A failure to read is a 503, never an empty "completed".
-        progress = await request.progress()
-        status = _status_name(description.status)
+            except ValueError:  # a result this API cannot read (a pydantic ValidationError among them)
+                raise Problem(503, "REQUEST_UNREADABLE", UNREADABLE_REQUEST) from None
+            try:
+                # A closed run answers the query too (its worker replays it), so a terminated request still shows
+                # the writes it sent or left unknown.
+                progress = await request.progress()
+            except WorkflowQueryFailedError:
+                # Often why an operator terminated it: its history no longer replays. Temporal's word, and that
+                # its writes cannot be shown (never an empty list passed off as none).
+                return RequestView(
+                    id=request_id, workflow_id=request.workflow_id, status=status, phase=f"finished: {status}",
+                    rounds=0, calls=[], operations=[], error=f"{UNREADABLE_REQUEST}: its writes cannot be shown",
+                )  # fmt: skip
+        else:
+            progress = await request.progress()
         return RequestView(
             id=request_id,
             workflow_id=request.workflow_id,
@@ -1231,8 +1243,9 @@ async def _event_stream(
 
 
 UNCONFIRMED_CHANGE = (
-    "Temporal took it, but no worker confirmed it in time: it may still be applied. Read it again before deciding "
-    "anything on it; sending it again is the same change"
+    "no worker confirmed it in time (Temporal or every worker may be away): it may have been taken and may still be "
+    "applied. Read the request or thread again before anything else; a decision or a close sent again is the same "
+    "one, a message only with the same Idempotency-Key"
 )
 
 

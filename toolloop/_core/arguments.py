@@ -19,7 +19,7 @@ from decimal import Decimal
 from typing import Annotated, Any, Protocol, TypeVar
 
 import jsonschema
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, PlainSerializer, ValidationError
 
 _MAX_ERRORS_SHOWN = 5
 
@@ -296,10 +296,8 @@ class PydanticArguments:
     def dump(self, args: Any) -> dict[str, Any]:
         """The validated arguments as JSON under the names the model sees (its aliases). The model declares
         the canonical form through its types (Instant, PlainText, sorted_unique), so two spellings of one
-        intended call give one dict; a Decimal is written by its value (5.10 and 5.1 are one amount)."""
-        dumped: dict[str, Any] = _decimals_by_value(
-            args.model_dump(mode="json", by_alias=True), args.model_dump(mode="python", by_alias=True)
-        )
+        intended call give one dict (Amount for a decimal: 5.10 and 5.1 are one amount)."""
+        dumped: dict[str, Any] = args.model_dump(mode="json", by_alias=True)
         return dumped
 
     def load(self, data: Mapping[str, Any]) -> BaseModel:
@@ -310,19 +308,7 @@ class PydanticArguments:
 
     def summary_values(self, args: Any, hidden: Container[str] = ()) -> list[str]:
         shown = self.dump(args).items()
-        return [str(v) for k, v in shown if v is not None and k not in hidden]
-
-
-def _decimals_by_value(dumped: Any, python: Any) -> Any:
-    """`dumped` (JSON mode) with each Decimal of `python` (the same dump in Python mode) written by its value:
-    pydantic keeps a Decimal's exponent ("5.10"), so two spellings of one amount were two operations."""
-    if isinstance(python, Decimal) and isinstance(dumped, str) and python.is_finite():
-        return "0" if python.is_zero() else format(python.normalize(), "f")
-    if isinstance(python, dict) and isinstance(dumped, dict):
-        return {k: _decimals_by_value(v, python.get(k)) for k, v in dumped.items()}
-    if isinstance(python, list | tuple) and isinstance(dumped, list) and len(python) == len(dumped):
-        return [_decimals_by_value(d, p) for d, p in zip(dumped, python, strict=True)]
-    return dumped
+        return [str(v) for k, v in shown if v is not None and not isinstance(v, (dict, list)) and k not in hidden]
 
 
 def _without_nulls(text: str, names: frozenset[str]) -> str:
@@ -450,13 +436,15 @@ class JsonSchemaArguments:
         return jsonschema.Draft202012Validator(self.parameters())
 
     def _validate(self, data: Any) -> dict[str, Any]:
+        # Canonical first (whole numbers as ints, text in NFC): the schema checks what is sent and digested.
+        data = _canonical_values(data)
         errors = sorted(self._validator().iter_errors(data), key=lambda e: list(e.absolute_path))
         if errors:
             parts = [_schema_error_message(e) for e in errors[:_MAX_ERRORS_SHOWN]]
             if len(errors) > _MAX_ERRORS_SHOWN:
                 parts.append(f"and {len(errors) - _MAX_ERRORS_SHOWN} more")
             raise ArgumentsRejected("; ".join(parts))
-        canonical: dict[str, Any] = _canonical_values(dict(data))
+        canonical: dict[str, Any] = dict(data)
         return canonical
 
     def check(self, text: str) -> dict[str, Any]:
@@ -562,7 +550,25 @@ def _utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
+_AMOUNT_DIGITS = 40
+
+
+def _amount(value: Decimal) -> Decimal:
+    """A finite decimal of at most 40 digits either side of the point, by its value: 5.10, "5.1" and 51e-1 are
+    one amount (a bare Decimal keeps its exponent, so they would be three operations)."""
+    if not value.is_finite():
+        raise ValueError("must be a finite number")
+    exponent = value.as_tuple().exponent
+    if value.adjusted() >= _AMOUNT_DIGITS or (isinstance(exponent, int) and exponent < -_AMOUNT_DIGITS):
+        raise ValueError(f"must have at most {_AMOUNT_DIGITS} digits before and after the point")
+    return Decimal(0) if value.is_zero() else value.normalize()
+
+
 PlainText = Annotated[str, AfterValidator(_plain_text)]
+# A decimal amount by its value, sent as plain digits ("5.1", "100", never "1E+2").
+Amount = Annotated[
+    Decimal, AfterValidator(_amount), PlainSerializer(lambda d: format(d, "f"), return_type=str, when_used="json")
+]
 # An instant with an explicit offset, kept in UTC: "12:00+02:00" and "10:00Z" are one value.
 Instant = Annotated[AwareDatetime, AfterValidator(_utc)]
 

@@ -10,13 +10,27 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 MASK = "***"
-# Names that say a secret: never shown, not even in a call's one-line summary.
-SECRET_NAME = re.compile(
-    r"token|secret|password|passwd|api_?key|private_?key|access_?key|authoriz|credential|cookie|session|signature",
-    re.I,
+# Names that say a secret: never shown, not even in a call's one-line summary. Matched by the words of the
+# name (apiKey, api_key, card-pin), so "shipping" is not a pin and "keyword" not a key.
+_SECRET_WORDS = frozenset(
+    {"token", "secret", "password", "passwd", "passphrase", "pin", "cvv", "cvc", "iban", "credential",
+     "credentials", "cookie", "session", "signature", "authorization", "auth", "otp"}
+)  # fmt: skip
+_SECRET_PAIRS = frozenset(
+    {("api", "key"), ("private", "key"), ("access", "key"), ("secret", "key"), ("card", "number")}
 )
+
+
+def secret_name(name: str) -> bool:
+    """True when a field's name says it holds a secret (a password, a key, a card's number or PIN)."""
+    words = [w.lower() for w in re.findall(r"[A-Z]{2,}(?![a-z])|[A-Z]?[a-z]+|[0-9]+", name)]
+    return any(w in _SECRET_WORDS for w in words) or any(
+        pair in _SECRET_PAIRS for pair in zip(words, words[1:], strict=False)
+    )
+
+
 # Names that say money or a secret, whatever their type: masked in logs.
-_SENSITIVE = re.compile(r"amount|cents|price|total|balance|salary|iban|card|email|" + SECRET_NAME.pattern, re.I)
+_SENSITIVE = re.compile(r"amount|cents|price|total|balance|salary|iban|card|token|secret|password|email|key|auth", re.I)
 _KEPT_FORMATS = {"date-time", "date", "time", "uuid"}
 
 
@@ -36,7 +50,7 @@ def _kind(schema: Mapping[str, Any]) -> str | None:
 
 
 def field_is_loggable(name: str, schema: Mapping[str, Any]) -> bool:
-    if _SENSITIVE.search(name):
+    if _SENSITIVE.search(name) or secret_name(name):
         return False
     branch = _branch(schema)
     kind = _kind(branch)
@@ -61,15 +75,17 @@ def for_logs(arguments: Mapping[str, Any], rules: Mapping[str, bool]) -> dict[st
     return {name: (value if rules.get(name, False) else MASK) for name, value in arguments.items()}
 
 
-# What a service's or a tool server's error text must not carry to the model: a stack trace, a file path, SQL or
-# an OS error (FastMCP passes the text of any exception a tool raises on).
+# What a service's or a tool server's error text must not carry to the model: a stack trace, a file path, SQL,
+# an OS error or a credential (FastMCP passes the text of any exception a tool raises on). SQL keywords and path
+# roots count only as written (SELECT ... FROM, /home/), so "Select a date from the list" and /users/42 pass.
 _INTERNAL = re.compile(
     r"Traceback \(most recent call last\)|File \"[^\"]+\", line \d+|\[Errno \d+\]"
-    r"|(?<![\w.])/(?:usr|home|etc|var|tmp|opt|srv|root|proc|app|work|mnt|Users|private)/"
-    r"|\b[A-Za-z]:\\[\w.-]"
-    r"|\bSELECT\b.+\bFROM\b|\bINSERT\s+INTO\b|\bUPDATE\s+\S+\s+SET\b|\bDELETE\s+FROM\b|SQLSTATE|syntax error at or near"
-    r"|\b(?:sqlite3|psycopg2?|asyncpg|sqlalchemy|pymysql)\b",
-    re.IGNORECASE | re.DOTALL,
+    r"|(?<![\w.])/(?:usr|home|etc|var|tmp|opt|srv|root|proc|mnt|Users|private)/|(?<![\w/])\.\.?/[\w.-]+/"
+    r"|\b[A-Za-z]:[\\/][\w.-]"
+    r"|\bSELECT\b.+\bFROM\b|\bINSERT INTO\b|\bUPDATE \S+ SET\b|\bDELETE FROM\b|SQLSTATE"
+    r"|(?i:syntax error at or near|password authentication failed|\b(?:sqlite3|psycopg2?|asyncpg|sqlalchemy|pymysql)\b)"
+    r"|(?i:\w+://[^/\s:@]+:[^@\s]+@)|(?i:(?:api_?key|token|secret|password|passwd)=)",
+    re.DOTALL,
 )
 
 

@@ -27,7 +27,7 @@ from toolloop._core.arguments import (  # noqa: F401  (re-exported: the canonica
 )
 from toolloop._core.codes import ResultCode
 from toolloop._core.contracts import Actor, PolicyFact
-from toolloop._core.redaction import SECRET_NAME
+from toolloop._core.redaction import secret_name
 
 if TYPE_CHECKING:
     import httpx
@@ -208,7 +208,7 @@ class ToolSpec:
         """What a call's summary leaves out (the Temporal UI, the progress and the live views show it): the
         arguments the tool redacts, and any whose name says a secret."""
         named = self.schema.parameters().get("properties", {})
-        return frozenset(self.redact) | {name for name in named if SECRET_NAME.search(name)}
+        return frozenset(self.redact) | {name for name in named if secret_name(name)}
 
     def summary(self, args: Any) -> str:
         if self.summarize is not None:
