@@ -30,7 +30,9 @@ from toolloop._core.contracts import (
     ToolCallResult,
     WriteInput,
     WriteOutcome,
+    items_digest,
     output_json,
+    text_digest,
     write_output_in_attempt,
 )
 from toolloop._core.names import EXECUTE_WRITE_ACTIVITY, MODEL_TURN_ACTIVITY, RUN_TOOL_ACTIVITY
@@ -200,12 +202,16 @@ class ToolOutputStore:
     def put(self, run: RunKey, round_: int, call_id: str, output: str) -> None:
         self._outputs.put((run, round_, call_id), output, len(output))
 
-    def take(self, run: RunKey, round_: int, call_ids: Sequence[str]) -> dict[str, str] | None:
-        """Those outputs, removed from the store; None unless every one was here."""
+    def take(
+        self, run: RunKey, round_: int, call_ids: Sequence[str], digests: Mapping[str, str] | None = None
+    ) -> dict[str, str] | None:
+        """Those outputs, removed from the store; None unless every one was here and is the text history holds
+        (`digests`, by call id: a tool attempt Temporal had given up on may have finished after its retry)."""
         found: dict[str, str] = {}
         for call_id in call_ids:
             output = self._outputs.pop((run, round_, call_id))
-            if output is not None:
+            expected = (digests or {}).get(call_id)
+            if output is not None and (expected is None or text_digest(output) == expected):
                 found[call_id] = output
         return found if len(found) == len(call_ids) else None
 
@@ -230,7 +236,8 @@ class ConversationState:
         self._outputs = outputs or ToolOutputStore()
         # By bytes: with a count bound, a run evicted at thousands of open requests has its next turn
         # read its whole history back (server and worker CPU per request rise with load).
-        self._entries: BytesBoundedCache[RunKey, tuple[int, Conversation]] = BytesBoundedCache(max_bytes)
+        # Per run: the turn, the digest of that turn's items (items_digest) and the conversation through them.
+        self._entries: BytesBoundedCache[RunKey, tuple[int, str, Conversation]] = BytesBoundedCache(max_bytes)
 
     @property
     def outputs(self) -> ToolOutputStore:
@@ -246,7 +253,11 @@ class ConversationState:
     async def before(self, run: RunKey, inp: ModelTurnInput) -> Conversation:
         """The conversation through this turn's new items."""
         filled = self._from_store(run, inp)
-        earlier = Conversation(instructions=inp.instructions) if inp.turn == 1 else self._cached(run, inp.turn - 1)
+        earlier = (
+            Conversation(instructions=inp.instructions)
+            if inp.turn == 1
+            else self._cached(run, inp.turn - 1, inp.previous_turn_digest)
+        )
         if filled is None or earlier is None:
             turns = await self._history.turns(run)
             if filled is None:
@@ -255,23 +266,23 @@ class ConversationState:
                 earlier = self._rebuild(turns, inp.turn)
         return earlier.extended(filled.new_items)
 
-    def after(self, run: RunKey, turn: int, conversation: Conversation) -> None:
-        """Remember the conversation through this turn's output."""
+    def after(self, run: RunKey, turn: int, conversation: Conversation, output: Sequence[ConversationItem]) -> None:
+        """Remember the conversation through this turn's `output` (its items, as the turn returns them)."""
         size = None
         cached = self._entries.entry(run)
         if cached is not None:
-            (before, earlier), earlier_size = cached
+            (before, _, earlier), earlier_size = cached
             # It extends the one cached before its turn: only the new items are measured.
             if before == turn - 1 and len(earlier.items) <= len(conversation.items):
                 size = earlier_size + bytes_of(conversation.items[len(earlier.items) :])
         if size is None:
             size = bytes_of(conversation.items)
-        self._entries.put(run, (turn, conversation), size)
+        self._entries.put(run, (turn, items_digest(output), conversation), size)
 
     def _from_store(self, run: RunKey, inp: ModelTurnInput) -> ModelTurnInput | None:
         if not inp.outputs_in_history:
             return inp
-        outputs = self._outputs.take(run, inp.turn - 1, inp.outputs_in_history)
+        outputs = self._outputs.take(run, inp.turn - 1, inp.outputs_in_history, inp.output_digests)
         return None if outputs is None else with_outputs(inp, outputs)
 
     @staticmethod
@@ -281,12 +292,13 @@ class ConversationState:
                 return turn_input
         raise MissingTurn(f"turn {inp.turn} is not in this run's history")
 
-    def _cached(self, run: RunKey, turn: int) -> Conversation | None:
+    def _cached(self, run: RunKey, turn: int, digest: str | None) -> Conversation | None:
+        """The cached conversation through `turn`, if it holds the items history recorded for it (`digest`)."""
         entry = self._entries.get(run)
         if entry is None:
             return None
-        cached_turn, conversation = entry
-        if cached_turn != turn:
+        cached_turn, cached_digest, conversation = entry
+        if cached_turn != turn or (digest is not None and digest != cached_digest):
             return None
         return Conversation(conversation.instructions, list(conversation.items))
 

@@ -159,7 +159,7 @@ class ModelActivities:
         except ModelCallError as exc:
             raise _application_error(exc) from None
         if adapter.needs_conversation:
-            self._conversations.after(run, inp.turn, conversation.extended(items))
+            self._conversations.after(run, inp.turn, conversation.extended(items), items)
         label = adapter.label(inp.model_name)
         # Only an answer that knows its usage has it (ModelAnswer); the script and offline models' have none.
         answer = items if isinstance(items, ModelAnswer) else None

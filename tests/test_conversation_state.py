@@ -12,6 +12,8 @@ from toolloop._core.contracts import (
     FunctionCallOutputItem,
     MessageItem,
     ModelTurnInput,
+    items_digest,
+    text_digest,
 )
 from toolloop.activities.conversation import (
     Conversation,
@@ -65,7 +67,7 @@ async def test_later_turns_come_from_the_cache_without_reading_history() -> None
     history = RecordedHistory([])
     state = ConversationState(history)
     first = await state.before(RUN, turn_input(1, user("q"), instructions="Be brief."))
-    state.after(RUN, 1, first.extended([CALL]))
+    state.after(RUN, 1, first.extended([CALL]), [CALL])
     second = await state.before(RUN, turn_input(2, OUTPUT))
     assert second == Conversation("Be brief.", [user("q"), CALL, OUTPUT])
     assert history.reads == 0
@@ -88,7 +90,9 @@ async def test_a_miss_is_rebuilt_from_history_with_the_first_turns_instructions(
 async def test_a_cache_entry_for_another_turn_is_not_used() -> None:
     history = RecordedHistory([(turn_input(1, user("q")), [CALL]), (turn_input(2, OUTPUT), [said("done")])])
     state = ConversationState(history)
-    state.after(RUN, 1, Conversation(None, [user("q"), CALL]))  # the worker missed turn 2 (another worker ran it)
+    state.after(
+        RUN, 1, Conversation(None, [user("q"), CALL]), [CALL]
+    )  # the worker missed turn 2 (another worker ran it)
     third = await state.before(RUN, turn_input(3, user("next")))
     assert third.items == [user("q"), CALL, OUTPUT, said("done"), user("next")]
     assert history.reads == 1
@@ -107,7 +111,7 @@ async def test_the_cache_is_bounded_by_bytes_and_evicts_the_least_recent_run() -
     state = ConversationState(history, max_bytes=2 * size)  # room for two runs
     runs = [RunKey("wf", f"run-{i}") for i in range(3)]
     for run in runs:
-        state.after(run, 1, one_run)
+        state.after(run, 1, one_run, [CALL])
     for run in runs[1:]:
         await state.before(run, turn_input(2, OUTPUT))
     assert history.reads == 0
@@ -127,11 +131,11 @@ async def test_a_growing_run_is_measured_by_what_it_holds_now() -> None:
     # Room for the grown run, not for it and the small one as well.
     state = ConversationState(history, max_bytes=size(grown) + size(small) - 1)
     run, other = RunKey("wf", "grows"), RunKey("wf", "small")
-    state.after(other, 1, small)
+    state.after(other, 1, small, [])
     for turn in (1, 2):
-        state.after(run, turn, Conversation(None, grown.items[: 2 + turn]))
+        state.after(run, turn, Conversation(None, grown.items[: 2 + turn]), [])
     assert await state.before(other, turn_input(2, OUTPUT)) is not None and history.reads == 0
-    state.after(run, 3, grown)  # its third output pushes the least recent run (the small one) out
+    state.after(run, 3, grown, [])  # its third output pushes the least recent run (the small one) out
     assert await state.before(run, turn_input(4, OUTPUT)) is not None and history.reads == 0
     with pytest.raises(MissingTurn):
         await state.before(other, turn_input(2, OUTPUT))  # evicted, and the (empty) history lacks it
@@ -144,7 +148,7 @@ async def test_thousands_of_open_runs_stay_cached_under_the_default_bound() -> N
     state = ConversationState(history)
     runs = [RunKey("wf", f"run-{i}") for i in range(5000)]
     for run in runs:
-        state.after(run, 1, Conversation(None, [user("where is A100? " * 20), CALL, CALL, CALL]))
+        state.after(run, 1, Conversation(None, [user("where is A100? " * 20), CALL, CALL, CALL]), [CALL, CALL, CALL])
     for run in runs:
         await state.before(run, turn_input(2, OUTPUT))
     assert history.reads == 0
@@ -172,7 +176,7 @@ def test_with_outputs_fills_only_the_referred_outputs_and_refuses_a_missing_one(
 async def test_a_referred_output_comes_from_this_workers_store_without_reading_history() -> None:
     history = RecordedHistory([])
     state = ConversationState(history)
-    state.after(RUN, 1, Conversation(None, [user("q"), CALL]))
+    state.after(RUN, 1, Conversation(None, [user("q"), CALL]), [CALL])
     state.outputs.put(RUN, 1, "c1", '{"ok":true}')
     second = await state.before(RUN, referring(2))
     assert second.items == [user("q"), CALL, OUTPUT]
@@ -186,7 +190,7 @@ async def test_a_referred_output_another_worker_produced_is_read_from_history() 
         [(turn_input(1, user("q")), [CALL]), (with_outputs(referring(2), {"c1": '{"ok":true}'}), None)]
     )
     state = ConversationState(history)
-    state.after(RUN, 1, Conversation(None, [user("q"), CALL]))
+    state.after(RUN, 1, Conversation(None, [user("q"), CALL]), [CALL])
     second = await state.before(RUN, referring(2))
     assert second.items == [user("q"), CALL, OUTPUT]
     assert history.reads == 1
@@ -207,3 +211,33 @@ def test_the_output_store_is_bounded_by_bytes_and_evicts_the_oldest() -> None:
     store.put(RUN, 1, "c2", "y" * 6)
     assert store.take(RUN, 1, ["c1"]) is None
     assert store.take(RUN, 1, ["c2"]) == {"c2": "y" * 6}
+
+
+async def test_a_turn_an_attempt_answered_after_its_recorded_retry_is_not_what_the_model_is_shown() -> None:
+    # A model turn that timed out goes on running on its worker. Its retry (attempt 2) was recorded with call B;
+    # attempt 1 then finished with call A and its conversation replaced the cached one. The next turn was shown
+    # A, which never ran, beside B's output. The workflow now names the items history recorded.
+    other = FunctionCallItem(call_id="c2", name="cancel_order", arguments='{"orderId":"A102"}')
+    answer = FunctionCallOutputItem(call_id="c2", output='{"ok":true}')
+    history = RecordedHistory([(turn_input(1, user("q")), [other])])
+    state = ConversationState(history)
+    first = await state.before(RUN, turn_input(1, user("q")))
+    state.after(RUN, 1, first.extended([other]), [other])  # attempt 2, recorded
+    state.after(RUN, 1, first.extended([CALL]), [CALL])  # attempt 1, late
+    second = turn_input(2, answer)
+    second.previous_turn_digest = items_digest([other])
+    assert (await state.before(RUN, second)).items == [user("q"), other, answer]
+    assert history.reads == 1
+    # With the recorded attempt's copy in the cache, nothing is read.
+    state.after(RUN, 1, first.extended([other]), [other])
+    assert (await state.before(RUN, second)).items == [user("q"), other, answer] and history.reads == 1
+
+
+def test_a_tools_output_left_by_an_attempt_given_up_on_is_not_taken() -> None:
+    store = ToolOutputStore()
+    recorded, late = '{"ok":true,"status":"shipped"}', '{"code":"INTERNAL","ok":false}'
+    store.put(RUN, 1, "c1", recorded)
+    store.put(RUN, 1, "c1", late)  # the attempt Temporal had retried finished last
+    assert store.take(RUN, 1, ["c1"], {"c1": text_digest(recorded)}) is None  # read from history instead
+    store.put(RUN, 1, "c1", recorded)
+    assert store.take(RUN, 1, ["c1"], {"c1": text_digest(recorded)}) == {"c1": recorded}

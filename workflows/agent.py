@@ -37,8 +37,10 @@ with workflow.unsafe.imports_passed_through():
         ToolCallResult,
         answer_text,
         error_output,
+        items_digest,
         output_json,
         status_of,
+        text_digest,
         user_message,
     )
     from toolloop._core.names import (
@@ -114,6 +116,9 @@ class AgentWorkflow:
         )
         # This round's calls whose output is a tool activity's result (so already in history).
         self._outputs_in_history: set[str] = set()
+        # What the next model turn is told history holds (ModelTurnInput.previous_turn_digest, output_digests).
+        self._previous_turn_digest: str | None = None
+        self._output_digests: dict[str, str] = {}
         # A model turn's worker has an end-of-request hook (ModelTurnResult.end_hook).
         self._end_hook = False
 
@@ -275,13 +280,15 @@ class AgentWorkflow:
             # history: the next model turn refers to it instead of storing it again.
             new_items = []
             outputs_in_history = []
+            self._output_digests = {}
             for call in calls:
                 result = results[call.call_id]
                 in_history = call.call_id in self._outputs_in_history
+                output = output_json(result.output)
                 if in_history:
                     outputs_in_history.append(call.call_id)
-                output = "" if in_history else output_json(result.output)
-                new_items.append(FunctionCallOutputItem(call_id=call.call_id, output=output))
+                    self._output_digests[call.call_id] = text_digest(output)
+                new_items.append(FunctionCallOutputItem(call_id=call.call_id, output="" if in_history else output))
                 record = CallRecord(
                     call_id=call.call_id,
                     tool=call.name,
@@ -417,6 +424,8 @@ class AgentWorkflow:
             instructions=inp.instructions if turn == 1 else None,
             outputs_in_history=outputs_in_history,
             offered_tools=inp.allowed_tools,
+            previous_turn_digest=self._previous_turn_digest,
+            output_digests=self._output_digests,
         )
         turn_input.metadata = dict(inp.metadata)
         script = inp.model.script
@@ -441,6 +450,7 @@ class AgentWorkflow:
             ),
             summary=f"model turn {turn}",
         )
+        self._previous_turn_digest = items_digest(result.items)
         return result
 
     async def _run_group(

@@ -7,6 +7,8 @@ of the one before wrote; the other way round, upgrade workers together (README, 
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -20,6 +22,7 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    TypeAdapter,
     computed_field,
     model_validator,
 )
@@ -232,6 +235,11 @@ class ModelTurnInput(BaseModel):
     script_length: int = 0
     # The request's own labels (AgentInput.metadata), for the adapter.
     metadata: dict[str, str] = Field(default_factory=dict)
+    # What history holds of the previous turn's items and of each output in `outputs_in_history` (text_digest,
+    # items_digest): a worker's own copy is used only when it matches. A model turn or a tool that timed out
+    # goes on running on its worker and may finish after its retry was recorded, leaving another answer there.
+    previous_turn_digest: str | None = None
+    output_digests: dict[str, str] = Field(default_factory=dict)
 
 
 class PolicyFact(BaseModel):
@@ -831,6 +839,22 @@ def answer_text(items: Sequence[ConversationItem]) -> str | None:
 
 def output_json(output: dict[str, Any]) -> str:
     return json.dumps(output, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def text_digest(text: str) -> str:
+    """What the workflow tells the next model turn of an output history holds: a worker-local copy is used only
+    when it is that very text (an attempt Temporal had given up on may have left another copy behind)."""
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def items_digest(items: Sequence[ConversationItem]) -> str:
+    """The same for a model turn's recorded items (a worker's cached conversation through that turn)."""
+    return text_digest(_item_list().dump_json(list(items)).decode())
+
+
+@functools.cache
+def _item_list() -> TypeAdapter[list[ConversationItem]]:
+    return TypeAdapter(list[ConversationItem])
 
 
 AgentInput.model_rebuild()
