@@ -158,3 +158,13 @@ def test_every_contract_is_fully_defined_at_import() -> None:
     models = [m for _, m in inspect.getmembers(contracts, inspect.isclass) if issubclass(m, BaseModel)]
     incomplete = [m.__name__ for m in models if m.__module__ == contracts.__name__ and not m.__pydantic_complete__]
     assert incomplete == []
+
+
+def test_a_refusal_is_the_answer_text_never_an_empty_answer() -> None:
+    # Both adapters keep a refusal as a content part: {"type": "refusal"} (Responses; Chat's `refusal` as one).
+    # answer_text read only text parts, so a request the model declined ended "answered" with no text.
+    declined = contracts.MessageItem(content=[{"type": "refusal", "refusal": "I can't help with refunds."}])
+    assert contracts.answer_text([declined]) == "The model declined: I can't help with refunds."
+    said = contracts.MessageItem(content=[{"type": "output_text", "text": "A100 shipped."}])
+    assert contracts.answer_text([said, declined]) == "A100 shipped.\nThe model declined: I can't help with refunds."
+    assert contracts.answer_text([contracts.MessageItem(content=[])]) is None

@@ -99,6 +99,7 @@ async def test_a_request_stops_at_its_token_budget_with_every_call_answered_once
     )
 
     assert (result.status, result.stop_reason, result.outcome, result.rounds) == ("stopped", "budget", "stopped", 2)
+    assert result.error == "the token budget was reached: 2,370 of max_total_tokens 2,000"
     assert len(chat_server.requests) == 2  # the budget was checked before a third model call
     # Every call_id answered once (tool_outputs checks it): the first turn's in the second turn's input, the
     # last turn's (which the model never saw: the budget stopped it) by one record each in the report.
@@ -123,6 +124,22 @@ async def test_a_request_stops_at_its_token_budget_with_every_call_answered_once
     assert (
         page.events[-1].kind == "final" and RequestUsage.model_validate(page.events[-1].data["usage"]) == result.usage
     )
+
+
+async def test_a_cost_budget_the_worker_cannot_count_stops_after_the_first_unpriced_turn(
+    client: Client, settings: Settings, chat_server: FakeOpenAIServer
+) -> None:
+    # The worker has no price for the model the server answers as: max_cost was silently never reached, and the
+    # request ran to max_rounds. It now stops once a turn had no price, and says why.
+    unpriced = chat_settings(settings, chat_server).model_copy(update={"model_prices": {"another-model": PRICE}})
+    chat_server.reply(chat_completion(None, reads(("c1", "A100")), usage=(100, 10)))
+    chat_server.reply(chat_completion("never asked for", usage=(1, 1)))
+    async with running_worker(client, unpriced, build_demo(unpriced.service_url)):
+        result, handle = await run_agent(client, settings, "A100?", model=OPENAI, limits=Limits(max_cost=0.01))
+    assert (result.status, result.stop_reason, result.rounds) == ("stopped", "budget", 1)
+    assert result.error == "max_cost 0.01 cannot be kept: the worker has no price for this model"
+    assert len(chat_server.requests) == 1 and result.usage.unpriced_turns == 1
+    assert sorted(await tool_outputs(handle)) == [] and [c.call_id for c in result.calls] == ["c1"]
 
 
 async def test_a_request_under_its_budget_completes_with_its_totals(

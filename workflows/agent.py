@@ -60,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from toolloop._core.planning import CallGroup, plan_round
     from toolloop._core.threads import earlier_items
+    from toolloop._core.usage import budget_reached
     from toolloop._core.validation import forbid_not_allowed
     from toolloop._temporal.search_attributes import OUTCOME_KEY, UNSETTLED_KEY, USER_KEY
     from toolloop.workflows.narration import Narrator
@@ -70,6 +71,8 @@ with workflow.unsafe.imports_passed_through():
 
 _MIN_TIMEOUT = timedelta(seconds=1)
 _END_HOOK_PATCH = "request-end-hook"
+# A request with max_cost stops once a turn had no price (runs that started before it kept going).
+_UNPRICED_TURNS_STOP = "unpriced-turn-stops-a-cost-budget"
 _MAX_EVENTS_PER_QUERY = 500
 
 
@@ -220,8 +223,15 @@ class AgentWorkflow:
                 break
             # Like max_rounds, checked before a turn: the turn that reached the budget had its calls run and
             # answered. Without a budget (stored inputs) this decides nothing.
-            if self._progress.usage.reached(limits.max_total_tokens, limits.max_cost):
+            usage = self._progress.usage
+            if usage.reached(limits.max_total_tokens, limits.max_cost):
                 stop = "budget"
+                error = budget_reached(usage, limits.max_total_tokens, limits.max_cost)
+                break
+            if limits.max_cost is not None and usage.unpriced_turns and workflow.patched(_UNPRICED_TURNS_STOP):
+                # The worker has no price for this model: the cost cannot be counted, so the budget cannot be kept.
+                stop = "budget"
+                error = f"max_cost {limits.max_cost:g} cannot be kept: the worker has no price for this model"
                 break
             if workflow.now() >= deadline:
                 stop = "deadline"

@@ -832,9 +832,18 @@ def write_output_in_attempt(attempt: WriteInput, outcome: WriteOutcome) -> str |
 
 
 def answer_text(items: Sequence[ConversationItem]) -> str | None:
-    """The text of the assistant's messages in a turn's items; None when there is none."""
-    texts = [i.text() for i in items if isinstance(i, MessageItem) and i.role == "assistant"]
+    """The text of the assistant's messages in a turn's items, a refusal said as one; None when there is none."""
+    texts = [_said(i) for i in items if isinstance(i, MessageItem) and i.role == "assistant"]
     return "\n".join(t for t in texts if t.strip()).strip() or None
+
+
+def _said(message: MessageItem) -> str:
+    # A refusal is a content part of its own (Responses) or the message's `refusal` (Chat, as the adapter keeps
+    # it): without it, a request the model declined ended "answered" with no text at all.
+    if message.text().strip() or isinstance(message.content, str):
+        return message.text()
+    refused = " ".join(str(p.get("refusal", "")) for p in message.content if p.get("type") == "refusal").strip()
+    return f"The model declined: {refused}" if refused else ""
 
 
 def output_json(output: dict[str, Any]) -> str:

@@ -106,6 +106,13 @@ class RequestUsage(BaseModel):
         return max_cost is not None and (self.cost or 0.0) >= max_cost
 
 
+def budget_reached(usage: RequestUsage, max_total_tokens: int | None, max_cost: float | None) -> str:
+    """Which budget the totals reached, in words (the report's `error` for stop reason "budget")."""
+    if max_total_tokens is not None and usage.total_tokens >= max_total_tokens:
+        return f"the token budget was reached: {usage.total_tokens:,} of max_total_tokens {max_total_tokens:,}"
+    return f"the cost budget was reached: {format_cost(usage.cost or 0.0)} of max_cost {max_cost:g}"
+
+
 def format_cost(cost: float) -> str:
     """A cost as people read it: up to six decimals, no trailing zeros."""
     return f"{cost:,.6f}".rstrip("0").rstrip(".")
