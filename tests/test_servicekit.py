@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from starlette.requests import Request
 
 from tests.agent_helpers import assert_eventually
 from tests.conftest import APPROVAL_KEY, APPROVAL_VERIFY_KEY, OTHER_SIGNING_KEY
@@ -36,7 +37,13 @@ from tests.kit_service import (
     start_kit_service,
 )
 from tests.pg import PgServer, pg_server  # noqa: F401 - the fixture, for the PostgreSQL storage
-from toolloop._core.approvals import CLOCK_TOLERANCE_SECONDS, read_approval_claims, verify_key_for
+from toolloop._core.approvals import (
+    CLOCK_TOLERANCE_SECONDS,
+    http_subject,
+    payload_digest,
+    read_approval_claims,
+    verify_key_for,
+)
 from toolloop.servicekit import (
     PROBLEM_MEDIA_TYPE,
     ClaimTaken,
@@ -44,9 +51,11 @@ from toolloop.servicekit import (
     IdempotencyKit,
     IdempotentWrite,
     KitActor,
+    KitProblem,
     LedgerKey,
     LedgerRecord,
     SqliteLedger,
+    insecure_actor_from_headers,
     reached,
 )
 
@@ -950,3 +959,32 @@ def test_the_kit_has_no_default_identity(tmp_path: Path) -> None:
     ledger = SqliteLedger(tmp_path / "kit.db")
     with pytest.raises(TypeError, match="actor"):
         IdempotencyKit(ledger, approval_verify_key=APPROVAL_VERIFY_KEY, audience="notes")  # type: ignore[call-arg]
+
+
+def test_a_write_is_digested_on_its_decoded_path_and_an_out_of_range_number_is_a_422(tmp_path: Path) -> None:
+    # The client digests the path decoded (an id holding ? or # sent as %3F, %23); url.path kept those escapes,
+    # so a correctly approved write was refused as "approval is for another digest". And 1e400, no NaN literal,
+    # read as infinity and broke the digest with a bare 500.
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/things/a?b#c/pay",
+        "raw_path": b"/things/a%3Fb%23c/pay",
+        "query_string": b"",
+        "headers": [],
+        "root_path": "",
+        "scheme": "http",
+        "server": ("kit", 80),
+    }
+    kit = IdempotencyKit(
+        SqliteLedger(tmp_path / "kit.db"),
+        approval_verify_key=APPROVAL_VERIFY_KEY,
+        audience="kit",
+        actor=insecure_actor_from_headers,
+    )
+    write = IdempotentWrite(kit, Request(scope), KitActor(tenant_id="acme", user_id="u1"), "op", None, b"{}")
+    assert write.digest == payload_digest(http_subject("POST", "/things/a?b#c/pay"), {})
+    huge = IdempotentWrite(write.kit, Request(scope), write.actor, "op", None, b'{"amount": 1e400}')
+    with pytest.raises(KitProblem) as refused:
+        huge.json()
+    assert refused.value.status == 422
