@@ -521,6 +521,11 @@ async def test_streamed_calls_reuse_one_connection(server: FakeOpenAIServer, str
         ({"message": "bad tool schema", "type": "BadRequestError", "code": 400}, "rejected", "rejected the request"),
         ({"message": "slow down", "code": "429"}, "temporary", "stream reported an error"),
         ("upstream went away", "temporary", "upstream went away"),
+        # A provider's own code for a request that fails the same way every time: not worth 5 paid attempts.
+        ({"message": "Invalid prompt.", "code": "invalid_prompt"}, "rejected", "rejected the request"),
+        ({"message": "Image policy.", "code": "image_content_policy_violation"}, "rejected", "rejected the request"),
+        ({"message": "Rate limit reached.", "code": "rate_limit_exceeded"}, "temporary", "stream reported an error"),
+        ({"message": "The server had an error.", "code": "server_error"}, "temporary", "stream reported an error"),
     ],
 )
 def test_an_error_inside_a_stream_is_judged_as_it_would_be_before_one(error: object, kind: str, words: str) -> None:

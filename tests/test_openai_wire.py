@@ -227,6 +227,24 @@ def test_a_responses_answer_keeps_every_item_field_and_reads_its_usage() -> None
     assert answer.usage == TokenUsage(input_tokens=50, output_tokens=5, total_tokens=55)
 
 
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [
+        ("server_error", "temporary"),
+        ("rate_limit_exceeded", "temporary"),
+        (None, "temporary"),
+        ("invalid_prompt", "rejected"),
+    ],
+)
+def test_a_failed_responses_answer_is_asked_again_unless_its_code_says_it_fails_every_time(
+    code: str | None, kind: str
+) -> None:
+    data = {"status": "failed", "error": {"code": code, "message": "no"}, "output": []}
+    with pytest.raises(ModelCallError) as failed:
+        responses_answer(data)
+    assert failed.value.kind == kind
+
+
 def test_an_incomplete_responses_answer_is_malformed_and_says_why() -> None:
     data = responses_response(output_message("half"), status="incomplete", incomplete_reason="max_output_tokens")
     assert malformed(data, responses_answer) == "response status is 'incomplete' (max_output_tokens), not 'completed'"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 ModelCallErrorKind = Literal["temporary", "rejected", "malformed", "exhausted"]
@@ -55,3 +56,13 @@ def json_type(value: object) -> str:
     if isinstance(value, dict):
         return "object"
     return type(value).__name__
+
+
+# A provider's error codes that say "try again": everything else it names (invalid_prompt, a content policy, an
+# invalid image) fails the same way on every attempt.
+_TEMPORARY_CODE = re.compile(r"server_error|rate_limit|timeout|overload|unavailable|internal|capacity", re.IGNORECASE)
+
+
+def temporary_code(code: object) -> bool:
+    """Whether a provider's error code (a string, none, or anything else) leaves another attempt worth making."""
+    return not isinstance(code, str) or not code.strip() or _TEMPORARY_CODE.search(code) is not None

@@ -26,7 +26,7 @@ from openai import AsyncOpenAI
 
 from toolloop._core.contracts import ConversationItem
 from toolloop._models.adapter import ModelAnswer, ModelRequest, TextSink, TokenUsage
-from toolloop._models.errors import ModelCallError, truncate
+from toolloop._models.errors import ModelCallError, temporary_code, truncate
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_TIMEOUT_SECONDS = 120.0
@@ -390,6 +390,8 @@ def stream_error(error: object, secrets: Sequence[str] = ()) -> ModelCallError:
     if is_context_length_error(error):
         return ModelCallError("rejected", f"the conversation no longer fits the model's context window ({detail})")
     if status is not None and 400 <= status < 500 and status not in (408, 429):
+        return ModelCallError("rejected", f"the model endpoint rejected the request in its stream: {detail}")
+    if status is None and not temporary_code(code):  # invalid_prompt, a content policy: the same every time
         return ModelCallError("rejected", f"the model endpoint rejected the request in its stream: {detail}")
     return ModelCallError("temporary", f"the model endpoint's stream reported an error: {detail}")
 

@@ -18,7 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from toolloop._core.contracts import ConversationItem, item_to_wire
 from toolloop._models.adapter import ModelAnswer, TextSink
-from toolloop._models.errors import ModelCallError, json_type, truncate
+from toolloop._models.errors import ModelCallError, json_type, temporary_code, truncate
 from toolloop._models.openai_sdk import OpenAIEndpoint, OpenAIModel, token_usage
 
 if TYPE_CHECKING:
@@ -45,8 +45,12 @@ def responses_answer(data: object) -> ModelAnswer:
         raise ModelCallError("malformed", f"response body is a JSON {json_type(data)}, not an object")
     state = data.get("status")
     if state == "failed":
-        # The provider's own failure to finish the answer (a streamed call says so in its last event): ask again.
-        raise ModelCallError("temporary", f"the model endpoint failed the response{_why_not_completed(data)}")
+        # The provider's own failure to finish the answer (a streamed call says so in its last event): asked again,
+        # unless its code says the same request fails every time (invalid_prompt, a content policy).
+        error = data.get("error")
+        code = error.get("code") if isinstance(error, dict) else None
+        why = f"the model endpoint failed the response{_why_not_completed(data)}"
+        raise ModelCallError("temporary", why) if temporary_code(code) else ModelCallError("rejected", why)
     if state != "completed":
         raise ModelCallError("malformed", f"response status is {state!r}{_why_not_completed(data)}, not 'completed'")
     output = data.get("output")
