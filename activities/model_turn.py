@@ -158,13 +158,14 @@ class ModelActivities:
             items = await adapter.respond(request)
         except ModelCallError as exc:
             raise _application_error(exc) from None
-        if adapter.needs_conversation:
-            self._conversations.after(run, inp.turn, conversation.extended(items), items)
         label = adapter.label(inp.model_name)
         # Only an answer that knows its usage has it (ModelAnswer); the script and offline models' have none.
         answer = items if isinstance(items, ModelAnswer) else None
         usage = answer.usage if answer is not None else None
         checked = checked_turn(self._registry, items, label, inp.turn, usage)
+        if adapter.needs_conversation:
+            # Known by the items as history records them (arguments over the bound cut), as the workflow names them.
+            self._conversations.after(run, inp.turn, conversation.extended(items), checked.items)
         checked.end_hook = self._end_hook
         checked.policy_task_queue = self._policy_task_queue
         checked.policy_verify_key = self._policy_verify_key

@@ -526,6 +526,8 @@ async def test_streamed_calls_reuse_one_connection(server: FakeOpenAIServer, str
         ({"message": "Image policy.", "code": "image_content_policy_violation"}, "rejected", "rejected the request"),
         ({"message": "Rate limit reached.", "code": "rate_limit_exceeded"}, "temporary", "stream reported an error"),
         ({"message": "The server had an error.", "code": "server_error"}, "temporary", "stream reported an error"),
+        # A gateway's own name for "slow down" is not the request's fault.
+        ({"message": "Busy.", "code": "too_many_requests"}, "temporary", "stream reported an error"),
     ],
 )
 def test_an_error_inside_a_stream_is_judged_as_it_would_be_before_one(error: object, kind: str, words: str) -> None:

@@ -234,10 +234,13 @@ def test_a_responses_answer_keeps_every_item_field_and_reads_its_usage() -> None
         ("rate_limit_exceeded", "temporary"),
         (None, "temporary"),
         ("invalid_prompt", "rejected"),
+        ("throttling_exception", "temporary"),
+        (400, "rejected"),
+        (429, "temporary"),
     ],
 )
 def test_a_failed_responses_answer_is_asked_again_unless_its_code_says_it_fails_every_time(
-    code: str | None, kind: str
+    code: str | int | None, kind: str
 ) -> None:
     data = {"status": "failed", "error": {"code": code, "message": "no"}, "output": []}
     with pytest.raises(ModelCallError) as failed:

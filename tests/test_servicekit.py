@@ -984,6 +984,9 @@ def test_a_write_is_digested_on_its_decoded_path_and_an_out_of_range_number_is_a
     )
     write = IdempotentWrite(kit, Request(scope), KitActor(tenant_id="acme", user_id="u1"), "op", None, b"{}")
     assert write.digest == payload_digest(http_subject("POST", "/things/a?b#c/pay"), {})
+    # Only those escapes are undone: an id written a%41 (sent a%2541) is a%41, never aA, as the client digests it.
+    literal = {**scope, "path": "/things/a%41/pay", "raw_path": b"/things/a%2541/pay"}
+    assert IdempotentWrite(kit, Request(literal), write.actor, "op", None, b"{}").path == "/things/a%41/pay"
     huge = IdempotentWrite(write.kit, Request(scope), write.actor, "op", None, b'{"amount": 1e400}')
     with pytest.raises(KitProblem) as refused:
         huge.json()

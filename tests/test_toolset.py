@@ -17,7 +17,7 @@ from toolloop import Actor, Arguments, ReadBack, ToolContext, Toolset
 from toolloop._core.approvals import derive_operation_id, payload_digest
 from toolloop._core.arguments import JsonSchemaArguments
 from toolloop._core.contracts import FunctionCallItem
-from toolloop._core.redaction import internal_text
+from toolloop._core.redaction import internal_text, secret_name
 from toolloop._core.validation import check_call
 from toolloop._tools.http import request_under_base
 from toolloop.testing import run_tool
@@ -572,6 +572,11 @@ def test_an_amount_is_one_payload_however_the_model_spells_it() -> None:
     assert len({payload_digest("refund", c.arguments) for c in calls}) == 1
     assert checked(tools, "refund", {"orderId": "A100", "amount": "5.11", "parts": []}).arguments["amount"] == "5.11"
     assert checked(tools, "refund", {"orderId": "A100", "amount": "1E+2", "parts": []}).arguments["amount"] == "100"
+    # Every digit is kept (the default context would round to 28), and trailing zeros do not count.
+    exact = "12345678901234567890.123456789"
+    assert checked(tools, "refund", {"orderId": "A100", "amount": exact, "parts": []}).arguments["amount"] == exact
+    zeros = checked(tools, "refund", {"orderId": "A100", "amount": "5.1" + "0" * 40, "parts": []})
+    assert zeros.arguments["amount"] == "5.1"
     # Nine characters must not become a million digits: an amount has at most 40 either side of the point.
     huge = checked(tools, "refund", {"orderId": "A100", "amount": "1e999999", "parts": []})
     assert huge.arguments is None and huge.rejection is not None and "40 digits" in huge.rejection["message"]
@@ -638,6 +643,10 @@ def test_a_calls_summary_shows_no_argument_the_tool_redacts_and_no_secret() -> N
         return Note(note_id="N1", text="ok")
 
     sent = {"account": "bob", "password": "hunter2", "apiKey": "sk-ABC", "pin": "1234", "cardPin": "9", "extra": None}
+    for name in ("apikey", "accesstoken", "newpassword", "sessionid", "cardnumber", "sshKey", "otp_code", "IBAN"):
+        assert secret_name(name), name
+    for name in ("shipping", "keyword", "author", "orderId", "monkey"):
+        assert not secret_name(name), name
     call = checked(tools, "check_login", {**sent, "extra": {"user": "u", "password": "hunter2"}})
     assert call.summary == "check_login bob"
 
@@ -659,6 +668,10 @@ def test_a_calls_summary_shows_no_argument_the_tool_redacts_and_no_secret() -> N
         ("cannot delete from a closed ledger", False),
         ("no such user /users/42", False),
         ("title: breaks maxLength 80", False),
+        ("FileNotFoundError: /app/data/notes.json", True),
+        ("select id, secret from users where id = 1", True),
+        ("insert into notes values (1)", True),
+        ("next_page_token=abc is invalid", False),
     ],
 )
 def test_a_services_error_text_that_shows_its_insides_is_withheld_and_a_hint_is_kept(text: str, internal: bool) -> None:

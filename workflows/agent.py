@@ -71,6 +71,8 @@ with workflow.unsafe.imports_passed_through():
 
 _MIN_TIMEOUT = timedelta(seconds=1)
 _END_HOOK_PATCH = "request-end-hook"
+# A turn that is only the model's refusal is its answer (runs that started before it ended "no_answer").
+_REFUSAL_ANSWERS_PATCH = "a-refusal-is-the-answer"
 # A request with max_cost stops once a turn had no price (runs that started before it kept going).
 _UNPRICED_TURNS_STOP = "unpriced-turn-stops-a-cost-budget"
 _MAX_EVENTS_PER_QUERY = 500
@@ -263,7 +265,9 @@ class AgentWorkflow:
             self._progress.usage = self._progress.usage.plus(turn.usage, turn.cost)
 
             if not turn.calls:
-                answer = answer_text(turn.items)
+                answer = answer_text(turn.items, refusals=False)
+                if not answer and answer_text(turn.items) and workflow.patched(_REFUSAL_ANSWERS_PATCH):
+                    answer = answer_text(turn.items)  # a refusal, never an empty "answered"
                 if answer or records:
                     # Nothing more to say after its tools ran is an answer too (the calls carry the results).
                     final_text = answer or ""

@@ -695,19 +695,10 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                 pass  # ended without a report (terminated, timed out): what its ledger recorded is below
             except ValueError:  # a result this API cannot read (a pydantic ValidationError among them)
                 raise Problem(503, "REQUEST_UNREADABLE", UNREADABLE_REQUEST) from None
-            try:
-                # A closed run answers the query too (its worker replays it), so a terminated request still shows
-                # the writes it sent or left unknown.
-                progress = await request.progress()
-            except WorkflowQueryFailedError:
-                # Often why an operator terminated it: its history no longer replays. Temporal's word, and that
-                # its writes cannot be shown (never an empty list passed off as none).
-                return RequestView(
-                    id=request_id, workflow_id=request.workflow_id, status=status, phase=f"finished: {status}",
-                    rounds=0, calls=[], operations=[], error=f"{UNREADABLE_REQUEST}: its writes cannot be shown",
-                )  # fmt: skip
-        else:
-            progress = await request.progress()
+        # A closed run answers the query too (its worker replays it), so a terminated request still shows the
+        # writes it sent or left unknown. One whose history no longer replays is a 503 REQUEST_UNREADABLE, never a
+        # list of no writes passed off as the truth.
+        progress = await request.progress()
         return RequestView(
             id=request_id,
             workflow_id=request.workflow_id,

@@ -15,7 +15,7 @@ import unicodedata
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from typing import Annotated, Any, Protocol, TypeVar
 
 import jsonschema
@@ -558,10 +558,18 @@ def _amount(value: Decimal) -> Decimal:
     one amount (a bare Decimal keeps its exponent, so they would be three operations)."""
     if not value.is_finite():
         raise ValueError("must be a finite number")
-    exponent = value.as_tuple().exponent
-    if value.adjusted() >= _AMOUNT_DIGITS or (isinstance(exponent, int) and exponent < -_AMOUNT_DIGITS):
+    if value.is_zero():
+        return Decimal(0)
+    # Checked before normalising (1e999999 is never written out), and normalised with room for every digit: the
+    # default context would round a long amount to 28 digits and send another value than the one proposed.
+    if value.adjusted() >= _AMOUNT_DIGITS or value.adjusted() < -_AMOUNT_DIGITS:
         raise ValueError(f"must have at most {_AMOUNT_DIGITS} digits before and after the point")
-    return Decimal(0) if value.is_zero() else value.normalize()
+    with localcontext(prec=len(value.as_tuple().digits) + 2):
+        normal = value.normalize()
+    exponent = normal.as_tuple().exponent
+    if isinstance(exponent, int) and exponent < -_AMOUNT_DIGITS:
+        raise ValueError(f"must have at most {_AMOUNT_DIGITS} digits before and after the point")
+    return normal
 
 
 PlainText = Annotated[str, AfterValidator(_plain_text)]

@@ -831,9 +831,10 @@ def write_output_in_attempt(attempt: WriteInput, outcome: WriteOutcome) -> str |
     return output_json(verified_write_output(attempt.operation_id, dict(outcome.output or {})))
 
 
-def answer_text(items: Sequence[ConversationItem]) -> str | None:
-    """The text of the assistant's messages in a turn's items, a refusal said as one; None when there is none."""
-    texts = [_said(i) for i in items if isinstance(i, MessageItem) and i.role == "assistant"]
+def answer_text(items: Sequence[ConversationItem], *, refusals: bool = True) -> str | None:
+    """The text of the assistant's messages in a turn's items (with `refusals`, a refusal said as one); None when
+    there is none."""
+    texts = [_said(i) if refusals else i.text() for i in items if isinstance(i, MessageItem) and i.role == "assistant"]
     return "\n".join(t for t in texts if t.strip()).strip() or None
 
 

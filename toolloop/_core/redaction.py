@@ -10,23 +10,22 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 MASK = "***"
-# Names that say a secret: never shown, not even in a call's one-line summary. Matched by the words of the
-# name (apiKey, api_key, card-pin), so "shipping" is not a pin and "keyword" not a key.
-_SECRET_WORDS = frozenset(
-    {"token", "secret", "password", "passwd", "passphrase", "pin", "cvv", "cvc", "iban", "credential",
-     "credentials", "cookie", "session", "signature", "authorization", "auth", "otp"}
-)  # fmt: skip
-_SECRET_PAIRS = frozenset(
-    {("api", "key"), ("private", "key"), ("access", "key"), ("secret", "key"), ("card", "number")}
+# Names that say a secret: never shown, not even in a call's one-line summary. Compound names are read with their
+# separators and case dropped (apikey, accessToken, card_number); a few short words only as words of the name
+# (cardPin, otp_code: not "shipping" or "author").
+_SECRET_PARTS = re.compile(
+    r"token|secret|password|passwd|passphrase|(?:api|private|access|signing|ssh|secret)key|authoriz|credential"
+    r"|cookie|session|signature|cardnumber|iban|cvv|cvc"
 )
+_SECRET_WORDS = frozenset({"pin", "otp", "auth"})
 
 
 def secret_name(name: str) -> bool:
     """True when a field's name says it holds a secret (a password, a key, a card's number or PIN)."""
+    if _SECRET_PARTS.search(re.sub(r"[^a-z0-9]", "", name.lower())):
+        return True
     words = [w.lower() for w in re.findall(r"[A-Z]{2,}(?![a-z])|[A-Z]?[a-z]+|[0-9]+", name)]
-    return any(w in _SECRET_WORDS for w in words) or any(
-        pair in _SECRET_PAIRS for pair in zip(words, words[1:], strict=False)
-    )
+    return any(w in _SECRET_WORDS for w in words)
 
 
 # Names that say money or a secret, whatever their type: masked in logs.
@@ -76,15 +75,17 @@ def for_logs(arguments: Mapping[str, Any], rules: Mapping[str, bool]) -> dict[st
 
 
 # What a service's or a tool server's error text must not carry to the model: a stack trace, a file path, SQL,
-# an OS error or a credential (FastMCP passes the text of any exception a tool raises on). SQL keywords and path
-# roots count only as written (SELECT ... FROM, /home/), so "Select a date from the list" and /users/42 pass.
+# an OS error or a credential (FastMCP passes the text of any exception a tool raises on). SQL counts as a
+# statement (SELECT ... FROM x WHERE, INSERT INTO x), so "Select a date from the list" passes, and a path by
+# its root, so /users/42 passes.
 _INTERNAL = re.compile(
     r"Traceback \(most recent call last\)|File \"[^\"]+\", line \d+|\[Errno \d+\]"
-    r"|(?<![\w.])/(?:usr|home|etc|var|tmp|opt|srv|root|proc|mnt|Users|private)/|(?<![\w/])\.\.?/[\w.-]+/"
-    r"|\b[A-Za-z]:[\\/][\w.-]"
-    r"|\bSELECT\b.+\bFROM\b|\bINSERT INTO\b|\bUPDATE \S+ SET\b|\bDELETE FROM\b|SQLSTATE"
-    r"|(?i:syntax error at or near|password authentication failed|\b(?:sqlite3|psycopg2?|asyncpg|sqlalchemy|pymysql)\b)"
-    r"|(?i:\w+://[^/\s:@]+:[^@\s]+@)|(?i:(?:api_?key|token|secret|password|passwd)=)",
+    r"|(?<![\w.])/(?:usr|home|etc|var|tmp|opt|srv|root|proc|mnt|app|work|data|Users|private)/"
+    r"|(?<![\w/])\.\.?/[\w.-]+/|\b[A-Za-z]:[\\/][\w.-]"
+    r"|(?i:\bselect\b.{1,200}?\bfrom\s+\w+\s+where\b|\binsert\s+into\s+\w+|\bupdate\s+\w+\s+set\s+\w+\s*="
+    r"|\bdelete\s+from\s+\w+\s+where\b|sqlstate|syntax error at or near|password authentication failed"
+    r"|\b(?:sqlite3|psycopg2?|asyncpg|sqlalchemy|pymysql)\b|\w+://[^/\s:@]+:[^@\s]+@"
+    r"|(?:api_?key|access_?token|secret|password|passwd)=)",
     re.DOTALL,
 )
 

@@ -58,11 +58,15 @@ def json_type(value: object) -> str:
     return type(value).__name__
 
 
-# A provider's error codes that say "try again": everything else it names (invalid_prompt, a content policy, an
-# invalid image) fails the same way on every attempt.
-_TEMPORARY_CODE = re.compile(r"server_error|rate_limit|timeout|overload|unavailable|internal|capacity", re.IGNORECASE)
+# A provider's error codes that say the same request fails every time (invalid_prompt, a content policy, an
+# invalid image, a context too long); any other code (a gateway's own: throttling, busy) is worth another attempt.
+_PERMANENT_CODE = re.compile(r"invalid|policy|unsupported|not_found|context_length|bad_request|refus", re.IGNORECASE)
 
 
 def temporary_code(code: object) -> bool:
-    """Whether a provider's error code (a string, none, or anything else) leaves another attempt worth making."""
-    return not isinstance(code, str) or not code.strip() or _TEMPORARY_CODE.search(code) is not None
+    """Whether a provider's error code leaves another attempt worth making: an HTTP status by its class (4xx but
+    408 and 429 is final), a named code unless it says the request itself is at fault; no code: worth it."""
+    text = str(code).strip() if isinstance(code, int | str) else ""
+    if text.isascii() and text.isdigit():
+        return not (400 <= int(text) < 500) or int(text) in (408, 429)
+    return _PERMANENT_CODE.search(text) is None

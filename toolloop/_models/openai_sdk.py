@@ -391,7 +391,7 @@ def stream_error(error: object, secrets: Sequence[str] = ()) -> ModelCallError:
         return ModelCallError("rejected", f"the conversation no longer fits the model's context window ({detail})")
     if status is not None and 400 <= status < 500 and status not in (408, 429):
         return ModelCallError("rejected", f"the model endpoint rejected the request in its stream: {detail}")
-    if status is None and not temporary_code(code):  # invalid_prompt, a content policy: the same every time
+    if not temporary_code(code):  # invalid_prompt, a content policy: the same every time
         return ModelCallError("rejected", f"the model endpoint rejected the request in its stream: {detail}")
     return ModelCallError("temporary", f"the model endpoint's stream reported an error: {detail}")
 

@@ -147,6 +147,9 @@ class OperationState(BaseModel):
     retention_seconds: float
 
 
+_URL_ESCAPES = re.compile(r"%(?:3F|23|5C)", re.IGNORECASE)
+
+
 def _finite_float(text: str) -> float:
     # 1e400 is no NaN literal, yet reads as infinity, which no digest can be taken of (a 500 before).
     value = float(text)
@@ -193,8 +196,9 @@ class IdempotentWrite:
         self.approval_token = approval_token
         self.raw_body = raw_body
         self.method = request.method
-        # Decoded as the client digests it: url.path keeps %3F and %23, so an id holding ? or # had another digest.
-        self.path = urllib.parse.unquote(request.url.path)
+        # Decoded as the client digests it: the path is decoded already, but url.path escapes ? # and \ again
+        # (an id holding one had another digest). Only those are undone: a literal %41 stays %41.
+        self.path = _URL_ESCAPES.sub(lambda m: urllib.parse.unquote(m.group()), request.url.path)
         self._json: dict[str, Any] | None = None
 
     @property
