@@ -7,7 +7,7 @@ output itself. The input carries only the items new since the last turn; the con
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from datetime import timedelta
 
 from temporalio import activity
@@ -162,7 +162,7 @@ class ModelActivities:
         # Only an answer that knows its usage has it (ModelAnswer); the script and offline models' have none.
         answer = items if isinstance(items, ModelAnswer) else None
         usage = answer.usage if answer is not None else None
-        checked = checked_turn(self._registry, items, label, inp.turn, usage)
+        checked = checked_turn(self._registry, items, label, inp.turn, usage, inp.offered_tools)
         if adapter.needs_conversation:
             # Known by the items as history records them (arguments over the bound cut), as the workflow names them.
             self._conversations.after(run, inp.turn, conversation.extended(items), checked.items)
@@ -196,11 +196,16 @@ def _count_tokens(usage: TokenUsage, model: str) -> None:
 
 
 def checked_turn(
-    registry: ToolRegistry, items: list[ConversationItem], label: str, turn: int, usage: TokenUsage | None = None
+    registry: ToolRegistry,
+    items: list[ConversationItem],
+    label: str,
+    turn: int,
+    usage: TokenUsage | None = None,
+    offered: Collection[str] | None = None,
 ) -> ModelTurnResult:
-    """The turn's items with every proposed call checked against the registry."""
+    """The turn's items with every proposed call checked against the registry (`offered`: the request's tools)."""
     calls = [item for item in items if isinstance(item, FunctionCallItem)]
-    checked, protocol_error = check_turn(registry, calls)
+    checked, protocol_error = check_turn(registry, calls, offered)
     activity.logger.info(
         "model turn done",
         extra={

@@ -129,6 +129,10 @@ def test_unknown_tool_lists_available_ones(registry: ToolRegistry) -> None:
         "code": "UNKNOWN_TOOL",
         "message": "There is no tool named 'delete_everything'. Available: lookup, note.",
     }
+    # A request offered only some tools: the answer names those, never one it was not given.
+    narrowed = check_call(registry, call("delete_everything", "{}"), offered=["lookup"])
+    assert narrowed.rejection is not None
+    assert narrowed.rejection["message"] == "There is no tool named 'delete_everything'. Available: lookup."
 
 
 def test_a_tool_this_request_may_not_use_is_forbidden_and_never_offered(registry: ToolRegistry) -> None:

@@ -64,16 +64,19 @@ def _shorten(text: str, limit: int = 64) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def check_call(registry: ToolRegistry, call: FunctionCallItem) -> CheckedCall:
+def check_call(registry: ToolRegistry, call: FunctionCallItem, offered: Collection[str] | None = None) -> CheckedCall:
+    """One call checked against the registry; `offered`: the tools the request offers (None: every tool), the only
+    ones an unknown tool's answer names, so the model learns of no tool it was not given."""
     spec = registry.get(call.name)
     if spec is None:
+        available = [name for name in registry.names() if offered is None or name in offered]
         return CheckedCall(
             call_id=call.call_id,
             name=call.name,
             summary=f"{_shorten(call.name)} (unknown tool)",
             rejection=error_output(
                 ResultCode.UNKNOWN_TOOL,
-                f"There is no tool named {_shorten(call.name)!r}. Available: {', '.join(registry.names())}.",
+                f"There is no tool named {_shorten(call.name)!r}. Available: {', '.join(available) or 'none'}.",
             ),
         )
 
@@ -153,7 +156,9 @@ def forbid_not_allowed(calls: Sequence[CheckedCall], allowed: Collection[str] | 
     ]
 
 
-def check_turn(registry: ToolRegistry, calls: Sequence[FunctionCallItem]) -> tuple[list[CheckedCall], str | None]:
+def check_turn(
+    registry: ToolRegistry, calls: Sequence[FunctionCallItem], offered: Collection[str] | None = None
+) -> tuple[list[CheckedCall], str | None]:
     """Check every call of one model turn. A `call_id` used twice makes the turn a protocol error:
     nothing in it runs, and each distinct `call_id` gets one output."""
     counts = Counter(c.call_id for c in calls)
@@ -178,4 +183,4 @@ def check_turn(registry: ToolRegistry, calls: Sequence[FunctionCallItem]) -> tup
                 )
             )
         return checked, message
-    return [check_call(registry, call) for call in calls], None
+    return [check_call(registry, call, offered) for call in calls], None
