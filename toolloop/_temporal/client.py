@@ -898,13 +898,20 @@ class ToolloopThread:
     async def messages(self) -> list[MessageRecord]:
         """The thread's messages, oldest first, with their states and outcomes. ThreadNotFound if there is no such
         thread of this actor."""
-        try:
-            view: ThreadView = await self.handle.query(GET_THREAD_QUERY, result_type=ThreadView)
-        except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                raise ThreadNotFound(f"no thread {self.thread_id}") from None
-            raise
-        return view.messages
+        failures = 0
+        while True:
+            try:
+                view: ThreadView = await self.handle.query(GET_THREAD_QUERY, result_type=ThreadView)
+                return view.messages
+            except RPCError as err:
+                if err.status == RPCStatusCode.NOT_FOUND:
+                    raise ThreadNotFound(f"no thread {self.thread_id}") from None
+                # A query that meets the run the moment it closes (its worker evicting it) fails once, and is
+                # answered from the closed run after: asked again a few times (a CI run's GET met it as a 503).
+                failures += 1
+                if failures > _UNEXPECTED_FAILURES:
+                    raise
+                await asyncio.sleep(0.25 * 2 ** (failures - 1))
 
     async def run(
         self,
