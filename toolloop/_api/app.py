@@ -497,8 +497,8 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
 
     @app.exception_handler(WorkflowUpdateRPCTimeoutOrCancelledError)
     async def on_unconfirmed_change(request: Request, exc: Exception) -> Response:
-        # A decision, a message or a close that Temporal took but no worker answered in time (none running, a
-        # deploy): it may still be applied, so neither "done" nor "not done". Sending it again is the same change.
+        # A decision, a message or a close whose Update Temporal gave up waiting for (no worker running, a deploy):
+        # it may still be applied, so neither "done" nor "not done" (UNCONFIRMED_CHANGE says what to do).
         logger.warning("an update was not confirmed", extra={"path": request.url.path, "why": str(exc)})
         return _problem(503, "UNCONFIRMED", UNCONFIRMED_CHANGE)
 

@@ -12,7 +12,7 @@ import functools
 import json
 import re
 import unicodedata
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, localcontext
@@ -49,10 +49,6 @@ class ArgumentSchema(Protocol):
 
     def load(self, data: Mapping[str, Any]) -> Any:
         """The arguments again from their canonical form (in the activity, before the executor runs)."""
-        ...
-
-    def summary_values(self, args: Any, hidden: Container[str] = ()) -> list[str]:
-        """The values a call's one-line summary shows, leaving out the arguments named in `hidden`."""
         ...
 
 
@@ -306,10 +302,6 @@ class PydanticArguments:
         except ValidationError as exc:
             raise ArgumentsRejected(describe_validation_error(exc)) from None
 
-    def summary_values(self, args: Any, hidden: Container[str] = ()) -> list[str]:
-        shown = self.dump(args).items()
-        return [str(v) for k, v in shown if v is not None and not isinstance(v, (dict, list)) and k not in hidden]
-
 
 def _without_nulls(text: str, names: frozenset[str]) -> str:
     """The call's arguments without the given top-level ones where the model sent null (so their defaults
@@ -461,10 +453,6 @@ class JsonSchemaArguments:
         at any depth (in array items and in `$ref` definitions too)."""
         dropped: dict[str, Any] = _drop_optional_nulls(dict(args), self.schema, self.schema)
         return dropped
-
-    def summary_values(self, args: Any, hidden: Container[str] = ()) -> list[str]:
-        shown = dict(args).items()
-        return [str(v) for k, v in shown if v is not None and not isinstance(v, (dict, list)) and k not in hidden]
 
 
 def _canonical_values(value: Any) -> Any:

@@ -214,7 +214,13 @@ class ToolSpec:
         if self.summarize is not None:
             text = self.summarize(args)
         else:
-            text = " ".join([self.name, *self.schema.summary_values(args, self.unshown_arguments)])
+            # The canonical arguments' plain values: no nested object, nothing redacted or secret.
+            values = [
+                str(value)
+                for name, value in self.schema.dump(args).items()
+                if value is not None and not isinstance(value, dict | list) and name not in self.unshown_arguments
+            ]
+            text = " ".join([self.name, *values])
         return text[:120]
 
     def canonical_arguments(self, args: Any) -> dict[str, Any]:

@@ -386,12 +386,9 @@ def stream_error(error: object, secrets: Sequence[str] = ()) -> ModelCallError:
     message = error.get("message") if isinstance(error, dict) else error
     detail = truncate(redact(str(message or "no detail"), secrets))
     code = error.get("code") if isinstance(error, dict) else None
-    status = int(code) if isinstance(code, int | str) and str(code).isascii() and str(code).isdigit() else None
     if is_context_length_error(error):
         return ModelCallError("rejected", f"the conversation no longer fits the model's context window ({detail})")
-    if status is not None and 400 <= status < 500 and status not in (408, 429):
-        return ModelCallError("rejected", f"the model endpoint rejected the request in its stream: {detail}")
-    if not temporary_code(code):  # invalid_prompt, a content policy: the same every time
+    if not temporary_code(code):  # a 4xx other than 408 and 429, invalid_prompt, a content policy
         return ModelCallError("rejected", f"the model endpoint rejected the request in its stream: {detail}")
     return ModelCallError("temporary", f"the model endpoint's stream reported an error: {detail}")
 

