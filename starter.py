@@ -1181,12 +1181,16 @@ def approvals(
         _fail(f"Temporal refused it: {exc}", code=1)
     except RuntimeError as exc:
         _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
+    listed, complete = found
     as_whom = f"{actor.user_id} in tenant {actor.tenant_id}" + (f" (roles: {', '.join(roles)})" if roles else "")
-    if not found:
-        print(f"nothing waits for a decision of {as_whom}")
+    incomplete = "this list may leave some out: more requests run than were read, or one could not be asked just now"
+    if not listed:
+        print(f"nothing waits for a decision of {as_whom}" if complete else f"none found for {as_whom}; {incomplete}")
         return
-    print(f"{len(found)} operation(s) wait for a decision of {as_whom}:")
-    for workflow_id, requester, approval in found:
+    print(f"{len(listed)} operation(s) wait for a decision of {as_whom}:")
+    if not complete:
+        print(incomplete)
+    for workflow_id, requester, approval in listed:
         print(f"request {workflow_id} (requested by {requester})")
         print(f"  operation: {approval.operation_id}")
         print(f"  tool:      {approval.tool}")
@@ -1204,13 +1208,14 @@ def approvals(
 
 async def _to_decide(
     actor: Actor, roles: tuple[str, ...], settings: Settings
-) -> list[tuple[str, str, ApprovalRequest]]:
-    """(workflow id, requester, operation) of each operation waiting for the session's decision."""
+) -> tuple[list[tuple[str, str, ApprovalRequest]], bool]:
+    """(workflow id, requester, operation) of each operation waiting for the session's decision, and whether
+    that is all (ToolloopClient.to_decide)."""
     client = await _connect(settings)
+    found = await client.to_decide(actor, roles)
     return [
-        (request.workflow_id, request.actor.user_id, approval)
-        for request, approval in await client.to_decide(actor, roles)
-    ]
+        (request.workflow_id, request.actor.user_id, approval) for request, approval in found.approvals
+    ], found.complete
 
 
 @app.command()

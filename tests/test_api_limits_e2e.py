@@ -219,3 +219,53 @@ def test_a_bad_limit_setting_stops_the_api_with_one_line(temporal_server: Tempor
     assert lines == [
         "error: TOOLLOOP_API_MODEL 'offline' is not among the worker's models (TOOLLOOP_API_MODELS: openai)"
     ]
+
+
+async def test_the_approvals_list_says_when_it_read_fewer_requests_than_run_and_is_complete_once_it_read_them_all(
+    temporal_server: TemporalServer,
+    business_service: BusinessService,
+    client: Client,
+    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path: Path,
+) -> None:
+    # A user of this test's own: the session's other tests leave the demo users' requests waiting.
+    me = Actor(user_id=f"many-{uuid.uuid4().hex[:8]}", tenant_id="acme")
+    tokens_file = tmp_path / "tokens.json"
+    entry = {"token": f"token-of-{me.user_id}", "tenant_id": me.tenant_id, "user_id": me.user_id}
+    tokens_file.write_text(json.dumps({"tokens": [entry]}))
+    mine = {"Authorization": f"Bearer token-of-{me.user_id}"}
+    limits = {"TOOLLOOP_API_APPROVALS_SCAN": "1", "TOOLLOOP_API_TOKENS": str(tokens_file)}
+    async with api_client(temporal_server, business_service, client, tmp_path_factory, **limits) as http:
+        first, second = key(), key()
+        assert (await start(http, U1_WRITE, mine, first)).status_code == 201
+        assert (await start(http, U2_WRITE, mine, second)).status_code == 201
+        ops = {request_id: await pending_operation(http, request_id, mine) for request_id in (first, second)}
+
+        async def page() -> dict[str, object]:
+            answer = await http.get("/v1/approvals", headers=mine)
+            assert answer.status_code == 200, answer.text
+            return dict(answer.json())
+
+        async def both_running_seen() -> bool:
+            return (await page())["complete"] is False
+
+        # Two requests wait and the API reads one: what it lists waits, and it says it may leave one out.
+        await assert_eventually(both_running_seen, within=60, what="the list says it read fewer than run")
+        listed = (await page())["approvals"]
+        assert isinstance(listed, list) and len(listed) == 1
+        assert listed[0]["operation"]["operation_id"] in {op["operation_id"] for op in ops.values()}
+        # One of them decided and finished, the one left is read: the list is the whole of it.
+        op = ops[first]
+        decision = {"decision": "reject", "digest": op["digest"]}
+        path = f"/v1/requests/{first}/operations/{op['operation_id']}/decision"
+        assert (await http.post(path, json=decision, headers=mine)).status_code == 200
+
+        async def complete() -> bool:
+            return (await page())["complete"] is True
+
+        await assert_eventually(complete, within=60, what="the list is complete once one request runs")
+        [left] = (await page())["approvals"]
+        assert left["operation"]["operation_id"] == ops[second]["operation_id"]
+        decision = {"decision": "reject", "digest": ops[second]["digest"]}
+        path = f"/v1/requests/{second}/operations/{ops[second]['operation_id']}/decision"
+        assert (await http.post(path, json=decision, headers=mine)).status_code == 200

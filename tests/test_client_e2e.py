@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -367,3 +368,52 @@ async def test_cancelling_an_approver_that_waits_for_the_next_operation_leaves_i
     assert waiting.operation_id == left[0]
     await request.decide(waiting, approve=False)
     assert (await asyncio.wait_for(request.result(), 60)).operations[0].state == "denied"
+
+
+async def test_what_waits_for_a_decider_says_when_it_may_leave_one_out_and_never_reads_as_nothing_waits(
+    client: Client, settings: Settings, worker: Worker
+) -> None:
+    # A user of their own, so no other test's running requests are among theirs.
+    requester = toolloop.Actor(user_id=f"u-{uuid.uuid4().hex[:8]}", tenant_id="acme")
+    tl = _client(client, settings)
+    started, waiting = [], []
+    for i in range(2):
+        request = await tl.start("add a note", actor=requester, model=_note_script(await _note(settings, f"waits {i}")))
+        started.append(request)
+        async for approval in request.approvals():
+            waiting.append((request.workflow_id, approval.operation_id))
+            break
+    try:
+
+        async def both_listed() -> bool:
+            found = await tl.to_decide(requester)
+            listed = [(request.workflow_id, approval.operation_id) for request, approval in found.approvals]
+            return found.complete and sorted(listed) == sorted(waiting)
+
+        await assert_eventually(both_listed, within=60, what="both waiting operations are listed, and all")
+        # Read one request of two: what it lists waits, and it says there may be more.
+        found = await tl.to_decide(requester, limit=1)
+        assert not found.complete
+        [(request, approval)] = found.approvals
+        assert (request.workflow_id, approval.operation_id) in waiting
+
+        # A request no worker serves (its queue has none): its operations are not known now, and the list says so
+        # (before, that request counted as one where nothing waits).
+        unserved = toolloop.ToolloopClient(client, task_queue=f"nobody-{uuid.uuid4().hex[:8]}", channel="test-app")
+        orphan = await unserved.start("add a note", actor=requester, model=_note_script(await _note(settings, "x")))
+        try:
+
+            async def unknown_one_listed() -> bool:
+                # The orphan is listed by visibility (a moment after its start) and cannot be asked.
+                ids = [e.id async for e in client.list_workflows(f'WorkflowId = "{orphan.workflow_id}"')]
+                return bool(ids)
+
+            await assert_eventually(unknown_one_listed, within=60, what="visibility lists the unserved request")
+            found = await tl.to_decide(requester)
+            assert not found.complete
+            assert sorted((r.workflow_id, a.operation_id) for r, a in found.approvals) == sorted(waiting)
+        finally:
+            await orphan.handle.terminate("test over")
+    finally:
+        for request in started:
+            await request.cancel()

@@ -172,7 +172,9 @@ async def test_a_manager_approves_on_the_page_a_refund_left_to_managers_and_the_
         "Approved: refund_order (POST /orders/A100/refunds) for u1, recorded as decided by m1 via api"
     )
     await expect(item).to_have_count(0)
+    # The API read every request that could wait for m1 (GET /v1/approvals, complete): "nothing waits" is true.
     await expect(page.locator("#decisions-empty")).to_be_visible()
+    await expect(page.locator("#decisions-incomplete")).to_be_hidden()
 
     # Back as u1: the request's card names the manager, the rule and the policy's version.
     await page.click("#logout")

@@ -83,6 +83,7 @@ if _typing.TYPE_CHECKING:
         ThreadBusy,
         ThreadClosed,
         ThreadNotFound,
+        ToDecide,
         ToolloopClient,
         ToolloopRequest,
         ToolloopThread,
@@ -131,6 +132,7 @@ __all__ = [
     # requests and their results: the client
     "ToolloopClient",
     "ToolloopRequest",
+    "ToDecide",
     "Approver",
     "ApprovalRequest",
     "DecisionReceipt",

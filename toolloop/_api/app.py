@@ -214,6 +214,9 @@ class Decidable(BaseModel):
 
 class DecidablePage(BaseModel):
     approvals: list[Decidable]
+    # False when the list may leave something out: more requests matched than the API reads
+    # (TOOLLOOP_API_APPROVALS_SCAN), or one of them could not be asked now.
+    complete: bool
 
 
 # --- Settings -------------------------------------------------------------------------------------------------
@@ -849,12 +852,13 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
     @app.get("/v1/approvals", response_model=DecidablePage, responses=problems(*CALLER_CODES))
     async def list_approvals(actor: Caller, granted: CallerGrant) -> DecidablePage:
         """Every operation waiting now that the caller may decide, across their tenant's running requests."""
-        found = await toolloop_client.to_decide(actor, sorted(granted.roles))
+        found = await toolloop_client.to_decide(actor, sorted(granted.roles), limit=config.limits.approvals_scan)
         return DecidablePage(
             approvals=[
                 Decidable(workflow_id=request.handle.id, requester=request.actor.user_id, operation=approval)
-                for request, approval in found
-            ]
+                for request, approval in found.approvals
+            ],
+            complete=found.complete,
         )
 
     async def decidable(

@@ -57,6 +57,8 @@ class ApiLimits(BaseSettings):
     create_rate: str = Field(default="30/minute", validation_alias="TOOLLOOP_API_CREATE_RATE")
     # A caller's requests running at once (started by the API or elsewhere).
     max_active_requests: int = Field(default=20, ge=1, validation_alias="TOOLLOOP_API_MAX_ACTIVE_REQUESTS")
+    # The running requests GET /v1/approvals reads (the newest first); past it the answer says it is incomplete.
+    approvals_scan: int = Field(default=50, ge=1, le=1000, validation_alias="TOOLLOOP_API_APPROVALS_SCAN")
     # A caller's open threads (a thread's workflow runs until the thread is closed and its messages have run).
     max_open_threads: int = Field(default=100, ge=1, validation_alias="TOOLLOOP_API_MAX_OPEN_THREADS")
     # How long a decision, a message or a close waits for a worker to confirm it (none may be running: a deploy)

@@ -438,6 +438,16 @@ class ToolloopRequest:
         return await request_result(self.handle)
 
 
+@dataclass(frozen=True)
+class ToDecide:
+    """What `ToolloopClient.to_decide` found: each operation waiting for the decider, with its request, and
+    whether the search saw everything (False: more requests matched than it read, or one of them could not be
+    asked now). An incomplete answer is never "nothing waits"."""
+
+    approvals: list[tuple[ToolloopRequest, ApprovalRequest]]
+    complete: bool
+
+
 class ToolloopClient:
     """toolloop's client: requests started, followed, decided and read through one object.
 
@@ -601,27 +611,33 @@ class ToolloopClient:
         request_id = await description.memo_value("request_id", default=workflow_id, type_hint=str)
         return ToolloopRequest(self._channel, handle, actor, request_id, self.live_text)
 
-    async def to_decide(
-        self, decider: Actor, roles: Sequence[str] = (), *, limit: int = 50
-    ) -> list[tuple[ToolloopRequest, ApprovalRequest]]:
+    async def to_decide(self, decider: Actor, roles: Sequence[str] = (), *, limit: int = 50) -> ToDecide:
         """The operations waiting now that `decider` (holding `roles`, as their identity gives them) may decide,
-        across the running requests of their tenant (at most `limit` requests): their own, and those whose
+        across the running requests of their tenant (the newest `limit` of them): their own, and those whose
         approval policy names them or one of their roles. Each with its request, to decide it through
-        (`request.decide(approval, decider=decider, roles=roles)`)."""
+        (`request.decide(approval, decider=decider, roles=roles)`). `complete` says whether that is all: not
+        when more requests matched than `limit`, or a request's worker did not answer in time."""
+        executions = [
+            execution
+            async for execution in self.temporal.list_workflows(decidable_query(decider, roles), limit=limit + 1)
+        ]
         requests = [
             request
-            async for execution in self.temporal.list_workflows(decidable_query(decider, roles), limit=limit)
+            for execution in executions[:limit]
             if (request := await self.request_to_decide(execution.id, decider)) is not None
         ]
         # Asked together, each for a short while: a run no worker serves now (its workers are gone) is left out
-        # of this answer rather than holding up everyone else's.
+        # of this answer, and says so, rather than holding up everyone else's.
         pending = await asyncio.gather(*(_pending_now(request) for request in requests))
-        return [
-            (request, approval)
-            for request, approvals in zip(requests, pending, strict=True)
-            for approval in approvals
-            if approval.may_decide(decider.user_id, roles)
-        ]
+        return ToDecide(
+            approvals=[
+                (request, approval)
+                for request, approvals in zip(requests, pending, strict=True)
+                for approval in approvals or []
+                if approval.may_decide(decider.user_id, roles)
+            ],
+            complete=len(executions) <= limit and all(approvals is not None for approvals in pending),
+        )
 
     async def request_to_decide(self, workflow_id: str, decider: Actor) -> ToolloopRequest | None:
         """The request a workflow id names if it is one of `decider`'s tenant (read from the run's own start
@@ -683,8 +699,8 @@ def _request_input(
     )
 
 
-async def _pending_now(request: ToolloopRequest) -> list[ApprovalRequest]:
-    """The run's operations waiting now, if a worker answers within a few seconds; none otherwise."""
+async def _pending_now(request: ToolloopRequest) -> list[ApprovalRequest] | None:
+    """The run's operations waiting now, if a worker answers within a few seconds; None (not known) otherwise."""
     try:
         found: list[ApprovalRequest] = await request.handle.query(
             GET_PENDING_APPROVALS_QUERY, result_type=list[ApprovalRequest], rpc_timeout=_DECIDABLE_QUERY_TIMEOUT
@@ -692,7 +708,7 @@ async def _pending_now(request: ToolloopRequest) -> list[ApprovalRequest]:
     except (RPCError, WorkflowQueryFailedError) as exc:
         why = {"workflow_id": request.handle.id, "why": str(exc)}
         logger.warning("a request's pending approvals are not known now", extra=why)
-        return []
+        return None
     return found
 
 

@@ -1658,7 +1658,10 @@
       const listed = new Set(cards.map((known) => known.key));
       for (const key of Array.from(decisions.keys())) if (!listed.has(key)) decisions.delete(key);
       $("decisions").replaceChildren(...cards.map((known) => known.el));
-      $("decisions-empty").hidden = cards.length > 0;
+      // An incomplete list is never "nothing waits" (GET /v1/approvals, complete).
+      const complete = page.complete !== false;
+      $("decisions-empty").hidden = cards.length > 0 || !complete;
+      $("decisions-incomplete").hidden = complete;
       showError(errorNode, "");
     } catch (error) {
       if (mine === session) showError(errorNode, `Could not list what waits for your decision: ${describe(error)}`);
