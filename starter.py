@@ -51,7 +51,9 @@ from toolloop._core.contracts import (
     ModelSpec,
     OperationRecord,
     RunStatus,
+    left_mid_way,
     outcome_of,
+    outcome_without_report,
 )
 from toolloop._core.live_text import Shown
 from toolloop._core.named_models import named_model_refusal
@@ -649,8 +651,8 @@ class _Outcome:
     workflow_id: str
     result: AgentResult | None = None
     failure: str | None = None
-    # For a workflow that failed: its ledger, as far as it can still be read.
-    operations: list[OperationRecord] = field(default_factory=list)
+    # For a workflow that failed without a report: its ledger (None: it could not be read now).
+    operations: list[OperationRecord] | None = None
 
 
 async def _ask(
@@ -715,11 +717,17 @@ async def _ask(
         except WorkflowFailureError as exc:
             # A run that failed without a report (terminated, say); a failed request's report is its result.
             outcome.failure = _why_failed(exc)
-            try:
-                outcome.operations = await request.operations()
-            except RPCError:
-                outcome.operations = []
+            outcome.operations = await _ledger_left(request)
         return outcome
+
+
+async def _ledger_left(request: ToolloopRequest) -> list[OperationRecord] | None:
+    """The ledger a run that ended without its report left (a closed run answers the query: its worker replays
+    it); None when no worker can read it now - never an empty list passed off as "no writes"."""
+    try:
+        return await request.operations()
+    except (RPCError, WorkflowQueryFailedError):
+        return None
 
 
 async def _send_to_thread(
@@ -780,6 +788,49 @@ def _script_named_absolute(model: str) -> str:
         return model
     named = f"script:{Path(value.removeprefix('script:')).resolve()}"
     return f"{prefix}={named}" if prefix else named
+
+
+def _show_run_without_report(
+    workflow_id: str,
+    failure: str | None,
+    operations: list[OperationRecord] | None,
+    settings: Settings,
+    *,
+    as_json: bool,
+    thread: str | None = None,
+) -> int:
+    """Print a run that ended without its report (terminated, timed out) as ask and result do, with the writes
+    its ledger shows; returns the exit code, by the same rule as a report's (outcome_without_report): a write
+    it may have sent, or a ledger nobody can read now, is unknown."""
+    outcome = outcome_without_report(operations)
+    # As they were left: a stopped run waits for no approval and sends nothing more.
+    operations = left_mid_way(operations) if operations is not None else None
+    unknown_until_read = "treat them as unknown until they are"
+    if as_json:
+        failed = {
+            "workflow_id": workflow_id,
+            "status": "failed",
+            "outcome": outcome,
+            "stop_reason": None,
+            "final_text": None,
+            "rounds": 0,
+            "calls": [],
+            "error": failure
+            if operations is not None
+            else f"{failure}; its writes could not be read now: {unknown_until_read}",
+            # null, not []: nobody can say now that it made no write.
+            "operations": [op.model_dump(mode="json") for op in operations] if operations is not None else None,
+            **({"thread_id": thread} if thread is not None else {}),
+        }
+        print(json.dumps(failed))
+    else:
+        err_console.print(Text.assemble(("The workflow failed: ", "red"), str(failure)))
+        if operations is None:
+            err_console.print(Text(f"Its writes could not be read now: {unknown_until_read}.", style="yellow"))
+        elif operations:
+            _print_receipt(operations)
+        err_console.print(f"Temporal UI: {settings.ui_url(workflow_id)}")
+    return EXIT_CODES[outcome]
 
 
 def _exit_code(status: RunStatus, operations: list[OperationRecord], calls: Sequence[CallRecord] = ()) -> int:
@@ -1019,25 +1070,9 @@ def ask(
     except RuntimeError as exc:  # connection problems from the Temporal client
         _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
     if outcome.result is None:
-        if as_json:
-            failed = {
-                "workflow_id": outcome.workflow_id,
-                "status": "failed",
-                "stop_reason": None,
-                "final_text": None,
-                "rounds": 0,
-                "calls": [],
-                "error": outcome.failure,
-                "operations": [op.model_dump(mode="json") for op in outcome.operations],
-                **({"thread_id": thread} if thread is not None else {}),
-            }
-            print(json.dumps(failed))
-        else:
-            err_console.print(Text.assemble(("The workflow failed: ", "red"), str(outcome.failure)))
-            if outcome.operations:
-                _print_receipt(outcome.operations)
-            err_console.print(f"Temporal UI: {settings.ui_url(outcome.workflow_id)}")
-        code = _exit_code("failed", outcome.operations)
+        code = _show_run_without_report(
+            outcome.workflow_id, outcome.failure, outcome.operations, settings, as_json=as_json, thread=thread
+        )
     else:
         if as_json:
             shown = outcome.result.model_dump(mode="json")
@@ -1253,13 +1288,15 @@ def _report_of_own_request(
         report = asyncio.run(_own_report(workflow_id, actor, settings, cancel=cancel))
     except typer.Exit:
         raise
-    except WorkflowFailureError as exc:
-        # A run that ended without a report (terminated, say): Temporal's word is all there is.
-        _fail(f"The workflow failed: {_why_failed(exc)}", code=1)
     except RPCError as exc:
         _fail(f"Temporal refused it: {exc}", code=1)
     except RuntimeError as exc:
         _fail(f"cannot reach Temporal at {settings.temporal_address}: {exc}")
+    if isinstance(report, _Outcome):
+        # A run that ended without a report (terminated, say): what its ledger shows, as ask shows it.
+        raise typer.Exit(
+            _show_run_without_report(workflow_id, report.failure, report.operations, settings, as_json=as_json)
+        )
     if as_json:
         print(json.dumps(report.model_dump(mode="json")))
     else:
@@ -1267,11 +1304,14 @@ def _report_of_own_request(
     raise typer.Exit(_exit_code(report.status, report.operations, report.calls))
 
 
-async def _own_report(workflow_id: str, actor: Actor, settings: Settings, *, cancel: bool) -> AgentResult:
+async def _own_report(workflow_id: str, actor: Actor, settings: Settings, *, cancel: bool) -> AgentResult | _Outcome:
     request = await _own_request(await _connect(settings), workflow_id, actor)
     if cancel:
         await request.cancel()
-    return await request.result()
+    try:
+        return await request.result()
+    except WorkflowFailureError as exc:
+        return _Outcome(workflow_id, failure=_why_failed(exc), operations=await _ledger_left(request))
 
 
 @app.command("close-thread")

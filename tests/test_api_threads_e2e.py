@@ -472,7 +472,8 @@ async def test_a_message_whose_request_was_terminated_finishes_in_the_threads_st
     assert "error" not in [e.event for e in seen]
     finished = [e.json() for e in seen if e.event == "message_finished"]
     assert [f["number"] for f in finished] == [1, 2]
-    assert finished[0]["outcome"] != "answered" and finished[1]["outcome"] == "answered"
+    # Terminated before its refund was approved: nothing was sent, so failed (not unknown, and never answered).
+    assert finished[0]["outcome"] == "failed" and finished[1]["outcome"] == "answered"
 
 
 async def _collect(events: AsyncIterator[ServerSentEvent]) -> list[ServerSentEvent]:

@@ -24,11 +24,13 @@ import pexpect
 import pytest
 from temporalio.client import Client
 
+import toolloop
 from devstack.processes import free_port, pid_alive, port_accepts, run_coroutine_blocking, temporal_binary
 from tests.conftest import REPO_ROOT, TemporalServer
 from tests.fake_openai_server import FakeOpenAIServer, output_message, responses_response
 from toolloop._core.contracts import OperationRecord
 from toolloop._core.names import GET_LEDGER_QUERY
+from toolloop._core.request_naming import request_workflow_id
 from toolloop._temporal.converter import data_converter
 
 pytestmark = pytest.mark.e2e
@@ -937,10 +939,68 @@ def test_result_of_a_terminated_request_is_one_line_never_a_traceback(cli_env: d
         ask.communicate(timeout=120)
         result = run_cli(cli_env, "result", workflow_id, "--user", "u1")
         cancel = run_cli(cli_env, "cancel", workflow_id, "--user", "u1")
+    # It sent nothing (the refund waited for approval): failed, exit 1, and its receipt says the refund was not made.
     for done in (result, cancel):
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-        [line] = done.stderr.strip().splitlines()
-        assert line == "error: The workflow failed: terminated (operator)", line
+        lines = done.stderr.strip().splitlines()
+        assert lines[0] == "The workflow failed: terminated (operator)", lines
+        assert "awaiting" not in done.stderr.lower() and "not sent" in done.stderr, done.stderr
+
+
+def test_result_of_a_request_terminated_while_its_write_was_on_the_wire_exits_3_with_the_write_unknown(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    # Before, `result` exited 1 ("failed") without reading the ledger, and `--json` printed nothing, while `ask`
+    # of the same run exited 3.
+    assert run_cli(cli_env, "up").returncode == 0
+    request_id = f"wire-{uuid.uuid4().hex[:8]}"
+    workflow_id = request_workflow_id("acme", "u1", request_id)
+    script = refund_script(tmp_path / "refund.json", {"orderId": "A104", "amountCents": 100, "reason": "damaged"})
+    held = {"method": "POST", "path_regex": "^/orders/A104/refunds$", "latency_ms": 15000, "times": 1}
+    command = [sys.executable, str(REPO_ROOT / "starter.py"), "ask", "--user", "u1", "--json", "--auto-approve"]
+    with service_admin(cli_env) as admin:
+        admin.put("/admin/faults", json={"rules": [held]}).raise_for_status()
+        ask = subprocess.Popen(
+            [*command, "--request-id", request_id, "--model", f"script:{script}", "refund"],
+            env=cli_env,
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                answered = admin.get("/admin/requests", params={"path_prefix": "/orders/A104/refunds"})
+                answered.raise_for_status()
+                if any(r["method"] == "POST" and r["ended_at"] is None for r in answered.json()["requests"]):
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError("the refund's POST never reached the service")
+            address = f"127.0.0.1:{cli_env['TOOLLOOP_TEMPORAL_PORT']}"
+            terminate = [temporal_binary(), "workflow", "terminate", "--address", address, "--workflow-id", workflow_id]
+            subprocess.run([*terminate, "--reason", "operator"], check=True, timeout=60, capture_output=True)
+            asked = ask.communicate(timeout=120)
+        finally:
+            if ask.poll() is None:
+                ask.kill()
+                ask.wait()
+            admin.delete("/admin/faults").raise_for_status()
+    text = run_cli(cli_env, "result", workflow_id, "--user", "u1")
+    as_json = run_cli(cli_env, "result", workflow_id, "--user", "u1", "--json")
+    assert ask.returncode == 3, asked[1]
+    assert text.returncode == 3 and "Traceback" not in text.stderr, text.stderr
+    assert text.stderr.startswith("The workflow failed: terminated (operator)")
+    assert "UNKNOWN whether it happened" in text.stderr, text.stderr
+    assert as_json.returncode == 3, as_json.stderr
+    shown = json.loads(as_json.stdout)
+    assert shown["outcome"] == "unknown" and shown["status"] == "failed"
+    [op] = shown["operations"]
+    assert op["state"] == "unknown" and op["attempts"] == 1
+    # `ask` printed the same, and the POST did reach the service.
+    assert json.loads(asked[0])["operations"] == shown["operations"]
 
 
 def test_ask_against_a_namespace_without_toolloops_search_attributes_says_how_to_register_them(
@@ -1132,3 +1192,37 @@ def test_down_stops_the_policy_worker_and_up_no_policy_turns_policies_off(policy
     assert done.returncode == 0, done.stderr
     [op] = json.loads(done.stdout)["operations"]
     assert (op["state"], op["approval"]["by"], op["policy"]) == ("verified", "u1 via cli", None)
+
+
+def test_a_request_that_ended_without_a_report_and_whose_writes_cannot_be_read_is_unknown_never_no_writes(
+    temporal_server: TemporalServer,
+) -> None:
+    # Started on a task queue no worker serves, then terminated: nobody can replay it to read its ledger now.
+    # Before, the CLI took that as "no writes" (`"operations": []`, exit 1, or for `result` exit 1 unread).
+    queue = f"nobody-{uuid.uuid4().hex[:8]}"
+    request_id = f"unread-{uuid.uuid4().hex[:8]}"
+
+    async def start_and_terminate() -> str:
+        temporal = await Client.connect(temporal_server.address, data_converter=data_converter())
+        tl = toolloop.ToolloopClient(temporal, task_queue=queue, channel="test")
+        request = await tl.start(
+            "refund order A100", actor=toolloop.Actor(user_id="u1", tenant_id="acme"), request_id=request_id
+        )
+        await request.handle.terminate(reason="operator")
+        return request.workflow_id
+
+    workflow_id = run_coroutine_blocking(start_and_terminate)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("TOOLLOOP_", "TEMPORAL_"))},
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "TOOLLOOP_TASK_QUEUE": queue,
+    }
+    command = ["result", workflow_id, "--user", "u1", "--no-local-stack"]
+    text = run_cli(env, *command, timeout=120)
+    as_json = run_cli(env, *command, "--json", timeout=120)
+    assert text.returncode == 3 and "Traceback" not in text.stderr, text.stderr
+    assert text.stderr.startswith("The workflow failed: terminated (operator)")
+    assert "Its writes could not be read now: treat them as unknown until they are." in text.stderr
+    assert as_json.returncode == 3, as_json.stderr
+    shown = json.loads(as_json.stdout)
+    assert (shown["outcome"], shown["operations"]) == ("unknown", None)

@@ -16,6 +16,7 @@ from toolloop._core.contracts import (
     FunctionCallOutputItem,
     MessageItem,
     OperationRecord,
+    outcome_without_report,
 )
 from toolloop._core.threads import (
     ANSWER_CHARS,
@@ -220,6 +221,17 @@ def test_a_request_that_ended_without_a_report_leaves_what_it_sent_unknown_and_w
         ("op_done", "verified"),
     ]
     assert turn.answer is None and turn.stop_reason == "terminated"
+
+
+def test_a_request_without_a_report_is_unknown_if_it_may_have_written_or_nobody_can_read_its_ledger() -> None:
+    # One rule for the thread's record of the message, ask's and result's exit codes.
+    sent = _op("op_sent", "approved").model_copy(update={"attempts": 1})
+    waiting, done = _op("op_waiting", "awaiting_approval"), _op("op_done", "verified")
+    assert outcome_without_report([waiting, done]) == "failed"
+    assert outcome_without_report([]) == "failed"
+    assert outcome_without_report([waiting, sent]) == "unknown"
+    assert outcome_without_report([_op("op_unverified", "completed")]) == "unknown"
+    assert outcome_without_report(None) == "unknown"
 
 
 def test_a_thread_keeps_a_bounded_number_of_turns_and_messages() -> None:

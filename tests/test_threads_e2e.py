@@ -742,6 +742,8 @@ async def test_a_write_of_a_message_terminated_mid_send_stays_known_as_unknown_a
         return [m.state for m in await thread.messages()] == ["finished"]
 
     await assert_eventually(first_finished, what="the thread recorded the terminated message")
+    # Its outcome is the one rule's (ask exits 3 for it): a write it sent may have happened. Before, "failed".
+    assert [m.outcome for m in await thread.messages()] == ["unknown"]
     (await admin.delete("/admin/faults")).raise_for_status()
     # The held POST goes on at the service and commits (the terminated request never learns it).
     [sent] = await first.operations()

@@ -18,7 +18,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from toolloop._core.codes import ErrorType
-    from toolloop._core.contracts import AgentResult, OperationRecord
+    from toolloop._core.contracts import AgentResult, OperationRecord, outcome_without_report
     from toolloop._core.names import (
         AGENT_WORKFLOW,
         CLOSE_THREAD_UPDATE,
@@ -210,7 +210,8 @@ class ThreadWorkflow:
                 if ledger is None:
                     why += "; its writes could not be read"
         record.state = "finished"
-        record.outcome = report.outcome if report is not None else "failed"
+        # Without a report, by the ledger it left, as the next message is told of it (turn_of) and as `ask` exits.
+        record.outcome = report.outcome if report is not None else outcome_without_report(ledger)
         keep_turn(self._state, turn_of(record, request.request, report, why, ledger))
 
     @staticmethod

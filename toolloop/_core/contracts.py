@@ -675,6 +675,27 @@ def outcome_of(status: RunStatus, operations: Iterable[OperationRecord], calls: 
     return "not_done" if states & NOT_DONE_STATES or refused else "answered"
 
 
+def state_left_mid_way(op: OperationRecord) -> OperationState:
+    """An operation's state once its request stopped mid-way, with no report (terminated, timed out): what it
+    had settled stays, never sent is not done (expired), and anything sent is unknown (nothing proves it did not
+    happen). The workflow schedules an attempt in the task that counts it, so no attempt means nothing sent."""
+    if op.state in SETTLED_STATES or op.state in ("completed", "unknown"):
+        return op.state
+    return "unknown" if op.attempts or op.first_sent_at is not None else "expired"
+
+
+def left_mid_way(operations: Iterable[OperationRecord]) -> list[OperationRecord]:
+    """The ledger of a request that ended without its report, each operation in the state it was left in
+    (state_left_mid_way): none is still "awaiting approval" or "sent" in a run that has stopped."""
+    return [op.model_copy(update={"state": state_left_mid_way(op)}) for op in operations]
+
+
+def outcome_without_report(operations: Iterable[OperationRecord] | None) -> Outcome:
+    """What a request that ended without its report came to, by the ledger it left (None: it could not be
+    read): unknown when a write may have happened or nobody can tell, failed otherwise."""
+    return "unknown" if operations is None else outcome_of("failed", left_mid_way(operations))
+
+
 class CallRecord(BaseModel):
     call_id: str
     tool: str

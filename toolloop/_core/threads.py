@@ -13,7 +13,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from toolloop._core.contracts import (
-    SETTLED_STATES,
     Actor,
     AgentInput,
     AgentResult,
@@ -26,6 +25,7 @@ from toolloop._core.contracts import (
     ThreadOperation,
     ThreadTurn,
     output_json,
+    state_left_mid_way,
     user_message,
 )
 
@@ -209,10 +209,7 @@ def _within_bounds(turn: ThreadTurn) -> ThreadTurn:
 
 
 def _thread_operation(op: OperationRecord, request_id: str, *, ended: bool) -> ThreadOperation:
-    state = op.state
-    if not ended and state not in SETTLED_STATES and state != "completed":
-        # Its request stopped mid-way: never sent is not done; anything sent is unknown.
-        state = "unknown" if op.attempts or op.first_sent_at is not None else "expired"
+    state = op.state if ended else state_left_mid_way(op)
     return ThreadOperation(
         operation_id=op.operation_id,
         tool=op.tool,
