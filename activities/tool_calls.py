@@ -76,10 +76,12 @@ class ToolActivities:
     async def run_tool(self, inp: ToolCallInput) -> ToolCallResult:
         info = activity.info()
         spec = self._registry.get(inp.tool)
-        if spec is None:
-            # The model turn validated this name on some worker; this worker lacks the tool.
+        if spec is None or not spec.read_only:
+            # The model turn validated this name, as a read, on some worker; this worker lacks the tool, or knows
+            # it as a write (a deploy that made it one, MCP workers that read its hints differently): a write
+            # runs only through execute_write, with its operation id and approval. Nothing is run.
             raise ApplicationError(
-                f"tool {inp.tool!r} is not registered on this worker",
+                f"tool {inp.tool!r} is not registered as a read on this worker",
                 type=ErrorType.TOOL_MISCONFIGURED,
                 non_retryable=True,
             )

@@ -95,6 +95,26 @@ async def test_tool_missing_on_this_worker_is_non_retryable(activities: ToolActi
     assert caught.value.type == ErrorType.TOOL_MISCONFIGURED and caught.value.non_retryable
 
 
+async def test_a_tool_this_worker_knows_as_a_write_is_never_run_as_a_read() -> None:
+    # The model turn ran on a worker that knows the tool as a read; this one (a newer deploy, an MCP server whose
+    # hints it reads otherwise) knows it as a write. Run here it would act with no operation id and no approval,
+    # and be retried as a read. Before, it ran.
+    ran: list[str] = []
+
+    async def write(ctx: ToolContext, args: Args) -> dict[str, Any]:
+        ran.append(args.mode)
+        return {"ok": True}
+
+    registry = ToolRegistry()
+    registry.register(
+        ToolSpec("fake", "A fake tool.", Args, "side_effecting", write, status=_no_status, read_back=_no_read_back)
+    )
+    with pytest.raises(ApplicationError) as caught:
+        await ActivityEnvironment().run(ToolActivities(registry, httpx.AsyncClient()).run_tool, tool_input("ok"))
+    assert caught.value.type == ErrorType.TOOL_MISCONFIGURED and caught.value.non_retryable
+    assert ran == []
+
+
 # --- Checked arguments that do not validate again: the tool's bug, never retried, a write never sent ----
 
 
