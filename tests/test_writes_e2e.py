@@ -28,6 +28,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+import toolloop
 from demo.agent import build as build_demo
 from devstack.processes import free_port, start_worker
 from tests.agent_helpers import (
@@ -59,7 +60,7 @@ from tests.conftest import (
     approval_token,
     start_service,
 )
-from tests.user_tools import in_process_ledger
+from tests.user_tools import Entry, in_process_ledger
 from toolloop import AgentSpec, Toolset, request_result
 from toolloop import data_converter as toolloop_data_converter
 from toolloop._core.approvals import APPROVAL_WRONG_REQUEST, payload_digest, run_binding
@@ -911,6 +912,43 @@ async def test_503_before_commit_is_resent_with_the_same_key_once(
     assert len(await effects(admin, op.operation_id)) == 1
     posts = await note_posts(admin)
     assert [p["status"] for p in posts] == [503, 201]
+
+
+async def test_a_resend_refused_after_an_unclear_attempt_is_unknown_never_not_done(
+    client: Client, settings: Settings
+) -> None:
+    # Attempt 1's answer is lost (it may have arrived), the status says not found (which cannot rule out an
+    # attempt still on its way), and the resend is refused (a replica or a worker of another version, say).
+    # Before, the write was recorded as not done.
+    sent: list[str] = []
+    tools = toolloop.Toolset()
+
+    async def add_entry(ctx: toolloop.ToolContext, args: Entry) -> dict[str, int]:
+        """Write an entry in a ledger."""
+        sent.append(args.text)
+        if len(sent) == 1:
+            raise toolloop.WriteOutcomeUnknown("the reply was lost")
+        raise toolloop.ToolError(toolloop.ResultCode.CONFLICT, "this replica does not take it")
+
+    async def status(ctx: toolloop.ToolContext, operation_id: str) -> toolloop.OperationStatus:
+        return toolloop.OperationStatus(state="not_found", retention_seconds=86_400)
+
+    tools.write(add_entry, status=status, read_back=None)
+    async with running_worker(client, settings, AgentSpec(tools=tools)):
+        turns = [[call("add_entry", {"text": "refused after doubt"}, "w1")], [say("ok")]]
+        handle = await start_agent(client, settings, "w", model=script_spec(*turns), limits=Limits(**FAST))
+        async with approving(handle):
+            result = await asyncio.wait_for(request_result(handle), timeout=60)
+        replayer = Replayer(
+            workflows=[AgentWorkflow], data_converter=data_converter(), workflow_runner=workflow_runner()
+        )
+        await replayer.replay_workflow(await handle.fetch_history())
+
+    [op] = result.operations
+    assert (op.state, op.attempts, sent) == ("unknown", 2, ["refused after doubt"] * 2)
+    assert [c.state for c in op.status_checks] == ["not_found"]
+    assert result.outcome == "unknown"
+    assert (await tool_outputs(handle))["w1"]["code"] == "OUTCOME_UNKNOWN"
 
 
 async def test_retry_while_first_attempt_still_in_flight_makes_one_effect(

@@ -102,6 +102,8 @@ _MIN_TIMEOUT = timedelta(seconds=1)
 # Runs from before an earlier message's attempt that may still commit kept its write unknown go on as they did
 # (they asked for a new approval): their histories replay (tests/histories/recorded_before).
 _EARLIER_MAY_COMMIT = "earlier-attempt-may-still-commit"
+# Runs from before a refused resend after an unclear attempt stayed unknown recorded it as not done; they replay.
+_REFUSED_AFTER_DOUBT = "a-refused-resend-after-an-unclear-attempt-is-unknown"
 # Runs from before policy decisions named the run (not only the workflow id) keep checking the workflow id.
 _RUN_BOUND = "policy-decisions-name-the-run"
 
@@ -655,6 +657,12 @@ class OperationStateMachine:
                     self._read_in_attempt[op.operation_id] = Evidence.model_validate(outcome.evidence)
                 return True, dict(outcome.output or {})
             if outcome.kind == "refused":
+                if maybe_received and workflow.patched(_REFUSED_AFTER_DOUBT):
+                    # This attempt was refused (a worker or a service replica of another version, say), but an
+                    # earlier one may have reached the service: "not found" cannot rule out one still on its way.
+                    code = (outcome.output or {}).get("code") or "refused"
+                    why = f"this attempt was refused ({code}) after an earlier one that may still take effect"
+                    return False, self._unknown(op, f"{why}; it was not sent again.")
                 self._move(op, "failed")
                 return False, dict(outcome.output or error_output(ResultCode.CONFLICT, "the service refused it."))
             if outcome.kind == "not_sent":
