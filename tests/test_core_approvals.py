@@ -270,3 +270,32 @@ def test_an_occurrence_makes_identical_calls_distinct_operations_and_only_when_a
     first, second = (derive_operation_id("req-1", "pay", args, occurrence=n) for n in (0, 1))
     assert len({same, first, second}) == 3
     assert first == derive_operation_id("req-1", "pay", args, occurrence=0)  # stable: a replay counts the same
+
+
+def test_an_in_process_write_refuses_a_token_within_the_clocks_tolerance_of_expiry_as_the_kit_does() -> None:
+    # The workflow calls a write not done once its approval expired and nothing is recorded; a kit refuses to
+    # start one that close to expiry, and an in-process write (verify_approval) now does too. Before, 0.5 s left
+    # was enough, and the effect could commit after the expiry.
+    import httpx
+
+    import toolloop
+    from toolloop._core.approvals import CLOCK_TOLERANCE_SECONDS
+
+    def context(seconds_left: float) -> toolloop.ToolContext:
+        now = time.time()
+        token = mint_approval_token(KEY, claims(approved_at=now, expires_at=now + seconds_left))
+        return toolloop.ToolContext(
+            actor=Actor(user_id="u1", tenant_id="acme"),
+            http=httpx.AsyncClient(),
+            workflow_id="wf",
+            call_id="w1",
+            operation_id="op_1",
+            approval_token=token,
+            approval_digest="sha256:d",
+        )
+
+    with pytest.raises(toolloop.ToolError) as refused:
+        toolloop.verify_approval(context(CLOCK_TOLERANCE_SECONDS / 4), keys=APPROVAL_VERIFY_KEY, audience=AUD)
+    assert refused.value.code == "CONFIRMATION_REQUIRED"
+    verified = toolloop.verify_approval(context(60), keys=APPROVAL_VERIFY_KEY, audience=AUD)
+    assert verified.operation_id == "op_1"

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterable
 
 from toolloop._core.approvals import (
+    CLOCK_TOLERANCE_SECONDS,
     ApprovalClaims,
     ApprovalInvalid,
     PolicyClaims,
@@ -43,6 +44,10 @@ def verify_approval(
         "tenant_id": ctx.actor.tenant_id,
         "decision": "approve",
     }
+    # As a service's kit does before it claims the key: a token about to expire is refused with the clocks'
+    # tolerance. The workflow calls a write "not done" once its approval has expired and nothing is recorded, so
+    # nothing may take effect from that long before (the write must commit before claims.expires_at too).
+    now = time.time() + CLOCK_TOLERANCE_SECONDS
     try:
         if policy_keys is not None:
             del expected["decision"]
@@ -50,14 +55,14 @@ def verify_approval(
                 verify_key_set(keys),
                 verify_key_set(policy_keys),
                 ctx.approval_token,
-                now=time.time(),
+                now=now,
                 audience=audience,
                 expected=expected,
                 known_rules=policy_rules,
             )
             return read_policy_claims(split_tokens(ctx.approval_token)[0])
         claims = verify_approval_token(
-            verify_key_set(keys), ctx.approval_token, now=time.time(), audience=audience, expected=expected
+            verify_key_set(keys), ctx.approval_token, now=now, audience=audience, expected=expected
         )
         if claims.approved_by != claims.user_id:
             raise ApprovalInvalid("the approval was not made by the person the write acts for")
