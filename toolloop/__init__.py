@@ -234,6 +234,7 @@ _HOMES: dict[str, str] = {
     "RequestNotFound": "toolloop._temporal.client",
     "ToolloopClient": "toolloop._temporal.client",
     "ToolloopRequest": "toolloop._temporal.client",
+    "ToDecide": "toolloop._temporal.client",
     "ToolloopThread": "toolloop._temporal.client",
     "ThreadNotFound": "toolloop._temporal.client",
     "ThreadBusy": "toolloop._temporal.client",
