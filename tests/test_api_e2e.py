@@ -358,9 +358,10 @@ async def test_a_terminated_request_keeps_its_writes_in_view_and_its_stream_says
     waiting = await pending_operation(http, request_id, U1)
     await client.get_workflow_handle(created.json()["workflow_id"]).terminate("an operator stops it")
     view = (await http.get(f"/v1/requests/{request_id}", headers=U1)).json()
-    assert (view["status"], view["phase"], view["outcome"]) == ("terminated", "finished: terminated", None)
-    assert [(op["operation_id"], op["state"]) for op in view["operations"]] == [
-        (waiting["operation_id"], "awaiting_approval")
+    # Its refund as it was left (never sent: not done, and no longer waiting), and the outcome by ask's rule.
+    assert (view["status"], view["phase"], view["outcome"]) == ("terminated", "finished: terminated", "failed")
+    assert [(op["operation_id"], op["state"], op["note"]) for op in view["operations"]] == [
+        (waiting["operation_id"], "expired", "the request stopped before it was sent")
     ]
     assert [c["tool"] for c in view["calls"]] == [] and view["rounds"] == 1
 

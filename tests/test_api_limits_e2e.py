@@ -48,6 +48,16 @@ async def api_client(
             yield http
 
 
+def users_of_their_own(folder: Path, *names: str) -> tuple[Path, list[dict[str, str]]]:
+    """A tokens file for new users of tenant acme (one per name, with a fresh suffix) and each one's headers:
+    the session's other tests leave the demo users' requests running, waiting for approvals nobody gives."""
+    users = [Actor(user_id=f"{name}-{uuid.uuid4().hex[:8]}", tenant_id="acme") for name in names]
+    tokens_file = folder / "tokens.json"
+    entries = [{"token": f"token-of-{u.user_id}", "tenant_id": u.tenant_id, "user_id": u.user_id} for u in users]
+    tokens_file.write_text(json.dumps({"tokens": entries}))
+    return tokens_file, [{"Authorization": f"Bearer token-of-{u.user_id}"} for u in users]
+
+
 async def start(http: httpx.AsyncClient, question: str, headers: dict[str, str], request_id: str) -> httpx.Response:
     return await http.post(
         "/v1/requests", json={"question": question}, headers={**headers, "Idempotency-Key": request_id}
@@ -152,12 +162,7 @@ async def test_a_users_active_requests_are_capped_and_a_repeated_post_still_answ
 ) -> None:
     # Users of this test's own: running requests are counted in the whole namespace, and the session's other
     # tests leave the demo users' requests running (waiting for approvals nobody gives).
-    me, other = (Actor(user_id=f"{name}-{uuid.uuid4().hex[:8]}", tenant_id="acme") for name in ("busy", "idle"))
-    tokens = {a.user_id: f"token-of-{a.user_id}" for a in (me, other)}
-    tokens_file = tmp_path / "tokens.json"
-    entries = [{"token": tokens[a.user_id], "tenant_id": a.tenant_id, "user_id": a.user_id} for a in (me, other)]
-    tokens_file.write_text(json.dumps({"tokens": entries}))
-    mine, theirs = ({"Authorization": f"Bearer {tokens[a.user_id]}"} for a in (me, other))
+    tokens_file, (mine, theirs) = users_of_their_own(tmp_path, "busy", "idle")
     limits = {"TOOLLOOP_API_MAX_ACTIVE_REQUESTS": "1", "TOOLLOOP_API_TOKENS": str(tokens_file)}
     async with api_client(temporal_server, business_service, client, tmp_path_factory, **limits) as http:
         waiting = key()
@@ -229,11 +234,7 @@ async def test_the_approvals_list_says_when_it_read_fewer_requests_than_run_and_
     tmp_path: Path,
 ) -> None:
     # A user of this test's own: the session's other tests leave the demo users' requests waiting.
-    me = Actor(user_id=f"many-{uuid.uuid4().hex[:8]}", tenant_id="acme")
-    tokens_file = tmp_path / "tokens.json"
-    entry = {"token": f"token-of-{me.user_id}", "tenant_id": me.tenant_id, "user_id": me.user_id}
-    tokens_file.write_text(json.dumps({"tokens": [entry]}))
-    mine = {"Authorization": f"Bearer token-of-{me.user_id}"}
+    tokens_file, (mine,) = users_of_their_own(tmp_path, "many")
     limits = {"TOOLLOOP_API_APPROVALS_SCAN": "1", "TOOLLOOP_API_TOKENS": str(tokens_file)}
     async with api_client(temporal_server, business_service, client, tmp_path_factory, **limits) as http:
         first, second = key(), key()

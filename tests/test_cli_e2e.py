@@ -262,6 +262,19 @@ def write_script(path: Path, item: dict[str, Any]) -> Path:
     return path
 
 
+def ask_process(cli_env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    """`ask --user u1 --json ARGS` running in the background, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "starter.py"), "ask", "--user", "u1", "--json", *args],
+        env=cli_env,
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 @contextlib.contextmanager
 def refund_waiting_for_approval(
     cli_env: dict[str, str], tmp_path: Path, refund: dict[str, Any]
@@ -272,16 +285,7 @@ def refund_waiting_for_approval(
         tmp_path / "refund.json",
         {"type": "function_call", "name": "refund_order", "arguments": json.dumps(refund), "call_id": "r1"},
     )
-    command = [sys.executable, str(REPO_ROOT / "starter.py"), "ask", "--user", "u1", "--json"]
-    ask = subprocess.Popen(
-        [*command, "--model", f"script:{script}", "refund"],
-        env=cli_env,
-        cwd=REPO_ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    ask = ask_process(cli_env, "--model", f"script:{script}", "refund")
     try:
         assert ask.stderr is not None
         hint = next(line for line in ask.stderr if " approve " in line)
@@ -930,7 +934,9 @@ def test_cancel_from_another_shell_stops_the_request_and_prints_its_receipt(
     assert admin_effects(cli_env, operation_id) == []
 
 
-def test_result_of_a_terminated_request_is_one_line_never_a_traceback(cli_env: dict[str, str], tmp_path: Path) -> None:
+def test_result_of_a_request_terminated_before_approval_exits_1_and_says_not_sent(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
     refund = {"orderId": "A102", "amountCents": 130, "reason": "terminated by an operator", "toAccount": None}
     with refund_waiting_for_approval(cli_env, tmp_path, refund) as (ask, workflow_id, _):
         address = f"127.0.0.1:{cli_env['TOOLLOOP_TEMPORAL_PORT']}"
@@ -957,17 +963,10 @@ def test_result_of_a_request_terminated_while_its_write_was_on_the_wire_exits_3_
     workflow_id = request_workflow_id("acme", "u1", request_id)
     script = refund_script(tmp_path / "refund.json", {"orderId": "A104", "amountCents": 100, "reason": "damaged"})
     held = {"method": "POST", "path_regex": "^/orders/A104/refunds$", "latency_ms": 15000, "times": 1}
-    command = [sys.executable, str(REPO_ROOT / "starter.py"), "ask", "--user", "u1", "--json", "--auto-approve"]
     with service_admin(cli_env) as admin:
         admin.put("/admin/faults", json={"rules": [held]}).raise_for_status()
-        ask = subprocess.Popen(
-            [*command, "--request-id", request_id, "--model", f"script:{script}", "refund"],
-            env=cli_env,
-            cwd=REPO_ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        ask = ask_process(
+            cli_env, "--auto-approve", "--request-id", request_id, "--model", f"script:{script}", "refund"
         )
         try:
             deadline = time.monotonic() + 120

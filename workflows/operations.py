@@ -635,6 +635,9 @@ class OperationStateMachine:
         # Stays False while every attempt certainly never reached the service (a refused connection). True from
         # the start for an operation an earlier message of the thread sent.
         maybe_received = op.first_sent_at is not None
+        # An attempt of this request had an unclear answer: until its approval runs out it may still take effect.
+        # (An earlier message's attempt is resent only once it can no longer: _settle_earlier_unknown.)
+        unclear_here = False
         while True:
             if self.cancel_requested():
                 return await self._settle_unsent(op, call, maybe_received, "cancelled")
@@ -657,7 +660,7 @@ class OperationStateMachine:
                     self._read_in_attempt[op.operation_id] = Evidence.model_validate(outcome.evidence)
                 return True, dict(outcome.output or {})
             if outcome.kind == "refused":
-                if maybe_received and workflow.patched(_REFUSED_AFTER_DOUBT):
+                if unclear_here and workflow.patched(_REFUSED_AFTER_DOUBT):
                     # This attempt was refused (a worker or a service replica of another version, say), but an
                     # earlier one may have reached the service: "not found" cannot rule out one still on its way.
                     code = (outcome.output or {}).get("code") or "refused"
@@ -670,7 +673,7 @@ class OperationStateMachine:
                 if not self.cancel_requested():
                     await self._pause_before_resend(op, outcome.retry_after_seconds or 1.0)
                 continue
-            maybe_received = True
+            maybe_received = unclear_here = True
             # unknown or in progress (a 409, a 429 or a 5xx included): the service decides what happened.
             self._move(op, "unknown")
             if not call.has_status:

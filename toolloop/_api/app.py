@@ -75,6 +75,8 @@ from toolloop._core.contracts import (
     ModelSpec,
     OperationRecord,
     Outcome,
+    left_mid_way,
+    outcome_without_report,
 )
 from toolloop._core.registry import TOOL_NAME
 from toolloop._core.request_naming import THREAD_ID
@@ -702,14 +704,18 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         # writes it sent or left unknown. One whose history no longer replays is a 503 REQUEST_UNREADABLE, never a
         # list of no writes passed off as the truth.
         progress = await request.progress()
+        running = status == "running"
         return RequestView(
             id=request_id,
             workflow_id=request.workflow_id,
             status=status,
-            phase=progress.phase if status == "running" else f"finished: {status}",
+            phase=progress.phase if running else f"finished: {status}",
             rounds=progress.round,
             calls=progress.calls,
-            operations=progress.operations,
+            # Ended without a report: each write as it was left (never still "awaiting approval"), and the outcome
+            # by the one rule `ask` exits by.
+            operations=progress.operations if running else left_mid_way(progress.operations),
+            outcome=None if running else outcome_without_report(progress.operations),
             events=progress.events,
             usage=progress.usage,
         )

@@ -40,7 +40,8 @@ class MessageView(BaseModel):
     request_id: str
     workflow_id: str
     state: MessageState
-    # The request's outcome once the message has finished (AgentResult.outcome; "failed" without a report).
+    # The request's outcome once the message has finished (AgentResult.outcome; without a report, the ledger's:
+    # contracts.outcome_without_report).
     outcome: str | None = None
     question: str  # its first 200 characters
     # Messages before it that have not finished (0 once it runs).
