@@ -365,6 +365,14 @@ async def test_a_terminated_request_keeps_its_writes_in_view_and_its_stream_says
     ]
     assert [c["tool"] for c in view["calls"]] == [] and view["rounds"] == 1
 
+    # In the list, its outcome is not "running" (what its search attribute still says): not known there.
+    async def listed_closed() -> bool:
+        page = (await http.get("/v1/requests", headers=U1, params={"page_size": 100})).json()
+        mine = [r for r in page["requests"] if r["id"] == request_id]
+        return bool(mine) and mine[0]["status"] == "terminated" and mine[0]["outcome"] is None
+
+    await assert_eventually(listed_closed, within=60, what="the list shows the request closed, outcome not known")
+
     async def stream() -> list[Any]:
         async with aconnect_sse(http, "GET", f"/v1/requests/{request_id}/events", headers=U1) as source:
             return [sse async for sse in source.aiter_sse()]

@@ -480,7 +480,13 @@ async def test_a_message_sent_again_after_the_thread_forgot_it_is_refused_never_
     reused = f"again-{uuid.uuid4().hex[:8]}"
     first = await asyncio.wait_for(thread.run("hello", request_id=reused, model=script_spec([say("hi")])), 60)
     await asyncio.wait_for(thread.run("next", model=script_spec([say("ok")])), 60)
-    assert first.final_text == "hi" and reused not in [m.request_id for m in await thread.messages()]
+    assert first.final_text == "hi"
+
+    async def forgotten() -> bool:
+        # The thread continues as new once it has recorded the second message: after the answer, not before.
+        return reused not in [m.request_id for m in await thread.messages()]
+
+    await assert_eventually(forgotten, what="the thread's next run keeps only the newest message")
     # The same message again: the thread cannot start its request (that id ran under an earlier run of the
     # thread), and the old request, a child of this thread with the same submission, is not this message's.
     accepted = await thread.send("hello", request_id=reused, model=script_spec([say("hi")]))

@@ -38,6 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from temporalio.client import (
     Client,
+    WorkflowExecution,
     WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowFailureError,
@@ -385,6 +386,15 @@ def _finished(request_id: str) -> Problem:
     return Problem(409, "REQUEST_FINISHED", f"request {request_id} has finished; it takes no more decisions")
 
 
+def _listed_outcome(execution: WorkflowExecution) -> str | None:
+    """The outcome a listed request's search attribute holds; None for a closed run that never set it (it ended
+    without its report: terminated, timed out), whose writes only its own view reads (GET /v1/requests/{id})."""
+    outcome = execution.typed_search_attributes.get(OUTCOME_KEY)
+    if outcome == "running" and execution.status != WorkflowExecutionStatus.RUNNING:
+        return None
+    return outcome
+
+
 def _status_name(status: WorkflowExecutionStatus | None) -> str:
     if status is None:
         return "unknown"
@@ -676,7 +686,7 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
                     id=request_id or request_id_of(actor, execution.id),
                     workflow_id=execution.id,
                     status=_status_name(execution.status),
-                    outcome=execution.typed_search_attributes.get(OUTCOME_KEY),
+                    outcome=_listed_outcome(execution),
                     question=await execution.memo_value("question", default=None, type_hint=str),
                     started_at=execution.start_time,
                     closed_at=execution.close_time,

@@ -6,6 +6,7 @@ snapshot. A connection per operation: opening one is a file open, cheaper than s
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -56,7 +57,18 @@ class SqliteDialect:
 
     def create_schema(self, schema: str) -> None:
         with self.connect() as conn:
-            conn.execute("PRAGMA journal_mode = WAL")
+            # Two processes opening a new file at once (a service's replicas starting): the switch to WAL needs
+            # the database alone, and SQLite may answer "locked" at once instead of waiting its busy timeout.
+            # Asked again for as long as that timeout, then the error stands.
+            deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+            while True:
+                try:
+                    conn.execute("PRAGMA journal_mode = WAL")
+                    break
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) or time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.05)
             conn.executescript(schema)
 
     def close(self) -> None:

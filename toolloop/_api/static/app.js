@@ -476,8 +476,11 @@
         return states.includes("unknown")
           ? ["unsettled", "UNKNOWN: a side effect's outcome could not be established"]
           : ["unsettled", "not verified: a side effect was done but not verified"];
-      case "failed":
-        return ["failed", `failed${req.error ? `: ${req.error}` : ""}`];
+      case "failed": {
+        // A run Temporal ended without a report (terminated, timed out) has no error of its own: say how it ended.
+        const how = req.error || (req.status && req.status !== "failed" ? `ended: ${req.status}` : "");
+        return ["failed", `failed${how ? `: ${how}` : ""}`];
+      }
       case "stopped":
         return ["stopped", `stopped: ${req.stopReason || "a limit"}`];
       case "not_done":
