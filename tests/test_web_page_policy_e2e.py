@@ -5,6 +5,7 @@ sees on the page, and by the service's own effect table."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import uuid
@@ -20,7 +21,8 @@ from temporalio.client import Client
 
 from devstack.processes import ManagedProcess, free_port, start_business_service
 from tests.agent_helpers import assert_eventually, effects
-from tests.conftest import APPROVAL_VERIFY_KEY, REPO_ROOT, TemporalServer
+from tests.api_helpers import pending_operation, running_api
+from tests.conftest import APPROVAL_VERIFY_KEY, REPO_ROOT, BusinessService, TemporalServer
 from tests.test_policies_e2e import DEMO_POLICY, POLICY_VERIFY_KEY, lower_four_eyes, running_policy_api
 from tests.test_web_page_e2e import WAIT_MS, Browsed, ask, browse
 
@@ -247,3 +249,47 @@ async def test_four_eyes_on_the_page_the_requester_first_then_the_manager_who_se
     await expect(operation).to_have_attribute("data-state", "verified", timeout=WAIT_MS)
     await expect(operation.locator('[data-field="decided"]')).to_contain_text("Approved by u1 via api and m1 via api (")
     assert len(await effects(policy_page.admin, operation_id)) == 1
+
+
+async def test_the_page_says_its_list_of_decisions_may_leave_some_out_never_that_nothing_waits(
+    temporal_server: TemporalServer,
+    business_service: BusinessService,
+    client: Client,
+    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path: Path,
+) -> None:
+    # A manager of this test's own, whose two requests wait for approval, and an API that reads one running
+    # request for its approvals list (TOOLLOOP_API_APPROVALS_SCAN=1): its answer is incomplete. The page lists
+    # nobody else's write for them, and must not say "Nothing waits for your decision".
+    manager = f"mgr-{uuid.uuid4().hex[:8]}"
+    token = f"token-of-{manager}"
+    tokens_file = tmp_path / "tokens.json"
+    entry = {"token": token, "tenant_id": "acme", "user_id": manager, "roles": ["manager"]}
+    tokens_file.write_text(json.dumps({"tokens": [entry]}))
+    env = {"TOOLLOOP_API_APPROVALS_SCAN": "1", "TOOLLOOP_API_TOKENS": str(tokens_file)}
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        running_api(temporal_server, business_service, client, tmp_path_factory, env=env) as api,
+        httpx.AsyncClient(base_url=api.url, timeout=30, trust_env=False) as http,
+    ):
+        waiting = []
+        for _ in range(2):
+            answer = await http.post("/v1/requests", json={"question": SMALL_REFUND}, headers=headers)
+            assert answer.status_code == 201, answer.text
+            request_id = answer.json()["id"]
+            waiting.append((request_id, await pending_operation(http, request_id, headers)))
+
+        async def incomplete() -> bool:
+            return (await http.get("/v1/approvals", headers=headers)).json()["complete"] is False
+
+        await assert_eventually(incomplete, within=60, what="the API reads one of the two waiting requests")
+        async with browse(api) as browsed:
+            page = browsed.page
+            await log_in_as(page, token, f"Logged in as {manager} in tenant acme (manager)")
+            await expect(page.locator("#decisions-incomplete")).to_be_visible()
+            await expect(page.locator("#decisions-empty")).to_be_hidden()
+            await expect(page.locator("#decisions li")).to_have_count(0)  # their own writes are in their cards
+        for request_id, op in waiting:  # rejected, so nothing is left waiting
+            path = f"/v1/requests/{request_id}/operations/{op['operation_id']}/decision"
+            decided = await http.post(path, json={"decision": "reject", "digest": op["digest"]}, headers=headers)
+            assert decided.status_code == 200, decided.text
