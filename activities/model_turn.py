@@ -165,7 +165,7 @@ class ModelActivities:
         checked = checked_turn(self._registry, items, label, inp.turn, usage, inp.offered_tools)
         if adapter.needs_conversation:
             # Known by the items as history records them (arguments over the bound cut), as the workflow names them.
-            self._conversations.after(run, inp.turn, conversation.extended(items), checked.items)
+            self._conversations.after(run, inp.turn, conversation.extended(checked.items), checked.items)
         checked.end_hook = self._end_hook
         checked.policy_task_queue = self._policy_task_queue
         checked.policy_verify_key = self._policy_verify_key

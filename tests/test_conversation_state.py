@@ -241,3 +241,41 @@ def test_a_tools_output_left_by_an_attempt_given_up_on_is_not_taken() -> None:
     assert store.take(RUN, 1, ["c1"], {"c1": text_digest(recorded)}) is None  # read from history instead
     store.put(RUN, 1, "c1", recorded)
     assert store.take(RUN, 1, ["c1"], {"c1": text_digest(recorded)}) == {"c1": recorded}
+
+
+async def test_a_turn_with_oversized_arguments_is_cached_as_history_holds_it() -> None:
+    # A hostile turn proposes a call with 70 KB of arguments: history keeps its first KiB (answered BAD_ARGUMENTS,
+    # never run). The next turn on the same worker was shown the whole 70 KB again (and paid for it), while one on
+    # another worker was shown the cut version: what the model sees must not depend on which worker runs it.
+    from temporalio.testing import ActivityEnvironment
+
+    from toolloop._core.registry import ToolRegistry
+    from toolloop._models.adapter import ModelRequest
+    from toolloop.activities.model_turn import ModelActivities
+
+    big = FunctionCallItem(call_id="c1", name="get_order_status", arguments='{"orderId":"' + "A" * 70_000 + '"}')
+    seen: list[list[ConversationItem]] = []
+
+    class Recording:
+        needs_conversation = True
+
+        def label(self, model_name: str | None) -> str:
+            return "fake"
+
+        async def respond(self, request: ModelRequest) -> list[ConversationItem]:
+            seen.append(list(request.conversation))
+            return [big] if request.turn == 1 else [said("done")]
+
+    history = RecordedHistory([])
+    state = ConversationState(history)
+    activities = ModelActivities(ToolRegistry(), None, {"offline": Recording()}, conversations=state)  # type: ignore[arg-type]
+    env = ActivityEnvironment()
+    first = await env.run(activities.model_turn, turn_input(1, user("hi")))
+    [stored] = [item for item in first.items if isinstance(item, FunctionCallItem)]
+    assert len(stored.arguments) < 2_000  # what history holds
+    second = turn_input(2, FunctionCallOutputItem(call_id="c1", output='{"ok":false}'))
+    second.previous_turn_digest = items_digest(first.items)
+    await env.run(activities.model_turn, second)
+    [shown] = [item for item in seen[1] if isinstance(item, FunctionCallItem)]
+    assert shown.arguments == stored.arguments
+    assert history.reads == 0  # from the worker's cache, which now holds what history holds

@@ -423,6 +423,24 @@ async def test_same_write_proposed_twice_makes_one_effect(
     assert len(await note_posts(admin)) == 1
 
 
+async def test_the_same_write_proposed_again_under_the_same_call_id_is_answered_and_the_request_answers(
+    client: Client, settings: Settings, worker: Worker, admin: httpx.AsyncClient, business_service: BusinessService
+) -> None:
+    # A model that uses call id w1 again in round 2 for the same note. Round 1's attempt read the note back, so its
+    # output was referred to rather than stored again; round 2 answered from the ledger but still referred to it,
+    # and turn 3 found no output for w1 in round 2: the request failed (model_error) with the note verified.
+    version = await ticket_version(business_service.url)
+    turns = [[note_call(version, "Again?", "w1")], [note_call(version, "Again?", "w1")], [say("done")]]
+    result, handle = await run_approved(client, settings, business_service, turns)
+
+    assert (result.stop_reason, result.final_text) == ("final_answer", "done")
+    [op] = result.operations
+    assert op.call_ids == ["w1", "w1"] and op.state == "verified"
+    assert len(await effects(admin, op.operation_id)) == 1 and len(await note_posts(admin)) == 1
+    replayer = Replayer(workflows=[AgentWorkflow], data_converter=data_converter(), workflow_runner=workflow_runner())
+    await replayer.replay_workflow(await handle.fetch_history())
+
+
 async def test_a_write_whose_identical_calls_are_distinct_makes_each_one_after_its_own_approval(
     client: Client, settings: Settings, admin: httpx.AsyncClient, business_service: BusinessService
 ) -> None:

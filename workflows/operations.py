@@ -491,6 +491,9 @@ class OperationStateMachine:
         output from the worker's store (output_in_history)."""
         assert call.arguments is not None  # the planner only schedules validated calls
         started = workflow.now()
+        # A model may use a call id again in a later round: until this call's own attempt completes, its output
+        # travels in this round's result, never by reference to an earlier round's attempt.
+        self._output_in_attempt.discard(call.call_id)
         operation_id = self._operation_id(call)
         op = self.ledger.get(operation_id)
         if op is not None:
@@ -520,7 +523,6 @@ class OperationStateMachine:
         self.ledger[operation_id] = op
         self._arguments[operation_id] = call.arguments
         self._round_of[operation_id] = turn
-        self._output_in_attempt.discard(call.call_id)  # a model may use a call id again in a later round
         output = await self._drive(op, call, turn, earlier)
         op.output = output
         return ToolCallResult(call_id=call.call_id, output=output, duration_ms=_ms_since(started))
