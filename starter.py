@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import shlex
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from devstack.processes import StackError
 from devstack.stack import LocalStack, StackStatus, demo_model_names, demo_tool_names
 from toolloop._api.tokens import TokenMap, TokensFileError
-from toolloop._core.approvals import generate_signing_key, verify_key_for
+from toolloop._core.approvals import OPERATION_ID, generate_signing_key, verify_key_for
 from toolloop._core.contracts import (
     EXIT_CODES,
     NOT_DONE_STATES,
@@ -1111,7 +1112,11 @@ async def _decide_from_shell(
     if request.actor != actor:
         # Another user's request of the tenant: only an operation its policy leaves to this session (by name or
         # role); anything else gets exactly the answer a missing request gets, and nothing of it is shown.
-        approval = await request.approval(operation_id)
+        try:
+            async with asyncio.timeout(5):
+                approval = await request.approval(operation_id)
+        except (RPCError, WorkflowQueryFailedError, TimeoutError):
+            approval = None  # cannot be asked now: the same answer as a missing request, nothing of it told
         if approval is None or not approval.may_decide(actor.user_id, roles):
             _not_found(workflow_id, actor)
         await request.raise_if_finished()
@@ -1131,6 +1136,8 @@ def _decide(
     workflow_id: str, operation_id: str, approve: bool, user: str | None, tenant: str, local_stack: bool
 ) -> None:
     actor = _actor(user, tenant)
+    if not OPERATION_ID.match(operation_id):
+        _fail(f"{operation_id!r} is not an operation id: op_ and 32 hex digits, as ask and approvals print it")
     raw = _read(Settings)
     _printed_for(raw, local_stack)
     settings = _settings_for_local_stack(raw) if local_stack else raw
@@ -1463,6 +1470,20 @@ def _print_status(settings: Settings) -> None:
 # --- the HTTP API ---------------------------------------------------------------------------------------
 
 
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port, as uvicorn would bind it; OSError (strerror says why) if it cannot."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 async def _serve_api(settings: ApiSettings, host: str, port: int, tokens: TokenMap, signing_key: str | None) -> None:
     import uvicorn
 
@@ -1514,12 +1535,17 @@ async def _serve_api(settings: ApiSettings, host: str, port: int, tokens: TokenM
         create_app(client, config), host=host, port=port, log_config=None, access_log=False, log_level="info"
     )
     server = uvicorn.Server(uvicorn_config)
+    try:
+        # Bound here, so an address that cannot be had (a name that does not resolve, a port in use) is one line.
+        listening = _listening_socket(host, port)
+    except OSError as exc:
+        _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
     err_console.print(
         f"api on http://{host}:{port} (docs /docs, page /), temporal {settings.temporal_address}, "
         f"approval key {'set' if signing_key else 'unset: it cannot decide'}"
     )
     try:
-        await server.serve()
+        await server.serve(sockets=[listening])
     finally:
         if config.live_text is not None:
             await config.live_text.aclose()
@@ -1528,7 +1554,7 @@ async def _serve_api(settings: ApiSettings, host: str, port: int, tokens: TokenM
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int | None, typer.Option(help="Port (default: TOOLLOOP_API_PORT, 8702).")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (default: TOOLLOOP_API_PORT, 8702).")] = None,
 ) -> None:
     """Run the HTTP API and its web page: start requests, follow them live, decide their side effects.
     Bearer tokens (TOOLLOOP_API_TOKENS, a JSON file) say whom each caller is; it signs decisions with

@@ -19,6 +19,7 @@ import pytest
 from httpx_sse import aconnect_sse
 from temporalio.client import Client
 
+import toolloop
 from demo.agent import build as build_demo
 from devstack.processes import free_port, start_api
 from tests.agent_helpers import assert_eventually, effects, service_requests
@@ -588,3 +589,28 @@ def test_the_api_will_not_start_with_the_published_demo_tokens_unless_told_it_is
         }
     finally:
         process.stop()
+
+
+async def test_another_persons_request_that_cannot_be_asked_looks_like_a_missing_one_on_the_approvals_routes(
+    http: httpx.AsyncClient, client: Client
+) -> None:
+    # u1's request on a task queue no worker serves: the API cannot ask it for its operations. For u2 (same
+    # tenant) that answered 503 where a workflow id that does not exist answers 404, telling u2 that u1 has a
+    # request of that id (ids are computed from the tenant, the user and the request id).
+    unserved = toolloop.ToolloopClient(client, task_queue=f"nobody-{uuid.uuid4().hex[:8]}", channel="test")
+    request = await unserved.start("refund order A100", actor=toolloop.Actor(user_id="u1", tenant_id="acme"))
+    operation = "op_" + "0" * 32
+    try:
+        missing = await http.get(f"/v1/approvals/ask-acme-u1-none-{uuid.uuid4().hex[:12]}/{operation}", headers=U2)
+        theirs = await http.get(f"/v1/approvals/{request.workflow_id}/{operation}", headers=U2)
+        body = assert_problem(theirs, 404, "NOT_FOUND")
+        assert body["detail"].replace(request.workflow_id, "WF") == assert_problem(missing, 404, "NOT_FOUND")[
+            "detail"
+        ].replace(missing.url.path.split("/")[3], "WF")
+        decision = {"decision": "approve", "digest": "sha256:" + "0" * 64}
+        refused = await http.post(
+            f"/v1/approvals/{request.workflow_id}/{operation}/decision", json=decision, headers=U2
+        )
+        assert_problem(refused, 404, "NOT_FOUND")
+    finally:
+        await request.handle.terminate(reason="test over")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -224,6 +225,40 @@ def test_a_bad_limit_setting_stops_the_api_with_one_line(temporal_server: Tempor
     assert lines == [
         "error: TOOLLOOP_API_MODEL 'offline' is not among the worker's models (TOOLLOOP_API_MODELS: openai)"
     ]
+
+
+def test_an_address_the_api_cannot_listen_on_is_one_line_with_exit_2(
+    temporal_server: TemporalServer, tmp_path: Path
+) -> None:
+    # Before: a port out of range was a traceback (OverflowError), a host that does not resolve three log lines
+    # and exit 3, a port in use the same.
+    own = tmp_path / "tokens.json"
+    own.write_text(json.dumps({"tokens": [{"token": "a-token-of-our-own-0001", "tenant_id": "acme", "user_id": "u1"}]}))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("TOOLLOOP_", "TEMPORAL_"))},
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "TOOLLOOP_APPROVAL_KEY": APPROVAL_KEY,
+        "TOOLLOOP_API_TOKENS": str(own),
+    }
+
+    def serve(*args: str, **extra: str) -> list[str]:
+        command = [sys.executable, "starter.py", "serve", *args]
+        done = subprocess.run(
+            command, env={**env, **extra}, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        return lines
+
+    assert serve("--port", "70000")[0].startswith("error: Invalid value for '--port': ")
+    assert serve(TOOLLOOP_API_PORT="70000")[0].startswith("error: TOOLLOOP_API_PORT: ")
+    [line] = serve("--host", "no-such-host.invalid", "--port", str(free_port()))
+    assert line.startswith("error: cannot listen on no-such-host.invalid:"), line
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        [line] = serve("--port", str(port))
+    assert line == f"error: cannot listen on 127.0.0.1:{port}: Address already in use", line
 
 
 async def test_the_approvals_list_says_when_it_read_fewer_requests_than_run_and_is_complete_once_it_read_them_all(

@@ -597,7 +597,10 @@ def test_a_new_thread_prints_its_id_and_the_follow_up_command_runs_as_printed(cl
         (["ask", "hi"], "--user"),
         (["ask", "--user", "u1", "--no-local-stack", "--auto-approve", "hi"], "--auto-approve needs"),
         (["approve", "wf", "op"], "--user is required"),
-        (["reject", "wf", "op", "--user", "u1", "--no-local-stack"], "no approval key"),
+        (["reject", "wf", "op_" + "0" * 32, "--user", "u1", "--no-local-stack"], "no approval key"),
+        # Not valid text (a byte that is not UTF-8 arrives as a lone surrogate): before, a traceback (exit 1).
+        (["approve", "wf", "op_\\udcff", "--user", "u1"], "is not an operation id"),
+        (["reject", "wf", "op_1", "--user", "u1"], "is not an operation id"),
         (["nonsense"], "No such command"),
     ],
 )
@@ -616,7 +619,7 @@ def test_bad_input_is_one_line_and_exit_2(cli_env: dict[str, str], args: list[st
 def test_a_malformed_approval_key_is_one_line_and_exit_2_when_deciding(cli_env: dict[str, str], command: str) -> None:
     # `ask` checked the key; `approve` and `reject` printed the approval card, then a traceback (exit 1).
     env = {**cli_env, "TOOLLOOP_APPROVAL_KEY": "not-a-key"}
-    done = run_cli(env, command, "wf", "op", "--user", "u1", "--no-local-stack", timeout=60)
+    done = run_cli(env, command, "wf", "op_" + "0" * 32, "--user", "u1", "--no-local-stack", timeout=60)
     assert done.returncode == 2, (done.stdout, done.stderr)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: TOOLLOOP_APPROVAL_KEY: "), done.stderr

@@ -19,6 +19,7 @@ import base64
 import functools
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
@@ -53,6 +54,10 @@ def run_binding(workflow_id: str, run_id: str) -> str:
     never started twice, while a workflow id can be used again once its run has closed (by anyone who may start
     workflows), and the same operation id and digest with it."""
     return f"{workflow_id}/{run_id}"
+
+
+# How every operation id is spelled (derive_operation_id): what a person types back is checked against it.
+OPERATION_ID = re.compile(r"^op_[0-9a-f]{32}$")
 
 
 def derive_operation_id(request_id: str, tool: str, arguments: Mapping[str, Any], occurrence: int | None = None) -> str:

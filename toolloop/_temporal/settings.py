@@ -254,7 +254,7 @@ class ApiSettings(TemporalSettings):
     # The approval channel's private key (toolloop._core.approvals): held by the API and the CLI only, never
     # by workers or the service.
     approval_key: SecretStr | None = Field(default=None, validation_alias="TOOLLOOP_APPROVAL_KEY")
-    api_port: int = Field(default=8702, validation_alias="TOOLLOOP_API_PORT")
+    api_port: int = Field(default=8702, ge=1, le=65535, validation_alias="TOOLLOOP_API_PORT")
     # The bearer tokens file, and the model a request gets by default.
     api_tokens: Path = Field(default=Path("config/api_tokens.json"), validation_alias="TOOLLOOP_API_TOKENS")
     api_default_model: str = Field(default="offline", validation_alias="TOOLLOOP_API_MODEL")
