@@ -238,17 +238,31 @@ class ConversationState:
         # read its whole history back (server and worker CPU per request rise with load).
         # Per run: the turn, the digest of that turn's items (items_digest) and the conversation through them.
         self._entries: BytesBoundedCache[RunKey, tuple[int, str, Conversation]] = BytesBoundedCache(max_bytes)
+        # Per run, the request's instructions, for adapters that keep no conversation (only turn 1 carries them).
+        self._instructions: BytesBoundedCache[RunKey, tuple[str | None]] = BytesBoundedCache(max_bytes // 16)
 
     @property
     def outputs(self) -> ToolOutputStore:
         return self._outputs
 
-    async def new_items(self, run: RunKey, inp: ModelTurnInput) -> list[ConversationItem]:
-        """This turn's new items, tool outputs filled in (what an adapter without a conversation is shown)."""
+    async def without_conversation(self, run: RunKey, inp: ModelTurnInput) -> Conversation:
+        """What an adapter that keeps no conversation is shown: the request's own instructions (only turn 1's
+        input holds them: kept per run, else read from history) and this turn's new items, tool outputs filled in."""
         filled = self._from_store(run, inp)
-        if filled is None:
-            filled = self._current(await self._history.turns(run), inp)
-        return filled.new_items
+        if inp.turn == 1:
+            self._instructions.put(run, (inp.instructions,), len(inp.instructions or ""))
+            instructions: tuple[str | None] | None = (inp.instructions,)
+        else:
+            instructions = self._instructions.get(run)
+        if filled is None or instructions is None:
+            turns = await self._history.turns(run)
+            if filled is None:
+                filled = self._current(turns, inp)
+            if instructions is None:
+                first = [turn_input for turn_input, _ in turns if turn_input.turn == 1]
+                instructions = (first[0].instructions if first else None,)
+                self._instructions.put(run, instructions, len(instructions[0] or ""))
+        return Conversation(instructions[0], list(filled.new_items))
 
     async def before(self, run: RunKey, inp: ModelTurnInput) -> Conversation:
         """The conversation through this turn's new items."""

@@ -113,7 +113,7 @@ class ModelActivities:
             if adapter.needs_conversation:
                 conversation = await self._conversations.before(run, inp)
             else:
-                conversation = Conversation(inp.instructions, await self._conversations.new_items(run, inp))
+                conversation = await self._conversations.without_conversation(run, inp)
         except MissingTurn as exc:
             raise ApplicationError(str(exc), type=ErrorType.MODEL_RESPONSE_MALFORMED, non_retryable=True) from None
         # This attempt's live text (display only); a retried turn writes again under its own attempt number.

@@ -194,7 +194,7 @@ async def test_a_referred_output_another_worker_produced_is_read_from_history() 
     second = await state.before(RUN, referring(2))
     assert second.items == [user("q"), CALL, OUTPUT]
     assert history.reads == 1
-    assert await state.new_items(RUN, referring(2)) == [OUTPUT]
+    assert (await state.without_conversation(RUN, referring(2))).items == [OUTPUT]
 
 
 async def test_outputs_of_another_round_or_run_are_not_taken() -> None:
@@ -279,3 +279,48 @@ async def test_a_turn_with_oversized_arguments_is_cached_as_history_holds_it() -
     [shown] = [item for item in seen[1] if isinstance(item, FunctionCallItem)]
     assert shown.arguments == stored.arguments
     assert history.reads == 0  # from the worker's cache, which now holds what history holds
+
+
+async def test_an_adapter_without_a_conversation_is_given_the_requests_instructions_on_every_turn() -> None:
+    # Only turn 1's input carries the request's instructions. An adapter that keeps no conversation (its state
+    # on the provider's side) was given them on turn 1 and the worker's default from turn 2 on: a request's
+    # "never refund more than X" silently dropped. Now from the worker's memory, or from history on another worker.
+    from temporalio.testing import ActivityEnvironment
+
+    from toolloop._core.registry import ToolRegistry
+    from toolloop._models.adapter import ModelRequest
+    from toolloop.activities.model_turn import ModelActivities
+
+    given: list[str] = []
+
+    class Stateless:
+        needs_conversation = False
+
+        def label(self, model_name: str | None) -> str:
+            return "fake"
+
+        async def respond(self, request: ModelRequest) -> list[ConversationItem]:
+            given.append(request.instructions)
+            return [said("ok")]
+
+    first = turn_input(1, user("hi"), instructions="never refund more than 5 EUR")
+    second = turn_input(2, user("and now?"))
+    env = ActivityEnvironment()
+    same_worker = ModelActivities(
+        ToolRegistry(),
+        None,  # type: ignore[arg-type]
+        {"offline": Stateless()},
+        conversations=ConversationState(RecordedHistory([])),
+    )
+    await env.run(same_worker.model_turn, first)
+    await env.run(same_worker.model_turn, second)
+    history = RecordedHistory([(first, [said("ok")])])
+    other_worker = ModelActivities(
+        ToolRegistry(),
+        None,  # type: ignore[arg-type]
+        {"offline": Stateless()},
+        conversations=ConversationState(history),
+    )
+    await env.run(other_worker.model_turn, second)
+    assert given == ["never refund more than 5 EUR"] * 3
+    assert history.reads == 1
