@@ -1112,11 +1112,8 @@ async def _decide_from_shell(
     if request.actor != actor:
         # Another user's request of the tenant: only an operation its policy leaves to this session (by name or
         # role); anything else gets exactly the answer a missing request gets, and nothing of it is shown.
-        try:
-            async with asyncio.timeout(5):
-                approval = await request.approval(operation_id)
-        except (RPCError, WorkflowQueryFailedError, TimeoutError):
-            approval = None  # cannot be asked now: the same answer as a missing request, nothing of it told
+        # One that cannot be asked now gets the missing request's answer too: nothing of it is told.
+        approval = await request.approval_if_askable(operation_id)
         if approval is None or not approval.may_decide(actor.user_id, roles):
             _not_found(workflow_id, actor)
         await request.raise_if_finished()
@@ -1470,18 +1467,25 @@ def _print_status(settings: Settings) -> None:
 # --- the HTTP API ---------------------------------------------------------------------------------------
 
 
-def _listening_socket(host: str, port: int) -> socket.socket:
-    """A socket listening on host:port, as uvicorn would bind it; OSError (strerror says why) if it cannot."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
+def _listening_sockets(host: str, port: int) -> list[socket.socket]:
+    """Sockets listening on host:port, one per address the host resolves to, as asyncio's create_server binds
+    them (uvicorn's own way): OSError (strerror says why) if one cannot be had, and none is left open."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    bound: list[socket.socket] = []
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(2048)
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(2048)
     except OSError:
-        sock.close()
+        for sock in bound:
+            sock.close()
         raise
-    return sock
+    return bound
 
 
 async def _serve_api(settings: ApiSettings, host: str, port: int, tokens: TokenMap, signing_key: str | None) -> None:
@@ -1537,7 +1541,7 @@ async def _serve_api(settings: ApiSettings, host: str, port: int, tokens: TokenM
     server = uvicorn.Server(uvicorn_config)
     try:
         # Bound here, so an address that cannot be had (a name that does not resolve, a port in use) is one line.
-        listening = _listening_socket(host, port)
+        listening = _listening_sockets(host, port)
     except OSError as exc:
         _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
     err_console.print(
@@ -1545,7 +1549,7 @@ async def _serve_api(settings: ApiSettings, host: str, port: int, tokens: TokenM
         f"approval key {'set' if signing_key else 'unset: it cannot decide'}"
     )
     try:
-        await server.serve(sockets=[listening])
+        await server.serve(sockets=listening)
     finally:
         if config.live_text is not None:
             await config.live_text.aclose()

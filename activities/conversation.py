@@ -138,6 +138,10 @@ class TurnHistory(Protocol):
 
     async def turns(self, run: RunKey) -> list[RecordedTurn]: ...
 
+    async def first_input(self, run: RunKey) -> ModelTurnInput | None:
+        """Turn 1's input as history recorded it (the request's instructions ride on it); None before it."""
+        ...
+
 
 class TemporalTurnHistory:
     """Turns decoded from the workflow run's own history."""
@@ -149,6 +153,18 @@ class TemporalTurnHistory:
         handle = self._temporal.get_workflow_handle(run.workflow_id, run_id=run.run_id)
         turns = await recorded_turns(handle)
         return [(turn_input, None if result is None else list(result.items)) for turn_input, result in turns]
+
+    async def first_input(self, run: RunKey) -> ModelTurnInput | None:
+        # Read only as far as turn 1's scheduling, a few events into the run: nothing else is decoded.
+        handle = self._temporal.get_workflow_handle(run.workflow_id, run_id=run.run_id)
+        async for event in handle.fetch_history_events():
+            if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                attrs = event.activity_task_scheduled_event_attributes
+                if attrs.activity_type.name == MODEL_TURN_ACTIVITY:
+                    [turn_input] = await data_converter().decode(attrs.input.payloads, [ModelTurnInput])
+                    first: ModelTurnInput = turn_input
+                    return first
+        return None
 
 
 K = TypeVar("K")
@@ -225,6 +241,10 @@ def bytes_of(items: Sequence[ConversationItem]) -> int:
     return sum(len(item.model_dump_json()) + _ITEM_OVERHEAD_BYTES for item in items)
 
 
+# What a cache entry costs beyond its text (the key, the tuple): so that empty entries still count.
+_ENTRY_BYTES = 200
+
+
 class ConversationState:
     """The conversation before each model turn: from the cache, else rebuilt from the turn history; and
     this turn's tool outputs, from the worker's output store, else from the turn history."""
@@ -249,20 +269,21 @@ class ConversationState:
         """What an adapter that keeps no conversation is shown: the request's own instructions (only turn 1's
         input holds them: kept per run, else read from history) and this turn's new items, tool outputs filled in."""
         filled = self._from_store(run, inp)
-        if inp.turn == 1:
-            self._instructions.put(run, (inp.instructions,), len(inp.instructions or ""))
-            instructions: tuple[str | None] | None = (inp.instructions,)
-        else:
-            instructions = self._instructions.get(run)
-        if filled is None or instructions is None:
+        first: ModelTurnInput | None = None
+        if filled is None:
             turns = await self._history.turns(run)
-            if filled is None:
-                filled = self._current(turns, inp)
-            if instructions is None:
-                first = [turn_input for turn_input, _ in turns if turn_input.turn == 1]
-                instructions = (first[0].instructions if first else None,)
-                self._instructions.put(run, instructions, len(instructions[0] or ""))
-        return Conversation(instructions[0], list(filled.new_items))
+            filled = self._current(turns, inp)
+            first = next((turn_input for turn_input, _ in turns if turn_input.turn == 1), None)
+        if inp.turn == 1:
+            first = inp
+        kept = self._instructions.get(run)
+        if kept is None:
+            if first is None:
+                first = await self._history.first_input(run)
+            kept = (first.instructions if first is not None else None,)
+            # Counted with an entry's own cost, so runs without instructions are bounded too.
+            self._instructions.put(run, kept, len(kept[0] or "") + _ENTRY_BYTES)
+        return Conversation(kept[0], list(filled.new_items))
 
     async def before(self, run: RunKey, inp: ModelTurnInput) -> Conversation:
         """The conversation through this turn's new items."""

@@ -26,7 +26,7 @@ from temporalio.client import Client
 
 import toolloop
 from devstack.processes import free_port, pid_alive, port_accepts, run_coroutine_blocking, temporal_binary
-from tests.conftest import REPO_ROOT, TemporalServer
+from tests.conftest import APPROVAL_KEY, REPO_ROOT, TemporalServer
 from tests.fake_openai_server import FakeOpenAIServer, output_message, responses_response
 from toolloop._core.contracts import OperationRecord
 from toolloop._core.names import GET_LEDGER_QUERY
@@ -1228,3 +1228,32 @@ def test_a_request_that_ended_without_a_report_and_whose_writes_cannot_be_read_i
     assert as_json.returncode == 3, as_json.stderr
     shown = json.loads(as_json.stdout)
     assert (shown["outcome"], shown["operations"]) == ("unknown", None)
+
+
+def test_deciding_on_another_persons_request_that_cannot_be_asked_looks_like_a_missing_request(
+    temporal_server: TemporalServer,
+) -> None:
+    # u1's request on a queue no worker serves: for u2 (same tenant) `approve` said nothing for a long while and
+    # then failed as Temporal's error, telling u2 that the request exists; a missing id is one line, exit 2.
+    queue = f"nobody-{uuid.uuid4().hex[:8]}"
+
+    async def start() -> str:
+        temporal = await Client.connect(temporal_server.address, data_converter=data_converter())
+        tl = toolloop.ToolloopClient(temporal, task_queue=queue, channel="test")
+        request = await tl.start("refund order A100", actor=toolloop.Actor(user_id="u1", tenant_id="acme"))
+        return request.workflow_id
+
+    workflow_id = run_coroutine_blocking(start)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("TOOLLOOP_", "TEMPORAL_"))},
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "TOOLLOOP_TASK_QUEUE": queue,
+        "TOOLLOOP_APPROVAL_KEY": APPROVAL_KEY,
+    }
+    operation = "op_" + "0" * 32
+    missing_id = f"ask-acme-u1-none-{uuid.uuid4().hex[:12]}"
+    theirs = run_cli(env, "approve", workflow_id, operation, "--user", "u2", "--no-local-stack", timeout=120)
+    missing = run_cli(env, "approve", missing_id, operation, "--user", "u2", "--no-local-stack", timeout=120)
+    assert (theirs.returncode, missing.returncode) == (2, 2), (theirs.stderr, missing.stderr)
+    assert theirs.stderr.replace(workflow_id, "WF") == missing.stderr.replace(missing_id, "WF")
+    assert len(theirs.stderr.strip().splitlines()) == 1

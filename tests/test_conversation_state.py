@@ -45,10 +45,15 @@ class RecordedHistory:
     def __init__(self, turns: list[tuple[ModelTurnInput, list[ConversationItem] | None]]) -> None:
         self._turns = turns
         self.reads = 0
+        self.first_reads = 0
 
     async def turns(self, run: RunKey) -> list[tuple[ModelTurnInput, list[ConversationItem] | None]]:
         self.reads += 1
         return list(self._turns)
+
+    async def first_input(self, run: RunKey) -> ModelTurnInput | None:
+        self.first_reads += 1
+        return next((turn_input for turn_input, _ in self._turns if turn_input.turn == 1), None)
 
 
 CALL = FunctionCallItem(call_id="c1", name="get_order_status", arguments='{"orderId":"A100"}')
@@ -323,4 +328,15 @@ async def test_an_adapter_without_a_conversation_is_given_the_requests_instructi
     )
     await env.run(other_worker.model_turn, second)
     assert given == ["never refund more than 5 EUR"] * 3
-    assert history.reads == 1
+    # Turn 1's input only, no whole history: this turn's outputs need none.
+    assert (history.reads, history.first_reads) == (0, 1)
+
+
+async def test_the_instructions_kept_per_run_are_bounded_even_for_requests_without_any() -> None:
+    # Counted by their text alone, entries of requests without instructions weighed nothing: never evicted.
+    history = RecordedHistory([])
+    state = ConversationState(history, max_bytes=16 * 200 * 100)  # room for 100 such entries
+    for number in range(1_000):
+        await state.without_conversation(RunKey(f"wf-{number}", "run"), turn_input(1, user("q")))
+    kept = sum(1 for number in range(1_000) if state._instructions.get(RunKey(f"wf-{number}", "run")) is not None)
+    assert kept <= 100 and history.reads == history.first_reads == 0

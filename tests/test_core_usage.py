@@ -257,6 +257,9 @@ class NoHistory:
     async def turns(self, run: RunKey) -> list[RecordedTurn]:
         raise AssertionError("turn 1 needs no history")
 
+    async def first_input(self, run: RunKey) -> ModelTurnInput | None:
+        raise AssertionError("turn 1 needs no history")
+
 
 class Answering:
     """An adapter that answers with a fixed text and, unless told otherwise, the usage a provider reported."""

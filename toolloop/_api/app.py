@@ -386,23 +386,6 @@ def _finished(request_id: str) -> Problem:
     return Problem(409, "REQUEST_FINISHED", f"request {request_id} has finished; it takes no more decisions")
 
 
-# How long another person's request is asked for an operation before it counts as missing (no worker answers).
-_OTHERS_QUERY_SECONDS = 5.0
-
-
-async def _approval_shown_to(request: ToolloopRequest, caller: Actor, operation_id: str) -> ApprovalRequest | None:
-    """The operation as the request's workflow answers it. Another person's request that cannot be asked now (no
-    worker, a history that no longer replays) answers as a missing operation does: a 503 there would tell a
-    colleague that a request of that id exists."""
-    if request.actor == caller:
-        return await request.approval(operation_id)
-    try:
-        async with asyncio.timeout(_OTHERS_QUERY_SECONDS):
-            return await request.approval(operation_id)
-    except (RPCError, WorkflowQueryFailedError, TimeoutError):
-        return None
-
-
 def _listed_outcome(execution: WorkflowExecution) -> str | None:
     """The outcome a listed request's search attribute holds; None for a closed run that never set it (it ended
     without its report: terminated, timed out), whose writes only its own view reads (GET /v1/requests/{id})."""
@@ -900,7 +883,12 @@ def create_app(client: Client, config: ApiConfig) -> ASGIApp:
         """The operation, if the caller may decide it now; 404 otherwise: the same answer for an operation they
         may not decide, another tenant's request, and none."""
         request = await toolloop_client.request_to_decide(workflow_id, actor)
-        approval = await _approval_shown_to(request, actor, operation_id) if request is not None else None
+        if request is None:
+            approval = None
+        elif request.actor == actor:
+            approval = await request.approval(operation_id)
+        else:  # someone else's that cannot be asked now looks like a missing one
+            approval = await request.approval_if_askable(operation_id)
         if (
             request is None
             or approval is None

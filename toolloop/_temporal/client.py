@@ -334,6 +334,15 @@ class ToolloopRequest:
         """One operation's exact payload (waiting or not); None if the request has no such operation."""
         return await fetch_approval_request(self.handle, operation_id)
 
+    async def approval_if_askable(self, operation_id: str) -> ApprovalRequest | None:
+        """As `approval`, and None too when no worker answers within a few seconds: for someone else's request,
+        which must then look like one that does not exist (never a 503 or a wait that says it does)."""
+        try:
+            async with asyncio.timeout(_DECIDABLE_QUERY_TIMEOUT.total_seconds()):
+                return await fetch_approval_request(self.handle, operation_id)
+        except (RPCError, WorkflowQueryFailedError, TimeoutError):
+            return None
+
     def approvals(self) -> AsyncIterator[ApprovalRequest]:
         """Each operation once, as soon as it starts waiting for approval (one already waiting first), until
         the run closes. One another approver decided before this one looked is not given."""
