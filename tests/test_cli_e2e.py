@@ -325,11 +325,10 @@ def test_approve_from_another_shell_only_as_the_requests_user(cli_env: dict[str,
             assert "refund_order" not in foreign.stderr and "A102" not in foreign.stderr  # nothing shown
         assert admin_effects(cli_env, operation_id) == []
         # An operation the request does not have: one line naming those it has, nothing decided.
-        unknown = run_cli(cli_env, "approve", workflow_id, "op_nope", "--user", "u1")
+        nope = "op_" + "f" * 32
+        unknown = run_cli(cli_env, "approve", workflow_id, nope, "--user", "u1")
         assert unknown.returncode == 2
-        assert (
-            unknown.stderr.strip() == f"error: request {workflow_id} has no operation op_nope; it has: {operation_id}"
-        )
+        assert unknown.stderr.strip() == f"error: request {workflow_id} has no operation {nope}; it has: {operation_id}"
 
         approved = run_cli(cli_env, "approve", workflow_id, operation_id, "--user", "u1")
         assert approved.returncode == 0, approved.stderr
