@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,29 @@ def worker_settings(temporal_server: TemporalServer, task_queue: str, **override
             **overrides,
         }
     )
+
+
+@dataclass(frozen=True)
+class OwnUser:
+    """A user of tenant acme that only one test knows (users_of_their_own)."""
+
+    user_id: str
+    token: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+def users_of_their_own(folder: Path, *names: str, roles: Sequence[str] = ()) -> tuple[Path, list[OwnUser]]:
+    """A tokens file for new users of tenant acme (one per name, with a fresh suffix, each with `roles`): the
+    session's other tests leave the demo users' requests running, waiting for approvals nobody gives."""
+    ids = [f"{name}-{uuid.uuid4().hex[:8]}" for name in names]
+    users = [OwnUser(user_id, f"token-of-{user_id}") for user_id in ids]
+    entries = [{"token": u.token, "tenant_id": "acme", "user_id": u.user_id, "roles": list(roles)} for u in users]
+    tokens_file = folder / "tokens.json"
+    tokens_file.write_text(json.dumps({"tokens": entries}))
+    return tokens_file, users
 
 
 @contextlib.asynccontextmanager

@@ -20,9 +20,16 @@ from temporalio.client import Client
 
 from devstack.processes import free_port
 from tests.agent_helpers import assert_eventually
-from tests.api_helpers import U1, U1_GLOBEX, U2, assert_problem, pending_operation, running_api
+from tests.api_helpers import (
+    U1,
+    U1_GLOBEX,
+    U2,
+    assert_problem,
+    pending_operation,
+    running_api,
+    users_of_their_own,
+)
 from tests.conftest import APPROVAL_KEY, REPO_ROOT, BusinessService, TemporalServer
-from toolloop import Actor
 
 pytestmark = pytest.mark.e2e
 
@@ -47,16 +54,6 @@ async def api_client(
     async with running_api(temporal_server, business_service, client, tmp_path_factory, env=limits) as api:
         async with httpx.AsyncClient(base_url=api.url, timeout=30, trust_env=False) as http:
             yield http
-
-
-def users_of_their_own(folder: Path, *names: str) -> tuple[Path, list[dict[str, str]]]:
-    """A tokens file for new users of tenant acme (one per name, with a fresh suffix) and each one's headers:
-    the session's other tests leave the demo users' requests running, waiting for approvals nobody gives."""
-    users = [Actor(user_id=f"{name}-{uuid.uuid4().hex[:8]}", tenant_id="acme") for name in names]
-    tokens_file = folder / "tokens.json"
-    entries = [{"token": f"token-of-{u.user_id}", "tenant_id": u.tenant_id, "user_id": u.user_id} for u in users]
-    tokens_file.write_text(json.dumps({"tokens": entries}))
-    return tokens_file, [{"Authorization": f"Bearer token-of-{u.user_id}"} for u in users]
 
 
 async def start(http: httpx.AsyncClient, question: str, headers: dict[str, str], request_id: str) -> httpx.Response:
@@ -163,7 +160,8 @@ async def test_a_users_active_requests_are_capped_and_a_repeated_post_still_answ
 ) -> None:
     # Users of this test's own: running requests are counted in the whole namespace, and the session's other
     # tests leave the demo users' requests running (waiting for approvals nobody gives).
-    tokens_file, (mine, theirs) = users_of_their_own(tmp_path, "busy", "idle")
+    tokens_file, (me, other) = users_of_their_own(tmp_path, "busy", "idle")
+    mine, theirs = me.headers, other.headers
     limits = {"TOOLLOOP_API_MAX_ACTIVE_REQUESTS": "1", "TOOLLOOP_API_TOKENS": str(tokens_file)}
     async with api_client(temporal_server, business_service, client, tmp_path_factory, **limits) as http:
         waiting = key()
@@ -197,21 +195,39 @@ async def test_a_users_active_requests_are_capped_and_a_repeated_post_still_answ
         await assert_eventually(admitted, within=30, what="the user may start a request again")
 
 
-def test_a_bad_limit_setting_stops_the_api_with_one_line(temporal_server: TemporalServer, tmp_path: Path) -> None:
-    own = tmp_path / "tokens.json"
+def serve_env(temporal_server: TemporalServer, folder: Path) -> dict[str, str]:
+    """The environment `starter.py serve` is started with here: the session's server, a tokens file of its own."""
+    own = folder / "tokens.json"
     own.write_text(json.dumps({"tokens": [{"token": "a-token-of-our-own-0001", "tenant_id": "acme", "user_id": "u1"}]}))
-    env = {
+    return {
         **{k: v for k, v in os.environ.items() if not k.startswith(("TOOLLOOP_", "TEMPORAL_"))},
         "TEMPORAL_ADDRESS": temporal_server.address,
         "TOOLLOOP_APPROVAL_KEY": APPROVAL_KEY,
         "TOOLLOOP_API_TOKENS": str(own),
-        "TOOLLOOP_API_CREATE_RATE": "as fast as you like",
     }
-    serve = [sys.executable, "starter.py", "serve", "--port", str(free_port())]
-    refused = subprocess.run(serve, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
-    assert refused.returncode == 2
-    lines = refused.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: TOOLLOOP_API_CREATE_RATE: "), refused.stderr
+
+
+def refused_serve(env: dict[str, str], *args: str) -> str:
+    """`starter.py serve ARGS` that does not start: exit 2, one line on stderr (returned), never a traceback."""
+    done = subprocess.run(
+        [sys.executable, "starter.py", "serve", *args],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_a_bad_limit_setting_stops_the_api_with_one_line(temporal_server: TemporalServer, tmp_path: Path) -> None:
+    env = {**serve_env(temporal_server, tmp_path), "TOOLLOOP_API_CREATE_RATE": "as fast as you like"}
+    port = str(free_port())
+    assert refused_serve(env, "--port", port).startswith("error: TOOLLOOP_API_CREATE_RATE: ")
     # A default model the workers do not serve would fail every request that names none: it does not start.
     env = {
         **env,
@@ -219,12 +235,9 @@ def test_a_bad_limit_setting_stops_the_api_with_one_line(temporal_server: Tempor
         "TOOLLOOP_API_MODEL": "offline",
         "TOOLLOOP_API_MODELS": "openai",
     }
-    refused = subprocess.run(serve, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
-    assert refused.returncode == 2
-    lines = refused.stderr.strip().splitlines()
-    assert lines == [
+    assert refused_serve(env, "--port", port) == (
         "error: TOOLLOOP_API_MODEL 'offline' is not among the worker's models (TOOLLOOP_API_MODELS: openai)"
-    ]
+    )
 
 
 def test_an_address_the_api_cannot_listen_on_is_one_line_with_exit_2(
@@ -232,32 +245,14 @@ def test_an_address_the_api_cannot_listen_on_is_one_line_with_exit_2(
 ) -> None:
     # Before: a port out of range was a traceback (OverflowError), a host that does not resolve three log lines
     # and exit 3, a port in use the same.
-    own = tmp_path / "tokens.json"
-    own.write_text(json.dumps({"tokens": [{"token": "a-token-of-our-own-0001", "tenant_id": "acme", "user_id": "u1"}]}))
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("TOOLLOOP_", "TEMPORAL_"))},
-        "TEMPORAL_ADDRESS": temporal_server.address,
-        "TOOLLOOP_APPROVAL_KEY": APPROVAL_KEY,
-        "TOOLLOOP_API_TOKENS": str(own),
-    }
-
-    def serve(*args: str, **extra: str) -> list[str]:
-        command = [sys.executable, "starter.py", "serve", *args]
-        done = subprocess.run(
-            command, env={**env, **extra}, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False
-        )
-        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-        lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1, done.stderr
-        return lines
-
-    assert serve("--port", "70000")[0].startswith("error: Invalid value for '--port': ")
-    assert serve(TOOLLOOP_API_PORT="70000")[0].startswith("error: TOOLLOOP_API_PORT: ")
-    [line] = serve("--host", "no-such-host.invalid", "--port", str(free_port()))
+    env = serve_env(temporal_server, tmp_path)
+    assert refused_serve(env, "--port", "70000").startswith("error: Invalid value for '--port': ")
+    assert refused_serve({**env, "TOOLLOOP_API_PORT": "70000"}).startswith("error: TOOLLOOP_API_PORT: ")
+    line = refused_serve(env, "--host", "no-such-host.invalid", "--port", str(free_port()))
     assert line.startswith("error: cannot listen on no-such-host.invalid:"), line
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        [line] = serve("--port", str(port))
+        line = refused_serve(env, "--port", str(port))
     assert line == f"error: cannot listen on 127.0.0.1:{port}: Address already in use", line
 
 
@@ -269,7 +264,8 @@ async def test_the_approvals_list_says_when_it_read_fewer_requests_than_run_and_
     tmp_path: Path,
 ) -> None:
     # A user of this test's own: the session's other tests leave the demo users' requests waiting.
-    tokens_file, (mine,) = users_of_their_own(tmp_path, "many")
+    tokens_file, (me,) = users_of_their_own(tmp_path, "many")
+    mine = me.headers
     limits = {"TOOLLOOP_API_APPROVALS_SCAN": "1", "TOOLLOOP_API_TOKENS": str(tokens_file)}
     async with api_client(temporal_server, business_service, client, tmp_path_factory, **limits) as http:
         first, second = key(), key()

@@ -1103,16 +1103,7 @@ def test_a_manager_finds_and_approves_a_refund_the_policy_leaves_to_managers(pol
     assert re.search(r"^policy worker: running \(pid \d+, task queue 'toolloop-policy'\)", status.stdout, re.M)
     assert "approval policy: on (" in status.stdout and "demo.cedar" in status.stdout
     # The offline model asks 4000 cents: over 10.00, which the demo policy leaves to a manager of the tenant.
-    ask = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "starter.py"), "ask", "--user", "u1", "--json"]
-        + ["Refund 40.00 EUR on order A100 because it arrived late"],
-        env=policy_env,
-        cwd=REPO_ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    ask = ask_process(policy_env, "Refund 40.00 EUR on order A100 because it arrived late")
     try:
         assert ask.stderr is not None
         # The requester is told it waits for others, and is offered no command to decide it.

@@ -5,7 +5,6 @@ sees on the page, and by the service's own effect table."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import uuid
@@ -21,7 +20,7 @@ from temporalio.client import Client
 
 from devstack.processes import ManagedProcess, free_port, start_business_service
 from tests.agent_helpers import assert_eventually, effects
-from tests.api_helpers import pending_operation, running_api
+from tests.api_helpers import pending_operation, running_api, users_of_their_own
 from tests.conftest import APPROVAL_VERIFY_KEY, REPO_ROOT, BusinessService, TemporalServer
 from tests.test_policies_e2e import DEMO_POLICY, POLICY_VERIFY_KEY, lower_four_eyes, running_policy_api
 from tests.test_web_page_e2e import WAIT_MS, Browsed, ask, browse
@@ -261,13 +260,9 @@ async def test_the_page_says_its_list_of_decisions_may_leave_some_out_never_that
     # A manager of this test's own, whose two requests wait for approval, and an API that reads one running
     # request for its approvals list (TOOLLOOP_API_APPROVALS_SCAN=1): its answer is incomplete. The page lists
     # nobody else's write for them, and must not say "Nothing waits for your decision".
-    manager = f"mgr-{uuid.uuid4().hex[:8]}"
-    token = f"token-of-{manager}"
-    tokens_file = tmp_path / "tokens.json"
-    entry = {"token": token, "tenant_id": "acme", "user_id": manager, "roles": ["manager"]}
-    tokens_file.write_text(json.dumps({"tokens": [entry]}))
+    tokens_file, (manager,) = users_of_their_own(tmp_path, "mgr", roles=["manager"])
     env = {"TOOLLOOP_API_APPROVALS_SCAN": "1", "TOOLLOOP_API_TOKENS": str(tokens_file)}
-    headers = {"Authorization": f"Bearer {token}"}
+    headers = manager.headers
     async with (
         running_api(temporal_server, business_service, client, tmp_path_factory, env=env) as api,
         httpx.AsyncClient(base_url=api.url, timeout=30, trust_env=False) as http,
@@ -285,7 +280,7 @@ async def test_the_page_says_its_list_of_decisions_may_leave_some_out_never_that
         await assert_eventually(incomplete, within=60, what="the API reads one of the two waiting requests")
         async with browse(api) as browsed:
             page = browsed.page
-            await log_in_as(page, token, f"Logged in as {manager} in tenant acme (manager)")
+            await log_in_as(page, manager.token, f"Logged in as {manager.user_id} in tenant acme (manager)")
             await expect(page.locator("#decisions-incomplete")).to_be_visible()
             await expect(page.locator("#decisions-empty")).to_be_hidden()
             await expect(page.locator("#decisions li")).to_have_count(0)  # their own writes are in their cards

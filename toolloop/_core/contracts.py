@@ -687,15 +687,14 @@ def state_left_mid_way(op: OperationRecord) -> OperationState:
 def left_mid_way(operations: Iterable[OperationRecord]) -> list[OperationRecord]:
     """The ledger of a request that ended without its report, each operation in the state it was left in
     (state_left_mid_way): none is still "awaiting approval" or "sent" in a run that has stopped."""
-    left = []
-    for op in operations:
-        state = state_left_mid_way(op)
-        if state == op.state:
-            left.append(op)
-            continue
-        why = "sent before the request stopped" if state == "unknown" else "the request stopped before it was sent"
-        left.append(op.model_copy(update={"state": state, "note": why}))
-    return left
+    return [_as_left(op, state_left_mid_way(op)) for op in operations]
+
+
+def _as_left(op: OperationRecord, state: OperationState) -> OperationRecord:
+    if state == op.state:
+        return op
+    why = "sent before the request stopped" if state == "unknown" else "the request stopped before it was sent"
+    return op.model_copy(update={"state": state, "note": why})
 
 
 def outcome_without_report(operations: Iterable[OperationRecord] | None) -> Outcome:

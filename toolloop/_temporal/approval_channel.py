@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
@@ -125,12 +126,15 @@ def grant_claims(terms: GrantTerms, request: ApprovalRequest, workflow_id: str) 
     )
 
 
-async def fetch_approval_request(handle: WorkflowHandle[Any, Any], operation_id: str) -> ApprovalRequest | None:
+async def fetch_approval_request(
+    handle: WorkflowHandle[Any, Any], operation_id: str, rpc_timeout: timedelta | None = None
+) -> ApprovalRequest | None:
     """The operation's whole payload as the workflow holds it; None if the request has no such operation."""
     request: ApprovalRequest | None = await handle.query(
         GET_APPROVAL_REQUEST_QUERY,
         operation_id,
         result_type=ApprovalRequest | None,  # type: ignore[arg-type]
+        rpc_timeout=rpc_timeout,
     )
     return request
 

@@ -338,9 +338,8 @@ class ToolloopRequest:
         """As `approval`, and None too when no worker answers within a few seconds: for someone else's request,
         which must then look like one that does not exist (never a 503 or a wait that says it does)."""
         try:
-            async with asyncio.timeout(_DECIDABLE_QUERY_TIMEOUT.total_seconds()):
-                return await fetch_approval_request(self.handle, operation_id)
-        except (RPCError, WorkflowQueryFailedError, TimeoutError):
+            return await fetch_approval_request(self.handle, operation_id, rpc_timeout=_DECIDABLE_QUERY_TIMEOUT)
+        except (RPCError, WorkflowQueryFailedError):
             return None
 
     def approvals(self) -> AsyncIterator[ApprovalRequest]:

@@ -14,6 +14,8 @@ from pathlib import Path
 from toolloop.servicekit._sql import SqlLedger
 
 BUSY_TIMEOUT_MS = 5000
+# What SQLite answers when another connection holds the lock a statement needs.
+_BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 class SqliteDialect:
@@ -66,7 +68,8 @@ class SqliteDialect:
                     conn.execute("PRAGMA journal_mode = WAL")
                     break
                 except sqlite3.OperationalError as exc:
-                    if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    # The primary code (the low byte): extended ones (SQLITE_BUSY_RECOVERY, ...) are busy too.
+                    if exc.sqlite_errorcode & 0xFF not in _BUSY or time.monotonic() >= deadline:
                         raise
                     time.sleep(0.05)
             conn.executescript(schema)
